@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine with Python 3.11+ and make:
+#   make demo   a server and simulated nodes on loopback (Ctrl-C to stop)
+#   make test   the whole suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: all demo test lint unit e2e bench-fleet bench-gateway docs clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/llmgw demo $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+e2e: $(STAMP)
+	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+
+bench-fleet: $(STAMP)
+	$(BIN)/python bench/bench_fleet.py $(BENCH_ARGS)
+
+bench-gateway: $(STAMP)
+	$(BIN)/python bench/bench_gateway.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis

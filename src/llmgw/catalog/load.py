@@ -1,0 +1,234 @@
+"""Load YAML config into Structs; every error names the file, the YAML path and the line."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import msgspec
+import yaml
+
+from llmgw.catalog.schema import AgentConfig, ServerConfig
+from llmgw.catalog.units import dec_hook
+from llmgw.errors import UsageError
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+Path = tuple[str | int, ...]
+
+
+class ConfigError(UsageError):
+    """One line an operator can act on: `file:line path: what is wrong`."""
+
+
+def _walk(node: yaml.Node, path: Path, lines: dict[Path, int]) -> None:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node)
+            lines[(*path, str(key))] = key_node.start_mark.line + 1
+            _walk(value_node, (*path, str(key)), lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _walk(item, (*path, index), lines)
+
+
+def _stringify_keys(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {str(k): _stringify_keys(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_stringify_keys(v) for v in data]
+    return data
+
+
+_SEGMENT = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
+
+
+def _parse_path(text: str) -> Path:
+    """`$.models[0].profiles[1].gpus` → ("models", 0, "profiles", 1, "gpus")."""
+    out: list[str | int] = []
+    for match in _SEGMENT.finditer(text.removeprefix("$")):
+        out.append(match.group(1) if match.group(1) is not None else int(match.group(2)))
+    return tuple(out)
+
+
+def format_path(path: Path) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _lookup(data: Any, path: Path) -> Any:
+    for part in path:
+        if isinstance(part, int) and isinstance(data, list) and part < len(data):
+            data = data[part]
+        elif isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            return None
+    return data
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    text = json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_at(root: type, path: Path) -> Any:
+    import msgspec.inspect as mi
+
+    info: Any = mi.type_info(root)
+    for part in path:
+        while isinstance(info, mi.UnionType):
+            structs = [t for t in info.types if not isinstance(t, mi.NoneType)]
+            if not structs:
+                return None
+            info = structs[0]
+        if isinstance(part, int) and isinstance(info, mi.ListType):
+            info = info.item_type
+        elif isinstance(part, str) and isinstance(info, mi.StructType):
+            field = next((f for f in info.fields if f.encode_name == part), None)
+            if field is None:
+                return None
+            info = field.type
+        elif isinstance(info, mi.DictType):
+            info = info.value_type
+        else:
+            return None
+    return info
+
+
+def _literal_values(root: type, path: Path) -> list[str]:
+    import msgspec.inspect as mi
+
+    info = _type_at(root, path)
+    return [str(v) for v in info.values] if isinstance(info, mi.LiteralType) else []
+
+
+def _field_names(root: type, path: Path) -> list[str]:
+    """Known keys of the Struct that sits at `path` in the schema (for 'did you mean')."""
+    import msgspec.inspect as mi
+
+    info: Any = _type_at(root, path)
+    if info is None:
+        return []
+    while isinstance(info, mi.UnionType):
+        structs = [t for t in info.types if isinstance(t, mi.StructType)]
+        if not structs:
+            return []
+        info = structs[0]
+    return [f.encode_name for f in info.fields] if isinstance(info, mi.StructType) else []
+
+
+_EXPECTED = re.compile(r"^Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`(?: - at `(?P<path>[^`]*)`)?$")
+_CONSTRAINT = re.compile(r"^Expected `(?P<want>[^`]+)` (?P<cons>[<>=]+ \S+)(?: - at `(?P<path>[^`]*)`)?$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`(?: - at `(?P<path>[^`]*)`)?$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`(?: - at `(?P<path>[^`]*)`)?$")
+_ENUM = re.compile(r"^Invalid enum value .*?(?: - at `(?P<path>[^`]*)`)?$", re.DOTALL)
+_GENERIC = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>[^`]*)`)?$", re.DOTALL)
+
+
+def _explain(exc: msgspec.ValidationError, data: Any, kind: type) -> tuple[Path, str]:
+    text = str(exc)
+    if m := _EXPECTED.match(text):
+        path = _parse_path(m["path"] or "$")
+        want = m["want"].replace("array", "list").replace("object", "mapping")
+        return path, f"expected {want}, got {_show(_lookup(data, path))}"
+    if m := _CONSTRAINT.match(text):
+        path = _parse_path(m["path"] or "$")
+        return path, f"expected {m['want']} {m['cons']}, got {_show(_lookup(data, path))}"
+    if m := _UNKNOWN.match(text):
+        parent = _parse_path(m["path"] or "$")
+        known = _field_names(kind, parent)
+        import difflib
+
+        close = difflib.get_close_matches(m["field"], known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else (f" (known keys: {', '.join(known)})" if known else "")
+        return (*parent, m["field"]), f"unknown key{hint}"
+    if m := _MISSING.match(text):
+        parent = _parse_path(m["path"] or "$")
+        return parent, f"missing required key {m['field']!r}"
+    if m := _ENUM.match(text):
+        path = _parse_path(m["path"] or "$")
+        allowed = _literal_values(kind, path)
+        if allowed:
+            return path, f"expected one of {', '.join(allowed)}, got {_show(_lookup(data, path))}"
+    m = _GENERIC.match(text)
+    assert m is not None
+    msg = m["msg"].replace("`", "")
+    msg = msg[:1].lower() + msg[1:]
+    return _parse_path(m["path"] or "$"), msg
+
+
+def parse_config(text: str, kind: type[T], filename: str = "<config>") -> T:
+    """Parse YAML text into `kind`; raise ConfigError naming file:line and the YAML path."""
+    name = filename
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(f"{name}{line}: invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{name}: invalid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name}:1: expected a mapping of settings at the top level, got {_show(data)}")
+    data = _stringify_keys(data)
+    lines: dict[Path, int] = {}
+    if root is not None:
+        _walk(root, (), lines)
+    try:
+        return msgspec.convert(data, type=kind, dec_hook=dec_hook)
+    except msgspec.ValidationError as exc:
+        path, message = _explain(exc, data, kind)
+        probe = path
+        while probe not in lines and probe:
+            probe = probe[:-1]
+        line = lines.get(probe, 1)
+        raise ConfigError(f"{name}:{line} {format_path(path)}: {message}") from None
+
+
+def load_config(path: str, kind: type[T]) -> T:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    return parse_config(text, kind, path)
+
+
+def load_server_config(path: str | None) -> ServerConfig:
+    return load_config(path, ServerConfig) if path else ServerConfig()
+
+
+def load_agent_config(path: str | None) -> AgentConfig:
+    return load_config(path, AgentConfig) if path else AgentConfig()
+
+
+def override(config: T, values: Mapping[str, Any], source: str = "flag") -> T:
+    """Return `config` with the non-None `values` applied (flags and LLMGW_* variables win)."""
+    changes = {k: v for k, v in values.items() if v is not None}
+    if not changes:
+        return config
+    data = msgspec.to_builtins(config, enc_hook=float)
+    data.update(changes)
+    try:
+        return msgspec.convert(data, type=type(config), dec_hook=dec_hook)
+    except msgspec.ValidationError as exc:
+        path, message = _explain(exc, data, type(config))
+        raise ConfigError(f"{source} {format_path(path)}: {message}") from None

@@ -1,0 +1,183 @@
+"""Config schema for the server (catalog included) and the agent.
+
+Unknown keys are errors everywhere (`forbid_unknown_fields`): a typo must not pass silently.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from llmgw.catalog.units import ByteSize, Duration
+from llmgw.wire.messages import FabricDecl as WireFabricDecl
+
+
+class _Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+EngineKind = Literal["vllm", "sglang", "command", "sim"]
+BalancerKind = Literal["least-outstanding", "prefix-affinity"]
+
+
+class Profile(_Config):
+    """One way to run a model: engine, GPUs, arguments. A model lists them by preference."""
+
+    name: str = "default"
+    engine: EngineKind = "vllm"
+    gpus: NonNegative = 1
+    # Substring of the GPU name this profile needs ("H100", "A100-SXM4-80GB"); empty = any.
+    gpu_kind: str = ""
+    # Minimum memory per GPU in MiB; 0 = any.
+    gpu_memory_mib: int = 0
+    args: list[str] = []
+    env: dict[str, str] = {}
+    # argv template for engine "command": {port} {host} {source} {gpus} {model} {tp}
+    command: list[str] = []
+    health_path: str = "/health"
+    start_timeout: Duration = Duration(1200)
+    stop_grace: Duration = Duration(5)
+
+    def __post_init__(self) -> None:
+        if self.engine == "command" and not self.command:
+            raise ValueError("engine 'command' needs a command: [argv, ...] template")
+
+
+class Admission(_Config):
+    max_in_flight: NonNegative = 0  # 0 = unlimited
+    max_queue: NonNegative = 256
+    max_wait: Duration = Duration(30)
+
+
+class Model(_Config):
+    name: str
+    source: str = ""  # weights location handed to the engine; defaults to name
+    replicas: NonNegative = 1
+    profiles: list[Profile] = []
+    balancer: BalancerKind = "least-outstanding"
+    admission: Admission = msgspec.field(default_factory=Admission)
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.profiles]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate profile name {dupes[0]!r}")
+
+
+class StaticEndpoint(_Config):
+    """An engine not run by llmgw (router-only use)."""
+
+    model: str
+    url: str
+
+
+class TlsServer(_Config):
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+    require_identity: bool = True
+
+
+class TlsPublic(_Config):
+    cert: str = ""
+    key: str = ""
+    ca: str = ""  # CA for operator client certificates
+
+
+class FleetSettings(_Config):
+    heartbeat_interval: Duration = Duration(5)
+    # A node is unreachable after this many intervals without a heartbeat.
+    unreachable_after: Positive = 3
+    lost_after: Duration = Duration(120)
+    register_timeout: Duration = Duration(10)
+    max_message: ByteSize = ByteSize(4 * 1024 * 1024)
+
+
+class ApiSettings(_Config):
+    # Bearer tokens allowed to call mutating /api/v1 endpoints, as "sha256:<hex>".
+    operator_tokens: list[str] = []
+
+
+class GatewaySettings(_Config):
+    max_body: ByteSize = ByteSize(1024 * 1024)
+    # API keys for /v1/*, as "sha256:<hex>"; empty = open.
+    api_keys: list[str] = []
+    scrape_interval: Duration = Duration(2)
+    scrape_timeout: Duration = Duration(1)
+    upstream_timeout: Duration = Duration(600)
+    connect_timeout: Duration = Duration(2)
+    max_attempts: Positive = 3
+    retry_budget: float = 0.2
+    breaker_failures: Positive = 5
+    breaker_cooldown: Duration = Duration(10)
+
+
+class ReconcileSettings(_Config):
+    tick: Duration = Duration(5)
+    backoff_initial: Duration = Duration(2)
+    backoff_max: Duration = Duration(300)
+    port_range: tuple[int, int] = (20000, 29999)
+
+
+class ServerConfig(_Config):
+    listen: str = "127.0.0.1:8080"
+    fleet_listen: str = "0.0.0.0:8443"
+    state_dir: str = "./llmgw-state"
+    tls: TlsServer | None = None
+    public_tls: TlsPublic | None = None
+    fleet: FleetSettings = msgspec.field(default_factory=FleetSettings)
+    reconcile: ReconcileSettings = msgspec.field(default_factory=ReconcileSettings)
+    gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
+    api: ApiSettings = msgspec.field(default_factory=ApiSettings)
+    models: list[Model] = []
+    endpoints: list[StaticEndpoint] = []
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate model name {dupes[0]!r}")
+
+
+class TlsClient(_Config):
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+
+class Backoff(_Config):
+    initial: Duration = Duration(0.5)
+    max: Duration = Duration(30)
+
+
+class Discovery(_Config):
+    sysfs_root: str = "/sys"
+    # "nvml" (the real GPUs) or the path of a simulated inventory written by `llmgw sim node`.
+    gpus: str = "nvml"
+
+
+class FabricDecl(_Config):
+    name: str
+    kind: Literal["infiniband", "roce", "ethernet"] = "infiniband"
+    devices: list[str] = []
+
+    def to_wire(self) -> WireFabricDecl:
+        return WireFabricDecl(name=self.name, kind=self.kind, devices=list(self.devices))
+
+
+class AgentConfig(_Config):
+    server: str = ""  # https://control:8443 (or http:// with --insecure)
+    node_id: str = ""  # default: the host name
+    tls: TlsClient | None = None
+    fabrics: list[FabricDecl] = []
+    work_dir: str = "./llmgw-agent"
+    heartbeat_interval: Duration = Duration(5)
+    backoff: Backoff = msgspec.field(default_factory=Backoff)
+    discovery: Discovery = msgspec.field(default_factory=Discovery)
+    # Where engines listen: the address the gateway reaches them on.
+    advertise_host: str = "127.0.0.1"
+    bind_host: str = "127.0.0.1"

@@ -1,0 +1,1 @@
+"""Click commands: parse, call, render. No logic worth testing alone lives here."""

@@ -1,0 +1,72 @@
+"""The `llmgw` command: one entry point for server, agent, ctl, sim and demo."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from llmgw import __version__
+from llmgw.errors import LlmgwError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="llmgw")
+@click.option("--debug", is_flag=True, envvar="LLMGW_DEBUG", help="Show tracebacks and debug logs.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Run LLM inference engines across a fleet of GPU nodes behind one gateway.
+
+    \b
+    llmgw server   control plane and OpenAI-compatible gateway
+    llmgw agent    node agent (dials out to the server; no SSH)
+    llmgw ctl      operator client: nodes, replicas, cert, ...
+    llmgw sim      simulated engines and nodes for machines without GPUs
+    llmgw demo     a whole fleet on loopback
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def _register() -> None:
+    from llmgw.cli.agent import agent
+    from llmgw.cli.ctl import ctl
+    from llmgw.cli.demo import demo
+    from llmgw.cli.server import server
+    from llmgw.cli.sim import sim
+
+    for command in (server, agent, ctl, sim, demo):
+        cli.add_command(command)
+
+
+_register()
+
+
+def _debug_requested(argv: list[str]) -> bool:
+    return "--debug" in argv or os.environ.get("LLMGW_DEBUG", "") not in ("", "0", "false")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cli.main(args=args, prog_name="llmgw", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except LlmgwError as exc:
+        if _debug_requested(args):
+            raise
+        click.echo(f"llmgw: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        # `llmgw ctl nodes | head`: the reader went away; that is not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
+    sys.exit(0)

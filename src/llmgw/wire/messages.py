@@ -1,0 +1,255 @@
+"""Fleet protocol messages: msgspec Structs in two tagged unions (agent→server, server→agent).
+
+Unknown fields are ignored so that a newer peer can add fields; an unknown message type
+decodes to `Unknown` so the receiver can log it once and go on.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+PROTOCOL = "llmgw.fleet.v1"
+CONNECT_PATH = "/llmgw.fleet.v1.Fleet/Connect"
+CONTENT_TYPE = "application/connect+json"
+
+# Requests an agent can answer; a server checks these before asking (DESIGN.md).
+FEATURE_START = "start"
+FEATURE_STOP = "stop"
+FEATURE_DRAIN = "drain"
+FEATURE_ADOPT = "adopt"
+FEATURE_DISCOVER = "discover"
+FEATURE_FABRIC_TEST = "fabric-test"
+
+
+class _Base(msgspec.Struct, kw_only=True, omit_defaults=True):
+    pass
+
+
+# ---- inventory -----------------------------------------------------------------------
+
+
+class Gpu(_Base):
+    index: int
+    uuid: str = ""
+    name: str = ""
+    memory_mib: int = 0
+    # NVLink: indexes of GPUs this one reaches over NVLink, and the link count to each.
+    nvlink: dict[int, int] = {}
+    pci_bus_id: str = ""
+    health: str = "ok"
+
+
+class Port(_Base):
+    """One RDMA port as sysfs shows it (/sys/class/infiniband/<device>/ports/<port>)."""
+
+    device: str
+    port: int
+    link_layer: str = "InfiniBand"  # or "Ethernet" (RoCE)
+    state: str = ""  # ACTIVE, DOWN, INIT, ARMED
+    phys_state: str = ""  # LinkUp, Polling, Disabled, ...
+    rate_gbps: float = 0.0
+    width: str = ""  # "4X"
+    speed: str = ""  # "HDR"
+    lid: int = 0
+    sm_lid: int = 0
+    gid: str = ""
+    node_guid: str = ""
+    netdev: str = ""
+
+
+class Inventory(_Base):
+    hostname: str = ""
+    gpus: list[Gpu] = []
+    ports: list[Port] = []
+    cpus: int = 0
+    memory_mib: int = 0
+    mgmt_ip: str = ""
+    # Where the inventory came from: "nvml", "sim", "none" (no GPU library found).
+    gpu_source: str = ""
+
+
+class FabricDecl(_Base):
+    """A fabric an operator declared in the agent config (discovery may add more)."""
+
+    name: str
+    kind: str = "infiniband"  # infiniband | roce | ethernet
+    devices: list[str] = []
+
+
+# ---- shards -----------------------------------------------------------------------------
+
+
+class ShardSpec(_Base):
+    """Everything an agent needs to run (or later describe) one engine process."""
+
+    shard_id: str
+    replica_id: str
+    model: str
+    profile: str
+    engine: str  # vllm | sglang | command | sim
+    source: str = ""
+    rank: int = 0
+    world: int = 1
+    gpus: list[int] = []
+    host: str = "127.0.0.1"
+    port: int = 0
+    args: list[str] = []
+    command: list[str] = []
+    env: dict[str, str] = {}
+    health_path: str = "/health"
+    start_timeout: float = 1200.0
+    stop_grace: float = 5.0
+    served_name: str = ""
+
+
+ShardState = Literal["starting", "ready", "failed", "stopping", "stopped", "exited"]
+
+
+class ShardReport(_Base):
+    spec: ShardSpec
+    state: str = "starting"
+    pid: int = 0
+    started_at: float = 0.0
+
+
+# ---- agent → server ---------------------------------------------------------------------
+
+
+class Register(_Base, tag="Register", tag_field="type"):
+    node_id: str
+    version: str
+    features: list[str] = []
+    inventory: Inventory = msgspec.field(default_factory=Inventory)
+    fabrics: list[FabricDecl] = []
+    shards: list[ShardReport] = []
+    cert_not_after: float = 0.0
+
+
+class PortCounters(_Base):
+    device: str
+    port: int
+    state: str = ""
+    phys_state: str = ""
+    rate_gbps: float = 0.0
+    symbol_error: int = 0
+    link_downed: int = 0
+    port_rcv_errors: int = 0
+
+
+class GpuHealth(_Base):
+    index: int
+    health: str = "ok"
+    temperature_c: int = 0
+    utilization_pct: int = 0
+    memory_used_mib: int = 0
+
+
+class Heartbeat(_Base, tag="Heartbeat", tag_field="type"):
+    seq: int = 0
+    sent_at: float = 0.0
+    ports: list[PortCounters] = []
+    gpus: list[GpuHealth] = []
+
+
+class ShardStatus(_Base, tag="ShardStatus", tag_field="type"):
+    shard_id: str
+    replica_id: str
+    state: str
+    pid: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    tail: list[str] = []
+    endpoint: str = ""
+
+
+class Progress(_Base, tag="Progress", tag_field="type"):
+    shard_id: str
+    source: str
+    done_bytes: int = 0
+    total_bytes: int = 0
+
+
+AgentMessage = Register | Heartbeat | ShardStatus | Progress
+
+
+# ---- server → agent ---------------------------------------------------------------------
+
+
+class Welcome(_Base, tag="Welcome", tag_field="type"):
+    """First server message: the heartbeat interval the server judges liveness by."""
+
+    server_version: str
+    heartbeat_interval: float
+
+
+class Start(_Base, tag="Start", tag_field="type"):
+    spec: ShardSpec
+
+
+class Stop(_Base, tag="Stop", tag_field="type"):
+    shard_id: str
+    grace: float = 5.0
+    reason: str = ""
+
+
+class Drain(_Base, tag="Drain", tag_field="type"):
+    shard_id: str
+    reason: str = ""
+
+
+ServerMessage = Welcome | Start | Stop | Drain
+
+
+class Unknown(msgspec.Struct, frozen=True):
+    """A message whose type this side does not know (a newer peer)."""
+
+    type: str
+
+
+class MessageError(ValueError):
+    """A payload that is not a valid message (fatal to the stream)."""
+
+
+class _TypeOnly(msgspec.Struct):
+    type: str
+
+
+_type_only = msgspec.json.Decoder(_TypeOnly)
+_encoder = msgspec.json.Encoder()
+_agent_decoder = msgspec.json.Decoder(AgentMessage)
+_server_decoder = msgspec.json.Decoder(ServerMessage)
+_AGENT_TAGS = frozenset(t.__struct_config__.tag for t in AgentMessage.__args__)
+_SERVER_TAGS = frozenset(t.__struct_config__.tag for t in ServerMessage.__args__)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def _decode(payload: bytes, decoder: msgspec.json.Decoder, tags: frozenset[str]):
+    try:
+        return decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        try:
+            kind = _type_only.decode(payload).type
+        except msgspec.DecodeError:
+            raise MessageError(f"malformed message: {exc}") from None
+        if kind not in tags:
+            return Unknown(type=kind)
+        raise MessageError(f"malformed {kind} message: {exc}") from None
+
+
+def decode_agent_message(payload: bytes) -> AgentMessage | Unknown:
+    return _decode(payload, _agent_decoder, _AGENT_TAGS)
+
+
+def decode_server_message(payload: bytes) -> ServerMessage | Unknown:
+    return _decode(payload, _server_decoder, _SERVER_TAGS)
+
+
+def message_type(msg: msgspec.Struct) -> str:
+    if isinstance(msg, Unknown):
+        return msg.type
+    return msg.__struct_config__.tag or type(msg).__name__
