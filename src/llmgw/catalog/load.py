@@ -63,9 +63,7 @@ def format_path(path: Path) -> str:
 
 def _lookup(data: Any, path: Path) -> Any:
     for part in path:
-        if isinstance(part, int) and isinstance(data, list) and part < len(data):
-            data = data[part]
-        elif isinstance(data, dict) and part in data:
+        if (isinstance(part, int) and isinstance(data, list) and part < len(data)) or (isinstance(data, dict) and part in data):
             data = data[part]
         else:
             return None

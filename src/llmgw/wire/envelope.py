@@ -28,7 +28,7 @@ def encode_envelope(payload: bytes, flags: int = 0) -> bytes:
 class EnvelopeDecoder:
     """Incremental decoder; `feed` returns the complete envelopes as (flags, payload)."""
 
-    __slots__ = ("_buf", "_need", "_flags", "max_message")
+    __slots__ = ("_buf", "_flags", "_need", "max_message")
 
     def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
         if max_message < 0:

@@ -1,0 +1,1 @@
+"""The node agent: discovery, the link to the server, the engine supervisor."""

@@ -1,0 +1,217 @@
+"""The node agent's link to the server: dial out, Register, heartbeat, obey; reconnect forever."""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import ssl
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+import msgspec
+import trio
+
+from llmgw import __version__
+from llmgw.agent.backoff import Backoff
+from llmgw.catalog.schema import AgentConfig
+from llmgw.fleet import ChannelClosed, DialError, FleetChannel, dial
+from llmgw.wire import messages as m
+from llmgw.wire.envelope import DEFAULT_MAX_MESSAGE
+
+log = logging.getLogger("llmgw.agent")
+
+Dialer = Callable[[], AbstractAsyncContextManager[FleetChannel]]
+
+
+class NodeHardware(Protocol):
+    """Where the agent's inventory and heartbeat readings come from (discovery, or a fake)."""
+
+    def inventory(self) -> m.Inventory: ...
+    def port_counters(self) -> list[m.PortCounters]: ...
+    def gpu_health(self) -> list[m.GpuHealth]: ...
+
+
+class Engines(Protocol):
+    """The supervisor, as the link sees it (issue: engines and replicas)."""
+
+    features: list[str]
+
+    def reports(self) -> list[m.ShardReport]: ...
+    async def handle(self, msg: Any, send: Callable[[msgspec.Struct], None]) -> None: ...
+    def attach(self, send: Callable[[msgspec.Struct], None] | None) -> None: ...
+
+
+class NoEngines:
+    @property
+    def features(self) -> list[str]:
+        return []
+
+    def reports(self) -> list[m.ShardReport]:
+        return []
+
+    async def handle(self, msg: Any, send: Callable[[msgspec.Struct], None]) -> None:
+        log.warning("no supervisor: ignoring %s", m.message_type(msg))
+
+    def attach(self, send: Callable[[msgspec.Struct], None] | None) -> None:
+        pass
+
+
+class Agent:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        hardware: NodeHardware,
+        dialer: Dialer,
+        engines: Engines | None = None,
+        rng: random.Random | None = None,
+        cert_not_after: float = 0.0,
+    ) -> None:
+        self.cfg = cfg
+        self.node_id = cfg.node_id or socket.gethostname()
+        self.hardware = hardware
+        self.dialer = dialer
+        self.engines = engines or NoEngines()
+        self.backoff = Backoff(cfg.backoff.initial, cfg.backoff.max, rng)
+        self.heartbeat_interval = float(cfg.heartbeat_interval)
+        self.cert_not_after = cert_not_after
+        self.connected = trio.Event()  # set while a registered stream is up (tests watch it)
+        self.sessions = 0
+        self._seq = 0
+        self._last_error: str | None = None
+        self._unknown_logged: set[str] = set()
+
+    async def run(self) -> None:
+        """Connect, serve the stream, and on any end reconnect after a jittered backoff."""
+        while True:
+            started = trio.current_time()
+            try:
+                async with self.dialer() as channel:
+                    await self._session(channel)
+            except DialError as exc:
+                self._note_error(str(exc))
+            except ChannelClosed as exc:
+                self._note_error(f"stream closed: {exc.reason}", warn=exc.error)
+            finally:
+                if self.connected.is_set():
+                    self.connected = trio.Event()
+                self.engines.attach(None)
+            if trio.current_time() - started > 4 * self.heartbeat_interval + self.cfg.backoff.max:
+                self.backoff.reset()  # the last stream was healthy for a while: start over small
+            delay = self.backoff.next()
+            log.info("reconnecting in %.1fs", delay)
+            await trio.sleep(delay)
+
+    def _note_error(self, text: str, warn: bool = True) -> None:
+        if text != self._last_error:
+            log.log(logging.WARNING if warn else logging.INFO, "%s", text)
+        else:
+            log.debug("%s", text)
+        self._last_error = text
+
+    async def _session(self, channel: FleetChannel) -> None:
+        inventory = await trio.to_thread.run_sync(self.hardware.inventory)
+        register = m.Register(
+            node_id=self.node_id,
+            version=__version__,
+            features=list(self.engines.features),
+            inventory=inventory,
+            fabrics=[f.to_wire() for f in self.cfg.fabrics],
+            shards=self.engines.reports(),
+            cert_not_after=self.cert_not_after,
+        )
+        await channel.send(m.encode(register))
+        outbox: list[bytes] = []
+        wake = trio.Event()
+
+        def send(msg: msgspec.Struct) -> None:
+            nonlocal wake
+            outbox.append(m.encode(msg))
+            wake.set()
+
+        async def sender() -> None:
+            nonlocal wake
+            while True:
+                while outbox:
+                    await channel.send(outbox.pop(0))
+                wake = trio.Event()
+                await wake.wait()
+
+        async with trio.open_nursery() as nursery:
+            first = await self._receive(channel)
+            if isinstance(first, m.Welcome):
+                self.heartbeat_interval = first.heartbeat_interval
+                log.info(
+                    "registered as %s with server %s (heartbeat every %gs)",
+                    self.node_id,
+                    first.server_version,
+                    self.heartbeat_interval,
+                )
+            else:
+                log.info("registered as %s", self.node_id)
+            self._last_error = None
+            self.sessions += 1
+            self.connected.set()
+            self.engines.attach(send)
+            nursery.start_soon(sender)
+            nursery.start_soon(self._heartbeats, channel, send)
+            if not isinstance(first, m.Welcome):
+                await self._dispatch(first, send)
+            while True:
+                msg = await self._receive(channel)
+                await self._dispatch(msg, send)
+
+    async def _receive(self, channel: FleetChannel) -> Any:
+        payload = await channel.receive()
+        try:
+            return m.decode_server_message(payload)
+        except m.MessageError as exc:
+            raise ChannelClosed(f"bad message from server: {exc}", error=True) from None
+
+    async def _dispatch(self, msg: Any, send: Callable[[msgspec.Struct], None]) -> None:
+        if isinstance(msg, m.Welcome):
+            self.heartbeat_interval = msg.heartbeat_interval
+        elif isinstance(msg, m.Unknown):
+            if msg.type not in self._unknown_logged:
+                self._unknown_logged.add(msg.type)
+                log.info("server sent a message of unknown type %r (newer server?); skipping", msg.type)
+        else:
+            await self.engines.handle(msg, send)
+
+    async def _heartbeats(self, channel: FleetChannel, send: Callable[[msgspec.Struct], None]) -> None:
+        conn = channel.connection
+        conn.last_received = trio.current_time()
+        while True:
+            await trio.sleep(self.heartbeat_interval)
+            ports, gpus = await trio.to_thread.run_sync(self._readings)
+            self._seq += 1
+            send(m.Heartbeat(seq=self._seq, ports=ports, gpus=gpus))
+            silent = trio.current_time() - conn.last_received
+            if silent > 6 * self.heartbeat_interval:
+                raise ChannelClosed(f"no answer from the server for {silent:.0f}s (half-open connection?)", error=True)
+            if silent > 3 * self.heartbeat_interval:
+                conn.ping()  # the server is quiet; an HTTP/2 PING tells us it is still there
+
+    def _readings(self) -> tuple[list[m.PortCounters], list[m.GpuHealth]]:
+        return self.hardware.port_counters(), self.hardware.gpu_health()
+
+
+def make_dialer(
+    cfg: AgentConfig,
+    *,
+    insecure: bool,
+    ssl_context: ssl.SSLContext | None,
+    max_message: int = DEFAULT_MAX_MESSAGE,
+) -> Dialer:
+    def dialer() -> AbstractAsyncContextManager[FleetChannel]:
+        return dial(
+            cfg.server,
+            ssl_context=ssl_context,
+            insecure=insecure,
+            max_message=max_message,
+            headers=[("user-agent", f"llmgw-agent/{__version__}")],
+        )
+
+    return dialer

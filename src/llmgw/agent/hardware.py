@@ -1,0 +1,22 @@
+"""The agent's hardware readings, from discovery (real sysfs and NVML, or a simulated node)."""
+
+from __future__ import annotations
+
+from llmgw.agent import discovery
+from llmgw.catalog.schema import Discovery
+from llmgw.wire import messages as m
+
+
+class DiscoveredHardware:
+    def __init__(self, cfg: Discovery, server_host: str | None = None) -> None:
+        self.cfg = cfg
+        self.server_host = server_host
+
+    def inventory(self) -> m.Inventory:
+        return discovery.discover(self.cfg, server_host=self.server_host)
+
+    def port_counters(self) -> list[m.PortCounters]:
+        return discovery.read_port_counters(self.cfg)
+
+    def gpu_health(self) -> list[m.GpuHealth]:
+        return discovery.read_gpu_health(self.cfg)

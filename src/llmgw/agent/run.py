@@ -1,0 +1,70 @@
+"""`llmgw agent` main: check the config, build TLS, run the link until SIGINT/SIGTERM.
+
+Stopping the agent does not stop engines: traffic goes gateway → engine directly, and the
+next agent adopts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import ssl
+import time
+
+import trio
+
+from llmgw.agent.agent import Agent, make_dialer
+from llmgw.agent.hardware import DiscoveredHardware
+from llmgw.catalog.schema import AgentConfig
+from llmgw.errors import UsageError
+from llmgw.fleet import parse_fleet_url
+
+log = logging.getLogger("llmgw.agent")
+
+EXPIRY_WARNING_DAYS = 30
+
+
+def agent_ssl_context(cfg: AgentConfig) -> tuple[ssl.SSLContext | None, float]:
+    """The client TLS context and the client certificate's expiry (0 without one)."""
+    if cfg.tls is None:
+        return None, 0.0
+    from llmgw.tls import cert_not_after, client_context
+
+    if bool(cfg.tls.cert) != bool(cfg.tls.key):
+        raise UsageError("tls: set both tls.cert and tls.key (the node certificate and its key), or neither")
+    ctx = client_context(cfg.tls.ca or None, cfg.tls.cert or None, cfg.tls.key or None, alpn=("h2",))
+    not_after = cert_not_after(cfg.tls.cert) if cfg.tls.cert else 0.0
+    return ctx, not_after
+
+
+async def run_agent(cfg: AgentConfig, *, insecure: bool = False) -> None:
+    if not cfg.server:
+        raise UsageError("no server URL: set `server:` in the agent config, --server or LLMGW_FLEET_URL")
+    scheme, host, _port = parse_fleet_url(cfg.server, insecure)
+    if insecure:
+        log.warning("--insecure: the fleet stream may be plain h2c; use TLS outside a lab")
+    ssl_context, not_after = (None, 0.0) if scheme == "http" else agent_ssl_context(cfg)
+    if not_after:
+        days = (not_after - time.time()) / 86400
+        if days < 0:
+            log.error("the node certificate %s expired %.0f days ago; the server will refuse it", cfg.tls.cert, -days)  # type: ignore[union-attr]
+        elif days < EXPIRY_WARNING_DAYS:
+            log.warning("the node certificate %s expires in %.0f days; reissue it with `llmgw ctl cert node`", cfg.tls.cert, days)  # type: ignore[union-attr]
+    agent = Agent(
+        cfg,
+        hardware=DiscoveredHardware(cfg.discovery, server_host=host),
+        dialer=make_dialer(cfg, insecure=insecure, ssl_context=ssl_context),
+        cert_not_after=not_after,
+    )
+    log.info("llmgw agent for node %s, server %s", agent.node_id, cfg.server)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
+        await agent.run()
+
+
+async def _stop_on_signals(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s; stopping (engines keep running)", signal.Signals(signum).name)
+            scope.cancel()
+            return

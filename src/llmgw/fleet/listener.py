@@ -1,0 +1,173 @@
+"""The server's fleet listener: TLS (or h2c with --insecure), one Connect stream per connection."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+
+import h2.errors
+import trio
+
+from llmgw.fleet.h2conn import ChannelClosed, FleetChannel, H2Connection
+from llmgw.wire.messages import CONNECT_PATH, CONTENT_TYPE
+
+log = logging.getLogger("llmgw.fleet")
+
+
+class StreamRefused(Exception):
+    """Raised by a stream handler to end the stream with an error the agent will show."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+StreamHandler = Callable[[FleetChannel], Awaitable[None]]
+RefusalHook = Callable[[str], None]
+
+
+def _peer_name(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except (OSError, ValueError):
+        return "unknown"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _common_name(ssl_stream: trio.SSLStream) -> str | None:
+    cert = ssl_stream.getpeercert()
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    return None
+
+
+class FleetListener:
+    """Accepts agent connections and runs `handler(channel)` for each Connect stream."""
+
+    def __init__(
+        self,
+        handler: StreamHandler,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        max_message: int,
+        handshake_timeout: float = 10.0,
+        idle_timeout: float | None = None,
+        on_refused: RefusalHook | None = None,
+    ) -> None:
+        self.handler = handler
+        self.ssl_context = ssl_context
+        self.max_message = max_message
+        self.handshake_timeout = handshake_timeout
+        self.idle_timeout = idle_timeout
+        self.on_refused = on_refused or (lambda reason: None)
+        self.connections = 0
+
+    async def serve(
+        self,
+        listeners: list[trio.SocketListener],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        await trio.serve_listeners(self._serve_one, listeners, task_status=task_status)
+
+    def _refuse(self, peer: str, reason: str, detail: str) -> None:
+        log.warning("fleet connection from %s refused: %s", peer, detail)
+        self.on_refused(reason)
+
+    async def _serve_one(self, tcp: trio.SocketStream) -> None:
+        peer = _peer_name(tcp)
+        stream: trio.abc.Stream = tcp
+        identity: str | None = None
+        self.connections += 1
+        try:
+            if self.ssl_context is not None:
+                ssl_stream = trio.SSLStream(tcp, self.ssl_context, server_side=True)
+                try:
+                    with trio.fail_after(self.handshake_timeout):
+                        await ssl_stream.do_handshake()
+                except trio.TooSlowError:
+                    self._refuse(peer, "tls_timeout", f"no TLS handshake within {self.handshake_timeout:g}s")
+                    return
+                except (trio.BrokenResourceError, ssl.SSLError) as exc:
+                    cause = exc.__cause__ or exc
+                    self._refuse(peer, "tls_handshake", f"TLS handshake failed: {cause}")
+                    return
+                alpn = ssl_stream.selected_alpn_protocol()
+                if alpn not in (None, "h2"):
+                    self._refuse(peer, "alpn", f"client negotiated {alpn!r}, the fleet port speaks only h2")
+                    return
+                identity = _common_name(ssl_stream)
+                stream = ssl_stream
+            await self._serve_h2(stream, peer, identity)
+        finally:
+            self.connections -= 1
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+
+    async def _serve_h2(self, stream: trio.abc.Stream, peer: str, identity: str | None) -> None:
+        conn = H2Connection(
+            stream,
+            client_side=False,
+            max_message=self.max_message,
+            peer=peer,
+            tls_identity=identity,
+            idle_timeout=self.idle_timeout,
+        )
+        conn.start()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.reader)
+            nursery.start_soon(conn.writer)
+            try:
+                with trio.fail_after(self.handshake_timeout):
+                    channel, headers = await conn.accept()
+            except trio.TooSlowError:
+                self._refuse(peer, "timeout", f"no Connect request within {self.handshake_timeout:g}s (half-open connection?)")
+                conn.fail("no request in time", h2.errors.ErrorCodes.CANCEL)
+                await conn.flushed()
+                nursery.cancel_scope.cancel()
+                return
+            except ChannelClosed as exc:
+                self._refuse(peer, "protocol", exc.reason)
+                nursery.cancel_scope.cancel()
+                return
+            problem = _check_request(headers)
+            if problem is not None:
+                status, detail = problem
+                self._refuse(peer, "bad_request", detail)
+                conn.respond(channel, status, [("content-type", "text/plain")], end=False)
+                await channel._send_bytes(detail.encode() + b"\n", end_stream=True)
+                await conn.goaway(detail)
+                nursery.cancel_scope.cancel()
+                return
+            conn.respond(channel, 200, [("content-type", CONTENT_TYPE)])
+            error: StreamRefused | None = None
+            try:
+                await self.handler(channel)
+            except StreamRefused as exc:
+                error = exc
+                self.on_refused(exc.code)
+            if error is not None:
+                await conn.end_channel(channel, error.message, error.code)
+            else:
+                await conn.end_channel(channel)
+            await conn.goaway()
+            nursery.cancel_scope.cancel()
+
+
+def _check_request(headers: dict[str, str]) -> tuple[int, str] | None:
+    method = headers.get(":method", "")
+    path = headers.get(":path", "")
+    if path != CONNECT_PATH:
+        return 404, f"unknown path {path!r}; the fleet port serves only {CONNECT_PATH}"
+    if method != "POST":
+        return 405, f"method {method} not allowed on {CONNECT_PATH}"
+    ctype = headers.get("content-type", "").split(";")[0].strip()
+    if ctype != CONTENT_TYPE:
+        return 415, f"content-type {ctype!r} not supported; expected {CONTENT_TYPE}"
+    return None

@@ -1,0 +1,1 @@
+"""The control plane and gateway: node registry, fleet service, reconciler, gateway, API."""

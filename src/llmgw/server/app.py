@@ -1,0 +1,178 @@
+"""`llmgw server`: one trio process with two listeners, the public port and the fleet port."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import ssl
+from typing import Any
+
+import msgspec
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from llmgw import __version__
+from llmgw.catalog.schema import ServerConfig
+from llmgw.errors import UsageError
+from llmgw.fleet import FleetListener
+from llmgw.server.api import PublicApp
+from llmgw.server.fleet_service import FleetService
+from llmgw.server.metrics import ServerMetrics
+from llmgw.server.registry import NodeRegistry
+
+log = logging.getLogger("llmgw.server")
+
+
+class Bound(msgspec.Struct, frozen=True):
+    public_url: str
+    fleet_url: str
+
+
+def split_hostport(text: str, what: str, flag: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"{what} address {text!r} must be HOST:PORT (set it with {flag})")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def bind_socket(text: str, what: str, flag: str) -> socket.socket:
+    """Bind now, so that a port in use is one clear line before anything starts."""
+    host, port = split_hostport(text, what, flag)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(
+            f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}; choose another with {flag}"
+        ) from None
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
+def _url(scheme: str, sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def fleet_ssl_context(cfg: ServerConfig) -> ssl.SSLContext:
+    tls = cfg.tls
+    assert tls is not None
+    from llmgw.tls import server_context
+
+    return server_context(tls.cert, tls.key, tls.ca or None, require_client_cert=True, alpn=("h2",))
+
+
+class ControlPlane:
+    """The server's state and its long-running tasks."""
+
+    def __init__(self, cfg: ServerConfig, *, insecure: bool = False) -> None:
+        self.cfg = cfg
+        self.insecure = insecure
+        fleet = cfg.fleet
+        self.registry = NodeRegistry(fleet.heartbeat_interval, fleet.unreachable_after, fleet.lost_after)
+        self.metrics = ServerMetrics(self.registry.counts)
+        require_identity = bool(cfg.tls and cfg.tls.require_identity)
+        self.fleet = FleetService(
+            self.registry,
+            self.metrics,
+            register_timeout=fleet.register_timeout,
+            require_identity=require_identity,
+        )
+        self.api_routes: dict[str, Any] = {}
+        self.shutdown_event = trio.Event()
+        if cfg.tls is None and not insecure:
+            raise UsageError(
+                "the fleet port needs TLS: set tls.cert, tls.key and tls.ca in the server config "
+                "(issue them with `llmgw ctl cert`), or pass --insecure for a lab"
+            )
+        if cfg.tls is not None and (not cfg.tls.cert or not cfg.tls.key):
+            raise UsageError("tls: both tls.cert and tls.key are needed for the fleet port")
+
+    async def run(
+        self,
+        *,
+        public_sock: socket.socket,
+        fleet_sock: socket.socket,
+        task_status: trio.TaskStatus[Bound] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        fleet_ctx = None if self.cfg.tls is None else fleet_ssl_context(self.cfg)
+        if fleet_ctx is None:
+            log.warning(
+                "the fleet port runs plain h2c (--insecure): any process that can reach it can "
+                "register as any node. Use TLS outside a lab."
+            )
+        silence = self.registry.silence_limit
+        listener = FleetListener(
+            self.fleet.handle,
+            ssl_context=fleet_ctx,
+            max_message=self.cfg.fleet.max_message,
+            handshake_timeout=self.cfg.fleet.register_timeout,
+            # A connection silent for twice the unreachable threshold is dead: close it.
+            idle_timeout=max(2 * silence, self.cfg.fleet.register_timeout),
+            on_refused=self.metrics.count_refused,
+        )
+        bound = Bound(
+            public_url=_url("https" if self.cfg.public_tls else "http", public_sock),
+            fleet_url=_url("https" if fleet_ctx else "http", fleet_sock),
+        )
+        async with trio.open_nursery() as nursery:
+            fleet_listener = trio.SocketListener(trio.socket.from_stdlib_socket(fleet_sock))
+            await nursery.start(listener.serve, [fleet_listener])
+            await nursery.start(self._serve_public, public_sock)
+            nursery.start_soon(self.fleet.run_ticker)
+            log.info("llmgw server %s: public %s, fleet %s", __version__, bound.public_url, bound.fleet_url)
+            task_status.started(bound)
+            await self.shutdown_event.wait()
+            log.info("shutting down: closing %d fleet streams", len(self.fleet.sessions))
+            with trio.move_on_after(3):
+                await self.fleet.shutdown()
+            nursery.cancel_scope.cancel()
+
+    async def _serve_public(self, sock: socket.socket, *, task_status: trio.TaskStatus[None]) -> None:
+        config = HypercornConfig()
+        config.bind = [f"fd://{sock.detach()}"]
+        config.accesslog = None
+        config.errorlog = logging.getLogger("llmgw.server.http")
+        config.keep_alive_timeout = 75
+        config.graceful_timeout = 2
+        if self.cfg.public_tls and self.cfg.public_tls.cert:
+            config.certfile = self.cfg.public_tls.cert
+            config.keyfile = self.cfg.public_tls.key
+            if self.cfg.public_tls.ca:
+                config.ca_certs = self.cfg.public_tls.ca
+                config.verify_mode = ssl.CERT_OPTIONAL
+        await hypercorn_serve(
+            PublicApp(self), config, shutdown_trigger=self.shutdown_event.wait, task_status=task_status
+        )
+
+
+async def run_server(cfg: ServerConfig, *, insecure: bool = False) -> None:
+    """The `llmgw server` main: binds first (clear errors), then serves until SIGINT/SIGTERM."""
+    plane = ControlPlane(cfg, insecure=insecure)
+    public_sock = bind_socket(cfg.listen, "public port", "--listen")
+    try:
+        fleet_sock = bind_socket(cfg.fleet_listen, "fleet port", "--fleet-listen")
+    except UsageError:
+        public_sock.close()
+        raise
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_signals, plane.shutdown_event)
+        await plane.run(public_sock=public_sock, fleet_sock=fleet_sock)
+        nursery.cancel_scope.cancel()
+
+
+async def _stop_on_signals(event: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s", signal.Signals(signum).name)
+            event.set()
+            return

@@ -1,0 +1,248 @@
+"""The server's end of each node's stream: Register first, then heartbeats and reports."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+import trio
+
+from llmgw import __version__
+from llmgw.fleet import ChannelClosed, FleetChannel, StreamRefused
+from llmgw.server.metrics import ServerMetrics
+from llmgw.server.registry import NodeRegistry, Transition
+from llmgw.wire import messages as m
+
+log = logging.getLogger("llmgw.server.fleet")
+
+
+class FleetObserver(Protocol):
+    """What the control plane hears from the fleet (the reconciler implements it)."""
+
+    def node_registered(self, node_id: str, msg: m.Register) -> None: ...
+    def node_disconnected(self, node_id: str) -> None: ...
+    def shard_status(self, node_id: str, msg: m.ShardStatus) -> None: ...
+    def progress(self, node_id: str, msg: m.Progress) -> None: ...
+    def transitions(self, items: list[Transition]) -> None: ...
+
+
+class Session:
+    """One live stream to a node: how to send to it and how to end it."""
+
+    def __init__(self, node_id: str, number: int, channel: FleetChannel, features: list[str]) -> None:
+        self.node_id = node_id
+        self.number = number
+        self.channel = channel
+        self.features = set(features)
+        self.cancel_scope = trio.CancelScope()
+        self.replaced_by: str | None = None
+        self._outbox: list[bytes] = []
+        self._outbox_event = trio.Event()
+
+    def send(self, msg: msgspec.Struct) -> None:
+        """Queue a message; the session's sender task writes it (never blocks the caller)."""
+        self._outbox.append(m.encode(msg))
+        self._outbox_event.set()
+
+    def supports(self, feature: str) -> bool:
+        return feature in self.features
+
+    async def sender(self) -> None:
+        while True:
+            while self._outbox:
+                payload = self._outbox.pop(0)
+                await self.channel.send(payload)
+            self._outbox_event = trio.Event()
+            await self._outbox_event.wait()
+
+
+class FleetService:
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        metrics: ServerMetrics,
+        *,
+        register_timeout: float,
+        require_identity: bool,
+        observer: FleetObserver | None = None,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self.register_timeout = register_timeout
+        self.require_identity = require_identity
+        self.observer = observer
+        self.clock = clock
+        self.sessions: dict[str, Session] = {}
+        self._unknown_types_logged: set[str] = set()
+        self.changed = trio.Event()  # set on every fleet change; the reconciler waits on it
+        self.shutting_down = False
+        self._drained = trio.Event()
+
+    async def shutdown(self) -> None:
+        """End every stream with a clear reason (agents reconnect to the next server)."""
+        self.shutting_down = True
+        for session in list(self.sessions.values()):
+            session.cancel_scope.cancel()
+        while self.sessions:
+            self._drained = trio.Event()
+            await self._drained.wait()
+
+    def _notify(self, transitions: list[Transition]) -> None:
+        for t in transitions:
+            level = logging.INFO if t.new == "ready" else logging.WARNING
+            log.log(level, "node %s: %s → %s (%s)", t.node_id, t.old or "new", t.new, t.reason)
+        if transitions and self.observer is not None:
+            self.observer.transitions(transitions)
+        self.changed.set()
+
+    def tick(self) -> None:
+        transitions = self.registry.tick(self.clock())
+        if transitions:
+            self._notify(transitions)
+
+    async def run_ticker(self) -> None:
+        """Re-evaluate liveness a few times per heartbeat interval."""
+        period = max(min(self.registry.heartbeat_interval / 4, 1.0), 0.02)
+        while True:
+            await trio.sleep(period)
+            self.tick()
+
+    async def handle(self, channel: FleetChannel) -> None:
+        peer = channel.peer
+        try:
+            with trio.fail_after(self.register_timeout):
+                payload = await channel.receive()
+        except trio.TooSlowError:
+            log.warning("fleet stream from %s: no Register within %gs; closing", peer, self.register_timeout)
+            raise StreamRefused("register_timeout", f"no Register within {self.register_timeout:g}s") from None
+        except ChannelClosed as exc:
+            log.warning("fleet stream from %s closed before Register: %s", peer, exc.reason)
+            return
+        try:
+            first = m.decode_agent_message(payload)
+        except m.MessageError as exc:
+            log.warning("fleet stream from %s: %s; closing", peer, exc)
+            raise StreamRefused("malformed", str(exc)) from None
+        if not isinstance(first, m.Register):
+            kind = m.message_type(first)
+            log.warning("fleet stream from %s: first message was %s, not Register; closing", peer, kind)
+            raise StreamRefused("protocol", f"the first message must be Register, got {kind}")
+        self.metrics.count_message("Register")
+        node_id = first.node_id
+        if not _valid_node_id(node_id):
+            log.warning("fleet stream from %s: invalid node id %r; closing", peer, node_id)
+            raise StreamRefused("bad_node_id", f"invalid node id {node_id!r}")
+        identity = channel.tls_identity
+        if self.require_identity and identity != node_id:
+            log.warning(
+                "fleet stream from %s refused: certificate common name %r does not match node id %r",
+                peer,
+                identity,
+                node_id,
+            )
+            raise StreamRefused(
+                "identity",
+                f"client certificate is for {identity!r} but the agent registered as {node_id!r}",
+            )
+        if self.shutting_down:
+            raise StreamRefused("shutdown", "the server is shutting down")
+        number = self.registry.new_session()
+        session = Session(node_id, number, channel, first.features)
+        old = self.sessions.get(node_id)
+        transition, _ = self.registry.register(first, self.clock(), number, peer, identity)
+        if old is not None:
+            log.warning(
+                "node %s: new stream from %s replaces the one from %s", node_id, peer, old.channel.peer
+            )
+            old.replaced_by = peer
+            old.cancel_scope.cancel()
+        self.sessions[node_id] = session
+        log.info(
+            "node %s registered from %s (agent %s, %d GPUs, %d ports, %d shards)",
+            node_id,
+            peer,
+            first.version,
+            len(first.inventory.gpus),
+            len(first.inventory.ports),
+            len(first.shards),
+        )
+        session.send(m.Welcome(server_version=__version__, heartbeat_interval=self.registry.heartbeat_interval))
+        if self.observer is not None:
+            self.observer.node_registered(node_id, first)
+        self._notify([transition] if transition else [])
+        reason = "stream ended"
+        try:
+            with session.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(session.sender)
+                    reason = await self._receive_loop(session)
+                    nursery.cancel_scope.cancel()
+        except ChannelClosed as exc:
+            reason = exc.reason
+        finally:
+            if self.sessions.get(node_id) is session:
+                del self.sessions[node_id]
+                self._drained.set()
+            t = self.registry.disconnect(node_id, number, self.clock(), reason)
+            if t is not None:
+                if self.observer is not None:
+                    self.observer.node_disconnected(node_id)
+                self._notify([t])
+            elif session.replaced_by is None:
+                log.info("node %s: stream from %s closed: %s", node_id, peer, reason)
+        if self.shutting_down:
+            raise StreamRefused("shutdown", "the server is shutting down")
+        if session.replaced_by is not None:
+            raise StreamRefused("replaced", f"replaced by a newer stream for {node_id} from {session.replaced_by}")
+
+    async def _receive_loop(self, session: Session) -> str:
+        channel = session.channel
+        node_id = session.node_id
+        registry = self.registry
+        while True:
+            try:
+                payload = await channel.receive()
+            except ChannelClosed as exc:
+                if exc.error:
+                    log.warning("node %s: stream from %s closed: %s", node_id, channel.peer, exc.reason)
+                return exc.reason
+            try:
+                msg = m.decode_agent_message(payload)
+            except m.MessageError as exc:
+                log.warning("node %s: %s; closing the stream", node_id, exc)
+                raise StreamRefused("malformed", str(exc)) from None
+            kind = m.message_type(msg)
+            self.metrics.count_message(kind)
+            now = self.clock()
+            if isinstance(msg, m.Heartbeat):
+                t = registry.heartbeat(node_id, session.number, msg, now)
+                if t is not None:
+                    self._notify([t])
+            elif isinstance(msg, m.ShardStatus):
+                registry.seen(node_id, session.number, now)
+                if self.observer is not None:
+                    self.observer.shard_status(node_id, msg)
+                self.changed.set()
+            elif isinstance(msg, m.Progress):
+                registry.seen(node_id, session.number, now)
+                if self.observer is not None:
+                    self.observer.progress(node_id, msg)
+            elif isinstance(msg, m.Register):
+                log.warning("node %s: Register on an open stream; closing it", node_id)
+                raise StreamRefused("protocol", "Register sent twice on one stream")
+            elif isinstance(msg, m.Unknown):
+                registry.seen(node_id, session.number, now)
+                if msg.type not in self._unknown_types_logged:
+                    self._unknown_types_logged.add(msg.type)
+                    log.info("node %s sent a message of unknown type %r (newer agent?); skipping", node_id, msg.type)
+
+
+def _valid_node_id(node_id: str) -> bool:
+    return (
+        0 < len(node_id) <= 253
+        and node_id[0].isalnum()
+        and all(c.isalnum() or c in "-_." for c in node_id)
+    )
