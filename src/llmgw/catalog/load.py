@@ -11,7 +11,7 @@ import msgspec
 import yaml
 
 from llmgw.catalog.schema import AgentConfig, ServerConfig
-from llmgw.catalog.units import dec_hook
+from llmgw.catalog.units import dec_hook, enc_hook
 from llmgw.errors import UsageError
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -223,7 +223,7 @@ def override(config: T, values: Mapping[str, Any], source: str = "flag") -> T:
     changes = {k: v for k, v in values.items() if v is not None}
     if not changes:
         return config
-    data = msgspec.to_builtins(config, enc_hook=float)
+    data = msgspec.to_builtins(config, enc_hook=enc_hook)
     data.update(changes)
     try:
         return msgspec.convert(data, type=type(config), dec_hook=dec_hook)

@@ -105,6 +105,10 @@ class FleetListener:
                 identity = _common_name(ssl_stream)
                 stream = ssl_stream
             await self._serve_h2(stream, peer, identity)
+        except Exception as exc:
+            # A bug in one stream's handling must never take down the listener.
+            log.exception("fleet connection from %s failed: %s", peer, exc)
+            self.on_refused("internal")
         finally:
             self.connections -= 1
             with trio.CancelScope(shield=True), trio.move_on_after(1):

@@ -47,9 +47,9 @@ class Transition(msgspec.Struct, frozen=True):
 
 class NodeRegistry:
     def __init__(self, heartbeat_interval: float, unreachable_after: int = 3, lost_after: float = 120.0) -> None:
-        self.heartbeat_interval = heartbeat_interval
-        self.unreachable_after = unreachable_after
-        self.lost_after = lost_after
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.unreachable_after = int(unreachable_after)
+        self.lost_after = float(lost_after)
         self.nodes: dict[str, Node] = {}
         self._sessions = 0
 

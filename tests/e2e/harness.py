@@ -1,0 +1,228 @@
+"""Real processes on loopback for end-to-end tests: start, wait for a condition, clean up.
+
+Every wait is "until the condition holds, up to a deadline" (the machine may be slow); a
+process that dies early fails the wait at once with its output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+DEFAULT_DEADLINE = float(os.environ.get("LLMGW_TEST_DEADLINE", "30"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llmgw_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("LLMGW_SERVER", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["NO_COLOR"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class Proc:
+    """A real `llmgw …` process in its own session (so its children die with it)."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.args = args
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=llmgw_env(env),
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.popen.send_signal(sig)
+
+    def kill9(self) -> None:
+        """kill -9 of the process alone (its children, if any, survive, as on a real node)."""
+        if self.alive():
+            os.kill(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def stop(self, timeout: float = 10) -> int | None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.alive():
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.popen.wait(timeout=10)
+        self._log.close()
+        return self.popen.returncode
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def wait_until(
+    check: Callable[[], T | None],
+    what: str,
+    deadline: float = DEFAULT_DEADLINE,
+    procs: list[Proc] | tuple[Proc, ...] = (),
+    interval: float = 0.05,
+) -> T:
+    """Poll `check` until it returns a truthy value; fail with `what` and process logs at the deadline."""
+    end = time.monotonic() + deadline
+    last_exc: Exception | None = None
+    while True:
+        try:
+            value = check()
+        except Exception as exc:  # a server not up yet, a half-written file ...
+            value = None
+            last_exc = exc
+        if value:
+            return value
+        for p in procs:
+            if not p.alive():
+                raise AssertionError(f"{p.name} exited ({p.popen.returncode}) while waiting for {what}:\n{p.log()[-4000:]}")
+        if time.monotonic() > end:
+            logs = "\n".join(f"--- {p.name}:\n{p.log()[-3000:]}" for p in procs)
+            raise AssertionError(f"timed out after {deadline:g}s waiting for {what} (last error: {last_exc!r})\n{logs}")
+        time.sleep(interval)
+
+
+def run_llmgw(*args: str, env: dict[str, str] | None = None, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llmgw", *args],
+        capture_output=True,
+        text=True,
+        env=llmgw_env(env),
+        timeout=timeout,
+        input=input,
+    )
+
+
+def ctl_json(server_url: str, *args: str) -> Any:
+    """`llmgw ctl --server URL ARGS -o json`, parsed; raises with stderr on failure."""
+    result = run_llmgw("ctl", "--server", server_url, *args, "-o", "json")
+    if result.returncode != 0:
+        raise RuntimeError(f"ctl {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
+    return json.loads(result.stdout)
+
+
+async def wait_until_async(
+    check: Callable[[], T | None],
+    what: str,
+    deadline: float = DEFAULT_DEADLINE,
+    procs: list[Proc] | tuple[Proc, ...] = (),
+    interval: float = 0.05,
+) -> T:
+    """`wait_until` for trio tests: polls without blocking the event loop."""
+    import trio
+
+    end = time.monotonic() + deadline
+    last_exc: Exception | None = None
+    while True:
+        try:
+            value = await trio.to_thread.run_sync(check)
+        except Exception as exc:
+            value = None
+            last_exc = exc
+        if value:
+            return value
+        for p in procs:
+            if not p.alive():
+                raise AssertionError(f"{p.name} exited ({p.popen.returncode}) while waiting for {what}:\n{p.log()[-4000:]}")
+        if time.monotonic() > end:
+            logs = "\n".join(f"--- {p.name}:\n{p.log()[-3000:]}" for p in procs)
+            raise AssertionError(f"timed out after {deadline:g}s waiting for {what} (last error: {last_exc!r})\n{logs}")
+        await trio.sleep(interval)
+
+
+def get_json(url: str, timeout: float = 5) -> Any:
+    import httpx
+
+    response = httpx.get(url, timeout=timeout)
+    response.raise_for_status()
+    return response.json()
+
+
+class Server:
+    """A real `llmgw server` on loopback ports (fixed, so a restart keeps them)."""
+
+    def __init__(self, tmp: Path, config_text: str = "", name: str = "server", extra_args: list[str] | None = None,
+                 insecure: bool = True) -> None:
+        self.tmp = tmp
+        self.name = name
+        self.public_port = free_port()
+        self.fleet_port = free_port()
+        self.config = tmp / f"{name}.yaml"
+        self.config.write_text(config_text or FAST_FLEET)
+        self.extra_args = extra_args or []
+        self.insecure = insecure
+        self.proc: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        scheme = "http"
+        return f"{scheme}://127.0.0.1:{self.public_port}"
+
+    @property
+    def fleet_url(self) -> str:
+        return f"{'http' if self.insecure else 'https'}://127.0.0.1:{self.fleet_port}"
+
+    def start(self) -> Proc:
+        args = ["server", "--config", str(self.config), "--listen", f"127.0.0.1:{self.public_port}",
+                "--fleet-listen", f"127.0.0.1:{self.fleet_port}", *self.extra_args]
+        if self.insecure:
+            args.append("--insecure")
+        self.proc = Proc(self.name, args, self.tmp)
+        wait_until(lambda: get_json(f"{self.url}/healthz")["status"] == "ok", f"{self.name} to serve /healthz",
+                   procs=[self.proc])
+        return self.proc
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        return {n["id"]: n for n in get_json(f"{self.url}/api/v1/nodes")}
+
+
+FAST_FLEET = """\
+fleet:
+  heartbeat_interval: 0.25s
+  unreachable_after: 3
+  lost_after: 2s
+  register_timeout: 2s
+  max_message: 256KiB
+"""
