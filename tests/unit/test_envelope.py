@@ -22,7 +22,7 @@ MAX = 4096
 def feed_in_chunks(decoder: EnvelopeDecoder, data: bytes, cuts: list[int]) -> list[tuple[int, bytes]]:
     out: list[tuple[int, bytes]] = []
     pos = 0
-    for cut in sorted(set(c % (len(data) + 1) for c in cuts)) + [len(data)]:
+    for cut in [*sorted(set(c % (len(data) + 1) for c in cuts)), len(data)]:
         out += decoder.feed(data[pos:cut])
         assert decoder.buffered <= HEADER_SIZE + decoder.max_message
         pos = max(pos, cut)
