@@ -1,0 +1,178 @@
+"""Single-node placement: which node, which GPUs (NVLink aware), which port. Pure.
+
+When nothing fits, the answer says why for every node ("gpu-03: 2 of 4 GPUs free",
+"gpu-07: lost"), so an operator reading `ctl replicas` knows what to change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from llmgw.wire.messages import Gpu
+
+EXHAUSTIVE_LIMIT = 20_000  # combinations to score before falling back to greedy
+
+
+class NodeCapacity(msgspec.Struct, kw_only=True):
+    """What placement knows of one node: its GPUs and what is already taken."""
+
+    node_id: str
+    state: str  # ready | unreachable | lost
+    gpus: list[Gpu] = []
+    used_gpus: set[int] = set()
+    used_ports: set[int] = set()
+    replicas_of_model: int = 0  # replicas of the model being placed already on this node
+    can_start: bool = True  # the agent answers Start
+    version: str = ""
+
+
+class Request(msgspec.Struct, kw_only=True):
+    replica_id: str
+    gpus: int
+    gpu_kind: str = ""
+    gpu_memory_mib: int = 0
+
+
+class Placement(msgspec.Struct, frozen=True):
+    node_id: str
+    gpus: tuple[int, ...]
+    port: int
+
+
+class NoFit(msgspec.Struct, frozen=True):
+    reasons: tuple[str, ...]
+
+    def summary(self) -> str:
+        if not self.reasons:
+            return "no nodes have registered"
+        return "; ".join(self.reasons)
+
+
+def _matching(gpus: Iterable[Gpu], req: Request) -> list[Gpu]:
+    kind = req.gpu_kind.lower()
+    return [
+        g
+        for g in gpus
+        if (not kind or kind in g.name.lower()) and g.memory_mib >= req.gpu_memory_mib and g.health == "ok"
+    ]
+
+
+def _why_not(node: NodeCapacity, req: Request) -> str | None:
+    """None when the node could host the request; else the reason, for people."""
+    if node.state != "ready":
+        return f"{node.node_id}: {node.state}"
+    if not node.can_start:
+        return f"{node.node_id}: agent {node.version or '(old)'} cannot start engines"
+    if req.gpus == 0:
+        return None
+    if not node.gpus:
+        return f"{node.node_id}: no GPUs"
+    kind = req.gpu_kind.lower()
+    of_kind = [g for g in node.gpus if not kind or kind in g.name.lower()]
+    if not of_kind:
+        names = sorted({g.name for g in node.gpus})
+        return f"{node.node_id}: no {req.gpu_kind} GPUs (has {len(node.gpus)}× {', '.join(names)})"
+    big = [g for g in of_kind if g.memory_mib >= req.gpu_memory_mib]
+    if not big:
+        most = max(g.memory_mib for g in of_kind)
+        return f"{node.node_id}: GPUs have {most} MiB, the profile needs {req.gpu_memory_mib} MiB each"
+    healthy = [g for g in big if g.health == "ok"]
+    if len(healthy) < req.gpus:
+        if len(big) >= req.gpus:
+            return f"{node.node_id}: only {len(healthy)} of {len(big)} matching GPUs are healthy, {req.gpus} needed"
+        return f"{node.node_id}: has {len(big)} matching GPUs, {req.gpus} needed"
+    free = [g for g in healthy if g.index not in node.used_gpus]
+    if len(free) < req.gpus:
+        return f"{node.node_id}: {len(free)} of {len(healthy)} GPUs free, {req.gpus} needed"
+    return None
+
+
+def _links(a: Gpu, b: Gpu) -> int:
+    return max(a.nvlink.get(b.index, 0), b.nvlink.get(a.index, 0))
+
+
+def choose_gpus(free: Sequence[Gpu], n: int) -> tuple[int, ...]:
+    """Pick n GPUs: most NVLink links among them, then fewest links cut to the GPUs left free.
+
+    The second rule keeps well-connected groups intact for later, bigger replicas: a 1-GPU
+    replica takes the GPU that is least useful to a tensor-parallel group.
+    """
+    if n <= 0:
+        return ()
+    ordered = sorted(free, key=lambda g: g.index)
+    if n >= len(ordered):
+        return tuple(g.index for g in ordered)
+    if not any(g.nvlink for g in ordered):
+        return tuple(g.index for g in ordered[:n])
+
+    def score(group: Sequence[Gpu]) -> tuple[int, int]:
+        chosen = {g.index for g in group}
+        internal = sum(_links(a, b) for a, b in itertools.combinations(group, 2))
+        cut = sum(_links(a, b) for a in group for b in ordered if b.index not in chosen)
+        return internal, -cut
+
+    count = _combinations(len(ordered), n)
+    if count <= EXHAUSTIVE_LIMIT:
+        best = max(itertools.combinations(ordered, n), key=score)  # first max = lowest indexes
+        return tuple(g.index for g in best)
+    # Greedy for very large nodes: grow from each seed by the best-connected next GPU.
+    best_group: list[Gpu] = []
+    best_score = (-1, 0)
+    for seed in ordered:
+        group = [seed]
+        while len(group) < n:
+            rest = [g for g in ordered if g not in group]
+            group.append(max(rest, key=lambda g: (sum(_links(g, h) for h in group), -g.index)))
+        s = score(group)
+        if s > best_score:
+            best_group, best_score = group, s
+    return tuple(sorted(g.index for g in best_group))
+
+
+def _combinations(n: int, k: int) -> int:
+    from math import comb
+
+    return comb(n, k)
+
+
+def choose_port(replica_id: str, used: set[int], port_range: tuple[int, int]) -> int | None:
+    """A free port, starting at an offset derived from the replica id: a retry after a
+    'port in use' failure (new attempt, new id hash) does not walk into the same port."""
+    lo, hi = port_range
+    size = hi - lo + 1
+    if size <= 0:
+        return None
+    start = zlib.crc32(replica_id.encode()) % size
+    for i in range(size):
+        port = lo + (start + i) % size
+        if port not in used:
+            return port
+    return None
+
+
+def place(req: Request, nodes: Sequence[NodeCapacity], port_range: tuple[int, int]) -> Placement | NoFit:
+    """Best fit with anti-affinity: spread a model's replicas over nodes, then pack GPUs tight."""
+    reasons: list[str] = []
+    candidates: list[tuple[tuple[int, int, str], NodeCapacity, list[Gpu]]] = []
+    for node in sorted(nodes, key=lambda n: n.node_id):
+        why = _why_not(node, req)
+        if why is not None:
+            reasons.append(why)
+            continue
+        free = [g for g in _matching(node.gpus, req) if g.index not in node.used_gpus]
+        left_after = len(free) - req.gpus
+        candidates.append(((node.replicas_of_model, left_after, node.node_id), node, free))
+    if not candidates:
+        return NoFit(tuple(reasons))
+    candidates.sort(key=lambda c: c[0])
+    for _, node, free in candidates:
+        port = choose_port(req.replica_id, node.used_ports, port_range)
+        if port is None:
+            reasons.append(f"{node.node_id}: no free port in {port_range[0]}-{port_range[1]}")
+            continue
+        return Placement(node.node_id, choose_gpus(free, req.gpus), port)
+    return NoFit(tuple(reasons))

@@ -1,0 +1,466 @@
+"""The reconciler's decisions: desired (catalog) vs. actual (what agents report). Pure.
+
+Level-triggered: `reconcile(nodes, now)` looks at the whole picture every time and returns
+the Start/Stop messages to send; the server calls it on every change and on a tick. The
+fleet is the source of truth (DESIGN.md): replicas are rebuilt from agents' reports after a
+server restart (adoption) and forgotten when no agent reports them (disown).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import msgspec
+
+from llmgw.catalog.schema import Model, Profile
+from llmgw.placement import NodeCapacity, NoFit, Request, place
+from llmgw.wire import messages as m
+
+ReplicaState = Literal["pending", "starting", "ready", "failed", "stopping"]
+HOLDING = frozenset({"starting", "ready", "stopping"})  # shard states that hold GPUs and a port
+GONE = frozenset({"stopped", "failed", "exited", "lost"})
+_SURPLUS_ORDER = {"pending": 0, "failed": 1, "starting": 2, "ready": 3, "stopping": 4}
+
+
+class Shard(msgspec.Struct, kw_only=True):
+    shard_id: str
+    node: str
+    rank: int = 0
+    gpus: list[int] = []
+    port: int = 0
+    endpoint: str = ""
+    state: str = "starting"
+    pid: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    started_at: float = 0.0
+    acked: bool = False  # the agent has said something about this shard
+    stop_sent: bool = False
+    spec: m.ShardSpec | None = None
+
+
+class Replica(msgspec.Struct, kw_only=True):
+    id: str
+    model: str
+    profile: str = ""
+    state: ReplicaState = "pending"
+    created_at: float
+    state_since: float
+    reason: str = ""
+    tail: list[str] = []
+    attempt: int = 0
+    failures: int = 0
+    next_attempt_at: float = 0.0
+    adopted: bool = False
+    shards: list[Shard] = []
+
+    def set_state(self, state: ReplicaState, now: float, reason: str = "") -> None:
+        if state != self.state:
+            self.state = state
+            self.state_since = now
+        self.reason = reason
+
+    @property
+    def started_at(self) -> float:
+        return max((s.started_at for s in self.shards), default=self.created_at)
+
+
+class StartShard(msgspec.Struct, frozen=True):
+    node: str
+    spec: m.ShardSpec
+
+
+class StopShard(msgspec.Struct, frozen=True):
+    node: str
+    shard_id: str
+    grace: float
+    reason: str
+
+
+Action = StartShard | StopShard
+
+
+class NodeInfo(msgspec.Struct, kw_only=True):
+    """The part of the node registry the reconciler needs."""
+
+    node_id: str
+    state: str
+    connected: bool = True
+    gpus: list[m.Gpu] = []
+    features: list[str] = []
+    version: str = ""
+
+
+class Settings(msgspec.Struct, kw_only=True):
+    backoff_initial: float = 2.0
+    backoff_max: float = 300.0
+    port_range: tuple[int, int] = (20000, 29999)
+
+
+def _slug(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug[:40] or "model"
+
+
+class Reconciler:
+    def __init__(self, models: Sequence[Model], settings: Settings, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.rng = rng or random.Random()
+        self.models: dict[str, Model] = {}
+        self.replicas: dict[str, Replica] = {}
+        self.log: list[str] = []  # human-readable decisions since the last drain_log()
+        self.set_catalog(models)
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def set_catalog(self, models: Sequence[Model]) -> None:
+        self.models = {model.name: model for model in models}
+
+    def _new_id(self, model: str) -> str:
+        alphabet = "bcdfghjklmnpqrstvwxz2456789"
+        while True:
+            rid = f"{_slug(model)}-{''.join(self.rng.choice(alphabet) for _ in range(5))}"
+            if rid not in self.replicas:
+                return rid
+
+    def _find_shard(self, shard_id: str) -> tuple[Replica, Shard] | None:
+        for replica in self.replicas.values():
+            for shard in replica.shards:
+                if shard.shard_id == shard_id:
+                    return replica, shard
+        return None
+
+    def on_register(self, node_id: str, reports: Iterable[m.ShardReport], now: float) -> None:
+        """Adopt what the node runs and we do not know; disown what we think it runs and it does not."""
+        reported: set[str] = set()
+        for report in reports:
+            spec = report.spec
+            reported.add(spec.shard_id)
+            found = self._find_shard(spec.shard_id)
+            if found is not None:
+                replica, shard = found
+                shard.node = node_id
+                shard.pid = report.pid or shard.pid
+                shard.acked = True
+                if report.state != shard.state:
+                    self._apply_shard_state(replica, shard, report.state, now, reason="", tail=[], exit_code=None)
+                continue
+            self._adopt(node_id, report, now)
+        for replica in list(self.replicas.values()):
+            for shard in replica.shards:
+                if shard.node != node_id or shard.shard_id in reported or shard.state in GONE:
+                    continue
+                if shard.state == "stopping":
+                    shard.state = "stopped"
+                    self._maybe_forget(replica)
+                elif not shard.acked and shard.state == "starting":
+                    # The Start never reached the agent (the stream broke): try again, no penalty.
+                    shard.state = "lost"
+                    self._fail(replica, now, f"{node_id} never received the start of {shard.shard_id}; retrying", [], penalty=False)
+                else:
+                    shard.state = "lost"
+                    self._fail(
+                        replica,
+                        now,
+                        f"{node_id} no longer runs {shard.shard_id} (the engine went away while the agent was disconnected)",
+                        [],
+                        penalty=False,
+                    )
+
+    def _adopt(self, node_id: str, report: m.ShardReport, now: float) -> None:
+        spec = report.spec
+        rid = spec.replica_id
+        existing = self.replicas.get(rid)
+        if existing is not None and existing.state in ("ready", "starting", "stopping"):
+            rid = self._new_id(spec.model)  # both alive: keep both; the surplus rule picks one
+        elif existing is not None:
+            # The one we knew is failed or pending: the reported engine supersedes it.
+            for shard in existing.shards:
+                if shard.state in HOLDING:
+                    self._stop(existing, shard, "superseded by an adopted engine")
+            del self.replicas[rid]
+        started = report.started_at or now
+        shard = Shard(
+            shard_id=spec.shard_id,
+            node=node_id,
+            rank=spec.rank,
+            gpus=list(spec.gpus),
+            port=spec.port,
+            state=report.state if report.state in HOLDING else "starting",
+            pid=report.pid,
+            started_at=now,
+            acked=True,
+            spec=spec,
+        )
+        replica = Replica(
+            id=rid,
+            model=spec.model,
+            profile=spec.profile,
+            state="starting",
+            created_at=now,
+            state_since=now,
+            adopted=True,
+            shards=[shard],
+        )
+        del started
+        self.replicas[rid] = replica
+        self._derive(replica, now)
+        self.log.append(f"adopted {spec.shard_id} ({spec.model}) running on {node_id} as replica {rid}")
+
+    def on_shard_status(self, node_id: str, msg: m.ShardStatus, now: float) -> None:
+        found = self._find_shard(msg.shard_id)
+        if found is None:
+            return
+        replica, shard = found
+        shard.acked = True
+        if msg.pid:
+            shard.pid = msg.pid
+        if msg.endpoint:
+            shard.endpoint = msg.endpoint
+        self._apply_shard_state(replica, shard, msg.state, now, msg.reason, list(msg.tail), msg.exit_code)
+
+    def _apply_shard_state(
+        self,
+        replica: Replica,
+        shard: Shard,
+        state: str,
+        now: float,
+        reason: str,
+        tail: list[str],
+        exit_code: int | None,
+    ) -> None:
+        previous = shard.state
+        shard.state = state
+        shard.reason = reason
+        if exit_code is not None:
+            shard.exit_code = exit_code
+        if replica.state == "stopping":
+            self._maybe_forget(replica)
+            return
+        if state in ("failed", "exited") or (state == "stopped" and previous != "stopping"):
+            why = reason or (
+                f"engine exited with code {exit_code}" if exit_code is not None else f"engine {state}"
+            )
+            self._fail(replica, now, f"{shard.node}: {why}", tail, penalty=True)
+            return
+        self._derive(replica, now)
+
+    def on_node_state(self, node_id: str, state: str, now: float) -> None:
+        if state != "lost":
+            return  # unreachable: engines may well still serve; never stop them for that
+        for replica in list(self.replicas.values()):
+            for shard in replica.shards:
+                if shard.node == node_id and shard.state not in GONE:
+                    shard.state = "lost"
+                    if replica.state == "stopping":
+                        self._maybe_forget(replica)
+                    else:
+                        self._fail(replica, now, f"node {node_id} is lost", [], penalty=False)
+
+    # -- state derivation -----------------------------------------------------------------
+
+    def _derive(self, replica: Replica, now: float) -> None:
+        if replica.state in ("stopping", "failed") or not replica.shards:
+            return
+        states = {s.state for s in replica.shards}
+        if states == {"ready"}:
+            if replica.state != "ready":
+                self.log.append(f"replica {replica.id} ready")
+            replica.set_state("ready", now)
+            replica.failures = 0
+            replica.tail = []
+        else:
+            replica.set_state("starting", now, replica.reason if replica.state == "starting" else "")
+
+    def _fail(self, replica: Replica, now: float, reason: str, tail: list[str], *, penalty: bool) -> None:
+        if replica.state == "stopping":
+            return
+        if penalty:
+            replica.failures += 1
+            delay = min(self.settings.backoff_max, self.settings.backoff_initial * 2 ** (replica.failures - 1))
+        else:
+            delay = 0.0
+        replica.next_attempt_at = now + delay
+        replica.tail = tail or replica.tail
+        replica.set_state("failed", now, reason)
+        for shard in replica.shards:
+            if shard.state in HOLDING:
+                self._stop(replica, shard, "another shard of the replica failed")
+        self.log.append(f"replica {replica.id} failed: {reason}" + (f"; retrying in {delay:.0f}s" if delay else ""))
+
+    def _maybe_forget(self, replica: Replica) -> None:
+        if all(s.state in GONE for s in replica.shards):
+            self.replicas.pop(replica.id, None)
+            self.log.append(f"replica {replica.id} stopped")
+
+    def _stop(self, replica: Replica, shard: Shard, reason: str) -> None:
+        if shard.state in GONE:
+            return
+        shard.state = "stopping"
+        shard.stop_sent = False
+        shard.reason = reason
+
+    def stop_replica(self, replica: Replica, now: float, reason: str) -> None:
+        replica.set_state("stopping", now, reason)
+        for shard in replica.shards:
+            self._stop(replica, shard, reason)
+        self.log.append(f"stopping replica {replica.id}: {reason}")
+        self._maybe_forget(replica)
+
+    # -- the loop body -------------------------------------------------------------------------
+
+    def reconcile(self, nodes: Sequence[NodeInfo], now: float) -> list[Action]:
+        by_id = {n.node_id: n for n in nodes}
+        # Failed replicas whose backoff passed go back to pending (their shards are gone).
+        for replica in self.replicas.values():
+            if replica.state == "failed" and now >= replica.next_attempt_at and all(
+                s.state in GONE for s in replica.shards
+            ):
+                replica.set_state("pending", now, replica.reason)
+        # Anything whose model or profile left the catalog is stopped.
+        for replica in list(self.replicas.values()):
+            if replica.state == "stopping":
+                continue
+            model = self.models.get(replica.model)
+            if model is None:
+                self.stop_replica(replica, now, f"model {replica.model} left the catalog")
+            elif replica.profile and replica.state != "pending" and replica.profile not in {p.name for p in model.profiles}:
+                self.stop_replica(replica, now, f"profile {replica.profile} left model {replica.model}")
+        # Counts: add missing replicas, stop surplus ones.
+        for model in self.models.values():
+            active = [r for r in self.replicas.values() if r.model == model.name and r.state != "stopping"]
+            for _ in range(model.replicas - len(active)):
+                rid = self._new_id(model.name)
+                self.replicas[rid] = Replica(id=rid, model=model.name, created_at=now, state_since=now)
+                self.log.append(f"new replica {rid} for {model.name}")
+            if len(active) > model.replicas:
+                active.sort(key=lambda r: (_SURPLUS_ORDER[r.state], -r.started_at, r.id))
+                for replica in active[: len(active) - model.replicas]:
+                    if replica.state == "pending" or all(s.state in GONE for s in replica.shards):
+                        self.replicas.pop(replica.id, None)
+                        self.log.append(f"dropped surplus replica {replica.id}")
+                    else:
+                        self.stop_replica(replica, now, f"surplus: {model.name} wants {model.replicas}")
+        actions: list[Action] = []
+        # Place pending replicas, oldest first.
+        for replica in sorted(self.replicas.values(), key=lambda r: (r.created_at, r.id)):
+            if replica.state == "pending" and replica.model in self.models:
+                start = self._place(replica, nodes, now)
+                if start is not None:
+                    actions.append(start)
+        # Send stops that are due: a shard marked stopping on a connected node.
+        for replica in list(self.replicas.values()):
+            for shard in replica.shards:
+                if shard.state == "stopping" and not shard.stop_sent:
+                    node = by_id.get(shard.node)
+                    if node is not None and node.connected and node.state == "ready":
+                        grace = shard.spec.stop_grace if shard.spec else 5.0
+                        actions.append(StopShard(shard.node, shard.shard_id, grace, shard.reason))
+                        shard.stop_sent = True
+                    elif node is None or node.state == "lost":
+                        shard.state = "lost"
+                        self._maybe_forget(replica)
+            if replica.state == "stopping":
+                self._maybe_forget(replica)
+        return actions
+
+    def _capacities(self, nodes: Sequence[NodeInfo], model: str) -> list[NodeCapacity]:
+        used_gpus: dict[str, set[int]] = {}
+        used_ports: dict[str, set[int]] = {}
+        of_model: dict[str, int] = {}
+        for replica in self.replicas.values():
+            for shard in replica.shards:
+                if shard.state in HOLDING:
+                    used_gpus.setdefault(shard.node, set()).update(shard.gpus)
+                    used_ports.setdefault(shard.node, set()).add(shard.port)
+                    if replica.model == model:
+                        of_model[shard.node] = of_model.get(shard.node, 0) + 1
+        return [
+            NodeCapacity(
+                node_id=n.node_id,
+                state=n.state if n.connected or n.state != "ready" else "unreachable",
+                gpus=n.gpus,
+                used_gpus=used_gpus.get(n.node_id, set()),
+                used_ports=used_ports.get(n.node_id, set()),
+                replicas_of_model=of_model.get(n.node_id, 0),
+                can_start=m.FEATURE_START in n.features,
+                version=n.version,
+            )
+            for n in nodes
+        ]
+
+    def _place(self, replica: Replica, nodes: Sequence[NodeInfo], now: float) -> StartShard | None:
+        model = self.models[replica.model]
+        if not model.profiles:
+            replica.reason = f"model {model.name} has no profiles"
+            return None
+        capacities = self._capacities(nodes, model.name)
+        reasons: list[str] = []
+        attempt = replica.attempt + 1
+        for profile in model.profiles:
+            shard_id = f"{replica.id}.{attempt}"
+            result = place(
+                Request(replica_id=shard_id, gpus=profile.gpus, gpu_kind=profile.gpu_kind, gpu_memory_mib=profile.gpu_memory_mib),
+                capacities,
+                self.settings.port_range,
+            )
+            if isinstance(result, NoFit):
+                prefix = f"profile {profile.name}: " if len(model.profiles) > 1 else ""
+                reasons.append(prefix + result.summary())
+                continue
+            spec = shard_spec(model, profile, replica.id, shard_id, list(result.gpus), result.port)
+            replica.attempt = attempt
+            replica.profile = profile.name
+            replica.shards = [
+                Shard(
+                    shard_id=shard_id,
+                    node=result.node_id,
+                    gpus=list(result.gpus),
+                    port=result.port,
+                    started_at=now,
+                    spec=spec,
+                )
+            ]
+            replica.set_state("starting", now, "")
+            self.log.append(f"placed {shard_id} ({model.name}/{profile.name}) on {result.node_id} GPUs {list(result.gpus)} port {result.port}")
+            return StartShard(result.node_id, spec)
+        waiting = "; ".join(reasons)
+        if replica.failures and replica.reason and not replica.reason.startswith("no placement"):
+            waiting = f"{waiting} (last failure: {replica.reason})" if waiting else replica.reason
+        replica.set_state("pending", now, f"no placement: {waiting}" if reasons else waiting)
+        return None
+
+    def next_deadline(self) -> float | None:
+        """When a backoff expires next (the driver wakes then, besides its tick)."""
+        times = [r.next_attempt_at for r in self.replicas.values() if r.state == "failed"]
+        return min(times) if times else None
+
+    def drain_log(self) -> list[str]:
+        out, self.log = self.log, []
+        return out
+
+
+def shard_spec(model: Model, profile: Profile, replica_id: str, shard_id: str, gpus: list[int], port: int) -> m.ShardSpec:
+    return m.ShardSpec(
+        shard_id=shard_id,
+        replica_id=replica_id,
+        model=model.name,
+        profile=profile.name,
+        engine=profile.engine,
+        source=model.source or model.name,
+        rank=0,
+        world=1,
+        gpus=gpus,
+        host="",
+        port=port,
+        args=list(profile.args),
+        command=list(profile.command),
+        env=dict(profile.env),
+        health_path=profile.health_path,
+        start_timeout=float(profile.start_timeout),
+        stop_grace=float(profile.stop_grace),
+        served_name=model.name,
+    )
