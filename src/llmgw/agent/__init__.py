@@ -1,0 +1,1 @@
+"""Node side: discovery, supervisor, engine adapters, weight fetcher, fabric tools, heartbeat."""
