@@ -1,0 +1,494 @@
+"""What this node has: GPUs (NVML or a simulated inventory), RDMA ports (sysfs), host facts.
+
+Synchronous on purpose: the agent calls these through `trio.to_thread.run_sync`, because NVML
+and sysfs reads block. Nothing here may crash the agent: a file that cannot be read is skipped,
+a missing NVML library means zero GPUs (logged once, with the reason), and heartbeats call
+`read_port_counters` / `read_gpu_health` every few seconds, so those stay cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from llmgw.catalog.schema import Discovery
+from llmgw.fabric import sysfs
+from llmgw.wire.messages import Gpu, GpuHealth, Inventory, Port, PortCounters
+
+log = logging.getLogger(__name__)
+
+GPU_SOURCE_NVML = "nvml"
+GPU_SOURCE_SIM = "sim"
+GPU_SOURCE_NONE = "none"
+
+SIM_GPU_FORMAT = "llmgw.sim.gpus.v1"
+
+
+# ---- the simulated GPU inventory (what `llmgw sim node` writes in place of NVML) ---------
+
+
+class SimGpu(msgspec.Struct, kw_only=True, omit_defaults=True):
+    index: int
+    uuid: str = ""
+    name: str = ""
+    memory_mib: int = 0
+    pci_bus_id: str = ""
+    # Peer GPU index → NVLink count, as NVML discovery would report it.
+    nvlink: dict[int, int] = {}
+    health: str = "ok"
+    temperature_c: int = 0
+    utilization_pct: int = 0
+    memory_used_mib: int = 0
+
+
+class SimGpuFile(msgspec.Struct, kw_only=True):
+    format: str = SIM_GPU_FORMAT
+    node_id: str = ""
+    gpus: list[SimGpu] = []
+
+
+# ---- small file helpers ---------------------------------------------------------------------
+
+
+def _read(path: str, limit: int = 4096) -> str | None:
+    """A small file's text, or None when it is missing or unreadable (never raises)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(limit)
+    except (OSError, ValueError):
+        return None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+_logged: set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def _log_once(message: str) -> None:
+    with _logged_lock:
+        if message in _logged:
+            return
+        _logged.add(message)
+    log.warning("%s", message)
+
+
+# ---- RDMA ports (sysfs) ------------------------------------------------------------------
+
+
+def _ib_root(cfg: Discovery) -> str:
+    return os.path.join(cfg.sysfs_root, "class", "infiniband")
+
+
+def _port_dirs(cfg: Discovery) -> Iterable[tuple[str, int, str]]:
+    """(device, port, port dir) for every RDMA port, in natural order (mlx5_2 before mlx5_10)."""
+    root = _ib_root(cfg)
+    for device in sorted(_listdir(root), key=sysfs.natural_key):
+        ports_dir = os.path.join(root, device, "ports")
+        for name in sorted((n for n in _listdir(ports_dir) if n.isdigit()), key=int):
+            yield device, int(name), os.path.join(ports_dir, name)
+
+
+def _read_files(directory: str, names: Iterable[str]) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for name in names:
+        text = _read(os.path.join(directory, name))
+        if text is not None:
+            files[name] = text
+    return files
+
+
+def _netdev(cfg: Discovery, device: str, port: int, port_dir: str) -> str:
+    """The network interface behind an RDMA port (RoCE: the Ethernet netdev; IB: IPoIB).
+
+    Tried in order: the RoCE GID's netdev (`gid_attrs/ndevs/0`), the interfaces under the
+    device's PCI function (`device/net/*`, matched by `dev_port` when there are several),
+    then any `/class/net/*` whose `device` resolves to the same PCI function.
+    """
+    ndev = sysfs.value(_read(os.path.join(port_dir, "gid_attrs", "ndevs", "0")))
+    if ndev:
+        return ndev
+    dev_link = os.path.join(_ib_root(cfg), device, "device")
+    candidates = sorted(_listdir(os.path.join(dev_link, "net")), key=sysfs.natural_key)
+    net_root = os.path.join(cfg.sysfs_root, "class", "net")
+    if not candidates:
+        try:
+            pci = os.path.realpath(dev_link, strict=True)
+        except OSError:
+            return ""
+        for name in sorted(_listdir(net_root), key=sysfs.natural_key):
+            try:
+                if os.path.realpath(os.path.join(net_root, name, "device"), strict=True) == pci:
+                    candidates.append(name)
+            except OSError:
+                continue
+    if len(candidates) == 1:
+        return candidates[0]
+    for name in candidates:
+        dev_port = sysfs.value(_read(os.path.join(dev_link, "net", name, "dev_port")))
+        if not dev_port:
+            dev_port = sysfs.value(_read(os.path.join(net_root, name, "dev_port")))
+        if dev_port.isdigit() and int(dev_port) == port - 1:
+            return name
+    return ""
+
+
+def discover_ports(cfg: Discovery) -> list[Port]:
+    ports: list[Port] = []
+    for device, port, port_dir in _port_dirs(cfg):
+        node_guid = _read(os.path.join(_ib_root(cfg), device, "node_guid")) or ""
+        files = _read_files(port_dir, sysfs.PORT_FILES)
+        ports.append(
+            sysfs.parse_port(
+                device,
+                port,
+                files,
+                node_guid=node_guid,
+                netdev=_netdev(cfg, device, port, port_dir),
+            )
+        )
+    return ports
+
+
+def read_port_counters(cfg: Discovery) -> list[PortCounters]:
+    """State, rate and error counters of every port, for heartbeats (a handful of reads per port)."""
+    return [
+        sysfs.parse_port_counters(device, port, _read_files(port_dir, sysfs.COUNTER_FILES))
+        for device, port, port_dir in _port_dirs(cfg)
+    ]
+
+
+# ---- host facts ----------------------------------------------------------------------------
+
+
+def memory_mib(meminfo_path: str = "/proc/meminfo") -> int:
+    text = _read(meminfo_path, limit=65536) or ""
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1]) // 1024
+    return 0
+
+
+def _host_port(server: str) -> tuple[str, int]:
+    if "://" not in server:
+        server = "//" + server
+    try:
+        parts = urlsplit(server)
+        return parts.hostname or "", parts.port or 443
+    except ValueError:
+        return "", 0
+
+
+# A documentation address (RFC 5737): "connecting" a UDP socket to it sends nothing and
+# yields the source address of the default route.
+_DEFAULT_ROUTE_PROBE = "192.0.2.1"
+
+
+def _source_address(host: str, port: int) -> str:
+    try:
+        infos = socket.getaddrinfo(host, port or 9, type=socket.SOCK_DGRAM)
+    except OSError:
+        return ""
+    for family, kind, proto, _, addr in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.connect(addr)
+                return str(sock.getsockname()[0])
+        except OSError:
+            continue
+    return ""
+
+
+def management_ip(server: str | None = None) -> str:
+    """The address this node reaches the server from (best effort; "" if none).
+
+    A UDP "connect" only asks the kernel for a route: no packet leaves the host.
+    """
+    if server:
+        host, port = _host_port(server)
+        if host:
+            address = _source_address(host, port)
+            if address:
+                return address
+    return _source_address(_DEFAULT_ROUTE_PROBE, 9)
+
+
+# ---- GPUs: simulated inventory -------------------------------------------------------------
+
+_sim_cache: dict[str, tuple[tuple[int, int], SimGpuFile]] = {}
+_sim_decoder = msgspec.json.Decoder(SimGpuFile)
+
+
+def read_sim_gpus(path: str) -> SimGpuFile | None:
+    """The simulated inventory, re-parsed only when the file changed; None if unusable."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        _log_once(f"simulated GPU inventory {path} cannot be read ({exc.strerror}); no GPUs")
+        return None
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _sim_cache.get(path)
+    if cached and cached[0] == stamp:
+        return cached[1]
+    try:
+        with open(path, "rb") as fh:
+            data = _sim_decoder.decode(fh.read())
+    except (OSError, msgspec.DecodeError) as exc:
+        _log_once(f"simulated GPU inventory {path} is not valid ({exc}); no GPUs")
+        return None
+    if data.format != SIM_GPU_FORMAT:
+        _log_once(
+            f"simulated GPU inventory {path} has format {data.format!r}, want {SIM_GPU_FORMAT!r}; no GPUs"
+        )
+        return None
+    _sim_cache[path] = (stamp, data)
+    return data
+
+
+def _sim_gpus(path: str) -> list[Gpu] | None:
+    data = read_sim_gpus(path)
+    if data is None:
+        return None
+    return [
+        Gpu(
+            index=g.index,
+            uuid=g.uuid,
+            name=g.name,
+            memory_mib=g.memory_mib,
+            nvlink=dict(g.nvlink),
+            pci_bus_id=g.pci_bus_id,
+            health=g.health,
+        )
+        for g in sorted(data.gpus, key=lambda g: g.index)
+    ]
+
+
+# ---- GPUs: NVML ----------------------------------------------------------------------------
+
+
+class _Nvml:
+    """One NVML session for the life of the process (nvmlInit can take seconds on a big box)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.module: Any = None
+        self.reason = ""  # why NVML is not usable; "" while untried or ready
+
+    def start(self, retry: bool) -> Any:
+        """The initialised pynvml module, or None (the reason is logged once)."""
+        with self.lock:
+            if self.module is not None:
+                return self.module
+            if self.reason and not retry:
+                return None
+            module, reason = _nvml_init()
+            self.module, self.reason = module, reason
+        if module is None:
+            _log_once(f"no GPUs from NVML: {reason}")
+        return module
+
+
+def _nvml_init() -> tuple[Any, str]:
+    try:
+        import pynvml
+    except ImportError:
+        return None, "the nvidia-ml-py package is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return None, "libnvidia-ml.so.1 not found (no NVIDIA driver installed on this node)"
+    except pynvml.NVMLError_DriverNotLoaded:
+        return None, "the NVIDIA kernel driver is not loaded"
+    except pynvml.NVMLError_NoPermission:
+        return None, "no permission to open the NVIDIA devices"
+    except pynvml.NVMLError as exc:
+        return None, f"nvmlInit failed: {exc}"
+    except Exception as exc:  # a broken install must not take the agent down
+        return None, f"nvmlInit failed: {type(exc).__name__}: {exc}"
+    return pynvml, ""
+
+
+_nvml = _Nvml()
+
+
+def _pci_key(info: Any) -> tuple[int, int, int]:
+    return (int(info.domain), int(info.bus), int(info.device))
+
+
+def nvml_gpus(nv: ModuleType | Any) -> list[Gpu]:
+    """GPUs and their NVLink peers from an initialised pynvml module.
+
+    Direct GPU↔GPU links are counted per peer. Links to an NVSwitch connect a GPU to every
+    other GPU on the switches, as `nvidia-smi topo -m` shows (NV18 on an HGX H100): each pair
+    of switch-attached GPUs gets the smaller of their two switch link counts.
+    """
+    count = int(nv.nvmlDeviceGetCount())
+    handles: dict[int, Any] = {}
+    gpus: dict[int, Gpu] = {}
+    by_pci: dict[tuple[int, int, int], int] = {}
+    for index in range(count):
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as exc:
+            gpus[index] = Gpu(index=index, health="error")
+            _log_once(f"GPU {index}: NVML cannot open it ({exc})")
+            continue
+        handles[index] = handle
+        gpu = Gpu(index=index)
+        try:
+            gpu.uuid = str(nv.nvmlDeviceGetUUID(handle))
+            gpu.name = str(nv.nvmlDeviceGetName(handle))
+            gpu.memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+            pci = nv.nvmlDeviceGetPciInfo(handle)
+            gpu.pci_bus_id = str(pci.busId)
+            by_pci[_pci_key(pci)] = index
+        except nv.NVMLError as exc:
+            gpu.health = "error"
+            _log_once(f"GPU {index}: NVML query failed ({exc})")
+        gpus[index] = gpu
+
+    peers: dict[int, Counter[int]] = {i: Counter() for i in handles}
+    switch_links: Counter[int] = Counter()
+    max_links = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
+    switch_type = getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+    for index, handle in handles.items():
+        for link in range(max_links):
+            try:
+                if nv.nvmlDeviceGetNvLinkState(handle, link) != enabled:
+                    continue
+            except nv.NVMLError:
+                continue  # no such link, or NVLink not supported on this GPU
+            try:
+                peer = by_pci.get(_pci_key(nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)))
+            except nv.NVMLError:
+                peer = None  # some switch-attached GPUs cannot name the far end's PCI address
+            if peer is not None and peer != index:
+                peers[index][peer] += 1
+                continue
+            try:
+                kind = nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+            except (nv.NVMLError, AttributeError):
+                continue  # cannot tell an NVSwitch from a CPU NPU: do not guess
+            if kind == switch_type:
+                switch_links[index] += 1
+    switched = sorted(switch_links)
+    for a in switched:
+        for b in switched:
+            if a != b:
+                peers[a][b] = max(peers[a][b], min(switch_links[a], switch_links[b]))
+    for index, counter in peers.items():
+        gpus[index].nvlink = {peer: n for peer, n in sorted(counter.items()) if n > 0}
+    return [gpus[i] for i in sorted(gpus)]
+
+
+def nvml_health(nv: ModuleType | Any) -> list[GpuHealth]:
+    out: list[GpuHealth] = []
+    for index in range(int(nv.nvmlDeviceGetCount())):
+        health = GpuHealth(index=index)
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as exc:
+            health.health = (
+                "lost" if isinstance(exc, getattr(nv, "NVMLError_GpuIsLost", ())) else "error"
+            )
+            out.append(health)
+            continue
+        try:
+            health.temperature_c = int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
+        except nv.NVMLError:
+            pass
+        try:
+            health.utilization_pct = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nv.NVMLError:
+            pass
+        try:
+            health.memory_used_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).used) // (1024 * 1024)
+        except nv.NVMLError as exc:
+            if isinstance(exc, getattr(nv, "NVMLError_GpuIsLost", ())):
+                health.health = "lost"
+        out.append(health)
+    return out
+
+
+# ---- GPUs: dispatch --------------------------------------------------------------------
+
+
+def discover_gpus(cfg: Discovery) -> tuple[list[Gpu], str]:
+    """(GPUs, gpu_source). Never raises: trouble means no GPUs, with the reason logged once."""
+    if cfg.gpus == "none":
+        return [], GPU_SOURCE_NONE
+    if cfg.gpus == "nvml":
+        nv = _nvml.start(retry=True)
+        if nv is None:
+            return [], GPU_SOURCE_NONE
+        try:
+            return nvml_gpus(nv), GPU_SOURCE_NVML
+        except Exception as exc:
+            _log_once(f"no GPUs from NVML: listing devices failed ({type(exc).__name__}: {exc})")
+            return [], GPU_SOURCE_NONE
+    gpus = _sim_gpus(cfg.gpus)
+    if gpus is None:
+        return [], GPU_SOURCE_NONE
+    return gpus, GPU_SOURCE_SIM
+
+
+def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
+    """Temperature, utilisation and memory used per GPU, for heartbeats. Never raises."""
+    if cfg.gpus == "none":
+        return []
+    if cfg.gpus == "nvml":
+        nv = _nvml.start(retry=False)
+        if nv is None:
+            return []
+        try:
+            return nvml_health(nv)
+        except Exception as exc:
+            _log_once(f"GPU health from NVML failed ({type(exc).__name__}: {exc})")
+            return []
+    data = read_sim_gpus(cfg.gpus)
+    if data is None:
+        return []
+    return [
+        GpuHealth(
+            index=g.index,
+            health=g.health,
+            temperature_c=g.temperature_c,
+            utilization_pct=g.utilization_pct,
+            memory_used_mib=g.memory_used_mib,
+        )
+        for g in sorted(data.gpus, key=lambda g: g.index)
+    ]
+
+
+# ---- all of it -------------------------------------------------------------------------------
+
+
+def discover(cfg: Discovery, server: str | None = None) -> Inventory:
+    """The node's inventory for `Register`. `server` (URL or host) picks the management IP."""
+    gpus, source = discover_gpus(cfg)
+    return Inventory(
+        hostname=socket.gethostname(),
+        gpus=gpus,
+        ports=discover_ports(cfg),
+        cpus=os.cpu_count() or 0,
+        memory_mib=memory_mib(),
+        mgmt_ip=management_ip(server),
+        gpu_source=source,
+    )

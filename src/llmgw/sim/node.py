@@ -1,0 +1,475 @@
+"""A simulated node: a fake sysfs tree and a GPU inventory that the agent's real discovery reads.
+
+Every value is written in the format the kernel (or NVML) gives, so the parser that reads a
+real node reads this one; nothing in discovery knows it is looking at a simulation except the
+GPU source. GUIDs and LIDs are derived from the node id, so the same node id always gives the
+same node and different node ids give different GUIDs (a fabric simulator can call
+`node_guid` / `port_lid` to stay consistent with what a node wrote).
+
+`plan_node` is pure (spec in, files out); `write_node` puts a plan on disk atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+import yaml
+
+from llmgw.agent.discovery import SimGpu, SimGpuFile
+from llmgw.catalog.load import parse_config
+from llmgw.catalog.schema import AgentConfig
+from llmgw.errors import UsageError
+from llmgw.fabric import sysfs
+
+MAX_RDMA_DEVICES = 32  # one LID block per node (see port_lid)
+NVIDIA_OUI = 0xB83FD2
+SM_LID = 1
+
+# Bus numbers of the 8 GPUs on an HGX H100 board, as NVML prints them.
+HGX_GPU_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+# hca_type, fw_ver, board_id of the HCA generation that runs at each speed.
+HCA_BY_SPEED = {
+    "XDR": ("MT4131", "40.44.1036", "MT_0000001070"),
+    "NDR": ("MT4129", "28.39.1002", "MT_0000000838"),
+    "HDR": ("MT4123", "20.39.1002", "MT_0000000223"),
+    "EDR": ("MT4119", "16.35.2000", "MT_0000000008"),
+}
+DEFAULT_HCA = ("MT4099", "2.42.5000", "MT_1090120019")
+
+COUNTERS = (
+    "VL15_dropped",
+    "excessive_buffer_overrun_errors",
+    "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "port_rcv_constraint_errors",
+    "port_rcv_data",
+    "port_rcv_errors",
+    "port_rcv_packets",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_constraint_errors",
+    "port_xmit_data",
+    "port_xmit_discards",
+    "port_xmit_packets",
+    "port_xmit_wait",
+    "symbol_error",
+)
+# What a flapping, width-degraded cable has accumulated.
+DEGRADED_COUNTERS = {
+    "symbol_error": 1873,
+    "link_error_recovery": 4,
+    "link_downed": 2,
+    "port_rcv_errors": 57,
+}
+
+
+class NodeSpec(msgspec.Struct, kw_only=True):
+    node_id: str
+    gpus: int = 8
+    gpu_name: str = "NVIDIA H100 80GB HBM3"
+    gpu_memory_mib: int = 81559
+    nvlink: str = "nv18"  # "nv<N>": every GPU pair joined by N links (NVSwitch); "none"
+    ib_ports: int = 4
+    ib_rate: str = "400 Gb/sec (4X NDR)"
+    roce_ports: int = 0
+    roce_rate: str = "200 Gb/sec (4X HDR)"
+    degraded: int = 0  # the last N InfiniBand ports run width- (or speed-) degraded
+    server: str = ""
+
+
+class WrittenPort(msgspec.Struct, kw_only=True):
+    device: str
+    port: int
+    link_layer: str
+    rate: str
+    netdev: str
+    lid: int
+    node_guid: str
+    degraded: bool = False
+
+
+class NodeResult(msgspec.Struct, kw_only=True):
+    node_id: str
+    dir: str
+    agent_config: str
+    sysfs_root: str
+    gpus_file: str
+    gpus: int
+    gpu_name: str
+    nvlink: str
+    ports: list[WrittenPort]
+
+
+@dataclass
+class NodePlan:
+    """Everything to write, relative to the node directory."""
+
+    files: dict[str, str] = field(default_factory=dict)  # sys/... → content
+    links: dict[str, str] = field(default_factory=dict)  # sys/... → relative target
+    gpu_file: SimGpuFile = field(default_factory=SimGpuFile)
+    ports: list[WrittenPort] = field(default_factory=list)
+
+
+# ---- identities derived from the node id ---------------------------------------------------
+
+
+def _digest(*parts: str) -> bytes:
+    return hashlib.sha256("\0".join(parts).encode()).digest()
+
+
+def node_guid(node_id: str, device_index: int) -> int:
+    """NVIDIA OUI, 34 bits of the node id's hash, 6 bits of device index: stable and distinct."""
+    node_bits = int.from_bytes(_digest("guid", node_id)[:8], "big") & ((1 << 34) - 1)
+    return (NVIDIA_OUI << 40) | (node_bits << 6) | (device_index & 0x3F)
+
+
+def sysfs_guid(guid: int) -> str:
+    """0xb83fd2030012abcd → `b83f:d203:0012:abcd`, the way sysfs prints node_guid."""
+    text = f"{guid:016x}"
+    return ":".join(text[i : i + 4] for i in range(0, 16, 4))
+
+
+def _lid_block(node_id: str) -> int:
+    blocks = (0xBFFF // MAX_RDMA_DEVICES) - 1  # block 0 (LIDs 0..31) is left to switches and SMs
+    match = re.search(r"(\d+)$", node_id)
+    n = int(match[1]) if match else int.from_bytes(_digest("lid", node_id)[:4], "big")
+    return 1 + n % blocks
+
+
+def port_lid(node_id: str, ib_index: int) -> int:
+    """LID of the ib_index-th InfiniBand port. Nodes named `…<number>` get distinct LID blocks
+    (node-1, node-2, …), others a block from a hash (an SM assigns LIDs on a real fabric)."""
+    return _lid_block(node_id) * MAX_RDMA_DEVICES + ib_index
+
+
+def gpu_uuid(node_id: str, index: int) -> str:
+    return "GPU-" + str(uuid.UUID(bytes=_digest("gpu", node_id, str(index))[:16]))
+
+
+def gpu_bus_id(index: int) -> str:
+    bus = HGX_GPU_BUSES[index] if index < len(HGX_GPU_BUSES) else (0x04 + index * 3) % 0x100
+    return f"00000000:{bus:02X}:00.0"
+
+
+# ---- validation --------------------------------------------------------------------------------
+
+
+def _check_rate(text: str, flag: str) -> sysfs.Rate:
+    rate = sysfs.parse_rate(text)
+    if not rate.width or rate.speed not in sysfs.LANE_GBPS:
+        raise UsageError(
+            f"{flag} {text!r} is not a sysfs rate; write it like '400 Gb/sec (4X NDR)' "
+            f"(speeds: {', '.join(sysfs.LANE_GBPS)})"
+        )
+    expected = sysfs.format_rate(int(rate.width[:-1]), rate.speed)
+    if sysfs.parse_rate(expected).gbps != rate.gbps:
+        raise UsageError(
+            f"{flag} {text!r} does not add up: {rate.width} {rate.speed} is {expected!r}"
+        )
+    return rate
+
+
+def _nvlink_count(text: str) -> int:
+    if text == "none":
+        return 0
+    match = re.fullmatch(r"nv(\d+)", text.lower())
+    if not match or not 1 <= int(match[1]) <= 18:
+        raise UsageError(
+            f"--nvlink {text!r}: use 'none' or 'nv<N>' with N from 1 to 18 (nv18 = HGX H100)"
+        )
+    return int(match[1])
+
+
+def validate(spec: NodeSpec) -> None:
+    if not spec.node_id or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", spec.node_id):
+        raise UsageError(
+            f"node id {spec.node_id!r} (from --node-id or the directory name): "
+            "use letters, digits, '.', '_' and '-'"
+        )
+    if not 0 <= spec.gpus <= 64:
+        raise UsageError(f"--gpus {spec.gpus}: use 0 to 64")
+    if spec.gpu_memory_mib < 0:
+        raise UsageError("--gpu-memory-mib must be 0 or more")
+    if spec.ib_ports < 0 or spec.roce_ports < 0:
+        raise UsageError("--ib-ports and --roce-ports must be 0 or more")
+    if spec.ib_ports + spec.roce_ports > MAX_RDMA_DEVICES:
+        raise UsageError(
+            f"--ib-ports + --roce-ports is {spec.ib_ports + spec.roce_ports}; at most {MAX_RDMA_DEVICES}"
+        )
+    if not 0 <= spec.degraded <= spec.ib_ports:
+        raise UsageError(f"--degraded {spec.degraded}: use 0 to --ib-ports ({spec.ib_ports})")
+    _check_rate(spec.ib_rate, "--ib-rate")
+    _check_rate(spec.roce_rate, "--roce-rate")
+    _nvlink_count(spec.nvlink)
+
+
+# ---- the plan (pure) -----------------------------------------------------------------------
+
+
+def degrade_rate(rate: sysfs.Rate) -> str:
+    """A degraded cable: the link comes up on 1 lane, or one speed lower if it already had 1."""
+    width = int(rate.width[:-1])
+    if width > 1:
+        return sysfs.format_rate(1, rate.speed)
+    speeds = [s for s in sysfs.LANE_GBPS if s != "FDR10"]
+    lower = speeds[max(0, speeds.index(rate.speed) - 1)] if rate.speed in speeds else "SDR"
+    return sysfs.format_rate(1, lower)
+
+
+def _mac(node_id: str, device_index: int) -> str:
+    tail = _digest("mac", node_id)[:2] + bytes([device_index & 0xFF])
+    raw = NVIDIA_OUI.to_bytes(3, "big") + tail
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def _ipoib_address(guid: int) -> str:
+    """IPoIB's 20-byte hardware address: QPN flags, then the port GID (link-local prefix + GUID)."""
+    raw = bytes.fromhex("00001087fe80000000000000") + guid.to_bytes(8, "big")
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def _link_local_gid(mac: str) -> str:
+    octets = [int(x, 16) for x in mac.split(":")]
+    eui = [octets[0] ^ 0x02, *octets[1:3], 0xFF, 0xFE, *octets[3:]]
+    return "fe80:0000:0000:0000:" + ":".join(
+        f"{eui[i]:02x}{eui[i + 1]:02x}" for i in range(0, 8, 2)
+    )
+
+
+def plan_node(spec: NodeSpec) -> NodePlan:
+    validate(spec)
+    plan = NodePlan()
+    files, links = plan.files, plan.links
+    ib_rate = _check_rate(spec.ib_rate, "--ib-rate")
+    roce_rate = _check_rate(spec.roce_rate, "--roce-rate")
+    first_degraded = spec.ib_ports - spec.degraded
+
+    for d in range(spec.ib_ports + spec.roce_ports):
+        roce = d >= spec.ib_ports
+        device = f"mlx5_{d}"
+        netdev = f"eth{d - spec.ib_ports}" if roce else f"ib{d}"
+        rate = roce_rate if roce else ib_rate
+        degraded = not roce and d >= first_degraded
+        rate_text = (
+            degrade_rate(rate) if degraded else sysfs.format_rate(int(rate.width[:-1]), rate.speed)
+        )
+        guid = node_guid(spec.node_id, d)
+        lid = 0 if roce else port_lid(spec.node_id, d)
+        mac = _mac(spec.node_id, d)
+        pci = f"0000:{0x0C + d * 7:02x}:00.0"
+        pci_dir = f"sys/devices/pci0000:00/{pci}"
+        hca_type, fw_ver, board_id = HCA_BY_SPEED.get(rate.speed, DEFAULT_HCA)
+
+        dev_dir = f"sys/class/infiniband/{device}"
+        files[f"{dev_dir}/node_guid"] = sysfs_guid(guid) + "\n"
+        files[f"{dev_dir}/sys_image_guid"] = sysfs_guid(guid) + "\n"
+        files[f"{dev_dir}/fw_ver"] = fw_ver + "\n"
+        files[f"{dev_dir}/hca_type"] = hca_type + "\n"
+        files[f"{dev_dir}/board_id"] = board_id + "\n"
+        files[f"{dev_dir}/node_type"] = "1: CA\n"
+        files[f"{dev_dir}/node_desc"] = f"{spec.node_id} {device}\n"
+        links[f"{dev_dir}/device"] = f"../../../devices/pci0000:00/{pci}"
+
+        port_dir = f"{dev_dir}/ports/1"
+        if roce:
+            gid = _link_local_gid(mac)
+            files[f"{port_dir}/gids/1"] = gid + "\n"
+            files[f"{port_dir}/gid_attrs/types/0"] = "IB/RoCE v1\n"
+            files[f"{port_dir}/gid_attrs/types/1"] = "RoCE v2\n"
+            files[f"{port_dir}/gid_attrs/ndevs/0"] = netdev + "\n"
+            files[f"{port_dir}/gid_attrs/ndevs/1"] = netdev + "\n"
+        else:
+            gid = "fe80:0000:0000:0000:" + sysfs_guid(guid)
+        files[f"{port_dir}/gids/0"] = gid + "\n"
+        files[f"{port_dir}/state"] = "4: ACTIVE\n"
+        files[f"{port_dir}/phys_state"] = "5: LinkUp\n"
+        files[f"{port_dir}/rate"] = rate_text + "\n"
+        files[f"{port_dir}/link_layer"] = ("Ethernet" if roce else "InfiniBand") + "\n"
+        files[f"{port_dir}/lid"] = f"0x{lid:x}\n"
+        files[f"{port_dir}/sm_lid"] = f"0x{0 if roce else SM_LID:x}\n"
+        files[f"{port_dir}/lid_mask_count"] = "0\n"
+        files[f"{port_dir}/sm_sl"] = "0\n"
+        for counter in COUNTERS:
+            count = DEGRADED_COUNTERS.get(counter, 0) if degraded else 0
+            files[f"{port_dir}/counters/{counter}"] = f"{count}\n"
+
+        net_dir = f"{pci_dir}/net/{netdev}"
+        files[f"{net_dir}/dev_port"] = "0\n"
+        files[f"{net_dir}/address"] = (mac if roce else _ipoib_address(guid)) + "\n"
+        files[f"{net_dir}/operstate"] = "up\n"
+        files[f"{net_dir}/type"] = ("1" if roce else "32") + "\n"
+        links[f"{net_dir}/device"] = "../../../" + pci
+        links[f"sys/class/net/{netdev}"] = f"../../devices/pci0000:00/{pci}/net/{netdev}"
+
+        plan.ports.append(
+            WrittenPort(
+                device=device,
+                port=1,
+                link_layer="Ethernet" if roce else "InfiniBand",
+                rate=rate_text,
+                netdev=netdev,
+                lid=lid,
+                node_guid=f"0x{guid:016x}",
+                degraded=degraded,
+            )
+        )
+
+    links_per_peer = _nvlink_count(spec.nvlink)
+    plan.gpu_file = SimGpuFile(
+        node_id=spec.node_id,
+        gpus=[
+            SimGpu(
+                index=i,
+                uuid=gpu_uuid(spec.node_id, i),
+                name=spec.gpu_name,
+                memory_mib=spec.gpu_memory_mib,
+                pci_bus_id=gpu_bus_id(i),
+                nvlink={j: links_per_peer for j in range(spec.gpus) if j != i}
+                if links_per_peer
+                else {},
+                temperature_c=30 + i % 8,
+                utilization_pct=0,
+                memory_used_mib=0,
+            )
+            for i in range(spec.gpus)
+        ],
+    )
+    return plan
+
+
+def agent_config_text(spec: NodeSpec, root: str) -> str:
+    data: dict[str, object] = {"node_id": spec.node_id}
+    if spec.server:
+        data["server"] = spec.server
+    data["work_dir"] = os.path.join(root, "work")
+    data["discovery"] = {
+        "sysfs_root": os.path.join(root, "sys"),
+        "gpus": os.path.join(root, "gpus.json"),
+    }
+    header = f"# Written by `llmgw sim node` for {spec.node_id}: run `llmgw agent --config {os.path.join(root, 'agent.yaml')}`.\n"
+    text = header + yaml.safe_dump(data, sort_keys=False)
+    parse_config(text, AgentConfig, "agent.yaml")  # what we write must load
+    return text
+
+
+# ---- writing (I/O) ---------------------------------------------------------------------------
+
+NODE_ENTRIES = ("agent.yaml", "gpus.json", "sys")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: str, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Temp name in the same directory, fsync, rename: readers see the old file or the new one."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+
+
+def _materialise(plan: NodePlan, staging: str) -> None:
+    """Write the sys/ part of a plan under `staging` (which stands for the node dir)."""
+    for rel, content in sorted(plan.files.items()):
+        path = os.path.join(staging, rel.removeprefix("sys/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write_file(path, content.encode())
+    for rel, target in sorted(plan.links.items()):
+        path = os.path.join(staging, rel.removeprefix("sys/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.symlink(target, path)
+
+
+def write_node(directory: str, spec: NodeSpec, force: bool = False) -> NodeResult:
+    """Write a simulated node into `directory`; an existing node is replaced only with force.
+
+    sys/ is built under a temporary name and renamed into place, then gpus.json, then
+    agent.yaml (last: its presence means the node is complete). Anything else in the
+    directory (the agent's work dir) is left alone.
+    """
+    root = os.path.abspath(directory)
+    plan = plan_node(spec)
+    config_text = agent_config_text(spec, root)
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise UsageError(f"--dir {root} exists and is not a directory")
+    existing = [e for e in NODE_ENTRIES if os.path.lexists(os.path.join(root, e))]
+    if existing and not force:
+        raise UsageError(
+            f"{root} already holds a simulated node ({existing[0]}); pass --force to replace it"
+        )
+    try:
+        os.makedirs(root, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".sys.", suffix=".tmp", dir=root)
+    except OSError as exc:
+        raise UsageError(f"cannot create {root}: {exc.strerror}") from None
+    old = ""
+    try:
+        _materialise(plan, staging)
+        sys_dir = os.path.join(root, "sys")
+        if os.path.lexists(sys_dir):
+            old = tempfile.mkdtemp(prefix=".sys.", suffix=".old", dir=root)
+            os.rename(sys_dir, os.path.join(old, "sys"))
+        try:
+            os.rename(staging, sys_dir)
+        except OSError:
+            if old:  # put the previous tree back rather than leave the node without one
+                os.rename(os.path.join(old, "sys"), sys_dir)
+            raise
+        _fsync_dir(root)
+        atomic_write(
+            os.path.join(root, "gpus.json"),
+            msgspec.json.format(msgspec.json.encode(plan.gpu_file), indent=2) + b"\n",
+        )
+        atomic_write(os.path.join(root, "agent.yaml"), config_text.encode())
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the simulated node in {root}: {exc.strerror or exc}"
+        ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    return NodeResult(
+        node_id=spec.node_id,
+        dir=root,
+        agent_config=os.path.join(root, "agent.yaml"),
+        sysfs_root=os.path.join(root, "sys"),
+        gpus_file=os.path.join(root, "gpus.json"),
+        gpus=spec.gpus,
+        gpu_name=spec.gpu_name,
+        nvlink=spec.nvlink,
+        ports=plan.ports,
+    )
