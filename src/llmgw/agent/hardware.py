@@ -13,7 +13,7 @@ class DiscoveredHardware:
         self.server_host = server_host
 
     def inventory(self) -> m.Inventory:
-        return discovery.discover(self.cfg, server_host=self.server_host)
+        return discovery.discover(self.cfg, server=self.server_host)
 
     def port_counters(self) -> list[m.PortCounters]:
         return discovery.read_port_counters(self.cfg)

@@ -116,8 +116,9 @@ class ControlPlane:
             ssl_context=fleet_ctx,
             max_message=self.cfg.fleet.max_message,
             handshake_timeout=self.cfg.fleet.register_timeout,
-            # A connection silent for twice the unreachable threshold is dead: close it.
-            idle_timeout=max(2 * silence, self.cfg.fleet.register_timeout),
+            # A registered connection silent for twice the unreachable threshold is dead; the
+            # register timeout alone governs a connection that has not registered yet.
+            idle_timeout=2 * silence + self.cfg.fleet.register_timeout,
             on_refused=self.metrics.count_refused,
         )
         bound = Bound(
