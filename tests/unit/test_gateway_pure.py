@@ -1,0 +1,21 @@
+"""The gateway's policy modules stay pure: importing them pulls in no trio and no I/O stack."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PURE = ["balance", "breaker", "retry", "admission", "enginemetrics"]
+
+
+def test_policy_modules_do_not_import_trio() -> None:
+    code = (
+        "import sys\n"
+        + "".join(f"import llmgw.server.gateway.{m}\n" for m in PURE)
+        + "bad = sorted(m for m in ('trio', 'httpx', 'h11', 'h2', 'socket') if m in sys.modules)\n"
+        + "print(','.join(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "", f"pure modules imported: {out}"
