@@ -226,3 +226,25 @@ fleet:
   register_timeout: 2s
   max_message: 256KiB
 """
+
+
+FAST_AGENT = """\
+backoff:
+  initial: 0.2s
+  max: 2s
+"""
+
+
+def make_sim_node(tmp: Path, node_id: str, server_fleet_url: str, extra: str = FAST_AGENT, *args: str) -> Path:
+    """`llmgw sim node` into tmp/node_id, with a quick reconnect backoff for tests."""
+    node_dir = tmp / node_id
+    result = run_llmgw("sim", "node", "--dir", str(node_dir), "--node-id", node_id, "--server", server_fleet_url, *args)
+    if result.returncode != 0:
+        raise RuntimeError(f"sim node failed: {result.stderr}")
+    cfg = node_dir / "agent.yaml"
+    cfg.write_text(cfg.read_text() + extra)
+    return cfg
+
+
+def start_agent(tmp: Path, node_id: str, config: Path, *extra: str) -> Proc:
+    return Proc(f"agent-{node_id}", ["agent", "--config", str(config), "--insecure", *extra], tmp)

@@ -90,10 +90,14 @@ class Agent:
             try:
                 async with self.dialer() as channel:
                     await self._session(channel)
-            except DialError as exc:
-                self._note_error(str(exc))
-            except ChannelClosed as exc:
+            except* DialError as group:
+                self._note_error(str(group.exceptions[0]))
+            except* ChannelClosed as group:
+                exc = _first(group, ChannelClosed)
                 self._note_error(f"stream closed: {exc.reason}", warn=exc.error)
+            except* Exception as group:
+                # A bug must not end the agent: engines depend on it. Log it and reconnect.
+                log.error("link to the server failed", exc_info=group)
             finally:
                 if self.connected.is_set():
                     self.connected = trio.Event()
@@ -196,6 +200,15 @@ class Agent:
 
     def _readings(self) -> tuple[list[m.PortCounters], list[m.GpuHealth]]:
         return self.hardware.port_counters(), self.hardware.gpu_health()
+
+
+def _first(group: BaseExceptionGroup, kind: type[Exception]) -> Any:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc, kind)
+        if isinstance(exc, kind):
+            return exc
+    raise AssertionError("no matching exception in group")
 
 
 def make_dialer(

@@ -67,6 +67,13 @@ class FleetListener:
         self.idle_timeout = idle_timeout
         self.on_refused = on_refused or (lambda reason: None)
         self.connections = 0
+        self._idle = trio.Event()
+
+    async def wait_idle(self) -> None:
+        """Until every connection has finished (its GOAWAY sent, its socket closed)."""
+        while self.connections:
+            self._idle = trio.Event()
+            await self._idle.wait()
 
     async def serve(
         self,
@@ -111,6 +118,8 @@ class FleetListener:
             self.on_refused("internal")
         finally:
             self.connections -= 1
+            if not self.connections:
+                self._idle.set()
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
 
@@ -153,15 +162,23 @@ class FleetListener:
             error: StreamRefused | None = None
             try:
                 await self.handler(channel)
-            except StreamRefused as exc:
-                error = exc
-                self.on_refused(exc.code)
+            except* StreamRefused as group:
+                error = _leaf(group)
+                self.on_refused(error.code)
             if error is not None:
                 await conn.end_channel(channel, error.message, error.code)
             else:
                 await conn.end_channel(channel)
             await conn.goaway()
             nursery.cancel_scope.cancel()
+
+
+def _leaf(group: BaseExceptionGroup) -> StreamRefused:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    assert isinstance(exc, StreamRefused)
+    return exc
 
 
 def _check_request(headers: dict[str, str]) -> tuple[int, str] | None:

@@ -136,6 +136,7 @@ class ControlPlane:
             log.info("shutting down: closing %d fleet streams", len(self.fleet.sessions))
             with trio.move_on_after(3):
                 await self.fleet.shutdown()
+                await listener.wait_idle()
             nursery.cancel_scope.cancel()
 
     async def _serve_public(self, sock: socket.socket, *, task_status: trio.TaskStatus[None]) -> None:

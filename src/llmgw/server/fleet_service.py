@@ -180,8 +180,8 @@ class FleetService:
                     nursery.start_soon(session.sender)
                     reason = await self._receive_loop(session)
                     nursery.cancel_scope.cancel()
-        except ChannelClosed as exc:
-            reason = exc.reason
+        except* ChannelClosed as group:
+            reason = "; ".join(e.reason for e in group.exceptions if isinstance(e, ChannelClosed)) or "closed"
         finally:
             if self.sessions.get(node_id) is session:
                 del self.sessions[node_id]
