@@ -150,7 +150,8 @@ def _netdev(cfg: Discovery, device: str, port: int, port_dir: str) -> str:
 def discover_ports(cfg: Discovery) -> list[Port]:
     ports: list[Port] = []
     for device, port, port_dir in _port_dirs(cfg):
-        node_guid = _read(os.path.join(_ib_root(cfg), device, "node_guid")) or ""
+        device_dir = os.path.join(_ib_root(cfg), device)
+        node_guid = _read(os.path.join(device_dir, "node_guid")) or ""
         files = _read_files(port_dir, sysfs.PORT_FILES)
         ports.append(
             sysfs.parse_port(
@@ -159,6 +160,8 @@ def discover_ports(cfg: Discovery) -> list[Port]:
                 files,
                 node_guid=node_guid,
                 netdev=_netdev(cfg, device, port, port_dir),
+                hca_type=_read(os.path.join(device_dir, "hca_type")) or "",
+                fw_ver=_read(os.path.join(device_dir, "fw_ver")) or "",
             )
         )
     return ports
@@ -483,6 +486,14 @@ def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
 def discover(cfg: Discovery, server: str | None = None) -> Inventory:
     """The node's inventory for `Register`. `server` (URL or host) picks the management IP."""
     gpus, source = discover_gpus(cfg)
+    note = ""
+    if source == GPU_SOURCE_NONE:
+        if cfg.gpus == "none":
+            note = "CPU-only node (discovery.gpus: none)"
+        elif cfg.gpus == "nvml":
+            note = _nvml.reason or "NVML reports no GPUs"
+        else:
+            note = f"simulated GPU inventory {cfg.gpus} is missing or invalid"
     return Inventory(
         hostname=socket.gethostname(),
         gpus=gpus,
@@ -491,4 +502,5 @@ def discover(cfg: Discovery, server: str | None = None) -> Inventory:
         memory_mib=memory_mib(),
         mgmt_ip=management_ip(server),
         gpu_source=source,
+        gpu_note=note,
     )

@@ -29,6 +29,7 @@ PORT_FILES: tuple[str, ...] = (
     "lid",
     "sm_lid",
     "gids/0",
+    "gid_attrs/types/0",
 )
 COUNTER_FILES: tuple[str, ...] = (
     "state",
@@ -38,7 +39,7 @@ COUNTER_FILES: tuple[str, ...] = (
     "counters/link_downed",
     "counters/port_rcv_errors",
 )
-DEVICE_FILES: tuple[str, ...] = ("node_guid",)
+DEVICE_FILES: tuple[str, ...] = ("node_guid", "hca_type", "fw_ver")
 
 # enum ib_port_state and enum ib_port_phys_state, as the kernel names them.
 PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
@@ -177,6 +178,8 @@ def parse_port(
     *,
     node_guid: str = "",
     netdev: str = "",
+    hca_type: str = "",
+    fw_ver: str = "",
 ) -> Port:
     """One port from its files, keyed by path relative to the port dir (see PORT_FILES).
 
@@ -196,22 +199,25 @@ def parse_port(
         lid=parse_lid(files.get("lid")),
         sm_lid=parse_lid(files.get("sm_lid")),
         gid=value(files.get("gids/0")),
+        gid_type=value(files.get("gid_attrs/types/0")),
         node_guid=parse_guid(node_guid),
         netdev=netdev,
+        hca_type=value(hca_type),
+        fw_ver=value(fw_ver),
     )
 
 
 def parse_port_counters(device: str, port: int, files: Mapping[str, str]) -> PortCounters:
-    """Heartbeat view of a port (see COUNTER_FILES). A counter the port cannot read counts as 0."""
+    """Heartbeat view of a port (see COUNTER_FILES). A counter the port cannot read is None."""
     return PortCounters(
         device=device,
         port=port,
         state=parse_state(files.get("state")),
         phys_state=parse_phys_state(files.get("phys_state")),
         rate_gbps=parse_rate(files.get("rate")).gbps,
-        symbol_error=parse_counter(files.get("counters/symbol_error")) or 0,
-        link_downed=parse_counter(files.get("counters/link_downed")) or 0,
-        port_rcv_errors=parse_counter(files.get("counters/port_rcv_errors")) or 0,
+        symbol_error=parse_counter(files.get("counters/symbol_error")),
+        link_downed=parse_counter(files.get("counters/link_downed")),
+        port_rcv_errors=parse_counter(files.get("counters/port_rcv_errors")),
     )
 
 
@@ -268,6 +274,8 @@ def ports_from_tree(
             tree.ports[(device, port)],
             node_guid=tree.devices.get(device, {}).get("node_guid", ""),
             netdev=netdevs.get((device, port), ""),
+            hca_type=tree.devices.get(device, {}).get("hca_type", ""),
+            fw_ver=tree.devices.get(device, {}).get("fw_ver", ""),
         )
         for device, port in _sorted_ports(tree.ports)
     ]

@@ -55,8 +55,11 @@ class Port(_Base):
     lid: int = 0
     sm_lid: int = 0
     gid: str = ""
+    gid_type: str = ""  # "IB/RoCE v1" or "RoCE v2" (RoCE ports)
     node_guid: str = ""
     netdev: str = ""
+    hca_type: str = ""
+    fw_ver: str = ""
 
 
 class Inventory(_Base):
@@ -68,6 +71,8 @@ class Inventory(_Base):
     mgmt_ip: str = ""
     # Where the inventory came from: "nvml", "sim", "none" (no GPU library found).
     gpu_source: str = ""
+    # Why there are no GPUs when gpu_source is "none" (shown by `ctl nodes`).
+    gpu_note: str = ""
 
 
 class FabricDecl(_Base):
@@ -133,9 +138,10 @@ class PortCounters(_Base):
     state: str = ""
     phys_state: str = ""
     rate_gbps: float = 0.0
-    symbol_error: int = 0
-    link_downed: int = 0
-    port_rcv_errors: int = 0
+    # None: the port cannot read this counter ("N/A (no PMA)"), which is not the same as 0.
+    symbol_error: int | None = None
+    link_downed: int | None = None
+    port_rcv_errors: int | None = None
 
 
 class GpuHealth(_Base):
