@@ -11,9 +11,15 @@ class DiscoveredHardware:
     def __init__(self, cfg: Discovery, server_host: str | None = None) -> None:
         self.cfg = cfg
         self.server_host = server_host
+        self.last: m.Inventory | None = None
 
     def inventory(self) -> m.Inventory:
-        return discovery.discover(self.cfg, server=self.server_host)
+        self.last = discovery.discover(self.cfg, server=self.server_host)
+        return self.last
+
+    def gpu_indexes(self) -> set[int] | None:
+        """GPU indexes of the last inventory (None before the first discovery)."""
+        return None if self.last is None else {g.index for g in self.last.gpus}
 
     def port_counters(self) -> list[m.PortCounters]:
         return discovery.read_port_counters(self.cfg)

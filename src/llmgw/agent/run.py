@@ -1,7 +1,7 @@
 """`llmgw agent` main: check the config, build TLS, run the link until SIGINT/SIGTERM.
 
-Stopping the agent does not stop engines: traffic goes gateway → engine directly, and the
-next agent adopts them.
+Stopping the agent does not stop engines (unless --stop-engines-on-exit): traffic goes
+gateway → engine directly, and the next agent adopts them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import trio
 
 from llmgw.agent.agent import Agent, make_dialer
 from llmgw.agent.hardware import DiscoveredHardware
+from llmgw.agent.supervisor import Supervisor
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import UsageError
 from llmgw.fleet import parse_fleet_url
@@ -37,7 +38,7 @@ def agent_ssl_context(cfg: AgentConfig) -> tuple[ssl.SSLContext | None, float]:
     return ctx, not_after
 
 
-async def run_agent(cfg: AgentConfig, *, insecure: bool = False) -> None:
+async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on_exit: bool = False) -> None:
     if not cfg.server:
         raise UsageError("no server URL: set `server:` in the agent config, --server or LLMGW_FLEET_URL")
     scheme, host, _port = parse_fleet_url(cfg.server, insecure)
@@ -50,21 +51,34 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False) -> None:
             log.error("the node certificate %s expired %.0f days ago; the server will refuse it", cfg.tls.cert, -days)  # type: ignore[union-attr]
         elif days < EXPIRY_WARNING_DAYS:
             log.warning("the node certificate %s expires in %.0f days; reissue it with `llmgw ctl cert node`", cfg.tls.cert, days)  # type: ignore[union-attr]
+    hardware = DiscoveredHardware(cfg.discovery, server_host=host)
+    supervisor = Supervisor(
+        cfg.work_dir,
+        bind_host=cfg.bind_host,
+        advertise_host=cfg.advertise_host,
+        gpu_indexes=hardware.gpu_indexes,
+    )
     agent = Agent(
         cfg,
-        hardware=DiscoveredHardware(cfg.discovery, server_host=host),
+        hardware=hardware,
         dialer=make_dialer(cfg, insecure=insecure, ssl_context=ssl_context),
+        engines=supervisor,
         cert_not_after=not_after,
     )
-    log.info("llmgw agent for node %s, server %s", agent.node_id, cfg.server)
+    log.info("llmgw agent for node %s, server %s, work dir %s", agent.node_id, cfg.server, cfg.work_dir)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
-        await agent.run()
+        await nursery.start(supervisor.run)
+        nursery.start_soon(agent.run)
+        await _wait_for_signal()
+        if stop_engines_on_exit:
+            log.info("stopping engines before exit (--stop-engines-on-exit)")
+            with trio.move_on_after(60):
+                await supervisor.stop_all()
+        nursery.cancel_scope.cancel()
 
 
-async def _stop_on_signals(scope: trio.CancelScope) -> None:
+async def _wait_for_signal() -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
-            log.info("received %s; stopping (engines keep running)", signal.Signals(signum).name)
-            scope.cancel()
+            log.info("received %s; stopping", signal.Signals(signum).name)
             return

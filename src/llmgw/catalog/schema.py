@@ -118,6 +118,9 @@ class GatewaySettings(_Config):
 
 class ReconcileSettings(_Config):
     tick: Duration = Duration(5)
+    # After a start, wait this long (or until every node seen before has registered) before
+    # placing anything, so engines that agents report are adopted, not placed twice.
+    settle: Duration = Duration(10)
     backoff_initial: Duration = Duration(2)
     backoff_max: Duration = Duration(300)
     port_range: tuple[int, int] = (20000, 29999)

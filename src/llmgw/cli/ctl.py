@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
+
+if TYPE_CHECKING:
+    from rich.console import Group
 
 from llmgw.api_client import DEFAULT_SERVER, ApiClient
 from llmgw.catalog.units import format_duration
@@ -63,6 +68,92 @@ def nodes(ctx: click.Context, output: str) -> None:
         out.print("no nodes have registered yet")
         return
     out.print(make_table(["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "AGENT", "REASON"], rows))
+
+
+def _replica_rows(data: list[dict]) -> list[tuple]:
+    rows = []
+    for r in data:
+        shards = r.get("shards") or []
+        nodes = ",".join(sorted({s["node"] for s in shards})) or "-"
+        gpus = ";".join(",".join(str(g) for g in s["gpus"]) for s in shards) or "-"
+        reason = r.get("reason", "")
+        if r.get("retry_in") is not None:
+            reason = f"{reason} (retry in {format_duration(r['retry_in'])})"
+        rows.append((
+            r["id"], r["model"], r.get("profile") or "-", styled_state(r["state"]), nodes, gpus,
+            r.get("endpoint") or "-", format_duration(r.get("age", 0)), reason,
+        ))
+    return rows
+
+
+def _replicas_view(data: list[dict], tail: int) -> Group:
+    from rich.console import Group
+    from rich.text import Text
+
+    parts: list = []
+    if not data:
+        parts.append(Text("no replicas (is a model with replicas > 0 in the catalog?)"))
+    else:
+        parts.append(make_table(["REPLICA", "MODEL", "PROFILE", "STATE", "NODE", "GPUS", "ENDPOINT", "AGE", "REASON"],
+                                _replica_rows(data)))
+    for r in data:
+        lines = (r.get("tail") or [])[-tail:] if tail else []
+        if lines and r["state"] in ("failed", "pending"):
+            parts.append(Text(f"\n{r['id']} — last output:", style="bold"))
+            for line in lines:
+                parts.append(Text(f"  │ {line}"))
+    return Group(*parts)
+
+
+@ctl.command()
+@output_option
+@click.option("--model", "model_filter", help="Only replicas of this model.")
+@click.option("-w", "--watch", is_flag=True, help="Refresh in place until Ctrl-C (table output).")
+@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
+@click.option("--tail", type=int, default=5, show_default=True, help="Output lines shown for failed replicas.")
+@click.pass_context
+def replicas(ctx: click.Context, output: str, model_filter: str | None, watch: bool, interval: float, tail: int) -> None:
+    """Replicas: model, profile, state, node, GPUs, endpoint, age, and why when pending or failed."""
+    client = api(ctx)
+
+    def fetch() -> list[dict]:
+        data = client.get("/api/v1/replicas")
+        return [r for r in data if model_filter is None or r["model"] == model_filter]
+
+    if watch and output == "json":
+        raise click.UsageError("--watch shows a table; use -o json without --watch in scripts")
+    if not watch:
+        data = fetch()
+        if output == "json":
+            print_json(data)
+        else:
+            console().print(_replicas_view(data, tail))
+        return
+    import time
+
+    from rich.live import Live
+
+    out = console()
+    with Live(_replicas_view(fetch(), tail), console=out, auto_refresh=False, screen=False) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(_replicas_view(fetch(), tail), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+@ctl.command()
+@output_option
+@click.pass_context
+def models(ctx: click.Context, output: str) -> None:
+    """Models in the catalog: desired and ready replicas, profiles."""
+    data = api(ctx).get("/api/v1/models")
+    if output == "json":
+        print_json(data)
+        return
+    rows = [(d["name"], f"{d['ready']}/{d['replicas']}", ",".join(d["profiles"]) or "-", d["balancer"], d["source"]) for d in data]
+    console().print(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE"], rows) if rows else "no models in the catalog")
 
 
 ctl.add_command(cert)

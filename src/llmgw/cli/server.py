@@ -26,7 +26,7 @@ def server(ctx: click.Context, config_path: str | None, listen: str | None, flee
     """
     from llmgw.server.app import run_server
 
-    cfg = load_server_config(config_path)
-    cfg = override(cfg, {"listen": listen, "fleet_listen": fleet_listen, "state_dir": state_dir})
+    overrides = {"listen": listen, "fleet_listen": fleet_listen, "state_dir": state_dir}
+    cfg = override(load_server_config(config_path), overrides)
     setup_logging(ctx.obj.get("debug", False), log_level)
-    trio.run(lambda: run_server(cfg, insecure=insecure))
+    trio.run(lambda: run_server(cfg, insecure=insecure, config_path=config_path, overrides=overrides))

@@ -45,6 +45,47 @@ class NodeDetail(NodeView, kw_only=True):
     inventory: Any = None
 
 
+class ShardView(msgspec.Struct, kw_only=True):
+    shard_id: str
+    node: str
+    rank: int
+    gpus: list[int]
+    port: int
+    state: str
+    endpoint: str
+    pid: int
+    exit_code: int | None
+    reason: str
+
+
+class ReplicaView(msgspec.Struct, kw_only=True):
+    """A replica as `GET /api/v1/replicas` shows it."""
+
+    id: str
+    model: str
+    profile: str
+    state: str
+    reason: str
+    age: float
+    state_since: float
+    attempt: int
+    failures: int
+    retry_in: float | None
+    adopted: bool
+    endpoint: str
+    shards: list[ShardView]
+    tail: list[str]
+
+
+class ModelView(msgspec.Struct, kw_only=True):
+    name: str
+    source: str
+    replicas: int
+    ready: int
+    profiles: list[str]
+    balancer: str
+
+
 def _wall(now_mono: float, t: float) -> float:
     return round(time.time() - (now_mono - t), 3)
 
@@ -77,6 +118,41 @@ def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
     if detail:
         return NodeDetail(**args, inventory=inv)
     return NodeView(**args)
+
+
+def replica_view(r: Any, now: float) -> ReplicaView:
+    shards = [
+        ShardView(
+            shard_id=sh.shard_id,
+            node=sh.node,
+            rank=sh.rank,
+            gpus=list(sh.gpus),
+            port=sh.port,
+            state=sh.state,
+            endpoint=sh.endpoint,
+            pid=sh.pid,
+            exit_code=sh.exit_code,
+            reason=sh.reason,
+        )
+        for sh in r.shards
+    ]
+    rank0 = next((sh for sh in r.shards if sh.rank == 0), None)
+    return ReplicaView(
+        id=r.id,
+        model=r.model,
+        profile=r.profile,
+        state=r.state,
+        reason=r.reason,
+        age=round(now - r.created_at, 3),
+        state_since=_wall(now, r.state_since),
+        attempt=r.attempt,
+        failures=r.failures,
+        retry_in=round(r.next_attempt_at - now, 3) if r.state == "failed" and r.next_attempt_at > now else None,
+        adopted=r.adopted,
+        endpoint=rank0.endpoint if rank0 is not None and r.state == "ready" else "",
+        shards=shards,
+        tail=list(r.tail),
+    )
 
 
 async def send_json(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -149,6 +225,33 @@ class PublicApp:
                 await send_error(send, 404, f"no node {route[len('nodes/'):]!r}", "not_found")
                 return
             await send_json(send, 200, node_view(node, now, detail=True))
+            return
+        if route in ("replicas", "models") or route.startswith("replicas/"):
+            if method != "GET":
+                await send_error(send, 405, "use GET", "method_not_allowed")
+                return
+            reconciler = plane.controller.reconciler
+            if route == "replicas":
+                replicas = sorted(reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
+                await send_json(send, 200, [replica_view(r, now) for r in replicas])
+            elif route == "models":
+                await send_json(send, 200, [
+                    ModelView(
+                        name=model.name,
+                        source=model.source or model.name,
+                        replicas=model.replicas,
+                        ready=sum(1 for r in reconciler.replicas.values() if r.model == model.name and r.state == "ready"),
+                        profiles=[p.name for p in model.profiles],
+                        balancer=model.balancer,
+                    )
+                    for model in reconciler.models.values()
+                ])
+            else:
+                replica = reconciler.replicas.get(route[len("replicas/"):])
+                if replica is None:
+                    await send_error(send, 404, f"no replica {route[len('replicas/'):]!r}", "not_found")
+                else:
+                    await send_json(send, 200, replica_view(replica, now))
             return
         handler = getattr(plane, "api_routes", {}).get(route)
         if handler is not None:

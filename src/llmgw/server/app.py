@@ -14,11 +14,14 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from llmgw import __version__
+from llmgw.catalog import load_server_config, override
 from llmgw.catalog.schema import ServerConfig
 from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
 from llmgw.server.api import PublicApp
+from llmgw.server.control import Controller
 from llmgw.server.fleet_service import FleetService
+from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry
 
@@ -74,19 +77,26 @@ def fleet_ssl_context(cfg: ServerConfig) -> ssl.SSLContext:
 class ControlPlane:
     """The server's state and its long-running tasks."""
 
-    def __init__(self, cfg: ServerConfig, *, insecure: bool = False) -> None:
+    def __init__(self, cfg: ServerConfig, *, insecure: bool = False, config_path: str | None = None,
+                 overrides: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
+        self.config_path = config_path
+        self.overrides = overrides or {}
         self.insecure = insecure
         fleet = cfg.fleet
         self.registry = NodeRegistry(fleet.heartbeat_interval, fleet.unreachable_after, fleet.lost_after)
         self.metrics = ServerMetrics(self.registry.counts)
         require_identity = bool(cfg.tls and cfg.tls.require_identity)
+        self.known_nodes = KnownNodes(cfg.state_dir)
+        self.controller = Controller(cfg.models, cfg.reconcile, self.registry, self.known_nodes)
         self.fleet = FleetService(
             self.registry,
             self.metrics,
             register_timeout=fleet.register_timeout,
             require_identity=require_identity,
+            observer=self.controller,
         )
+        self.controller.fleet = self.fleet
         self.api_routes: dict[str, Any] = {}
         self.shutdown_event = trio.Event()
         if cfg.tls is None and not insecure:
@@ -130,6 +140,8 @@ class ControlPlane:
             await nursery.start(listener.serve, [fleet_listener])
             await nursery.start(self._serve_public, public_sock)
             nursery.start_soon(self.fleet.run_ticker)
+            nursery.start_soon(self.controller.run)
+            nursery.start_soon(self._reload_on_sighup)
             log.info("llmgw server %s: public %s, fleet %s", __version__, bound.public_url, bound.fleet_url)
             task_status.started(bound)
             await self.shutdown_event.wait()
@@ -138,6 +150,28 @@ class ControlPlane:
                 await self.fleet.shutdown()
                 await listener.wait_idle()
             nursery.cancel_scope.cancel()
+
+    def reload(self) -> None:
+        """Re-read the config file; the catalog (models) takes effect, other settings need a restart."""
+        if not self.config_path:
+            log.warning("SIGHUP: no config file to reload (the server was started without --config)")
+            return
+        try:
+            cfg = override(load_server_config(self.config_path), self.overrides)
+        except UsageError as exc:
+            log.error("reload failed, keeping the running config: %s", exc)
+            return
+        changed = [k for k in ("listen", "fleet_listen", "tls", "fleet", "state_dir") if getattr(cfg, k) != getattr(self.cfg, k)]
+        if changed:
+            log.warning("reload: changes to %s take effect only after a restart", ", ".join(changed))
+        self.cfg = msgspec.structs.replace(self.cfg, models=cfg.models, endpoints=cfg.endpoints)
+        self.controller.set_catalog(cfg.models)
+
+    async def _reload_on_sighup(self) -> None:
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                log.info("SIGHUP: reloading %s", self.config_path)
+                self.reload()
 
     async def _serve_public(self, sock: socket.socket, *, task_status: trio.TaskStatus[None]) -> None:
         config = HypercornConfig()
@@ -157,9 +191,10 @@ class ControlPlane:
         )
 
 
-async def run_server(cfg: ServerConfig, *, insecure: bool = False) -> None:
+async def run_server(cfg: ServerConfig, *, insecure: bool = False, config_path: str | None = None,
+                     overrides: dict[str, Any] | None = None) -> None:
     """The `llmgw server` main: binds first (clear errors), then serves until SIGINT/SIGTERM."""
-    plane = ControlPlane(cfg, insecure=insecure)
+    plane = ControlPlane(cfg, insecure=insecure, config_path=config_path, overrides=overrides)
     public_sock = bind_socket(cfg.listen, "public port", "--listen")
     try:
         fleet_sock = bind_socket(cfg.fleet_listen, "fleet port", "--fleet-listen")

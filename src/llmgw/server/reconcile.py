@@ -133,8 +133,14 @@ class Reconciler:
                     return replica, shard
         return None
 
-    def on_register(self, node_id: str, reports: Iterable[m.ShardReport], now: float) -> None:
-        """Adopt what the node runs and we do not know; disown what we think it runs and it does not."""
+    def on_register(
+        self, node_id: str, reports: Iterable[m.ShardReport], now: float, wall_now: float | None = None
+    ) -> None:
+        """Adopt what the node runs and we do not know; disown what we think it runs and it does not.
+
+        `wall_now` (unix time) lets an adopted engine keep its real age: reports carry the
+        wall-clock launch time, the reconciler counts in `now`'s clock.
+        """
         reported: set[str] = set()
         for report in reports:
             spec = report.spec
@@ -145,10 +151,15 @@ class Reconciler:
                 shard.node = node_id
                 shard.pid = report.pid or shard.pid
                 shard.acked = True
+                if report.endpoint:
+                    shard.endpoint = report.endpoint
                 if report.state != shard.state:
-                    self._apply_shard_state(replica, shard, report.state, now, reason="", tail=[], exit_code=None)
+                    self._apply_shard_state(
+                        replica, shard, report.state, now, reason=report.reason, tail=list(report.tail), exit_code=report.exit_code
+                    )
                 continue
-            self._adopt(node_id, report, now)
+            age = max(0.0, wall_now - report.started_at) if wall_now and report.started_at else 0.0
+            self._adopt(node_id, report, now, now - age)
         for replica in list(self.replicas.values()):
             for shard in replica.shards:
                 if shard.node != node_id or shard.shard_id in reported or shard.state in GONE:
@@ -170,7 +181,7 @@ class Reconciler:
                         penalty=False,
                     )
 
-    def _adopt(self, node_id: str, report: m.ShardReport, now: float) -> None:
+    def _adopt(self, node_id: str, report: m.ShardReport, now: float, started: float) -> None:
         spec = report.spec
         rid = spec.replica_id
         existing = self.replicas.get(rid)
@@ -182,7 +193,6 @@ class Reconciler:
                 if shard.state in HOLDING:
                     self._stop(existing, shard, "superseded by an adopted engine")
             del self.replicas[rid]
-        started = report.started_at or now
         shard = Shard(
             shard_id=spec.shard_id,
             node=node_id,
@@ -191,7 +201,8 @@ class Reconciler:
             port=spec.port,
             state=report.state if report.state in HOLDING else "starting",
             pid=report.pid,
-            started_at=now,
+            endpoint=report.endpoint,
+            started_at=started,
             acked=True,
             spec=spec,
         )
@@ -200,12 +211,11 @@ class Reconciler:
             model=spec.model,
             profile=spec.profile,
             state="starting",
-            created_at=now,
+            created_at=started,
             state_since=now,
             adopted=True,
             shards=[shard],
         )
-        del started
         self.replicas[rid] = replica
         self._derive(replica, now)
         self.log.append(f"adopted {spec.shard_id} ({spec.model}) running on {node_id} as replica {rid}")

@@ -113,10 +113,16 @@ ShardState = Literal["starting", "ready", "failed", "stopping", "stopped", "exit
 
 
 class ShardReport(_Base):
+    """A shard as the agent knows it, sent in full with every Register (adoption)."""
+
     spec: ShardSpec
     state: str = "starting"
     pid: int = 0
-    started_at: float = 0.0
+    started_at: float = 0.0  # wall-clock time the engine was launched
+    endpoint: str = ""
+    exit_code: int | None = None
+    reason: str = ""
+    tail: list[str] = []
 
 
 # ---- agent → server ---------------------------------------------------------------------

@@ -1,0 +1,151 @@
+"""What every engine adapter answers: the argv for a shard, and what it needs to start."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+
+from llmgw.wire.messages import ShardSpec
+
+
+class LaunchError(Exception):
+    """The shard cannot be launched; the message is what the operator sees."""
+
+
+class Adapter:
+    name = ""
+    # Flags that set the tensor-parallel size, which must equal the shard's GPU count.
+    tp_flags: tuple[str, ...] = ()
+
+    def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
+        raise NotImplementedError
+
+    def executable(self, spec: ShardSpec) -> str:
+        return self.argv(spec, "127.0.0.1", spec.port or 1)[0]
+
+    def validate(self, spec: ShardSpec) -> None:
+        """Raise LaunchError for what would fail minutes later (missing binary, bad tensor size)."""
+        exe = self.executable(spec)
+        if not _runnable(exe):
+            raise LaunchError(f"{self.name}: executable {exe!r} not found on PATH ({os.environ.get('PATH', '')})")
+        if self.tp_flags and spec.gpus:
+            tp = tensor_parallel_arg(spec.args, self.tp_flags)
+            if tp is not None and tp != len(spec.gpus):
+                raise LaunchError(
+                    f"{self.name}: profile args set tensor parallel size {tp} but the shard has "
+                    f"{len(spec.gpus)} GPU(s) {spec.gpus}; drop the flag or set gpus: {tp}"
+                )
+
+    def env(self, spec: ShardSpec) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(spec.env)
+        if spec.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+
+def _runnable(exe: str) -> bool:
+    if os.sep in exe:
+        return os.path.isfile(exe) and os.access(exe, os.X_OK)
+    return shutil.which(exe) is not None
+
+
+def tensor_parallel_arg(args: Sequence[str], flags: Sequence[str]) -> int | None:
+    """The tensor-parallel size set in profile args (`--tp 4`, `--tp=4`), if any."""
+    for i, arg in enumerate(args):
+        for flag in flags:
+            if arg == flag and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            else:
+                continue
+            try:
+                return int(value)
+            except ValueError:
+                raise LaunchError(f"profile args: {flag} needs a number, got {value!r}") from None
+    return None
+
+
+class VllmAdapter(Adapter):
+    """`vllm serve SOURCE --host H --port P --tensor-parallel-size N --served-model-name M …args`"""
+
+    name = "vllm"
+    tp_flags = ("--tensor-parallel-size", "-tp")
+
+    def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
+        argv = ["vllm", "serve", spec.source or spec.model, "--host", host, "--port", str(port)]
+        if tensor_parallel_arg(spec.args, self.tp_flags) is None and len(spec.gpus) > 1:
+            argv += ["--tensor-parallel-size", str(len(spec.gpus))]
+        if spec.served_name and "--served-model-name" not in spec.args:
+            argv += ["--served-model-name", spec.served_name]
+        return argv + list(spec.args)
+
+
+class SglangAdapter(Adapter):
+    """`python -m sglang.launch_server --model-path SOURCE --host H --port P --tp N …args`"""
+
+    name = "sglang"
+    tp_flags = ("--tp", "--tp-size", "--tensor-parallel-size")
+
+    def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
+        python = spec.env.get("LLMGW_PYTHON") or os.environ.get("LLMGW_SGLANG_PYTHON") or "python3"
+        argv = [python, "-m", "sglang.launch_server", "--model-path", spec.source or spec.model,
+                "--host", host, "--port", str(port)]
+        if tensor_parallel_arg(spec.args, self.tp_flags) is None and len(spec.gpus) > 1:
+            argv += ["--tp", str(len(spec.gpus))]
+        if spec.served_name and "--served-model-name" not in spec.args:
+            argv += ["--served-model-name", spec.served_name]
+        return argv + list(spec.args)
+
+
+class CommandAdapter(Adapter):
+    """Any command: an argv template with {port} {host} {source} {model} {gpus} {tp} {rank} {world}."""
+
+    name = "command"
+
+    def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
+        if not spec.command:
+            raise LaunchError("engine 'command' needs a command template in the profile")
+        values = {
+            "port": str(port),
+            "host": host,
+            "source": spec.source or spec.model,
+            "model": spec.served_name or spec.model,
+            "gpus": ",".join(str(g) for g in spec.gpus),
+            "tp": str(max(len(spec.gpus), 1)),
+            "rank": str(spec.rank),
+            "world": str(spec.world),
+        }
+        out = []
+        for part in list(spec.command) + list(spec.args):
+            try:
+                out.append(part.format_map(values))
+            except (KeyError, ValueError, IndexError) as exc:
+                raise LaunchError(
+                    f"command template {part!r}: unknown placeholder {exc}; known: {', '.join('{' + k + '}' for k in values)}"
+                ) from None
+        return out
+
+
+class SimAdapter(Adapter):
+    """The simulated engine (`llmgw sim engine`), in this agent's own Python."""
+
+    name = "sim"
+
+    def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
+        return [sys.executable, "-m", "llmgw", "sim", "engine", "--host", host, "--port", str(port),
+                "--model", spec.served_name or spec.model, *spec.args]
+
+
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (VllmAdapter(), SglangAdapter(), CommandAdapter(), SimAdapter())}
+
+
+def adapter_for(engine: str) -> Adapter:
+    adapter = ADAPTERS.get(engine)
+    if adapter is None:
+        raise LaunchError(f"unknown engine {engine!r}; this agent knows {', '.join(sorted(ADAPTERS))}")
+    return adapter

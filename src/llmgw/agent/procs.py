@@ -1,0 +1,75 @@
+"""Process facts from /proc and signals to process groups (Linux).
+
+A pid alone does not identify a process across an agent restart: pids are reused. The pid
+together with its start time (field 22 of /proc/<pid>/stat, in clock ticks since boot) does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot; None if it is gone or a zombie."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = text.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def alive(pid: int, ticks: int) -> bool:
+    return pid > 0 and start_ticks(pid) == ticks
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Signal a whole process group (the engine and its workers). False if none is left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    return signal_group(pgid, 0)
+
+
+def signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exited (exit status unknown: it was not this agent's child)"
+    if code < 0:
+        return f"killed by {signal_name(-code)}"
+    return f"exited with code {code}"
+
+
+def tail_lines(path: str, lines: int = 200, max_bytes: int = 256 * 1024) -> list[str]:
+    """The last `lines` lines of a log file (reads at most `max_bytes` from its end)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return []
+    text = data.decode("utf-8", "replace")
+    out = text.splitlines()
+    if size > max_bytes and out:
+        out = out[1:]  # the first line is probably cut
+    return out[-lines:]

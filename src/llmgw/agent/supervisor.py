@@ -1,0 +1,430 @@
+"""The engine supervisor: launch, watch, health-check, stop, and adopt engine processes.
+
+Each engine runs in its own process group with its output going straight to a per-shard
+log file (not through a pipe to the agent), so it keeps running, and keeps logging, while
+the agent restarts. A state file per shard (full spec, pid, process start time) lets the
+next agent adopt it: a pid alive with the same start time is the same process.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import trio
+
+from llmgw.agent import procs
+from llmgw.agent.engines import LaunchError, adapter_for
+from llmgw.catalog.units import format_duration
+from llmgw.fsutil import atomic_write
+from llmgw.wire import messages as m
+
+log = logging.getLogger("llmgw.agent.supervisor")
+
+TAIL_LINES = 200
+HEALTH_PERIOD = 0.5
+ADOPTED_POLL = 0.5
+TERMINAL = frozenset({"failed", "exited", "stopped"})
+
+
+class StateFile(msgspec.Struct, kw_only=True):
+    """What survives the agent: enough to find, identify and describe the engine."""
+
+    spec: m.ShardSpec
+    pid: int
+    pgid: int
+    start_ticks: int
+    started_at: float
+    log_path: str
+    endpoint: str
+
+
+class _PidOnly(msgspec.Struct):
+    pid: int = 0
+    pgid: int = 0
+    start_ticks: int = 0
+
+
+class ShardRun:
+    def __init__(self, spec: m.ShardSpec, log_path: str, endpoint: str) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.endpoint = endpoint
+        self.state = "starting"
+        self.pid = 0
+        self.pgid = 0
+        self.start_ticks = 0
+        self.started_at = time.time()
+        self.process: trio.Process | None = None
+        self.adopted = False
+        self.exit_code: int | None = None
+        self.reason = ""
+        self.tail: list[str] = []
+        self.stop_requested = False
+        self.stop_reason = ""
+        self.failed_reason = ""  # set when we kill it ourselves for a reason (start timeout)
+        self.exited = trio.Event()
+
+    def report(self) -> m.ShardReport:
+        return m.ShardReport(
+            spec=self.spec,
+            state=self.state,
+            pid=self.pid,
+            started_at=self.started_at,
+            endpoint=self.endpoint,
+            exit_code=self.exit_code,
+            reason=self.reason,
+            tail=self.tail,
+        )
+
+    def status(self) -> m.ShardStatus:
+        return m.ShardStatus(
+            shard_id=self.spec.shard_id,
+            replica_id=self.spec.replica_id,
+            state=self.state,
+            pid=self.pid,
+            exit_code=self.exit_code,
+            reason=self.reason,
+            tail=self.tail if self.state in ("failed", "exited") else [],
+            endpoint=self.endpoint,
+        )
+
+
+Send = Callable[[msgspec.Struct], None]
+
+
+class Supervisor:
+    features: tuple[str, ...] = (m.FEATURE_START, m.FEATURE_STOP, m.FEATURE_ADOPT)
+
+    def __init__(
+        self,
+        work_dir: str,
+        *,
+        bind_host: str = "127.0.0.1",
+        advertise_host: str = "127.0.0.1",
+        gpu_indexes: Callable[[], set[int] | None] = lambda: None,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.state_dir = self.work_dir / "shards"
+        self.log_dir = self.work_dir / "logs"
+        self.bind_host = bind_host
+        self.advertise_host = advertise_host
+        self.gpu_indexes = gpu_indexes
+        self.runs: dict[str, ShardRun] = {}
+        self._send: Send | None = None
+        self._nursery: trio.Nursery | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    # -- the link's view ------------------------------------------------------------------------
+
+    def attach(self, send: Send | None) -> None:
+        self._send = send
+
+    def reports(self) -> list[m.ShardReport]:
+        out = [run.report() for run in self.runs.values()]
+        # Terminal shards are told once, in this Register; then forgotten.
+        for shard_id in [sid for sid, run in self.runs.items() if run.state in TERMINAL]:
+            del self.runs[shard_id]
+        return out
+
+    async def handle(self, msg: Any, send: Send) -> None:
+        if isinstance(msg, m.Start):
+            self.start(msg.spec)
+        elif isinstance(msg, m.Stop):
+            self.stop(msg.shard_id, msg.grace, msg.reason)
+        elif isinstance(msg, m.Drain):
+            run = self.runs.get(msg.shard_id)
+            if run is not None:
+                send(run.status())
+        else:
+            log.info("ignoring %s", m.message_type(msg))
+
+    def _emit(self, run: ShardRun) -> None:
+        if self._send is None:
+            return
+        self._send(run.status())
+        if run.state in TERMINAL:
+            self.runs.pop(run.spec.shard_id, None)
+
+    # -- running ----------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as http, trio.open_nursery() as nursery:
+            self._http = http
+            self._nursery = nursery
+            self._adopt_all()
+            task_status.started()
+            await trio.sleep_forever()
+
+    def _state_path(self, shard_id: str) -> Path:
+        return self.state_dir / f"{shard_id}.json"
+
+    def _write_state(self, run: ShardRun) -> None:
+        data = msgspec.json.encode(
+            StateFile(
+                spec=run.spec,
+                pid=run.pid,
+                pgid=run.pgid,
+                start_ticks=run.start_ticks,
+                started_at=run.started_at,
+                log_path=run.log_path,
+                endpoint=run.endpoint,
+            )
+        )
+        atomic_write(self._state_path(run.spec.shard_id), data)
+
+    def _remove_state(self, shard_id: str) -> None:
+        try:
+            self._state_path(shard_id).unlink()
+        except FileNotFoundError:
+            pass
+
+    def start(self, spec: m.ShardSpec) -> None:
+        existing = self.runs.get(spec.shard_id)
+        if existing is not None and existing.state not in TERMINAL:
+            self._emit(existing)  # a repeated Start (after a reconnect): say where it stands
+            return
+        host = spec.host or self.bind_host
+        endpoint = f"http://{self.advertise_host}:{spec.port}"
+        run = ShardRun(spec, str(self.log_dir / f"{spec.shard_id}.log"), endpoint)
+        self.runs[spec.shard_id] = run
+        try:
+            self._check(spec, host)
+            adapter = adapter_for(spec.engine)
+            adapter.validate(spec)
+            argv = adapter.argv(spec, host, spec.port)
+            env = adapter.env(spec)
+        except LaunchError as exc:
+            self._refuse(run, str(exc))
+            return
+        assert self._nursery is not None
+        self._nursery.start_soon(self._launch_and_watch, run, argv, env)
+
+    def _refuse(self, run: ShardRun, reason: str) -> None:
+        log.warning("shard %s not started: %s", run.spec.shard_id, reason)
+        run.state = "failed"
+        run.reason = f"not started: {reason}"
+        self._emit(run)
+
+    def _check(self, spec: m.ShardSpec, host: str) -> None:
+        known = self.gpu_indexes()
+        if known is not None:
+            missing = [g for g in spec.gpus if g not in known]
+            if missing:
+                raise LaunchError(f"GPU(s) {missing} do not exist on this node (it has {sorted(known)})")
+        busy = {g for r in self.runs.values() if r.state not in TERMINAL and r is not self.runs.get(spec.shard_id)
+                for g in r.spec.gpus}
+        clash = sorted(busy & set(spec.gpus))
+        if clash:
+            raise LaunchError(f"GPU(s) {clash} are in use by another engine on this node")
+        if not 0 < spec.port < 65536:
+            raise LaunchError(f"bad port {spec.port}")
+        if not port_free(host, spec.port):
+            raise LaunchError(f"port {spec.port} on {host} is in use by another process")
+
+    async def _launch_and_watch(self, run: ShardRun, argv: list[str], env: dict[str, str]) -> None:
+        spec = run.spec
+        out = await trio.to_thread.run_sync(open, run.log_path, "ab")
+        with out:
+            out.write(f"=== llmgw: starting {spec.shard_id} ({spec.model}/{spec.profile}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {subprocess.list2cmdline(argv)}\n".encode())
+            out.flush()
+            try:
+                process = await trio.lowlevel.open_process(
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True, cwd=str(self.work_dir),
+                )
+            except OSError as exc:
+                self._refuse(run, f"cannot execute {argv[0]}: {exc.strerror or exc}")
+                return
+        run.process = process
+        run.pid = run.pgid = process.pid
+        run.start_ticks = procs.start_ticks(process.pid) or 0
+        run.started_at = time.time()
+        self._write_state(run)
+        log.info("shard %s started: pid %d, %s, log %s", spec.shard_id, run.pid, subprocess.list2cmdline(argv[:3]) + " …", run.log_path)
+        self._emit(run)
+        await self._watch(run)
+
+    async def _watch(self, run: ShardRun) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._until_healthy, run)
+            code = await self._wait_exit(run)
+            nursery.cancel_scope.cancel()
+        self._on_exit(run, code)
+
+    async def _wait_exit(self, run: ShardRun) -> int | None:
+        if run.process is not None:
+            return await run.process.wait()
+        # Not our child (adopted): a pidfd becomes readable when it exits; poll where there is none.
+        try:
+            pidfd = os.pidfd_open(run.pid)
+        except (AttributeError, OSError):
+            pidfd = -1
+        try:
+            if pidfd >= 0 and procs.alive(run.pid, run.start_ticks):
+                await trio.lowlevel.wait_readable(pidfd)
+                return None
+            while procs.alive(run.pid, run.start_ticks):  # noqa: ASYNC110 - no event to wait on
+                await trio.sleep(ADOPTED_POLL)
+            return None
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+
+    async def _until_healthy(self, run: ShardRun) -> None:
+        if run.state != "starting":
+            return
+        url = f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
+        timeout = float(run.spec.start_timeout) - (time.time() - run.started_at)
+        with trio.move_on_after(max(timeout, 0.0)):
+            while True:
+                if await self._probe(url):
+                    run.state = "ready"
+                    log.info("shard %s ready at %s", run.spec.shard_id, run.endpoint)
+                    self._emit(run)
+                    return
+                await trio.sleep(HEALTH_PERIOD)
+        run.failed_reason = f"not healthy within {format_duration(run.spec.start_timeout)} (start_timeout); stopped it"
+        log.warning("shard %s: %s", run.spec.shard_id, run.failed_reason)
+        await self._terminate(run, run.spec.stop_grace)
+
+    async def _probe(self, url: str) -> bool:
+        assert self._http is not None
+        try:
+            response = await self._http.get(url)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    def _on_exit(self, run: ShardRun, code: int | None) -> None:
+        run.exit_code = code
+        self._remove_state(run.spec.shard_id)
+        was = run.state
+        if run.stop_requested:
+            run.state = "stopped"
+            run.reason = run.stop_reason
+            log.info("shard %s stopped (%s)", run.spec.shard_id, procs.describe_exit(code))
+        else:
+            run.tail = procs.tail_lines(run.log_path, TAIL_LINES)
+            if run.failed_reason:
+                run.state, run.reason = "failed", run.failed_reason
+            elif was == "starting":
+                run.state, run.reason = "failed", f"{procs.describe_exit(code)} during startup"
+            else:
+                run.state, run.reason = "exited", procs.describe_exit(code)
+            log.warning("shard %s %s: %s", run.spec.shard_id, run.state, run.reason)
+        run.exited.set()
+        self._emit(run)
+
+    def stop(self, shard_id: str, grace: float, reason: str = "") -> None:
+        run = self.runs.get(shard_id)
+        if run is None:
+            # Nothing here: say it is stopped, so the server can let it go.
+            if self._send is not None:
+                self._send(m.ShardStatus(shard_id=shard_id, replica_id="", state="stopped", reason="not running here"))
+            return
+        if run.state in TERMINAL or run.stop_requested:
+            return
+        run.stop_requested = True
+        run.stop_reason = reason or "stopped by the server"
+        run.state = "stopping"
+        log.info("stopping shard %s (grace %gs): %s", shard_id, grace, run.stop_reason)
+        self._emit(run)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._terminate, run, grace)
+
+    async def _terminate(self, run: ShardRun, grace: float) -> None:
+        """SIGTERM to the group, SIGKILL after the grace; the watcher reports the exit."""
+        if not procs.signal_group(run.pgid, signal.SIGTERM):
+            return
+        with trio.move_on_after(grace):
+            await run.exited.wait()
+            return
+        if procs.signal_group(run.pgid, signal.SIGKILL):
+            log.warning("shard %s did not stop within %gs: killed its process group", run.spec.shard_id, grace)
+
+    async def stop_all(self, reason: str = "agent stopping") -> None:
+        for run in list(self.runs.values()):
+            if run.state not in TERMINAL:
+                self.stop(run.spec.shard_id, run.spec.stop_grace, reason)
+        for run in list(self.runs.values()):
+            if run.pid:
+                with trio.move_on_after(run.spec.stop_grace + 5):
+                    await run.exited.wait()
+
+    # -- adoption ----------------------------------------------------------------------------
+
+    def _adopt_all(self) -> None:
+        for path in sorted(self.state_dir.glob("*.json")):
+            raw = path.read_bytes()
+            try:
+                state = msgspec.json.decode(raw, type=StateFile)
+            except msgspec.DecodeError as exc:
+                self._stop_unidentified(path, raw, str(exc))
+                continue
+            run = ShardRun(state.spec, state.log_path, state.endpoint)
+            run.pid, run.pgid, run.start_ticks = state.pid, state.pgid, state.start_ticks
+            run.started_at = state.started_at
+            run.adopted = True
+            self.runs[state.spec.shard_id] = run
+            if procs.alive(state.pid, state.start_ticks):
+                log.info(
+                    "adopted shard %s (pid %d, started %s ago); watching it by polling; its earlier output is in %s",
+                    state.spec.shard_id, state.pid, format_duration(time.time() - state.started_at), state.log_path,
+                )
+                with open(run.log_path, "ab") as out:
+                    out.write(f"=== llmgw: agent restarted; adopted this engine (pid {run.pid}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
+                assert self._nursery is not None
+                self._nursery.start_soon(self._watch_adopted, run)
+            else:
+                path.unlink(missing_ok=True)
+                run.state = "exited"
+                run.tail = procs.tail_lines(run.log_path, TAIL_LINES)
+                run.reason = "the engine exited while the agent was not running"
+                log.warning("shard %s: %s", state.spec.shard_id, run.reason)
+
+    async def _watch_adopted(self, run: ShardRun) -> None:
+        if await self._probe(f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"):
+            run.state = "ready"
+        await self._watch(run)
+
+    def _stop_unidentified(self, path: Path, raw: bytes, why: str) -> None:
+        try:
+            ids = msgspec.json.decode(raw, type=_PidOnly)
+        except msgspec.DecodeError:
+            ids = _PidOnly()
+        if ids.pid and procs.alive(ids.pid, ids.start_ticks):
+            log.warning("state file %s cannot be read (%s); stopping the engine it names (pid %d): nobody can describe it",
+                        path, why, ids.pid)
+            procs.signal_group(ids.pgid or ids.pid, signal.SIGKILL)
+        else:
+            log.warning("state file %s cannot be read (%s); removing it", path, why)
+        path.unlink(missing_ok=True)
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
+
+
+def port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # Like the engine will: connections of a previous engine in TIME_WAIT must not count.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host or "0.0.0.0", port))
+        except OSError as exc:
+            return exc.errno not in (errno.EADDRINUSE, errno.EACCES)
+    return True

@@ -1,0 +1,170 @@
+"""The reconciler's driver: feeds it what the fleet says, runs it, and sends its decisions.
+
+Runs on every change and on a tick (level-triggered). New placements wait for a short settle
+period after the server starts, so that agents reconnecting after a restart report their
+engines (adoption) before anything new is placed beside them.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+
+import trio
+import trio.lowlevel
+
+from llmgw.catalog.schema import Model, ReconcileSettings
+from llmgw.server.fleet_service import FleetService
+from llmgw.server.known_nodes import KnownNodes
+from llmgw.server.reconcile import NodeInfo, Reconciler, Settings, StartShard, StopShard
+from llmgw.server.registry import NodeRegistry, Transition
+from llmgw.wire import messages as m
+
+log = logging.getLogger("llmgw.server.reconcile")
+
+
+class Controller:
+    def __init__(
+        self,
+        models: Sequence[Model],
+        settings: ReconcileSettings,
+        registry: NodeRegistry,
+        known: KnownNodes | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.known = known
+        self.settings = settings
+        self.reconciler = Reconciler(
+            models,
+            Settings(
+                backoff_initial=float(settings.backoff_initial),
+                backoff_max=float(settings.backoff_max),
+                port_range=tuple(settings.port_range),
+            ),
+            rng,
+        )
+        self.fleet: FleetService | None = None
+        self._wake = trio.Event()
+        self.started_at = 0.0
+        self._settled = False
+        self.passes = 0
+
+    # -- FleetObserver --------------------------------------------------------------------------
+
+    def node_registered(self, node_id: str, msg: m.Register) -> None:
+        if self.known is not None:
+            self.known.add(node_id)
+        self.reconciler.on_register(node_id, msg.shards, trio.current_time(), time.time())
+        self.wake()
+
+    def node_disconnected(self, node_id: str) -> None:
+        self.wake()
+
+    def shard_status(self, node_id: str, msg: m.ShardStatus) -> None:
+        self.reconciler.on_shard_status(node_id, msg, trio.current_time())
+        self.wake()
+
+    def progress(self, node_id: str, msg: m.Progress) -> None:
+        pass
+
+    def transitions(self, items: list[Transition]) -> None:
+        now = trio.current_time()
+        for t in items:
+            self.reconciler.on_node_state(t.node_id, t.new, now)
+        self.wake()
+
+    # -- driving -------------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def set_catalog(self, models: Sequence[Model]) -> None:
+        before = set(self.reconciler.models)
+        self.reconciler.set_catalog(models)
+        after = set(self.reconciler.models)
+        log.info("catalog: %d models (added: %s; removed: %s)", len(after),
+                 ", ".join(sorted(after - before)) or "none", ", ".join(sorted(before - after)) or "none")
+        self.wake()
+
+    def nodes(self) -> list[NodeInfo]:
+        return [
+            NodeInfo(
+                node_id=n.id,
+                state=n.state,
+                connected=n.connected,
+                gpus=n.inventory.gpus,
+                features=n.features,
+                version=n.version,
+            )
+            for n in self.registry.nodes.values()
+        ]
+
+    def _settle_left(self, now: float) -> float:
+        """Seconds to wait before placing anything; 0 once every known node re-registered."""
+        left = float(self.settings.settle) - (now - self.started_at)
+        if left <= 0 or self._settled:
+            return 0.0
+        expected = self.known.ids if self.known is not None else set()
+        connected = {n.id for n in self.registry.nodes.values() if n.connected}
+        if not expected - connected:
+            if expected:
+                log.info("all %d known nodes have registered; placing replicas", len(expected))
+            self._settled = True
+            return 0.0
+        return left
+
+    async def run(self) -> None:
+        self.started_at = trio.current_time()
+        self._settled = False
+        if self.known is not None and self.known.ids and self.settings.settle > 0:
+            log.info("waiting up to %gs for %d known nodes to report their engines before placing replicas",
+                     self.settings.settle, len(self.known.ids))
+        while True:
+            now = trio.current_time()
+            settle_left = self._settle_left(now)
+            if settle_left <= 0:
+                if not self._settled:
+                    self._settled = True
+                    missing = (self.known.ids if self.known else set()) - {n.id for n in self.registry.nodes.values() if n.connected}
+                    if missing:
+                        log.info("settle period over; not waiting for %s", ", ".join(sorted(missing)))
+                self.run_once()
+            timeout = float(self.settings.tick)
+            deadline = self.reconciler.next_deadline()
+            if deadline is not None:
+                timeout = min(timeout, max(deadline - now, 0.01))
+            if settle_left > 0:
+                timeout = min(timeout, settle_left)
+            with trio.move_on_after(timeout):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            # Let a burst of changes (a whole node registering) land before the next pass.
+            await trio.lowlevel.checkpoint()
+
+    def run_once(self) -> None:
+        actions = self.reconciler.reconcile(self.nodes(), trio.current_time())
+        self.passes += 1
+        for line in self.reconciler.drain_log():
+            log.info("%s", line)
+        for action in actions:
+            self._send(action)
+
+    def _send(self, action: StartShard | StopShard) -> None:
+        sessions = self.fleet.sessions if self.fleet is not None else {}
+        session = sessions.get(action.node)
+        if session is None:
+            log.warning("cannot send to %s: no stream (it will be retried when the node registers)", action.node)
+            return
+        if isinstance(action, StartShard):
+            if not session.supports(m.FEATURE_START):
+                log.warning("node %s: agent cannot start engines (too old?); not sending Start", action.node)
+                return
+            session.send(m.Start(spec=action.spec))
+        else:
+            if not session.supports(m.FEATURE_STOP):
+                log.warning("node %s: agent cannot stop engines (too old?); not sending Stop", action.node)
+                return
+            session.send(m.Stop(shard_id=action.shard_id, grace=action.grace, reason=action.reason))

@@ -1,0 +1,209 @@
+"""Reconciler decisions with a fake clock: place, replace with backoff, surplus, orphans,
+adoption after a restart and disowning what a node no longer runs."""
+
+from __future__ import annotations
+
+import random
+
+from llmgw.catalog.schema import Model, Profile
+from llmgw.server.reconcile import NodeInfo, Reconciler, Settings, StartShard, StopShard
+from llmgw.wire import messages as m
+
+
+def gpus(n: int = 8) -> list[m.Gpu]:
+    return [m.Gpu(index=i, name="NVIDIA H100 80GB HBM3", memory_mib=81559, nvlink={j: 18 for j in range(n) if j != i}) for i in range(n)]
+
+
+FEATURES = [m.FEATURE_START, m.FEATURE_STOP]
+
+
+def nodes(*ids: str, state: str = "ready") -> list[NodeInfo]:
+    return [NodeInfo(node_id=i, state=state, gpus=gpus(), features=FEATURES) for i in ids]
+
+
+def catalog(small: int = 2, big: int = 1) -> list[Model]:
+    return [
+        Model(name="small", replicas=small, profiles=[Profile(name="tp1", engine="sim", gpus=1)]),
+        Model(name="big", replicas=big, profiles=[Profile(name="tp4", engine="sim", gpus=4)]),
+    ]
+
+
+def make(models: list[Model] | None = None) -> Reconciler:
+    return Reconciler(models if models is not None else catalog(), Settings(backoff_initial=2, backoff_max=60, port_range=(20000, 20999)), random.Random(7))
+
+
+def starts(actions: list) -> list[StartShard]:
+    return [a for a in actions if isinstance(a, StartShard)]
+
+
+def stops(actions: list) -> list[StopShard]:
+    return [a for a in actions if isinstance(a, StopShard)]
+
+
+def status(rec: Reconciler, start: StartShard, state: str, **kw) -> None:
+    rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id, state=state, **kw), 0)
+
+
+def bring_up(rec: Reconciler, fleet: list[NodeInfo], now: float = 0) -> list[StartShard]:
+    placed = starts(rec.reconcile(fleet, now))
+    for s in placed:
+        rec.on_shard_status(s.node, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="ready", endpoint=f"http://{s.node}:{s.spec.port}"), now)
+    return placed
+
+
+def test_places_every_missing_replica_without_gpu_overlap() -> None:
+    rec = make()
+    placed = bring_up(rec, nodes("gpu-01", "gpu-02"))
+    assert len(placed) == 3
+    held: dict[str, set[int]] = {}
+    for s in placed:
+        assert not held.setdefault(s.node, set()) & set(s.spec.gpus)
+        held[s.node] |= set(s.spec.gpus)
+    assert {r.state for r in rec.replicas.values()} == {"ready"}
+    # The two small replicas are on different nodes (spread).
+    assert len({s.node for s in placed if s.spec.model == "small"}) == 2
+    assert rec.reconcile(nodes("gpu-01", "gpu-02"), 1) == []  # level-triggered: nothing more to do
+
+
+def test_pending_reason_names_each_node() -> None:
+    rec = make([Model(name="huge", replicas=1, profiles=[Profile(engine="sim", gpus=16)])])
+    assert rec.reconcile(nodes("gpu-01") + nodes("gpu-09", state="lost"), 0) == []
+    [replica] = rec.replicas.values()
+    assert replica.state == "pending"
+    assert replica.reason == "no placement: gpu-01: has 8 matching GPUs, 16 needed; gpu-09: lost"
+
+
+def test_failed_engine_is_replaced_with_exponential_backoff() -> None:
+    rec = make(catalog(small=1, big=0))
+    fleet = nodes("gpu-01")
+    [first] = starts(rec.reconcile(fleet, 0))
+    times = []
+    start = first
+    now = 0.0
+    for _ in range(4):
+        rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id, state="failed", exit_code=1, reason="exited with code 1 during startup", tail=["boom"]), now)
+        [replica] = rec.replicas.values()
+        assert replica.state == "failed" and replica.tail == ["boom"]
+        assert rec.reconcile(fleet, now) == []  # not before the backoff
+        times.append(replica.next_attempt_at - now)
+        now = replica.next_attempt_at
+        [start] = starts(rec.reconcile(fleet, now))
+        assert start.spec.replica_id == first.spec.replica_id and start.spec.shard_id != first.spec.shard_id
+    assert times == [2, 4, 8, 16]
+    # Once it is ready the failure count resets: the next crash is retried after the base delay.
+    status(rec, start, "ready")
+    status(rec, start, "exited", exit_code=-9, reason="killed by SIGKILL")
+    [replica] = rec.replicas.values()
+    assert replica.failures == 1 and replica.next_attempt_at - 0 == 2
+
+
+def test_surplus_stops_the_newest_and_never_the_reconnecting_ready_one() -> None:
+    rec = make(catalog(small=2, big=0))
+    fleet = nodes("gpu-01", "gpu-02")
+    bring_up(rec, fleet, now=0)
+    rec.set_catalog(catalog(small=1, big=0))
+    actions = rec.reconcile(fleet, 10)
+    [stop] = stops(actions)
+    newest = min(rec.replicas.values(), key=lambda r: (-r.started_at, r.id))
+    assert stop.shard_id == newest.shards[0].shard_id
+    rec.on_shard_status(stop.node, m.ShardStatus(shard_id=stop.shard_id, replica_id=newest.id, state="stopped"), 11)
+    assert len(rec.replicas) == 1 and newest.id not in rec.replicas
+
+
+def test_model_removed_from_catalog_is_stopped_and_forgotten() -> None:
+    rec = make()
+    fleet = nodes("gpu-01", "gpu-02")
+    bring_up(rec, fleet)
+    rec.set_catalog([m_ for m_ in catalog() if m_.name == "small"])
+    stopped = stops(rec.reconcile(fleet, 5))
+    assert [s.reason for s in stopped] == ["model big left the catalog"]
+    assert rec.reconcile(fleet, 6) == []  # sent once
+    big = next(r for r in rec.replicas.values() if r.model == "big")
+    assert big.state == "stopping"
+    rec.on_shard_status(stopped[0].node, m.ShardStatus(shard_id=stopped[0].shard_id, replica_id=big.id, state="stopped"), 7)
+    assert all(r.model == "small" for r in rec.replicas.values())
+
+
+def test_adoption_after_server_restart_rebuilds_replicas_and_reserves_gpus() -> None:
+    old = make()
+    fleet = nodes("gpu-01", "gpu-02")
+    placed = bring_up(old, fleet)
+    reports: dict[str, list[m.ShardReport]] = {}
+    for s in placed:
+        reports.setdefault(s.node, []).append(m.ShardReport(spec=s.spec, state="ready", pid=100, endpoint="http://x"))
+
+    new = make()  # a fresh server: it knows nothing
+    for node_id, rs in reports.items():
+        new.on_register(node_id, rs, 0)
+    assert {r.id for r in new.replicas.values()} == {s.spec.replica_id for s in placed}
+    assert all(r.adopted and r.state == "ready" for r in new.replicas.values())
+    # Nothing to place or stop: the fleet already is what the catalog wants.
+    assert new.reconcile(fleet, 1) == []
+    # A new model now must not get GPUs the adopted engines hold.
+    new.set_catalog([*catalog(), Model(name="extra", replicas=1, profiles=[Profile(engine="sim", gpus=2)])])
+    [extra] = starts(new.reconcile(fleet, 2))
+    held = {g for s in placed if s.node == extra.node for g in s.spec.gpus}
+    assert not held & set(extra.spec.gpus)
+    assert extra.spec.port not in {s.spec.port for s in placed if s.node == extra.node}
+
+
+def test_disown_what_the_node_no_longer_runs() -> None:
+    rec = make(catalog(small=1, big=0))
+    fleet = nodes("gpu-01")
+    [s] = bring_up(rec, fleet)
+    # The agent restarts and its engine died meanwhile: it registers with no shards.
+    rec.on_register("gpu-01", [], 5)
+    [replica] = rec.replicas.values()
+    assert replica.state == "failed" and "no longer runs" in replica.reason
+    [again] = starts(rec.reconcile(fleet, 5))  # no penalty: replaced at once
+    assert again.spec.replica_id == s.spec.replica_id
+
+
+def test_start_lost_in_flight_is_retried_without_penalty() -> None:
+    rec = make(catalog(small=1, big=0))
+    fleet = nodes("gpu-01")
+    [s] = starts(rec.reconcile(fleet, 0))
+    rec.on_register("gpu-01", [], 1)  # reconnected before it heard of the Start
+    [replica] = rec.replicas.values()
+    assert replica.failures == 0 and "never received" in replica.reason
+    assert starts(rec.reconcile(fleet, 1))
+
+
+def test_unreachable_node_keeps_its_replicas_lost_node_gets_them_replaced() -> None:
+    rec = make(catalog(small=1, big=0))
+    fleet = nodes("gpu-01", "gpu-02")
+    [s] = bring_up(rec, fleet)
+    rec.on_node_state(s.node, "unreachable", 1)
+    unreachable = [NodeInfo(node_id=n.node_id, state="unreachable" if n.node_id == s.node else "ready", connected=n.node_id != s.node, gpus=n.gpus, features=FEATURES) for n in fleet]
+    assert rec.reconcile(unreachable, 1) == []
+    assert next(iter(rec.replicas.values())).state == "ready"
+    rec.on_node_state(s.node, "lost", 100)
+    lost = [NodeInfo(node_id=n.node_id, state="lost" if n.node_id == s.node else "ready", connected=n.node_id != s.node, gpus=n.gpus, features=FEATURES) for n in fleet]
+    [moved] = starts(rec.reconcile(lost, 100))
+    assert moved.node != s.node
+
+
+def test_lost_node_that_returns_with_its_engine_keeps_it_and_the_replacement_goes() -> None:
+    rec = make(catalog(small=1, big=0))
+    fleet = nodes("gpu-01", "gpu-02")
+    [s] = bring_up(rec, fleet, now=0)
+    rec.on_node_state(s.node, "lost", 100)
+    lost = [NodeInfo(node_id=n.node_id, state="lost" if n.node_id == s.node else "ready", gpus=n.gpus, features=FEATURES) for n in fleet]
+    [replacement] = starts(rec.reconcile(lost, 100))
+    status(rec, replacement, "ready")
+    # The lost node comes back: its engine served all along.
+    rec.on_register(s.node, [m.ShardReport(spec=s.spec, state="ready", pid=5, started_at=1_000_000.0)], 200, wall_now=1_000_200.0)
+    actions = rec.reconcile(fleet, 200)
+    assert [a.shard_id for a in stops(actions)] == [replacement.spec.shard_id]
+    assert not starts(actions)
+
+
+def test_profile_fallback_and_missing_feature() -> None:
+    model = Model(name="m", replicas=1, profiles=[Profile(name="big", engine="sim", gpus=16), Profile(name="small", engine="sim", gpus=2)])
+    rec = make([model])
+    [s] = starts(rec.reconcile(nodes("gpu-01"), 0))
+    assert s.spec.profile == "small" and len(s.spec.gpus) == 2
+    old_agent = [NodeInfo(node_id="gpu-05", state="ready", gpus=gpus(), features=[], version="0.0.1")]
+    rec2 = make([model])
+    assert rec2.reconcile(old_agent, 0) == []
+    assert "agent 0.0.1 cannot start engines" in next(iter(rec2.replicas.values())).reason
