@@ -162,7 +162,7 @@ def test_disown_what_the_node_no_longer_runs() -> None:
 def test_start_lost_in_flight_is_retried_without_penalty() -> None:
     rec = make(catalog(small=1, big=0))
     fleet = nodes("gpu-01")
-    [s] = starts(rec.reconcile(fleet, 0))
+    starts(rec.reconcile(fleet, 0))
     rec.on_register("gpu-01", [], 1)  # reconnected before it heard of the Start
     [replica] = rec.replicas.values()
     assert replica.failures == 0 and "never received" in replica.reason
