@@ -381,7 +381,7 @@ class Supervisor:
             self.runs[state.spec.shard_id] = run
             if procs.alive(state.pid, state.start_ticks):
                 log.info(
-                    "adopted shard %s (pid %d, started %s ago); watching it by polling; its earlier output is in %s",
+                    "adopted shard %s (pid %d, started %s ago); output before this agent started is in %s",
                     state.spec.shard_id, state.pid, format_duration(time.time() - state.started_at), state.log_path,
                 )
                 with open(run.log_path, "ab") as out:

@@ -32,8 +32,12 @@ def console(stderr: bool = False) -> Console:
     """A console that colours only a terminal and never when NO_COLOR is set."""
     stream = sys.stderr if stderr else sys.stdout
     no_color = "NO_COLOR" in os.environ and os.environ["NO_COLOR"] != ""
+    width = None
+    if not stream.isatty() and not os.environ.get("COLUMNS"):
+        width = 250  # a pipe or a file: do not cut table rows at 80 columns
     return Console(
         file=stream,
+        width=width,
         no_color=no_color,
         color_system=None if no_color else "auto",
         highlight=False,

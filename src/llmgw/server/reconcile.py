@@ -217,8 +217,8 @@ class Reconciler:
             shards=[shard],
         )
         self.replicas[rid] = replica
+        self.log.append(f"adopted {spec.shard_id} ({spec.model}, {report.state}) running on {node_id} as replica {rid}")
         self._derive(replica, now)
-        self.log.append(f"adopted {spec.shard_id} ({spec.model}) running on {node_id} as replica {rid}")
 
     def on_shard_status(self, node_id: str, msg: m.ShardStatus, now: float) -> None:
         found = self._find_shard(msg.shard_id)
