@@ -10,12 +10,16 @@ from tests.e2e.harness import Proc
 
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[list[Proc]]:
-    """Processes a test starts; all are stopped (and their groups killed) at the end."""
+    """Processes a test starts; all are stopped (and their groups killed) at the end, and so
+    are engines that agents left behind (they run in sessions of their own)."""
     started: list[Proc] = []
     yield started
     for p in reversed(started):
         p.stop(timeout=5)
         p.kill_group()
+    from llmgw.demo import kill_leftover_engines
+
+    kill_leftover_engines(tmp_path, pattern="**/shards/*.json")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

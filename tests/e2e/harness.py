@@ -248,3 +248,32 @@ def make_sim_node(tmp: Path, node_id: str, server_fleet_url: str, extra: str = F
 
 def start_agent(tmp: Path, node_id: str, config: Path, *extra: str) -> Proc:
     return Proc(f"agent-{node_id}", ["agent", "--config", str(config), "--insecure", *extra], tmp)
+
+
+def engines_config(models_yaml: str, extra: str = "") -> str:
+    """A server config for engine tests: fast liveness, short settle and backoff."""
+    return FAST_FLEET + """\
+reconcile:
+  tick: 0.5s
+  settle: 0.5s
+  backoff_initial: 0.5s
+  backoff_max: 5s
+""" + extra + models_yaml
+
+
+def replicas(server: Server) -> list[dict[str, Any]]:
+    return get_json(f"{server.url}/api/v1/replicas")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

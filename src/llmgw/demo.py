@@ -1,0 +1,302 @@
+"""`llmgw demo`: a whole fleet on loopback, as real processes, with simulated GPUs.
+
+A server, two simulated nodes with eight GPUs each and their agents, and a catalog of two
+models served by the simulated engine. One line per step, a ready banner with commands that
+work as printed, and on Ctrl-C nothing is left running: agents run with
+--stop-engines-on-exit, and whatever is still alive after that is killed by process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import trio
+
+from llmgw.errors import LlmgwError, UsageError
+
+SMALL_MODEL = "llama-3.1-8b-instruct"
+LARGE_MODEL = "llama-3.1-70b-instruct"
+
+
+class DemoOptions(msgspec.Struct, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    fleet_port: int = 8443
+    nodes: int = 2
+    gpus: int = 8
+    dir: str | None = None
+    tls: bool = True
+    timeout: float = 120.0
+
+
+def check_port_free(host: str, port: int, what: str, flag: str) -> None:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"port {port} on {host} ({what}) is in use: {exc.strerror}; pick another with {flag}") from None
+
+
+def llmgw_command() -> str:
+    """How the operator runs llmgw in the printed hints (.venv/bin/llmgw under `make demo`)."""
+    exe = Path(sys.executable).parent / "llmgw"
+    on_path = shutil.which("llmgw")
+    if on_path and Path(on_path).resolve() == exe.resolve():
+        return "llmgw"
+    if exe.exists():
+        try:
+            return str(exe.relative_to(Path.cwd()))
+        except ValueError:
+            return str(exe)
+    return f"{sys.executable} -m llmgw"
+
+
+def server_config(opts: DemoOptions, work: Path, tls_dir: Path | None) -> str:
+    tls = ""
+    if tls_dir is not None:
+        tls = (
+            "tls:\n"
+            f"  ca: {tls_dir / 'ca.crt'}\n"
+            f"  cert: {tls_dir / 'server.crt'}\n"
+            f"  key: {tls_dir / 'server.key'}\n"
+            "  require_identity: true\n"
+        )
+    return f"""\
+# Written by `llmgw demo`.
+listen: {opts.host}:{opts.port}
+fleet_listen: {opts.host}:{opts.fleet_port}
+state_dir: {work / 'state'}
+{tls}fleet:
+  heartbeat_interval: 2s
+  lost_after: 1m
+reconcile:
+  tick: 2s
+  settle: 1s
+  backoff_initial: 1s
+  backoff_max: 30s
+models:
+  - name: {SMALL_MODEL}
+    replicas: 2
+    profiles:
+      - name: tp1
+        engine: sim
+        gpus: 1
+        args: ["--startup-delay", "1", "--ttft-ms", "40", "--itl-ms", "15"]
+        start_timeout: 2m
+  - name: {LARGE_MODEL}
+    replicas: 1
+    profiles:
+      - name: tp4
+        engine: sim
+        gpus: 4
+        args: ["--startup-delay", "2", "--ttft-ms", "120", "--itl-ms", "30"]
+        start_timeout: 2m
+"""
+
+
+class Fleet:
+    """The demo's child processes; stopped in reverse order, then killed by group if needed."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the rest in order
+        )
+        log.close()
+        self.procs.append((name, proc))
+        return proc
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace").splitlines()[-8:]
+                raise LlmgwError(f"{name} exited with code {proc.returncode}; its last lines:\n  " + "\n  ".join(tail))
+
+    def stop(self, timeout: float = 20.0) -> None:
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for _, proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if proc.poll() is None:
+                proc.wait(timeout=5)
+
+
+def kill_leftover_engines(work: Path, pattern: str = "nodes/*/work/shards/*.json") -> int:
+    """Engines are in their own sessions: kill any a crashed agent left (state files say which)."""
+    killed = 0
+    for state in work.glob(pattern):
+        try:
+            data = msgspec.json.decode(state.read_bytes())
+            pgid = int(data.get("pgid") or data.get("pid") or 0)
+        except (OSError, msgspec.DecodeError, ValueError, AttributeError):
+            continue
+        if pgid > 0:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    return killed
+
+
+async def _wait_for(check: Callable[[], Any], what: str, fleet: Fleet, within: float) -> Any:
+    deadline = trio.current_time() + within
+    while True:
+        fleet.check_alive()
+        try:
+            value = await trio.to_thread.run_sync(check)
+        except (httpx.HTTPError, ValueError):
+            value = None
+        if value:
+            return value
+        if trio.current_time() > deadline:
+            raise LlmgwError(f"timed out after {within:g}s waiting for {what}; logs are in {fleet.logs}")
+        await trio.sleep(0.25)
+
+
+def _workdir(requested: str | None) -> Path:
+    if requested:
+        work = Path(requested).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="llmgw-demo-"))
+    (work / "logs").mkdir(exist_ok=True)
+    (work / "tls").mkdir(exist_ok=True)
+    return work
+
+
+def _append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+def _issue_certs(tls_dir: Path, host: str, node_ids: list[str]) -> None:
+    from llmgw.tls import ca
+
+    ca.init_ca(tls_dir, name="llmgw demo CA", days=30)
+    ca.issue_server(tls_dir, hosts=["localhost"], ips=[host], out=tls_dir / "server", days=30)
+    for node_id in node_ids:
+        ca.issue_node(tls_dir, node_id, out=tls_dir / f"node-{node_id}", days=30)
+
+
+async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
+    check_port_free(opts.host, opts.port, "public port", "--port")
+    check_port_free(opts.host, opts.fleet_port, "fleet port", "--fleet-port")
+    work = await trio.to_thread.run_sync(_workdir, opts.dir)
+    logs = work / "logs"
+    node_ids = [f"gpu-{i:02d}" for i in range(1, opts.nodes + 1)]
+    public = f"http://{opts.host}:{opts.port}"
+    say(f"llmgw demo: a server and {opts.nodes} simulated GPU nodes on loopback, in {work}")
+    tls_dir: Path | None = None
+    if opts.tls:
+        tls_dir = work / "tls"
+        await trio.to_thread.run_sync(_issue_certs, tls_dir, opts.host, node_ids)
+        say(f"  ✓ certificates: a CA, a server certificate for {opts.host} and {len(node_ids)} node certificates in {tls_dir}")
+    config = work / "server.yaml"
+    await trio.to_thread.run_sync(config.write_text, server_config(opts, work, tls_dir))
+    fleet = Fleet(logs)
+    try:
+        server_args = ["server", "--config", str(config)]
+        if not opts.tls:
+            server_args.append("--insecure")
+        fleet.start("server", server_args)
+        await _wait_for(lambda: httpx.get(f"{public}/healthz", timeout=2).status_code == 200, "the server", fleet, 30)
+        scheme = "https" if opts.tls else "http"
+        say(f"  ✓ server: {public} (gateway, API, metrics); fleet port {scheme}://{opts.host}:{opts.fleet_port}")
+        for node_id in node_ids:
+            node_dir = work / "nodes" / node_id
+            args = ["sim", "node", "--dir", str(node_dir), "--node-id", node_id, "--gpus", str(opts.gpus),
+                    "--server", f"{scheme}://{opts.host}:{opts.fleet_port}", "--force", "-o", "json"]
+            result = await trio.run_process([sys.executable, "-m", "llmgw", *args], capture_stdout=True, capture_stderr=True, check=False)
+            if result.returncode != 0:
+                raise LlmgwError(f"llmgw sim node failed: {result.stderr.decode(errors='replace').strip()}")
+            agent_cfg = node_dir / "agent.yaml"
+            if tls_dir is not None:
+                await trio.to_thread.run_sync(_append, agent_cfg, (
+                    f"tls:\n  ca: {tls_dir / 'ca.crt'}\n  cert: {tls_dir / f'node-{node_id}.crt'}\n"
+                    f"  key: {tls_dir / f'node-{node_id}.key'}\n"))
+            agent_args = ["agent", "--config", str(agent_cfg), "--stop-engines-on-exit"]
+            if not opts.tls:
+                agent_args.append("--insecure")
+            fleet.start(f"agent-{node_id}", agent_args)
+
+        def nodes_ready() -> list[dict[str, Any]] | None:
+            nodes = httpx.get(f"{public}/api/v1/nodes", timeout=2).json()
+            ready = [n for n in nodes if n["state"] == "ready"]
+            return ready if len(ready) == len(node_ids) else None
+
+        for n in await _wait_for(nodes_ready, "the nodes to register", fleet, 60):
+            say(f"  ✓ node {n['id']}: {n['gpus']}× {n['gpu_name']} (simulated), {n['ports']} InfiniBand ports, agent connected")
+
+        def replicas_ready() -> list[dict[str, Any]] | None:
+            replicas = httpx.get(f"{public}/api/v1/replicas", timeout=2).json()
+            ready = [r for r in replicas if r["state"] == "ready"]
+            return ready if len(ready) == 3 and len(replicas) == 3 else None
+
+        ready = await _wait_for(replicas_ready, "the replicas to become ready", fleet, opts.timeout)
+        summary = ", ".join(f"{r['model']} on {r['shards'][0]['node']} GPUs {r['shards'][0]['gpus']}" for r in ready)
+        say(f"  ✓ replicas: 3 of 3 ready ({summary})")
+        cmd = llmgw_command()
+        body = json.dumps({"model": SMALL_MODEL, "messages": [{"role": "user", "content": "Hello!"}]})
+        target = await trio.to_thread.run_sync(_curl_target, public, ready)
+        say("")
+        say(f"Ready. Gateway: {public}/v1")
+        say("Try:")
+        say(f"  curl -s {target}/v1/chat/completions -H 'content-type: application/json' -d {shlex.quote(body)}")
+        say(f"  {cmd} ctl --server {public} nodes")
+        say(f"  {cmd} ctl --server {public} replicas --watch")
+        say(f"  {cmd} ctl --server {public} models")
+        say(f"Logs: {logs}   Ctrl-C stops everything.")
+        while True:
+            await trio.sleep(1)
+            fleet.check_alive()
+    finally:
+        with trio.CancelScope(shield=True):
+            say("stopping: agents stop their engines, then the server …")
+            await trio.to_thread.run_sync(fleet.stop)
+            leftovers = await trio.to_thread.run_sync(kill_leftover_engines, work)
+            say("stopped; nothing left running" + (f" (killed {leftovers} engines a crashed agent left)" if leftovers else ""))
+
+
+def _curl_target(public: str, ready: list[dict[str, Any]]) -> str:
+    """Through the gateway when it answers for the model; else straight at an engine."""
+    try:
+        models = httpx.get(f"{public}/v1/models", timeout=2)
+        if models.status_code == 200 and any(m.get("id") == SMALL_MODEL for m in models.json().get("data", [])):
+            return public
+    except (httpx.HTTPError, ValueError, AttributeError):
+        pass
+    engine = next(r["endpoint"] for r in ready if r["model"] == SMALL_MODEL)
+    return engine
