@@ -2,9 +2,267 @@
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import click
+from rich.console import Console
+from rich.markup import escape
+
+from llmgw.cli.render import console, make_table, output_option, print_json
+from llmgw.tls import ca as ca_store
+from llmgw.tls.build import CA_DAYS, DEFAULT_KEY_TYPE, KEY_TYPES, LEAF_DAYS
+from llmgw.tls.info import CertInfo, describe, load_certificate
+
+KEY_TYPE_HELP = (
+    "Key algorithm. ed25519 works between llmgw processes (Python's ssl on OpenSSL >= 1.1.1, "
+    "TLS 1.2 and 1.3) but web browsers refuse ed25519 certificates: keep ecdsa-p256 for a "
+    "public-port server certificate that browsers visit."
+)
+_STATUS_STYLE = {
+    "ok": "green",
+    "expires soon": "yellow",
+    "not yet valid": "yellow",
+    "expired": "red",
+    "other CA": "red",
+    "superseded": "dim",
+}
+
+
+def _dir_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--dir",
+        "ca_dir",
+        required=True,
+        envvar="LLMGW_CA_DIR",
+        show_envvar=True,
+        type=click.Path(file_okay=False),
+        help="CA directory (holds ca.crt, ca.key and the issue records).",
+    )(func)
+
+
+def _days_option(default: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--days",
+        type=click.IntRange(min=1, max=36500),
+        default=default,
+        show_default=True,
+        help="Validity in days.",
+    )
+
+
+def _key_type_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--key-type",
+        type=click.Choice(KEY_TYPES),
+        default=DEFAULT_KEY_TYPE,
+        show_default=True,
+        help=KEY_TYPE_HELP,
+    )(func)
+
+
+def _out_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--out",
+        metavar="PREFIX",
+        default=None,
+        help="Write PREFIX.crt and PREFIX.key (a directory: the default names inside it). "
+        "Default: in the CA directory.",
+    )(func)
+
+
+def _force_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option("--force", is_flag=True, help=help_text)
+
+
+def _out() -> Console:
+    """Like render.console(), but a pipe gets whole lines: `ctl cert list | grep` must not see
+    columns cut to an assumed 80-character terminal."""
+    out = console()
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = 400
+    return out
+
+
+def _status(status: str) -> str:
+    style = _STATUS_STYLE.get(status)
+    return f"[{style}]{escape(status)}[/{style}]" if style else escape(status)
+
+
+def _detail_rows(info: CertInfo) -> list[tuple[str, str]]:
+    rows = [
+        ("file", info.path),
+        ("kind", info.kind),
+        ("subject", info.subject),
+        ("issuer", info.issuer),
+        ("SANs", ", ".join(info.sans) or "-"),
+        ("usages", ", ".join(info.usages) or "-"),
+        ("serial", info.serial),
+        ("key type", info.key_type),
+        ("not before", info.not_before),
+        ("not after", info.not_after),
+        ("days left", f"{info.days_left:.0f}"),
+        ("sha256", info.sha256),
+    ]
+    if info.key:
+        rows.insert(1, ("key", info.key))
+    return [(name, escape(value)) for name, value in rows] + [("status", _status(info.status))]
+
+
+def _print_detail(info: CertInfo) -> None:
+    _out().print(make_table(["field", "value"], _detail_rows(info)))
+
+
+def _print_issued(issued: ca_store.Issued, output: str, what: str) -> None:
+    info = issued.info
+    if issued.clamped:
+        console(stderr=True).print(
+            f"note: validity cut to the CA's own expiry ({info.not_after}); no certificate may outlive its CA"
+        )
+    if output == "json":
+        print_json(info)
+        return
+    out = _out()
+    if info.key:
+        out.print(f"wrote {escape(what)} {escape(info.path)} and its key {escape(info.key)} (mode 0600)")
+    _print_detail(info)
 
 
 @click.group()
 def cert() -> None:
-    """Issue and inspect certificates from the cluster's own CA (not built yet)."""
+    """Issue and inspect certificates from the cluster's own CA (local files; no server needed).
+
+    \b
+    llmgw ctl cert init --dir ./ca
+    llmgw ctl cert server --dir ./ca --host ctrl.example.com --ip 10.0.0.5
+    llmgw ctl cert node gpu-01 --dir ./ca
+    llmgw ctl cert operator alice --dir ./ca
+    llmgw ctl cert list --dir ./ca
+    """
+
+
+@cert.command()
+@_dir_option
+@click.option("--name", default=ca_store.DEFAULT_CA_NAME, show_default=True, help="The CA's common name.")
+@_days_option(CA_DAYS)
+@_key_type_option
+@_force_option("Replace an existing CA; every certificate the old one issued stops being trusted.")
+@output_option
+def init(ca_dir: str, name: str, days: int, key_type: str, force: bool, output: str) -> None:
+    """Create the CA: DIR/ca.key (mode 0600) and the self-signed DIR/ca.crt.
+
+    Refuses to replace an existing CA unless --force. Give ca.crt to the server (tls.ca) and
+    to every agent (tls.ca); keep ca.key on the machine that issues certificates only.
+    """
+    info = ca_store.init_ca(ca_dir, now=time.time(), name=name, days=days, key_type=key_type, force=force)
+    _print_issued(ca_store.Issued(info=info), output, "CA certificate")
+
+
+@cert.command()
+@_dir_option
+@click.option("--host", "hosts", multiple=True, metavar="NAME", help="DNS name agents and clients dial (repeatable). An IP given here is stored as an IP entry.")
+@click.option("--ip", "ips", multiple=True, metavar="ADDR", help="IP address agents and clients dial (repeatable).")
+@click.option("--name", default=None, metavar="CN", help="Common name (default: the first --host or --ip). Clients ignore it: they check the SANs.")
+@_out_option
+@_days_option(LEAF_DAYS)
+@_key_type_option
+@_force_option("Replace existing certificate and key files at the output prefix.")
+@output_option
+def server(
+    ca_dir: str,
+    hosts: Sequence[str],
+    ips: Sequence[str],
+    name: str | None,
+    out: str | None,
+    days: int,
+    key_type: str,
+    force: bool,
+    output: str,
+) -> None:
+    """Issue the server certificate (serverAuth) for the fleet and public ports.
+
+    Its subjectAltName holds every --host (DNS) and --ip (IP address): list every name and
+    address an agent or client may dial. Default files: DIR/server.crt, DIR/server.key.
+    """
+    issued = ca_store.issue_server(
+        ca_dir, hosts=hosts, ips=ips, now=time.time(), days=days, name=name, out=out, key_type=key_type, force=force
+    )
+    _print_issued(issued, output, "server certificate")
+
+
+@cert.command()
+@click.argument("node_id")
+@_dir_option
+@_out_option
+@_days_option(LEAF_DAYS)
+@_key_type_option
+@_force_option("Replace existing certificate and key files at the output prefix.")
+@output_option
+def node(ca_dir: str, node_id: str, out: str | None, days: int, key_type: str, force: bool, output: str) -> None:
+    """Issue a node certificate (clientAuth, CN = NODE_ID) for `llmgw agent`.
+
+    NODE_ID must be the id the agent registers as (its node_id, by default the host name):
+    with require_identity the server refuses a stream whose certificate says otherwise.
+    Default files: DIR/node-NODE_ID.crt, DIR/node-NODE_ID.key.
+    """
+    issued = ca_store.issue_node(ca_dir, node_id, now=time.time(), days=days, out=out, key_type=key_type, force=force)
+    _print_issued(issued, output, "node certificate")
+
+
+@cert.command()
+@click.argument("name")
+@_dir_option
+@_out_option
+@_days_option(LEAF_DAYS)
+@_key_type_option
+@_force_option("Replace existing certificate and key files at the output prefix.")
+@output_option
+def operator(ca_dir: str, name: str, out: str | None, days: int, key_type: str, force: bool, output: str) -> None:
+    """Issue an operator certificate (clientAuth, OU=operators) for `llmgw ctl`.
+
+    The server tells it from a node certificate by OU=operators; a node certificate never
+    grants operator rights. Default files: DIR/operator-NAME.crt, DIR/operator-NAME.key.
+    """
+    issued = ca_store.issue_operator(ca_dir, name, now=time.time(), days=days, out=out, key_type=key_type, force=force)
+    _print_issued(issued, output, "operator certificate")
+
+
+@cert.command(name="list")
+@_dir_option
+@output_option
+def list_(ca_dir: str, output: str) -> None:
+    """The CA and every certificate it issued: subject, SANs, usages, serial, expiry, status."""
+    infos = ca_store.list_certificates(ca_dir, now=time.time())
+    if output == "json":
+        print_json(infos)
+        return
+    rows = [
+        (
+            escape(i.kind),
+            escape(i.common_name or i.subject),
+            escape(", ".join(i.sans) or "-"),
+            escape(", ".join(u for u in i.usages if u in ("serverAuth", "clientAuth", "keyCertSign")) or "-"),
+            escape(i.serial[:16]),
+            escape(i.not_after[:10]),
+            f"{i.days_left:.0f}",
+            _status(i.status),
+            escape(i.path),
+        )
+        for i in infos
+    ]
+    columns = ["KIND", "NAME", "SANS", "USAGE", "SERIAL", "NOT AFTER", "DAYS", "STATUS", "FILE"]
+    _out().print(make_table(columns, rows))
+
+
+@cert.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@output_option
+def show(file: str, output: str) -> None:
+    """One certificate file: subject, SANs, usages, serial, expiry, days left."""
+    info = describe(load_certificate(file), file, time.time())
+    if output == "json":
+        print_json(info)
+        return
+    _print_detail(info)

@@ -1,0 +1,341 @@
+"""The cluster CA on disk: create it, issue certificates from it, and record what it issued.
+
+Layout of a CA directory:
+    ca.crt, ca.key (0600)       the CA
+    issued/<serial>.json        one record per issued certificate (its PEM, kind, where written)
+    <prefix>.crt, <prefix>.key  issued certificates, unless --out puts them elsewhere
+One record file per certificate keeps issuing atomic without a shared index to rewrite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+
+from llmgw.errors import LlmgwError
+from llmgw.tls.build import (
+    CA_DAYS,
+    DEFAULT_KEY_TYPE,
+    LEAF_DAYS,
+    Kind,
+    PrivateKey,
+    build_ca,
+    build_leaf,
+    generate_key,
+    split_hosts,
+    validate_common_name,
+    validate_node_id,
+    validate_operator_name,
+)
+from llmgw.tls.files import ensure_dir, write_atomic
+from llmgw.tls.info import CertInfo, describe
+
+CA_CERT = "ca.crt"
+CA_KEY = "ca.key"
+ISSUED_DIR = "issued"
+DEFAULT_CA_NAME = "llmgw CA"
+_KIND_ORDER = {"ca": 0, "server": 1, "node": 2, "operator": 3}
+
+
+class IssuedRecord(msgspec.Struct, kw_only=True):
+    """What `issued/<serial>.json` holds."""
+
+    kind: str
+    serial: str
+    common_name: str
+    cert: str
+    key: str
+    issued_at: float
+    pem: str
+
+
+class Issued(msgspec.Struct, kw_only=True):
+    info: CertInfo
+    # The requested validity ran past the CA's own expiry and was cut to it.
+    clamped: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Ca:
+    directory: Path
+    cert: x509.Certificate
+    key: PrivateKey
+    cert_path: Path
+    key_path: Path
+
+
+def _key_pem(key: PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _same_key(cert: x509.Certificate, key: PrivateKey) -> bool:
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    der = serialization.Encoding.DER
+    return cert.public_key().public_bytes(der, spki) == key.public_key().public_bytes(der, spki)
+
+
+def init_ca(
+    directory: str | Path,
+    *,
+    now: float,
+    name: str = DEFAULT_CA_NAME,
+    days: int = CA_DAYS,
+    key_type: str = DEFAULT_KEY_TYPE,
+    force: bool = False,
+) -> CertInfo:
+    """Create the CA key and self-signed certificate; refuse to replace one unless `force`."""
+    validate_common_name(name, "CA name")
+    root = ensure_dir(directory)
+    cert_path, key_path = root / CA_CERT, root / CA_KEY
+    existing = [p for p in (cert_path, key_path) if p.exists()]
+    if existing and not force:
+        raise LlmgwError(
+            f"a CA already exists in {root} ({', '.join(p.name for p in existing)}); "
+            "pass --force to replace it (certificates it issued will stop being trusted)"
+        )
+    key = generate_key(key_type)
+    cert = build_ca(key, name, now, days)
+    write_atomic(key_path, _key_pem(key), mode=0o600, replace=force)
+    write_atomic(cert_path, _cert_pem(cert), mode=0o644, replace=force)
+    return describe(cert, str(cert_path), now, key=str(key_path))
+
+
+def load_ca(directory: str | Path) -> Ca:
+    root = Path(directory)
+    cert_path, key_path = root / CA_CERT, root / CA_KEY
+    if not cert_path.exists() and not key_path.exists():
+        raise LlmgwError(f"no CA in {root} ({CA_CERT} missing); create one with `llmgw ctl cert init --dir {root}`")
+    try:
+        cert_data = cert_path.read_bytes()
+        key_data = key_path.read_bytes()
+    except FileNotFoundError as exc:
+        raise LlmgwError(f"the CA in {root} is incomplete: {exc.filename} is missing")
+    except PermissionError as exc:
+        raise LlmgwError(f"cannot read {exc.filename}: permission denied (run as the CA's owner)")
+    try:
+        cert = x509.load_pem_x509_certificate(cert_data)
+    except ValueError:
+        raise LlmgwError(f"{cert_path} is not a PEM certificate")
+    try:
+        key = serialization.load_pem_private_key(key_data, password=None)
+    except TypeError:
+        raise LlmgwError(f"{key_path} is encrypted; llmgw needs the CA key unencrypted (mode 0600)")
+    except ValueError:
+        raise LlmgwError(f"{key_path} is not a PEM private key")
+    if not _same_key(cert, key):  # type: ignore[arg-type]
+        raise LlmgwError(f"{key_path} does not match {cert_path}; the CA directory is inconsistent")
+    return Ca(directory=root, cert=cert, key=key, cert_path=cert_path, key_path=key_path)  # type: ignore[arg-type]
+
+
+def _prefix(root: Path, out: str | None, default_base: str) -> Path:
+    if out is None:
+        return root / default_base
+    path = Path(out)
+    if out.endswith(("/", "\\")) or path.is_dir():
+        return path / default_base
+    if path.suffix in (".crt", ".key", ".pem"):
+        path = path.with_suffix("")
+    return path
+
+
+def _issue(
+    directory: str | Path,
+    *,
+    kind: Kind,
+    common_name: str,
+    default_base: str,
+    now: float,
+    days: int,
+    out: str | None,
+    key_type: str,
+    force: bool,
+    dns: Sequence[str] = (),
+    ips: Sequence = (),
+    not_after: float | None = None,
+) -> Issued:
+    ca = load_ca(directory)
+    prefix = _prefix(ca.directory, out, default_base)
+    cert_path = prefix.with_name(prefix.name + ".crt")
+    key_path = prefix.with_name(prefix.name + ".key")
+    if not force:
+        for path in (cert_path, key_path):
+            if path.exists():
+                raise LlmgwError(f"{path} already exists; pass --force to replace it, or --out another prefix")
+    key = generate_key(key_type)
+    cert, clamped = build_leaf(
+        ca_cert=ca.cert,
+        ca_key=ca.key,
+        public_key=key.public_key(),
+        kind=kind,
+        common_name=common_name,
+        now=now,
+        days=days,
+        dns=dns,
+        ips=ips,
+        not_after=not_after,
+    )
+    ensure_dir(prefix.parent)
+    write_atomic(key_path, _key_pem(key), mode=0o600, replace=force)
+    write_atomic(cert_path, _cert_pem(cert), mode=0o644, replace=force)
+    serial = format(cert.serial_number, "x")
+    record = IssuedRecord(
+        kind=kind,
+        serial=serial,
+        common_name=common_name,
+        cert=str(cert_path.resolve()),
+        key=str(key_path.resolve()),
+        issued_at=now,
+        pem=_cert_pem(cert).decode(),
+    )
+    issued_dir = ensure_dir(ca.directory / ISSUED_DIR, mode=0o755)
+    write_atomic(issued_dir / f"{serial}.json", msgspec.json.encode(record), mode=0o644)
+    return Issued(info=describe(cert, str(cert_path), now, key=str(key_path)), clamped=clamped)
+
+
+def issue_server(
+    directory: str | Path,
+    *,
+    hosts: Sequence[str],
+    ips: Sequence[str],
+    now: float,
+    days: int = LEAF_DAYS,
+    name: str | None = None,
+    out: str | None = None,
+    key_type: str = DEFAULT_KEY_TYPE,
+    force: bool = False,
+    not_after: float | None = None,
+) -> Issued:
+    """A serverAuth certificate whose SANs hold every host and IP agents dial."""
+    dns, addrs = split_hosts(hosts, ips)
+    common_name = name if name is not None else (dns[0] if dns else str(addrs[0]))
+    return _issue(
+        directory,
+        kind="server",
+        common_name=common_name,
+        default_base="server",
+        now=now,
+        days=days,
+        out=out,
+        key_type=key_type,
+        force=force,
+        dns=dns,
+        ips=addrs,
+        not_after=not_after,
+    )
+
+
+def issue_node(
+    directory: str | Path,
+    node_id: str,
+    *,
+    now: float,
+    days: int = LEAF_DAYS,
+    out: str | None = None,
+    key_type: str = DEFAULT_KEY_TYPE,
+    force: bool = False,
+    not_after: float | None = None,
+) -> Issued:
+    """A clientAuth certificate whose CN is the node id the agent registers as."""
+    validate_node_id(node_id)
+    return _issue(
+        directory,
+        kind="node",
+        common_name=node_id,
+        default_base=f"node-{node_id}",
+        now=now,
+        days=days,
+        out=out,
+        key_type=key_type,
+        force=force,
+        not_after=not_after,
+    )
+
+
+def issue_operator(
+    directory: str | Path,
+    name: str,
+    *,
+    now: float,
+    days: int = LEAF_DAYS,
+    out: str | None = None,
+    key_type: str = DEFAULT_KEY_TYPE,
+    force: bool = False,
+    not_after: float | None = None,
+) -> Issued:
+    """A clientAuth certificate with OU=operators, for `llmgw ctl` against the public API."""
+    validate_operator_name(name)
+    return _issue(
+        directory,
+        kind="operator",
+        common_name=name,
+        default_base=f"operator-{name}",
+        now=now,
+        days=days,
+        out=out,
+        key_type=key_type,
+        force=force,
+        not_after=not_after,
+    )
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def read_records(directory: str | Path) -> list[IssuedRecord]:
+    issued = Path(directory) / ISSUED_DIR
+    if not issued.is_dir():
+        return []
+    records = []
+    for path in sorted(issued.glob("*.json")):
+        try:
+            records.append(msgspec.json.decode(path.read_bytes(), type=IssuedRecord))
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise LlmgwError(f"cannot read issue record {path}: {exc}; move it aside to list the rest")
+    return records
+
+
+def list_certificates(directory: str | Path, now: float) -> list[CertInfo]:
+    """The CA and every certificate it issued, oldest first, with a status each.
+
+    A record whose file was later replaced by a reissue is "superseded"; one that the current
+    CA did not sign (the CA was re-created with --force) is "other CA".
+    """
+    ca = load_ca(directory)
+    records = read_records(ca.directory)
+    latest: dict[str, float] = {}
+    for rec in records:
+        latest[rec.cert] = max(latest.get(rec.cert, rec.issued_at), rec.issued_at)
+    rows: list[tuple[int, float, CertInfo]] = [(0, 0.0, describe(ca.cert, str(ca.cert_path.resolve()), now, key=str(ca.key_path.resolve())))]
+    for rec in records:
+        try:
+            cert = x509.load_pem_x509_certificate(rec.pem.encode())
+        except ValueError:
+            raise LlmgwError(f"issue record {ca.directory / ISSUED_DIR / rec.serial}.json holds no certificate")
+        info = describe(cert, rec.cert, now, key=rec.key)
+        if not _issued_by(cert, ca.cert):
+            info.status = "other CA"
+        elif rec.issued_at < latest[rec.cert]:
+            info.status = "superseded"
+        rows.append((_KIND_ORDER.get(info.kind, 9), rec.issued_at, info))
+    rows.sort(key=lambda row: (row[0], row[1]))
+    return [info for _, _, info in rows]
+

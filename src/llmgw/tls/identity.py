@@ -1,0 +1,39 @@
+"""Who is on the other end of a verified TLS connection.
+
+Reads `getpeercert()`, which is non-empty only when the peer's certificate was verified against
+the context's CA, so an unverified certificate never yields an identity. Works on ssl.SSLObject,
+ssl.SSLSocket and trio.SSLStream (which forwards getpeercert).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from llmgw.tls.build import OPERATOR_OU
+
+
+class HasPeerCert(Protocol):
+    def getpeercert(self, binary_form: bool = ...) -> Any: ...
+
+
+def _subject_values(ssl_object: HasPeerCert, attribute: str) -> list[str] | None:
+    cert = ssl_object.getpeercert()
+    if not cert:
+        return None
+    return [value for rdn in cert.get("subject", ()) for key, value in rdn if key == attribute]
+
+
+def peer_common_name(ssl_object: HasPeerCert) -> str | None:
+    """The CN of the verified client (or server) certificate; None without one, or when the
+    subject holds several CNs (ambiguous, so no identity)."""
+    values = _subject_values(ssl_object, "commonName")
+    if not values or len(values) != 1:
+        return None
+    return values[0]
+
+
+def peer_is_operator(ssl_object: HasPeerCert) -> bool:
+    """True for a verified certificate issued by `llmgw ctl cert operator` (OU=operators); node
+    certificates (OU=nodes) and connections without a certificate are not operators."""
+    values = _subject_values(ssl_object, "organizationalUnitName")
+    return bool(values) and OPERATOR_OU in values

@@ -1,0 +1,107 @@
+"""Building SSL contexts: settings, and one-line UsageErrors that name the bad file."""
+
+from __future__ import annotations
+
+import ssl
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from llmgw.errors import UsageError
+from llmgw.tls import ca as store
+from llmgw.tls import client_context, server_context
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ctx") / "ca"
+    now = time.time()
+    store.init_ca(root, now=now)
+    store.issue_server(root, hosts=["ctrl"], ips=["127.0.0.1"], now=now)
+    store.issue_node(root, "gpu-01", now=now)
+    return root
+
+
+def _usage_error(func, *args, **kwargs) -> str:
+    with pytest.raises(UsageError) as err:
+        func(*args, **kwargs)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_server_context_settings(pki: Path) -> None:
+    fleet = server_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"), True)
+    assert fleet.verify_mode == ssl.CERT_REQUIRED
+    assert fleet.minimum_version == ssl.TLSVersion.TLSv1_2
+    public = server_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"), False)
+    assert public.verify_mode == ssl.CERT_OPTIONAL
+    plain = server_context(str(pki / "server.crt"), str(pki / "server.key"))
+    assert plain.verify_mode == ssl.CERT_NONE
+    assert all(c["protocol"] != "TLSv1.2" or "GCM" in c["name"] or "CHACHA20" in c["name"] for c in fleet.get_ciphers())
+
+
+def test_client_context_verifies_server_and_name(pki: Path) -> None:
+    ctx = client_context(str(pki / "ca.crt"), str(pki / "node-gpu-01.crt"), str(pki / "node-gpu-01.key"))
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+    assert ctx.get_ca_certs()[0]["subject"] == ((("organizationName", "llmgw"),), (("commonName", "llmgw CA"),))
+
+
+def test_missing_files_are_named(pki: Path) -> None:
+    missing = str(pki / "nope.crt")
+    assert _usage_error(server_context, missing, str(pki / "server.key")) == f"certificate file {missing} does not exist"
+    missing_key = str(pki / "nope.key")
+    assert missing_key in _usage_error(server_context, str(pki / "server.crt"), missing_key)
+    assert "nope-ca.crt" in _usage_error(client_context, str(pki / "nope-ca.crt"))
+
+
+def test_key_not_matching_the_certificate(pki: Path) -> None:
+    message = _usage_error(server_context, str(pki / "server.crt"), str(pki / "node-gpu-01.key"))
+    assert message == (
+        f"key file {pki / 'node-gpu-01.key'} does not match certificate {pki / 'server.crt'}; "
+        "use the .key written next to that .crt"
+    )
+
+
+def test_encrypted_key_is_refused_with_a_way_out(pki: Path, tmp_path: Path) -> None:
+    key = serialization.load_pem_private_key((pki / "server.key").read_bytes(), password=None)
+    encrypted = tmp_path / "enc.key"
+    encrypted.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    message = _usage_error(server_context, str(pki / "server.crt"), str(encrypted))
+    assert message.startswith(f"key file {encrypted} is encrypted")
+
+
+def test_swapped_and_garbage_files(pki: Path, tmp_path: Path) -> None:
+    assert "holds a private key, not a certificate" in _usage_error(
+        server_context, str(pki / "server.key"), str(pki / "server.crt")
+    )
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("hello\n")
+    assert f"{garbage} holds no certificate" in _usage_error(client_context, str(garbage))
+    assert f"key file {garbage} holds no private key" in _usage_error(server_context, str(pki / "server.crt"), str(garbage))
+
+
+def test_half_a_client_pair_and_client_certs_without_ca(pki: Path) -> None:
+    assert "needs both cert and key" in _usage_error(client_context, str(pki / "ca.crt"), str(pki / "node-gpu-01.crt"))
+    assert "needs a CA file" in _usage_error(
+        server_context, str(pki / "server.crt"), str(pki / "server.key"), None, True
+    )
+
+
+def test_unreadable_key(pki: Path, tmp_path: Path) -> None:
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads files whatever their mode")
+    key = tmp_path / "locked.key"
+    key.write_bytes((pki / "server.key").read_bytes())
+    key.chmod(0)
+    assert "permission denied" in _usage_error(server_context, str(pki / "server.crt"), str(key))
