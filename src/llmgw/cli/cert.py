@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 
 from llmgw.cli.render import console, make_table, output_option, print_json
@@ -77,15 +75,6 @@ def _force_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[...
     return click.option("--force", is_flag=True, help=help_text)
 
 
-def _out() -> Console:
-    """Like render.console(), but a pipe gets whole lines: `ctl cert list | grep` must not see
-    columns cut to an assumed 80-character terminal."""
-    out = console()
-    if not out.is_terminal and "COLUMNS" not in os.environ:
-        out.width = 400
-    return out
-
-
 def _status(status: str) -> str:
     style = _STATUS_STYLE.get(status)
     return f"[{style}]{escape(status)}[/{style}]" if style else escape(status)
@@ -112,7 +101,7 @@ def _detail_rows(info: CertInfo) -> list[tuple[str, str]]:
 
 
 def _print_detail(info: CertInfo) -> None:
-    _out().print(make_table(["field", "value"], _detail_rows(info)))
+    console().print(make_table(["field", "value"], _detail_rows(info)))
 
 
 def _print_issued(issued: ca_store.Issued, output: str, what: str) -> None:
@@ -124,7 +113,7 @@ def _print_issued(issued: ca_store.Issued, output: str, what: str) -> None:
     if output == "json":
         print_json(info)
         return
-    out = _out()
+    out = console()
     if info.key:
         out.print(f"wrote {escape(what)} {escape(info.path)} and its key {escape(info.key)} (mode 0600)")
     _print_detail(info)
@@ -253,7 +242,7 @@ def list_(ca_dir: str, output: str) -> None:
         for i in infos
     ]
     columns = ["KIND", "NAME", "SANS", "USAGE", "SERIAL", "NOT AFTER", "DAYS", "STATUS", "FILE"]
-    _out().print(make_table(columns, rows))
+    console().print(make_table(columns, rows))
 
 
 @cert.command()

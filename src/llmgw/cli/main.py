@@ -54,8 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "llmgw"
+        click.echo(f"llmgw: error: {exc.format_message()} (see `{where} --help`)", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"llmgw: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except LlmgwError as exc:
         if _debug_requested(args):

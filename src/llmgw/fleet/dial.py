@@ -11,6 +11,8 @@ import trio
 
 from llmgw.errors import UsageError
 from llmgw.fleet.h2conn import ChannelClosed, FleetChannel, H2Connection
+from llmgw.tls import explain_tls_error
+from llmgw.tls.net import fetch_server_certificate
 from llmgw.wire.messages import CONNECT_PATH, CONTENT_TYPE
 
 
@@ -34,12 +36,10 @@ def parse_fleet_url(url: str, insecure: bool) -> tuple[str, str, int]:
     return parts.scheme, parts.hostname, port
 
 
-def _explain(exc: BaseException, host: str) -> str:
-    try:
-        from llmgw.tls import explain_tls_error  # type: ignore[attr-defined]
-    except ImportError:
-        return str(exc.__cause__ or exc)
-    return explain_tls_error(exc, host)
+async def _explain(exc: BaseException, host: str, port: int) -> str:
+    """One line on why TLS failed; fetches the server's certificate to name its SANs."""
+    peer_cert = await fetch_server_certificate(host, port)
+    return explain_tls_error(exc, host, peer_cert=peer_cert)
 
 
 @asynccontextmanager
@@ -74,7 +74,7 @@ async def dial(
             except trio.TooSlowError:
                 raise DialError(f"TLS handshake with {host}:{port} timed out") from None
             except (trio.BrokenResourceError, ssl.SSLError) as exc:
-                raise DialError(f"TLS with {host}:{port} failed: {_explain(exc, host)}") from None
+                raise DialError(f"TLS with {host}:{port} failed: {await _explain(exc, host, port)}") from None
             stream = ssl_stream
         conn = H2Connection(
             stream, client_side=True, max_message=max_message, peer=f"{host}:{port}", idle_timeout=idle_timeout
@@ -95,7 +95,11 @@ async def dial(
             except trio.TooSlowError:
                 raise DialError(f"{host}:{port} did not answer the Connect request in time") from None
             except ChannelClosed as exc:
-                raise DialError(f"{host}:{port} closed the connection: {_explain_closed(exc.reason, host)}") from None
+                if scheme == "https" and conn.closed_exc is not None:
+                    # TLS 1.3: a server that refuses our certificate says so on our first read.
+                    why = explain_tls_error(conn.closed_exc, host)
+                    raise DialError(f"TLS with {host}:{port} failed: {why}") from None
+                raise DialError(f"{host}:{port} closed the connection: {exc.reason}") from None
             status = conn.response_headers.get(":status", "")
             if status != "200":
                 raise DialError(f"{host}:{port} answered HTTP {status} to the Connect request; is this an llmgw fleet port?")
@@ -110,9 +114,3 @@ async def dial(
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(1):
             await stream.aclose()
-
-
-def _explain_closed(reason: str, host: str) -> str:
-    if "certificate" in reason.lower() or "alert" in reason.lower():
-        return f"{reason} (the server rejected our client certificate?)"
-    return reason

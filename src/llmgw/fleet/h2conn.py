@@ -219,6 +219,7 @@ class H2Connection:
         self._response_headers: dict[str, str] | None = None
         self.closed_reason: str | None = None
         self.closed_error = False
+        self.closed_exc: BaseException | None = None  # what broke the socket, for TLS errors
         self.last_received = 0.0
         self.ping_acks = 0
 
@@ -306,7 +307,10 @@ class H2Connection:
         except EnvelopeError as exc:
             self.fail(f"bad envelope: {exc}")
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._close_all(f"connection lost ({type(exc).__name__})", error=True)
+            self.closed_exc = exc
+            cause = exc.__cause__
+            detail = f": {cause}" if cause is not None else ""
+            self._close_all(f"connection lost ({type(exc).__name__}{detail})", error=True)
 
     def _all_ended(self) -> bool:
         return bool(self.channels) and all(c.remote_ended for c in self.channels.values())

@@ -10,6 +10,8 @@ import h2.errors
 import trio
 
 from llmgw.fleet.h2conn import ChannelClosed, FleetChannel, H2Connection
+from llmgw.tls import explain_tls_error, peer_common_name
+from llmgw.tls.net import handshake as tls_handshake
 from llmgw.wire.messages import CONNECT_PATH, CONTENT_TYPE
 
 log = logging.getLogger("llmgw.fleet")
@@ -34,17 +36,6 @@ def _peer_name(stream: trio.SocketStream) -> str:
     except (OSError, ValueError):
         return "unknown"
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _common_name(ssl_stream: trio.SSLStream) -> str | None:
-    cert = ssl_stream.getpeercert()
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return value
-    return None
 
 
 class FleetListener:
@@ -97,19 +88,19 @@ class FleetListener:
                 ssl_stream = trio.SSLStream(tcp, self.ssl_context, server_side=True)
                 try:
                     with trio.fail_after(self.handshake_timeout):
-                        await ssl_stream.do_handshake()
+                        await tls_handshake(ssl_stream)  # tells a refused agent why
                 except trio.TooSlowError:
                     self._refuse(peer, "tls_timeout", f"no TLS handshake within {self.handshake_timeout:g}s")
                     return
                 except (trio.BrokenResourceError, ssl.SSLError) as exc:
-                    cause = exc.__cause__ or exc
-                    self._refuse(peer, "tls_handshake", f"TLS handshake failed: {cause}")
+                    detail = explain_tls_error(exc, peer.rsplit(":", 1)[0], side="server")
+                    self._refuse(peer, "tls_handshake", f"TLS handshake failed: {detail}")
                     return
                 alpn = ssl_stream.selected_alpn_protocol()
                 if alpn not in (None, "h2"):
                     self._refuse(peer, "alpn", f"client negotiated {alpn!r}, the fleet port speaks only h2")
                     return
-                identity = _common_name(ssl_stream)
+                identity = peer_common_name(ssl_stream)
                 stream = ssl_stream
             await self._serve_h2(stream, peer, identity)
         except Exception as exc:

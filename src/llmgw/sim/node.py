@@ -27,6 +27,7 @@ from llmgw.catalog.load import parse_config
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import UsageError
 from llmgw.fabric import sysfs
+from llmgw.fsutil import atomic_write
 
 MAX_RDMA_DEVICES = 32  # one LID block per node (see port_lid)
 NVIDIA_OUI = 0xB83FD2
@@ -379,26 +380,6 @@ def _write_file(path: str, data: bytes) -> None:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Temp name in the same directory, fsync, rename: readers see the old file or the new one."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
 
 
 def _materialise(plan: NodePlan, staging: str) -> None:

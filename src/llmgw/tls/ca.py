@@ -19,6 +19,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
 from llmgw.errors import LlmgwError
+from llmgw.fsutil import ensure_dir, write_atomic
 from llmgw.tls.build import (
     CA_DAYS,
     DEFAULT_KEY_TYPE,
@@ -33,7 +34,6 @@ from llmgw.tls.build import (
     validate_node_id,
     validate_operator_name,
 )
-from llmgw.tls.files import ensure_dir, write_atomic
 from llmgw.tls.info import CertInfo, describe
 
 CA_CERT = "ca.crt"
