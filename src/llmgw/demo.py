@@ -205,10 +205,11 @@ def _append(path: Path, text: str) -> None:
 def _issue_certs(tls_dir: Path, host: str, node_ids: list[str]) -> None:
     from llmgw.tls import ca
 
-    ca.init_ca(tls_dir, name="llmgw demo CA", days=30)
-    ca.issue_server(tls_dir, hosts=["localhost"], ips=[host], out=tls_dir / "server", days=30)
+    now = time.time()
+    ca.init_ca(tls_dir, now=now, name="llmgw demo CA", days=30, force=True)
+    ca.issue_server(tls_dir, hosts=["localhost"], ips=[host], now=now, days=30, force=True)
     for node_id in node_ids:
-        ca.issue_node(tls_dir, node_id, out=tls_dir / f"node-{node_id}", days=30)
+        ca.issue_node(tls_dir, node_id, now=now, days=30, force=True)
 
 
 async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:

@@ -277,3 +277,13 @@ def pid_alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def tls_agent_config(base: Path, ca: Path, cert: Path, key: Path, node_id: str | None = None) -> Path:
+    """An agent config that dials with the given node certificate (optionally another node id)."""
+    text = base.read_text()
+    if node_id is not None:
+        text = "\n".join(f"node_id: {node_id}" if line.startswith("node_id:") else line for line in text.splitlines()) + "\n"
+    out = base.with_name(f"agent-{cert.stem}-{node_id or 'own'}.yaml")
+    out.write_text(text + f"tls:\n  ca: {ca}\n  cert: {cert}\n  key: {key}\n")
+    return out
