@@ -97,13 +97,28 @@ class FleetSettings(_Config):
     max_message: ByteSize = ByteSize(4 * 1024 * 1024)
 
 
+def _check_digests(values: list[str], what: str) -> None:
+    for value in values:
+        algo, _, digest = value.partition(":")
+        if algo != "sha256" or len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+            raise ValueError(
+                f"{what} must be stored as sha256:<64 hex digits>, never in plain text "
+                "(make one with `llmgw ctl hash-secret`)"
+            )
+
+
 class ApiSettings(_Config):
     # Bearer tokens allowed to call mutating /api/v1 endpoints, as "sha256:<hex>".
     operator_tokens: list[str] = []
 
+    def __post_init__(self) -> None:
+        _check_digests(self.operator_tokens, "operator_tokens")
+
 
 class GatewaySettings(_Config):
     max_body: ByteSize = ByteSize(1024 * 1024)
+    # The whole request body must arrive within this (a slow drip is cut off with 408).
+    body_timeout: Duration = Duration(30)
     # API keys for /v1/*, as "sha256:<hex>"; empty = open.
     api_keys: list[str] = []
     scrape_interval: Duration = Duration(2)
@@ -114,6 +129,13 @@ class GatewaySettings(_Config):
     retry_budget: float = 0.2
     breaker_failures: Positive = 5
     breaker_cooldown: Duration = Duration(10)
+    # An endpoint is least preferred while its KV cache is this full or this many wait.
+    kv_cache_limit: float = 0.95
+    max_waiting: NonNegative = 32
+    affinity_load_factor: float = 1.25
+
+    def __post_init__(self) -> None:
+        _check_digests(self.api_keys, "api_keys")
 
 
 class ReconcileSettings(_Config):

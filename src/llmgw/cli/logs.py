@@ -13,5 +13,5 @@ def setup_logging(debug: bool = False, level: str | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(chosen)
-    for noisy in ("hpack", "h2", "httpx", "httpcore", "hypercorn.access"):
+    for noisy in ("hpack", "h2", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,9 +1,9 @@
-"""The public JSON API, health and metrics, as a small ASGI app (served by hypercorn)."""
+"""The public port's routes besides the gateway: the JSON API, /healthz and /metrics."""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -11,10 +11,9 @@ import trio
 
 from llmgw.catalog.units import enc_hook
 from llmgw.server.registry import Node
+from llmgw.web.server import Request, Responder
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+log = logging.getLogger("llmgw.api")
 
 _json = msgspec.json.Encoder(enc_hook=enc_hook)
 
@@ -155,116 +154,114 @@ def replica_view(r: Any, now: float) -> ReplicaView:
     )
 
 
-async def send_json(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    payload = _json.encode(body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
+_JSON = (b"content-type", b"application/json")
 
 
-async def send_error(send: Send, status: int, message: str, code: str) -> None:
-    await send_json(send, status, {"error": {"message": message, "type": code, "code": code}})
+async def send_json(responder: Responder, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await responder.respond(status, [_JSON, *(headers or [])], _json.encode(body))
 
 
-class PublicApp:
-    """Routes of the public port that are not the gateway: /healthz, /metrics, /api/v1/*."""
+async def send_error(responder: Responder, status: int, message: str, code: str) -> None:
+    await send_json(responder, status, {"error": {"message": message, "type": code, "code": code}})
+
+
+class PublicHandler:
+    """Everything on the public port: the gateway (/v1/*), the JSON API (/api/v1/*), /healthz
+    and /metrics. Mutating API calls need an operator credential."""
 
     def __init__(self, plane: Any) -> None:
         self.plane = plane
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "lifespan":
-            await _lifespan(receive, send)
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        path = request.path
+        if path.startswith("/v1/"):
+            await self.plane.gateway.handle(request, responder)
             return
-        if kind != "http":
-            return
-        path: str = scope["path"]
-        method: str = scope["method"]
         if path == "/healthz":
-            await send_json(send, 200, {"status": "ok"})
+            await send_json(responder, 200, {"status": "ok"})
             return
         if path == "/metrics":
-            body = self.plane.metrics.render()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], self.plane.metrics.render())
             return
         if path.startswith("/api/v1/"):
-            await self.api(path[len("/api/v1/") :].rstrip("/"), method, scope, receive, send)
+            await self.api(path[len("/api/v1/"):].rstrip("/"), request, responder)
             return
-        await send_error(send, 404, f"no route for {path}", "not_found")
+        await send_error(responder, 404, f"no route for {path}", "not_found")
 
-    async def api(self, route: str, method: str, scope: Scope, receive: Receive, send: Send) -> None:
+    def _operator(self, request: Request) -> str | None:
+        """Who the operator is (token or certificate), or None."""
+        return self.plane.operator_identity(request)
+
+    async def api(self, route: str, request: Request, responder: Responder) -> None:
         plane = self.plane
+        method = request.method
         now = trio.current_time()
+        if method in ("POST", "DELETE", "PUT", "PATCH"):
+            who = self._operator(request)
+            if who is None:
+                await send_error(responder, 401, plane.operator_hint(), "unauthorized")
+                return
+            await self.mutate(route, method, who, request, responder)
+            return
+        if method != "GET":
+            await send_error(responder, 405, f"method {method} not allowed", "method_not_allowed")
+            return
+        reconciler = plane.controller.reconciler
         if route == "nodes":
-            if method != "GET":
-                await send_error(send, 405, "use GET", "method_not_allowed")
-                return
             nodes = sorted(plane.registry.nodes.values(), key=lambda n: n.id)
-            await send_json(send, 200, [node_view(n, now) for n in nodes])
-            return
-        if route.startswith("nodes/"):
-            node = plane.registry.get(route[len("nodes/") :])
+            await send_json(responder, 200, [node_view(n, now) for n in nodes])
+        elif route.startswith("nodes/"):
+            node = plane.registry.get(route[len("nodes/"):])
             if node is None:
-                await send_error(send, 404, f"no node {route[len('nodes/'):]!r}", "not_found")
-                return
-            await send_json(send, 200, node_view(node, now, detail=True))
-            return
-        if route in ("replicas", "models") or route.startswith("replicas/"):
-            if method != "GET":
-                await send_error(send, 405, "use GET", "method_not_allowed")
-                return
-            reconciler = plane.controller.reconciler
-            if route == "replicas":
-                replicas = sorted(reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
-                await send_json(send, 200, [replica_view(r, now) for r in replicas])
-            elif route == "models":
-                await send_json(send, 200, [
-                    ModelView(
-                        name=model.name,
-                        source=model.source or model.name,
-                        replicas=model.replicas,
-                        ready=sum(1 for r in reconciler.replicas.values() if r.model == model.name and r.state == "ready"),
-                        profiles=[p.name for p in model.profiles],
-                        balancer=model.balancer,
-                    )
-                    for model in reconciler.models.values()
-                ])
+                await send_error(responder, 404, f"no node {route[len('nodes/'):]!r}", "not_found")
             else:
-                replica = reconciler.replicas.get(route[len("replicas/"):])
-                if replica is None:
-                    await send_error(send, 404, f"no replica {route[len('replicas/'):]!r}", "not_found")
-                else:
-                    await send_json(send, 200, replica_view(replica, now))
-            return
-        handler = getattr(plane, "api_routes", {}).get(route)
-        if handler is not None:
-            await handler(method, scope, receive, send)
-            return
-        await send_error(send, 404, f"no API route /api/v1/{route}", "not_found")
+                await send_json(responder, 200, node_view(node, now, detail=True))
+        elif route == "replicas":
+            replicas = sorted(reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
+            await send_json(responder, 200, [replica_view(r, now) for r in replicas])
+        elif route.startswith("replicas/"):
+            replica = reconciler.replicas.get(route[len("replicas/"):])
+            if replica is None:
+                await send_error(responder, 404, f"no replica {route[len('replicas/'):]!r}", "not_found")
+            else:
+                await send_json(responder, 200, replica_view(replica, now))
+        elif route == "models":
+            await send_json(responder, 200, [
+                ModelView(
+                    name=model.name,
+                    source=model.source or model.name,
+                    replicas=model.replicas,
+                    ready=sum(1 for r in reconciler.replicas.values() if r.model == model.name and r.state == "ready"),
+                    profiles=[p.name for p in model.profiles],
+                    balancer=model.balancer,
+                )
+                for model in reconciler.models.values()
+            ])
+        elif route == "endpoints":
+            await send_json(responder, 200, plane.gateway_endpoints())
+        else:
+            await send_error(responder, 404, f"no API route /api/v1/{route}", "not_found")
 
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+    async def mutate(self, route: str, method: str, who: str, request: Request, responder: Responder) -> None:
+        plane = self.plane
+        if route == "reload" and method == "POST":
+            result = plane.reload()
+            log.info("reload requested by %s: %s", who, result)
+            await send_json(responder, 200 if result.ok else 400, result)
+        elif route.startswith("nodes/") and method == "DELETE":
+            node_id = route[len("nodes/"):]
+            problem = plane.forget_node(node_id)
+            if problem:
+                await send_error(responder, 409 if problem != "not found" else 404, f"cannot forget {node_id}: {problem}", "conflict")
+            else:
+                log.info("node %s forgotten by %s", node_id, who)
+                await send_json(responder, 200, {"forgotten": node_id})
+        elif route.startswith("replicas/") and route.endswith("/restart") and method == "POST":
+            replica_id = route[len("replicas/"):-len("/restart")]
+            problem = plane.restart_replica(replica_id, who)
+            if problem:
+                await send_error(responder, 404, problem, "not_found")
+            else:
+                await send_json(responder, 200, {"restarting": replica_id})
+        else:
+            await send_error(responder, 404, f"no API route {method} /api/v1/{route}", "not_found")

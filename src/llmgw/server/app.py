@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import signal
 import socket
@@ -10,22 +12,29 @@ from typing import Any
 
 import msgspec
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from llmgw import __version__
 from llmgw.catalog import load_server_config, override
 from llmgw.catalog.schema import ServerConfig
 from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
-from llmgw.server.api import PublicApp
+from llmgw.server.api import PublicHandler
 from llmgw.server.control import Controller
 from llmgw.server.fleet_service import FleetService
+from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.known_nodes import KnownNodes
-from llmgw.server.metrics import ServerMetrics
+from llmgw.server.metrics import GatewayMetrics, ServerMetrics
 from llmgw.server.registry import NodeRegistry
+from llmgw.tls import peer_common_name, peer_is_operator, server_context
+from llmgw.web.server import HttpServer, Limits, Request
 
 log = logging.getLogger("llmgw.server")
+
+
+class ReloadResult(msgspec.Struct, kw_only=True):
+    ok: bool
+    message: str
+    models: list[str] = []
 
 
 class Bound(msgspec.Struct, frozen=True):
@@ -69,8 +78,6 @@ def _url(scheme: str, sock: socket.socket) -> str:
 def fleet_ssl_context(cfg: ServerConfig) -> ssl.SSLContext:
     tls = cfg.tls
     assert tls is not None
-    from llmgw.tls import server_context
-
     return server_context(tls.cert, tls.key, tls.ca or None, require_client_cert=True, alpn=("h2",))
 
 
@@ -97,7 +104,14 @@ class ControlPlane:
             observer=self.controller,
         )
         self.controller.fleet = self.fleet
-        self.api_routes: dict[str, Any] = {}
+        self.gateway = Gateway(
+            cfg.gateway,
+            GatewayMetrics(self.metrics.registry, lambda: getattr(self, "gateway", None)),
+            not_ready_reason=self.not_ready_reason,
+        )
+        self.gateway.configure(cfg.models, cfg.endpoints)
+        self.controller.on_pass = self._sync_gateway
+        self._operator_tokens = [t.split(":", 1)[1].lower() for t in cfg.api.operator_tokens]
         self.shutdown_event = trio.Event()
         if cfg.tls is None and not insecure:
             raise UsageError(
@@ -139,6 +153,7 @@ class ControlPlane:
             fleet_listener = trio.SocketListener(trio.socket.from_stdlib_socket(fleet_sock))
             await nursery.start(listener.serve, [fleet_listener])
             await nursery.start(self._serve_public, public_sock)
+            nursery.start_soon(self.gateway.run_scraper)
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.controller.run)
             nursery.start_soon(self._reload_on_sighup)
@@ -150,22 +165,30 @@ class ControlPlane:
                 await self.fleet.shutdown()
                 await listener.wait_idle()
             nursery.cancel_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self.gateway.aclose()
 
-    def reload(self) -> None:
-        """Re-read the config file; the catalog (models) takes effect, other settings need a restart."""
+    def reload(self) -> ReloadResult:
+        """Re-read the config file; the catalog (models, static endpoints, gateway settings)
+        takes effect at once, listener and TLS settings need a restart."""
         if not self.config_path:
-            log.warning("SIGHUP: no config file to reload (the server was started without --config)")
-            return
+            log.warning("reload: no config file to reload (the server was started without --config)")
+            return ReloadResult(ok=False, message="the server was started without --config")
         try:
             cfg = override(load_server_config(self.config_path), self.overrides)
         except UsageError as exc:
             log.error("reload failed, keeping the running config: %s", exc)
-            return
-        changed = [k for k in ("listen", "fleet_listen", "tls", "fleet", "state_dir") if getattr(cfg, k) != getattr(self.cfg, k)]
+            return ReloadResult(ok=False, message=str(exc))
+        changed = [k for k in ("listen", "fleet_listen", "tls", "public_tls", "fleet", "state_dir") if getattr(cfg, k) != getattr(self.cfg, k)]
         if changed:
             log.warning("reload: changes to %s take effect only after a restart", ", ".join(changed))
-        self.cfg = msgspec.structs.replace(self.cfg, models=cfg.models, endpoints=cfg.endpoints)
+        self.cfg = msgspec.structs.replace(self.cfg, models=cfg.models, endpoints=cfg.endpoints, gateway=cfg.gateway,
+                                           api=cfg.api, reconcile=cfg.reconcile)
+        self._operator_tokens = [t.split(":", 1)[1].lower() for t in cfg.api.operator_tokens]
+        self.gateway.configure(cfg.models, cfg.endpoints, cfg.gateway)
         self.controller.set_catalog(cfg.models)
+        note = f"; restart needed for {', '.join(changed)}" if changed else ""
+        return ReloadResult(ok=True, message=f"reloaded {self.config_path}{note}", models=[m.name for m in cfg.models])
 
     async def _reload_on_sighup(self) -> None:
         with trio.open_signal_receiver(signal.SIGHUP) as signals:
@@ -173,22 +196,92 @@ class ControlPlane:
                 log.info("SIGHUP: reloading %s", self.config_path)
                 self.reload()
 
+    # -- the gateway's view of the control plane --------------------------------------------------
+
+    def _sync_gateway(self) -> None:
+        ready: dict[str, set[str]] = {}
+        for replica in self.controller.reconciler.replicas.values():
+            if replica.state != "ready":
+                continue
+            for shard in replica.shards:
+                if shard.rank == 0 and shard.endpoint:
+                    ready.setdefault(replica.model, set()).add(shard.endpoint)
+        self.gateway.set_endpoints(ready)
+
+    def not_ready_reason(self, model: str) -> str:
+        replicas = [r for r in self.controller.reconciler.replicas.values() if r.model == model]
+        if not replicas:
+            return "no replicas (replicas: 0 in the catalog?)"
+        parts = [f"{r.id} {r.state}" + (f" ({r.reason})" if r.reason else "") for r in replicas[:3]]
+        return "; ".join(parts)
+
+    def gateway_endpoints(self) -> list[dict[str, Any]]:
+        out = []
+        for name, route in sorted(self.gateway.routes.items()):
+            for status in route.balancer.status():
+                out.append({
+                    "model": name,
+                    "endpoint": status.endpoint,
+                    "outstanding": status.outstanding,
+                    "breaker": status.breaker,
+                    "breaker_reason": status.breaker_reason,
+                    "violations": list(status.violations),
+                    "engine_up": self.gateway.engine_up.get(status.endpoint, False),
+                    "load": status.load,
+                })
+        return out
+
+    # -- operator actions ------------------------------------------------------------------------
+
+    def operator_identity(self, request: Request) -> str | None:
+        auth = request.head.get(b"authorization") or b""
+        if auth[:7].lower() == b"bearer " and self._operator_tokens:
+            digest = hashlib.sha256(auth[7:].strip()).hexdigest()
+            if any(hmac.compare_digest(digest, t) for t in self._operator_tokens):
+                return f"token sha256:{digest[:8]}…"
+        if request.tls is not None and peer_is_operator(request.tls):
+            return f"operator certificate {peer_common_name(request.tls)!r}"
+        if self.insecure and not self._operator_tokens and not (self.cfg.public_tls and self.cfg.public_tls.ca):
+            return "anyone (--insecure and no operator credentials configured)"
+        return None
+
+    def operator_hint(self) -> str:
+        return ("this call needs an operator credential: `--token` with a token whose sha256 is in api.operator_tokens, "
+                "or an operator certificate (`llmgw ctl cert operator NAME`) over the TLS public port")
+
+    def forget_node(self, node_id: str) -> str:
+        node = self.registry.get(node_id)
+        if node is None:
+            return "not found"
+        if node.connected or node.state == "ready":
+            return f"it is {node.state} and connected; stop its agent first"
+        del self.registry.nodes[node_id]
+        self.controller.reconciler.on_node_state(node_id, "lost", trio.current_time())
+        self.controller.wake()
+        return ""
+
+    def restart_replica(self, replica_id: str, who: str) -> str:
+        replica = self.controller.reconciler.replicas.get(replica_id)
+        if replica is None:
+            return f"no replica {replica_id!r}"
+        self.controller.reconciler.stop_replica(replica, trio.current_time(), f"restart requested by {who}")
+        self.controller.wake()
+        return ""
+
     async def _serve_public(self, sock: socket.socket, *, task_status: trio.TaskStatus[None]) -> None:
-        config = HypercornConfig()
-        config.bind = [f"fd://{sock.detach()}"]
-        config.accesslog = None
-        config.errorlog = logging.getLogger("llmgw.server.http")
-        config.keep_alive_timeout = 75
-        config.graceful_timeout = 2
-        if self.cfg.public_tls and self.cfg.public_tls.cert:
-            config.certfile = self.cfg.public_tls.cert
-            config.keyfile = self.cfg.public_tls.key
-            if self.cfg.public_tls.ca:
-                config.ca_certs = self.cfg.public_tls.ca
-                config.verify_mode = ssl.CERT_OPTIONAL
-        await hypercorn_serve(
-            PublicApp(self), config, shutdown_trigger=self.shutdown_event.wait, task_status=task_status
+        ssl_context = None
+        public_tls = self.cfg.public_tls
+        if public_tls is not None and public_tls.cert:
+            ssl_context = server_context(public_tls.cert, public_tls.key, public_tls.ca or None,
+                                         require_client_cert=False, alpn=("http/1.1",))
+        gw = self.cfg.gateway
+        server = HttpServer(
+            PublicHandler(self),
+            limits=Limits(max_body=int(gw.max_body), body_timeout=float(gw.body_timeout)),
+            ssl_context=ssl_context,
         )
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        await server.serve([listener], task_status=task_status)
 
 
 async def run_server(cfg: ServerConfig, *, insecure: bool = False, config_path: str | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 import trio.lowlevel
@@ -47,6 +47,7 @@ class Controller:
             rng,
         )
         self.fleet: FleetService | None = None
+        self.on_pass: Callable[[], None] | None = None  # after every pass (the gateway syncs endpoints)
         self._wake = trio.Event()
         self.started_at = 0.0
         self._settled = False
@@ -151,6 +152,8 @@ class Controller:
             log.info("%s", line)
         for action in actions:
             self._send(action)
+        if self.on_pass is not None:
+            self.on_pass()
 
     def _send(self, action: StartShard | StopShard) -> None:
         sessions = self.fleet.sessions if self.fleet is not None else {}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -48,3 +49,75 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _GatewayState(Collector):
+    """Breaker states, queue depths and engine up/down, read from the gateway at scrape time."""
+
+    def __init__(self, gateway: Callable[[], object]) -> None:
+        self._gateway = gateway
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gw: Any = self._gateway()
+        breaker = GaugeMetricFamily(
+            "llmgw_endpoint_breaker_state",
+            "Circuit breaker per endpoint: 0 closed, 1 open, 2 half-open.",
+            labels=["model", "endpoint"],
+        )
+        up = GaugeMetricFamily("llmgw_engine_up", "1 when the engine's /metrics answered on the last scrape.", labels=["model", "endpoint"])
+        depth = GaugeMetricFamily("llmgw_admission_queue_depth", "Requests waiting for an admission slot.", labels=["model"])
+        in_flight = GaugeMetricFamily("llmgw_requests_in_flight", "Requests admitted and not finished.", labels=["model"])
+        if gw is not None:
+            for name, route in gw.routes.items():
+                depth.add_metric([name], route.gate.queued)
+                in_flight.add_metric([name], route.gate.in_flight)
+                for status in route.balancer.status():
+                    breaker.add_metric([name, status.endpoint], status.breaker_state)
+                    up.add_metric([name, status.endpoint], 1.0 if gw.engine_up.get(status.endpoint, False) else 0.0)
+        yield breaker
+        yield up
+        yield depth
+        yield in_flight
+
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry, gateway: Callable[[], object]) -> None:
+        registry.register(_GatewayState(gateway))
+        self.requests = Counter("llmgw_requests", "Gateway requests by model and HTTP status.", ["model", "code"], registry=registry)
+        self.duration = Histogram("llmgw_request_duration_seconds", "Gateway request duration.", ["model"],
+                                  buckets=LATENCY_BUCKETS, registry=registry)
+        self.ttft = Histogram("llmgw_time_to_first_token_seconds", "Time to the first streamed token through the gateway.",
+                              ["model"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.retries = Counter("llmgw_upstream_retries", "Requests retried on another endpoint, by reason.", ["model", "reason"],
+                               registry=registry)
+        self.admission_wait = Histogram("llmgw_admission_wait_seconds", "Time a request waited for an admission slot.", ["model"],
+                                        buckets=LATENCY_BUCKETS, registry=registry)
+        self.rejected = Counter("llmgw_admission_rejected", "Requests answered 429, by reason.", ["model", "reason"], registry=registry)
+        self.auth_failures = Counter("llmgw_auth_failures", "Gateway requests with a missing or wrong API key.", registry=registry)
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (metric._name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def finished(self, model: str, code: int, seconds: float) -> None:
+        self._child(self.requests, model, str(code)).inc()
+        self._child(self.duration, model).observe(seconds)
+
+    def first_token(self, model: str, seconds: float) -> None:
+        self._child(self.ttft, model).observe(seconds)
+
+    def retried(self, model: str, reason: str) -> None:
+        self._child(self.retries, model, reason).inc()
+
+    def admitted(self, model: str, wait: float) -> None:
+        self._child(self.admission_wait, model).observe(wait)
+
+    def rejected_for(self, model: str, reason: str) -> None:
+        self._child(self.rejected, model, reason).inc()

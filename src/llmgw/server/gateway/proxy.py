@@ -1,0 +1,416 @@
+"""The OpenAI-compatible gateway: pick an engine, forward the body untouched, relay the answer.
+
+Per model: a Balancer (which endpoint), a RetryBudget (how many retries the model may spend)
+and an AdmissionGate (how many requests in flight, then a bounded queue). A streamed answer
+is relayed chunk by chunk as the engine sends it (the engine's chunked coding is passed on
+byte for byte), and never retried once a byte went to the client.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import trio
+
+from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.server.gateway.admission_gate import AdmissionGate, AdmissionRejected
+from llmgw.server.gateway.balance import Balancer, prompt_prefix
+from llmgw.server.gateway.enginemetrics import parse_engine_metrics
+from llmgw.server.gateway.retry import RetryBudget, should_retry
+from llmgw.server.metrics import GatewayMetrics
+from llmgw.web.client import Upstream, UpstreamError
+from llmgw.web.server import ClientGone, Request, Responder
+
+log = logging.getLogger("llmgw.gateway")
+
+ROUTES = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
+JSON = (b"content-type", b"application/json")
+PASS_RESPONSE_HEADERS = {b"content-type", b"cache-control", b"x-accel-buffering"}
+
+
+class _Peek(msgspec.Struct):
+    """The only fields the gateway reads from a request body; the rest is forwarded as is."""
+
+    model: Any = None
+    stream: Any = False
+
+
+_peek = msgspec.json.Decoder(_Peek)
+
+
+def openai_error(message: str, kind: str, code: str | int | None = None) -> bytes:
+    return msgspec.json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+class Route:
+    """One model's balancing, retry budget and admission."""
+
+    def __init__(self, name: str, settings: GatewaySettings, policy: str, rng: random.Random, metrics: GatewayMetrics) -> None:
+        self.name = name
+        self.balancer = Balancer(
+            policy,  # type: ignore[arg-type]
+            rng=rng,
+            load_factor=settings.affinity_load_factor,
+            breaker_failures=settings.breaker_failures,
+            breaker_cooldown=float(settings.breaker_cooldown),
+            kv_cache_limit=settings.kv_cache_limit,
+            max_waiting=settings.max_waiting,
+        )
+        self.budget = RetryBudget(settings.retry_budget)
+        self.gate = AdmissionGate(
+            on_admit=lambda wait: metrics.admitted(name, wait),
+            on_reject=lambda reason: metrics.rejected_for(name, reason),
+        )
+        self.static: set[str] = set()
+        self.dynamic: set[str] = set()
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        metrics: GatewayMetrics,
+        *,
+        not_ready_reason: Callable[[str], str] = lambda model: "",
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.not_ready_reason = not_ready_reason
+        self.rng = rng or random.Random()
+        self.routes: dict[str, Route] = {}
+        self.upstreams: dict[str, Upstream] = {}
+        self.engine_up: dict[str, bool] = {}
+        self._api_keys = _key_digests(settings.api_keys)
+        self._changed = trio.Event()
+
+    # -- what the control plane tells us ---------------------------------------------------------
+
+    def configure(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings | None = None) -> None:
+        if settings is not None:
+            self.settings = settings
+            self._api_keys = _key_digests(settings.api_keys)
+        wanted: dict[str, str] = {m.name: m.balancer for m in models}
+        for ep in static:
+            wanted.setdefault(ep.model, "least-outstanding")
+        for name in list(self.routes):
+            if name not in wanted:
+                del self.routes[name]
+        for name, policy in wanted.items():
+            route = self.routes.get(name)
+            if route is None:
+                route = self.routes[name] = Route(name, self.settings, policy, self.rng, self.metrics)
+            route.balancer.policy = policy  # type: ignore[assignment]
+            model = next((m for m in models if m.name == name), None)
+            if model is not None:
+                adm = model.admission
+                route.gate.set_limits(limit=adm.max_in_flight, max_queue=adm.max_queue, max_wait=float(adm.max_wait))
+            route.static = {ep.url.rstrip("/") for ep in static if ep.model == name}
+            route.balancer.set_endpoints(route.static | route.dynamic)
+        self._prune_upstreams()
+
+    def set_endpoints(self, ready: Mapping[str, Iterable[str]]) -> None:
+        """Endpoints of ready replicas, per model (rank 0 of each), as the control plane sees them."""
+        changed = False
+        for name, route in self.routes.items():
+            dynamic = {e.rstrip("/") for e in ready.get(name, ())}
+            if dynamic != route.dynamic:
+                added, gone = dynamic - route.dynamic, route.dynamic - dynamic
+                route.dynamic = dynamic
+                route.balancer.set_endpoints(route.static | dynamic)
+                for ep in sorted(added):
+                    log.info("model %s: endpoint %s in rotation", name, ep)
+                for ep in sorted(gone):
+                    log.info("model %s: endpoint %s out of rotation", name, ep)
+                changed = True
+        if changed:
+            self._prune_upstreams()
+            self._changed.set()
+
+    def _prune_upstreams(self) -> None:
+        live = {ep for route in self.routes.values() for ep in route.balancer.endpoints}
+        for url in list(self.upstreams):
+            if url not in live:
+                upstream = self.upstreams.pop(url)
+                upstream.closed = True
+                self.engine_up.pop(url, None)
+
+    def upstream(self, url: str) -> Upstream:
+        upstream = self.upstreams.get(url)
+        if upstream is None:
+            upstream = self.upstreams[url] = Upstream(url, connect_timeout=float(self.settings.connect_timeout))
+        return upstream
+
+    def models_ready(self) -> list[str]:
+        return sorted(name for name, route in self.routes.items() if route.balancer.endpoints)
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    async def handle(self, request: Request, responder: Responder) -> None:
+        started = trio.current_time()
+        path = request.head.path
+        rid = request.head.get(b"x-request-id") or uuid.uuid4().hex.encode()
+        extra = [(b"x-request-id", rid)]
+        if path == b"/v1/models":
+            if request.method != "GET":
+                await responder.respond(405, [JSON, *extra], openai_error("use GET /v1/models", "invalid_request_error"))
+                return
+            if not self._authorized(request):
+                await self._unauthorized(responder, extra)
+                return
+            await responder.respond(200, [JSON, *extra], self._models_body())
+            return
+        if path not in ROUTES:
+            await responder.respond(404, [JSON, *extra], openai_error(f"unknown route {request.path}", "invalid_request_error", "not_found"))
+            return
+        if request.method != "POST":
+            await responder.respond(405, [JSON, *extra], openai_error(f"use POST {request.path}", "invalid_request_error"))
+            return
+        if not self._authorized(request):
+            await self._unauthorized(responder, extra)
+            return
+        try:
+            peek = _peek.decode(request.body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            await responder.respond(400, [JSON, *extra], openai_error(
+                "the request body is not valid JSON (a JSON object with a `model` field is expected)",
+                "invalid_request_error", "invalid_json"))
+            self.metrics.finished("", 400, trio.current_time() - started)
+            return
+        model = peek.model
+        if not isinstance(model, str) or not model:
+            await responder.respond(400, [JSON, *extra], openai_error(
+                "you must provide a model parameter", "invalid_request_error", "missing_model"))
+            self.metrics.finished("", 400, trio.current_time() - started)
+            return
+        route = self.routes.get(model)
+        if route is None:
+            await responder.respond(404, [JSON, *extra], openai_error(
+                f"The model `{model}` does not exist (known: {', '.join(sorted(self.routes)) or 'none'})",
+                "invalid_request_error", "model_not_found"))
+            self.metrics.finished("", 404, trio.current_time() - started)
+            return
+        streaming = peek.stream is True
+        code = 500
+        try:
+            async with route.gate.admit():
+                code = await self._forward(route, request, responder, rid, streaming, started)
+        except AdmissionRejected as exc:
+            code = 429
+            await responder.respond(429, [JSON, (b"retry-after", str(exc.retry_after).encode()), *extra], openai_error(
+                f"too many requests for model {model}: {exc.reason}; retry after {exc.retry_after}s",
+                "rate_limit_error", "rate_limited"))
+        except ClientGone:
+            code = 499
+            raise
+        finally:
+            if code != 499 and not responder.started:
+                code = 499  # cancelled (the client went away) before any answer
+            self.metrics.finished(model, code, trio.current_time() - started)
+
+    async def _forward(self, route: Route, request: Request, responder: Responder, rid: bytes, streaming: bool, started: float) -> int:
+        settings = self.settings
+        balancer = route.balancer
+        now = trio.current_time()
+        route.budget.record_request(now)
+        key: str | None = None
+        if balancer.policy == "prefix-affinity":
+            try:
+                key = prompt_prefix(msgspec.json.decode(request.body))
+            except (msgspec.DecodeError, TypeError, AttributeError):
+                key = None
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", rid)]
+        accept = request.head.get(b"accept")
+        if accept:
+            headers.append((b"accept", accept))
+        target = request.head.target
+        tried: set[str] = set()
+        attempt = 0
+        last_error = ""
+        if streaming:
+            responder.watch_disconnect()
+        while True:
+            attempt += 1
+            now = trio.current_time()
+            pick = balancer.pick(now, key=key, exclude=tried)
+            if pick is None:
+                return await self._unavailable(route, responder, rid, last_error)
+            endpoint = pick.endpoint
+            outcome: bool | None = None
+            response = None
+            try:
+                try:
+                    response = await self.upstream(endpoint).request(
+                        b"POST", target, headers, request.body, head_timeout=float(settings.upstream_timeout))
+                except UpstreamError as exc:
+                    outcome = False
+                    last_error = f"{endpoint}: {exc}"
+                    decision = should_retry(failure=_failure(exc.kind), status=None, sent_to_client=False, attempt=attempt,
+                                            max_attempts=settings.max_attempts, budget=route.budget, now=trio.current_time())
+                    if decision.retry:
+                        tried.add(endpoint)
+                        self.metrics.retried(route.name, exc.kind)
+                        log.info("model %s: %s; retrying elsewhere", route.name, last_error)
+                        continue
+                    status = 504 if exc.kind == "timeout" else 502
+                    await responder.respond(status, [JSON, (b"x-request-id", rid)], openai_error(
+                        f"engine for {route.name} failed: {last_error} ({decision.reason})", "server_error", "upstream_error"))
+                    return status
+                status = response.status
+                if status in (502, 503):
+                    outcome = False
+                    last_error = f"{endpoint}: answered {status}"
+                    decision = should_retry(failure="status", status=status, sent_to_client=False, attempt=attempt,
+                                            max_attempts=settings.max_attempts, budget=route.budget, now=trio.current_time())
+                    if decision.retry:
+                        await response.aclose()
+                        tried.add(endpoint)
+                        self.metrics.retried(route.name, str(status))
+                        continue
+                outcome = True if status < 500 else outcome if outcome is not None else True
+                relay = [(k, v) for k, v in response.head.headers if k in PASS_RESPONSE_HEADERS]
+                relay.append((b"x-request-id", rid))
+                if response.head.chunked:
+                    await responder.start(status, relay)
+                    try:
+                        await response.relay_chunked(
+                            responder.send_raw_chunked,
+                            float(settings.upstream_timeout),
+                            functools.partial(self._first_token, route.name, started),
+                        )
+                    except UpstreamError as exc:
+                        # Bytes already went out: no retry. Cut the response so the client sees it broke.
+                        outcome = False
+                        log.warning("model %s: %s broke mid-stream: %s", route.name, endpoint, exc)
+                        responder.close = True
+                        return status
+                    return status
+                body = await response.read(float(settings.upstream_timeout))
+                await responder.respond(status, relay, body)
+                return status
+            except UpstreamError as exc:
+                outcome = False
+                if not responder.started:
+                    await responder.respond(502, [JSON, (b"x-request-id", rid)], openai_error(
+                        f"engine for {route.name} failed: {endpoint}: {exc}", "server_error", "upstream_error"))
+                    return 502
+                responder.close = True
+                return 502
+            except (ClientGone, trio.Cancelled):
+                outcome = None
+                raise
+            finally:
+                if response is not None:
+                    await response.aclose()
+                balancer.release(pick, trio.current_time(), ok=outcome, reason=last_error)
+
+    def _first_token(self, model: str, started: float) -> None:
+        self.metrics.first_token(model, trio.current_time() - started)
+
+    async def _unavailable(self, route: Route, responder: Responder, rid: bytes, last_error: str) -> int:
+        if last_error:
+            message = f"no engine of {route.name} could answer; last error: {last_error}"
+        elif not route.balancer.endpoints:
+            why = self.not_ready_reason(route.name)
+            message = f"no ready replica of {route.name}" + (f": {why}" if why else "")
+        else:
+            message = f"every endpoint of {route.name} is failing (circuit breakers open)"
+        await responder.respond(503, [JSON, (b"x-request-id", rid), (b"retry-after", b"5")],
+                                openai_error(message, "server_error", "no_ready_replica"))
+        return 503
+
+    def _models_body(self) -> bytes:
+        created = int(time.time())
+        return msgspec.json.encode({
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": created, "owned_by": "llmgw"} for name in self.models_ready()],
+        })
+
+    def _authorized(self, request: Request) -> bool:
+        if not self._api_keys:
+            return True
+        value = request.head.get(b"authorization") or b""
+        if value[:7].lower() != b"bearer ":
+            self.metrics.auth_failures.inc()
+            return False
+        digest = hashlib.sha256(value[7:].strip()).hexdigest()
+        ok = any(hmac.compare_digest(digest, known) for known in self._api_keys)
+        if not ok:
+            self.metrics.auth_failures.inc()  # counted, never logged: the header is a secret
+        return ok
+
+    async def _unauthorized(self, responder: Responder, extra: list[tuple[bytes, bytes]]) -> None:
+        await responder.respond(401, [JSON, (b"www-authenticate", b'Bearer realm="llmgw"'), *extra], openai_error(
+            "Incorrect or missing API key: send `Authorization: Bearer <key>`", "invalid_request_error", "invalid_api_key"))
+
+    # -- scraping ----------------------------------------------------------------------------------
+
+    async def run_scraper(self) -> None:
+        """Every scrape_interval: each engine's /metrics, for load-aware balancing and violations."""
+        while True:
+            endpoints = sorted({ep for route in self.routes.values() for ep in route.balancer.endpoints})
+            if endpoints:
+                async with trio.open_nursery() as nursery:
+                    for ep in endpoints:
+                        nursery.start_soon(self._scrape, ep)
+            with trio.move_on_after(float(self.settings.scrape_interval)):
+                await self._changed.wait()
+                await trio.sleep(0.05)
+            self._changed = trio.Event()
+
+    async def _scrape(self, endpoint: str) -> None:
+        load = None
+        error = ""
+        with trio.move_on_after(float(self.settings.scrape_timeout)):
+            try:
+                response = await self.upstream(endpoint).request(b"GET", b"/metrics", [], b"", head_timeout=float(self.settings.scrape_timeout))
+                try:
+                    body = await response.read(float(self.settings.scrape_timeout))
+                finally:
+                    await response.aclose()
+                if response.status == 200:
+                    load = parse_engine_metrics(body.decode("utf-8", "replace"))
+                else:
+                    error = f"HTTP {response.status}"
+            except UpstreamError as exc:
+                error = str(exc)
+        if load is None and not error:
+            error = f"no answer within {float(self.settings.scrape_timeout):g}s"
+        up = load is not None
+        if self.engine_up.get(endpoint) != up:
+            if up:
+                log.info("engine %s metrics: up", endpoint)
+            elif endpoint in self.engine_up:
+                log.warning("engine %s metrics: unreachable (%s)", endpoint, error)
+            else:
+                log.info("engine %s metrics: not answering yet (%s)", endpoint, error)
+        self.engine_up[endpoint] = up
+        for route in self.routes.values():
+            if endpoint in route.balancer:
+                route.balancer.update_load(endpoint, load)
+
+    async def aclose(self) -> None:
+        for upstream in list(self.upstreams.values()):
+            await upstream.aclose()
+
+
+def _failure(kind: str) -> str:
+    return {"connect": "connect", "reset": "reset", "timeout": "timeout"}.get(kind, "other")
+
+
+def _key_digests(keys: Iterable[str]) -> list[str]:
+    out = []
+    for key in keys:
+        algo, _, digest = key.partition(":")
+        if algo == "sha256" and len(digest) == 64:
+            out.append(digest.lower())
+    return out

@@ -1,0 +1,250 @@
+"""Keep-alive HTTP/1.1 connections to engines, one small pool per endpoint, on trio streams.
+
+Why not httpx: its connection pool is a known hot spot under concurrency (the gateway issue
+measured a hypercorn + httpx proxy at ~900 µs of CPU per request against a 300 µs budget).
+This pool does only what the gateway needs: reuse idle connections LIFO, frame requests
+and responses with llmgw.web.http1, relay chunked bodies untouched, and tell a failure to
+connect from a connection reset before any response byte (both retryable elsewhere).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
+
+import trio
+
+from llmgw.web.http1 import (
+    ChunkedDecoder,
+    ChunkedScanner,
+    Headers,
+    HttpError,
+    ResponseHead,
+    find_head_end,
+    parse_response_head,
+    request_head,
+)
+
+READ_SIZE = 65536
+
+
+class UpstreamError(Exception):
+    """`kind`: connect | reset (closed before any response byte) | timeout | protocol."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class _Conn:
+    __slots__ = ("buf", "reused", "stream")
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+        self.reused = False
+
+    async def receive(self) -> bool:
+        try:
+            data = await self.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        if not data:
+            return False
+        self.buf += data
+        return True
+
+    async def close(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+
+
+class Response:
+    """An upstream response whose head has arrived; read or relay the body, then `release`."""
+
+    __slots__ = ("_conn", "_pool", "_released", "chunks", "head")
+
+    def __init__(self, pool: Upstream, conn: _Conn, head: ResponseHead) -> None:
+        self._pool = pool
+        self._conn = conn
+        self.head = head
+        self._released = False
+        self.chunks = 0
+
+    @property
+    def status(self) -> int:
+        return self.head.status
+
+    async def read(self, within: float) -> bytes:
+        """The whole body (Content-Length, chunked, or until close)."""
+        conn, head = self._conn, self.head
+        with trio.move_on_after(within):
+            if head.chunked:
+                decoder = ChunkedDecoder()
+                while True:
+                    decoder.feed(conn.buf)
+                    if decoder.done:
+                        self._finish(reusable=not head.close)
+                        return bytes(decoder.body)
+                    if not await conn.receive():
+                        raise UpstreamError("protocol", "engine closed the connection inside a chunked body")
+            if head.content_length is not None:
+                need = head.content_length
+                while len(conn.buf) < need:
+                    if not await conn.receive():
+                        raise UpstreamError("protocol", "engine closed the connection inside a body")
+                body = bytes(conn.buf[:need])
+                del conn.buf[:need]
+                self._finish(reusable=not head.close and not conn.buf)
+                return body
+            while await conn.receive():
+                pass
+            body = bytes(conn.buf)
+            self._finish(reusable=False)
+            return body
+        raise UpstreamError("timeout", f"engine sent no body within {within:g}s")
+
+    async def relay_chunked(self, send: Callable[[bytes], Awaitable[None]], idle_timeout: float,
+                            on_first: Callable[[], None] | None = None) -> None:
+        """Pass a chunked body on byte for byte, as it arrives (SSE: event by event)."""
+        conn = self._conn
+        scanner = ChunkedScanner()
+        first = True
+        while True:
+            if conn.buf:
+                data = bytes(conn.buf)
+                used = scanner.scan(data)
+                conn.buf.clear()
+                if used < len(data):
+                    conn.buf += data[used:]
+                if first and scanner.first_data and on_first is not None:
+                    on_first()
+                    first = False
+                await send(data[:used])
+                if scanner.done:
+                    self.chunks = scanner.chunks
+                    self._finish(reusable=not self.head.close and not conn.buf)
+                    return
+            got = False
+            with trio.move_on_after(idle_timeout):
+                got = await conn.receive()
+                if not got:
+                    raise UpstreamError("protocol", "engine closed the connection mid-stream")
+            if not got:
+                raise UpstreamError("timeout", f"engine sent nothing for {idle_timeout:g}s mid-stream")
+
+    def _finish(self, reusable: bool) -> None:
+        if not self._released:
+            self._released = True
+            self._pool.put(self._conn, reusable)
+
+    async def aclose(self) -> None:
+        """Give up on the body (client gone, error): the connection is closed, not reused."""
+        if not self._released:
+            self._released = True
+            await self._conn.close()
+
+
+class Upstream:
+    """Connections to one engine endpoint (base URL `http://host:port`)."""
+
+    def __init__(self, url: str, *, connect_timeout: float = 2.0, max_idle: int = 64) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"engine endpoint {url!r} must be http://host:port")
+        self.url = url
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.authority = f"{self.host}:{self.port}".encode()
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self._idle: list[_Conn] = []
+        self.closed = False
+
+    def put(self, conn: _Conn, reusable: bool) -> None:
+        if reusable and not self.closed and len(self._idle) < self.max_idle and not conn.buf:
+            conn.reused = True
+            self._idle.append(conn)
+        else:
+            _close_soon(conn)
+
+    async def _connect(self) -> _Conn:
+        try:
+            with trio.fail_after(self.connect_timeout):
+                stream = await trio.open_tcp_stream(self.host, self.port)
+        except trio.TooSlowError:
+            raise UpstreamError("connect", f"connect to {self.host}:{self.port} timed out") from None
+        except OSError as exc:
+            raise UpstreamError("connect", f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        return _Conn(stream)
+
+    async def request(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: Headers,
+        body: bytes,
+        *,
+        head_timeout: float,
+    ) -> Response:
+        """Send a request and wait for the response head. A reused connection the engine had
+        closed meanwhile is retried once on a new one (it never saw the request)."""
+        data = request_head(method, target, [(b"host", self.authority), *headers], len(body)) + body
+        for _ in range(2):
+            conn = self._idle.pop() if self._idle else await self._connect()
+            try:
+                return await self._exchange(conn, data, head_timeout)
+            except UpstreamError as exc:
+                await conn.close()
+                if exc.kind == "reset" and conn.reused:
+                    continue  # stale keep-alive connection: try a fresh one
+                raise
+            except BaseException:
+                await conn.close()
+                raise
+        raise UpstreamError("reset", f"{self.host}:{self.port} closed the connection before answering")
+
+    async def _exchange(self, conn: _Conn, data: bytes, head_timeout: float) -> Response:
+        try:
+            await conn.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise UpstreamError("reset", f"{self.host}:{self.port} closed the connection") from None
+        with trio.move_on_after(head_timeout):
+            while True:
+                try:
+                    end = find_head_end(conn.buf)
+                except HttpError as exc:
+                    raise UpstreamError("protocol", f"bad response from engine: {exc}") from None
+                if end >= 0:
+                    raw = bytes(conn.buf[:end])
+                    del conn.buf[:end]
+                    try:
+                        head = parse_response_head(raw)
+                    except HttpError as exc:
+                        raise UpstreamError("protocol", f"bad response from engine: {exc}") from None
+                    if 100 <= head.status < 200:
+                        continue  # 100 Continue and friends: the real head follows
+                    return Response(self, conn, head)
+                if not await conn.receive():
+                    kind = "reset" if not conn.buf else "protocol"
+                    raise UpstreamError(kind, f"{self.host}:{self.port} closed the connection before answering")
+        raise UpstreamError("timeout", f"{self.host}:{self.port} sent no response within {head_timeout:g}s")
+
+    async def aclose(self) -> None:
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close()
+
+
+def _close_soon(conn: _Conn) -> None:
+    """Close without awaiting (called from sync code): a plain socket close is immediate."""
+    try:
+        conn.stream.socket.close()
+    except OSError:
+        pass

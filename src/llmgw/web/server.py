@@ -1,0 +1,290 @@
+"""The public port's HTTP/1.1 server on trio: keep-alive, streaming responses, TLS with
+client certificates, and a cancel when the client goes away mid-stream.
+
+One task per connection reads requests and runs the handler; a streaming handler may ask
+for a watcher that notices the client hanging up and cancels the handler, so an engine
+request whose client left is cancelled at once instead of running to the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import trio
+
+from llmgw.web.http1 import (
+    CONTINUE,
+    LAST_CHUNK,
+    ChunkedDecoder,
+    Headers,
+    HttpError,
+    RequestHead,
+    chunk,
+    find_head_end,
+    parse_request_head,
+    response_head,
+)
+
+log = logging.getLogger("llmgw.http")
+
+READ_SIZE = 65536
+
+
+class Limits(msgspec.Struct, kw_only=True):
+    max_body: int = 1024 * 1024
+    header_timeout: float = 30.0  # a new connection must send its first request head in time
+    keepalive_timeout: float = 75.0
+    body_timeout: float = 30.0  # the whole request body, however slowly it drips
+    tls_handshake_timeout: float = 10.0
+
+
+class ClientGone(Exception):
+    """The client closed the connection; nothing more can be sent."""
+
+
+class Request:
+    __slots__ = ("body", "head", "method", "path", "peer", "query", "tls")
+
+    def __init__(self, head: RequestHead, body: bytes, peer: str, tls: ssl.SSLObject | trio.SSLStream | None) -> None:
+        self.head = head
+        self.method = head.method.decode("latin-1")
+        self.path = head.path.decode("latin-1")
+        self.query = head.query.decode("latin-1")
+        self.body = body
+        self.peer = peer
+        self.tls = tls
+
+    def header(self, name: bytes) -> str | None:
+        value = self.head.get(name)
+        return None if value is None else value.decode("latin-1")
+
+
+class Responder:
+    """How a handler answers one request on an HTTP/1.1 connection."""
+
+    __slots__ = ("_conn", "close", "started", "status", "streaming")
+
+    def __init__(self, conn: _Connection, close: bool) -> None:
+        self._conn = conn
+        self.close = close
+        self.started = False
+        self.streaming = False
+        self.status = 0
+
+    async def respond(self, status: int, headers: Headers, body: bytes) -> None:
+        self.started = True
+        self.status = status
+        data = response_head(status, headers, content_length=len(body), close=self.close) + body
+        await self._conn.send(data)
+
+    async def start(self, status: int, headers: Headers) -> None:
+        """Begin a streamed (chunked) response; then `send`/`send_raw_chunked`, then `end`."""
+        self.started = True
+        self.streaming = True
+        self.status = status
+        await self._conn.send(response_head(status, headers, chunked=True, close=self.close))
+
+    async def send(self, data: bytes) -> None:
+        if data:
+            await self._conn.send(chunk(data))
+
+    async def send_raw_chunked(self, data: bytes) -> None:
+        """Bytes already in chunked coding (relayed from an engine as they came)."""
+        await self._conn.send(data)
+
+    async def end(self) -> None:
+        await self._conn.send(LAST_CHUNK)
+
+    def watch_disconnect(self) -> None:
+        """Cancel this request's handler if the client hangs up before it is done."""
+        self._conn.start_watch()
+
+
+Handler = Callable[[Request, Responder], Awaitable[None]]
+
+
+class _Connection:
+    __slots__ = ("buf", "eof", "handler_scope", "nursery", "peer", "stream", "tls", "watch_scope")
+
+    def __init__(self, stream: trio.abc.Stream, peer: str, tls: trio.SSLStream | None, nursery: trio.Nursery) -> None:
+        self.stream = stream
+        self.peer = peer
+        self.tls = tls
+        self.buf = bytearray()
+        self.eof = False
+        self.nursery = nursery
+        self.handler_scope: trio.CancelScope | None = None
+        self.watch_scope: trio.CancelScope | None = None
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise ClientGone(f"client {self.peer} went away") from None
+
+    async def receive(self) -> bool:
+        """Read more into buf; False at EOF."""
+        try:
+            data = await self.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        self.buf += data
+        return True
+
+    def start_watch(self) -> None:
+        if self.watch_scope is not None or self.eof:
+            return
+        self.watch_scope = trio.CancelScope()
+        self.nursery.start_soon(self._watch, self.watch_scope)
+
+    async def _watch(self, scope: trio.CancelScope) -> None:
+        with scope:
+            while await self.receive():
+                pass  # pipelined bytes stay in buf for the next request
+            if self.handler_scope is not None:
+                log.debug("client %s hung up; cancelling its request", self.peer)
+                self.handler_scope.cancel()
+
+    def stop_watch(self) -> None:
+        if self.watch_scope is not None:
+            self.watch_scope.cancel()
+            self.watch_scope = None
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except (OSError, ValueError):
+        return "unknown"
+    return f"{host}:{port}"
+
+
+class HttpServer:
+    def __init__(self, handler: Handler, *, limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.handler = handler
+        self.limits = limits or Limits()
+        self.ssl_context = ssl_context
+        self.connections = 0
+
+    async def serve(self, listeners: list[trio.SocketListener], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await trio.serve_listeners(self._serve_one, listeners, task_status=task_status)
+
+    async def _serve_one(self, tcp: trio.SocketStream) -> None:
+        peer = _peer(tcp)
+        try:
+            tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        self.connections += 1
+        stream: trio.abc.Stream = tcp
+        tls: trio.SSLStream | None = None
+        try:
+            if self.ssl_context is not None:
+                tls = trio.SSLStream(tcp, self.ssl_context, server_side=True)
+                try:
+                    with trio.fail_after(self.limits.tls_handshake_timeout):
+                        await tls.do_handshake()
+                except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
+                    log.info("TLS handshake with %s failed: %s", peer, exc.__cause__ or exc)
+                    return
+                stream = tls
+            async with trio.open_nursery() as nursery:
+                conn = _Connection(stream, peer, tls, nursery)
+                await self._serve_http1(conn)
+                nursery.cancel_scope.cancel()
+        except Exception:
+            log.exception("connection from %s failed", peer)
+        finally:
+            self.connections -= 1
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+
+    async def _read_head(self, conn: _Connection, first: bool) -> RequestHead | None:
+        timeout = self.limits.header_timeout if first else self.limits.keepalive_timeout
+        with trio.move_on_after(timeout):
+            while True:
+                end = find_head_end(conn.buf)
+                if end >= 0:
+                    raw = bytes(conn.buf[:end])
+                    del conn.buf[:end]
+                    return parse_request_head(raw)
+                if not await conn.receive():
+                    if conn.buf.strip():
+                        raise HttpError(400, "connection closed inside a request head")
+                    return None
+        if conn.buf:
+            raise HttpError(408, "request head not received in time")
+        return None  # an idle keep-alive connection: close quietly
+
+    async def _read_body(self, conn: _Connection, head: RequestHead) -> bytes:
+        max_body = self.limits.max_body
+        if head.content_length is not None and head.content_length > max_body:
+            raise HttpError(413, f"request body of {head.content_length} bytes is over the limit of {max_body} bytes")
+        if head.expect_continue:
+            await conn.send(CONTINUE)
+        with trio.move_on_after(self.limits.body_timeout):
+            if head.chunked:
+                decoder = ChunkedDecoder(limit=max_body)
+                while True:
+                    decoder.feed(conn.buf)
+                    if decoder.done:
+                        return bytes(decoder.body)
+                    if not await conn.receive():
+                        raise HttpError(400, "connection closed inside a request body")
+            need = head.content_length or 0
+            while len(conn.buf) < need:
+                if not await conn.receive():
+                    raise HttpError(400, "connection closed inside a request body")
+            body = bytes(conn.buf[:need])
+            del conn.buf[:need]
+            return body
+        raise HttpError(408, f"request body not received within {self.limits.body_timeout:g}s")
+
+    async def _serve_http1(self, conn: _Connection) -> None:
+        first = True
+        while True:
+            try:
+                head = await self._read_head(conn, first)
+                if head is None:
+                    return
+                body = await self._read_body(conn, head)
+            except HttpError as exc:
+                await _error(conn, exc)
+                return
+            first = False
+            request = Request(head, body, conn.peer, conn.tls)
+            responder = Responder(conn, close=head.close)
+            try:
+                with trio.CancelScope() as scope:
+                    conn.handler_scope = scope
+                    await self.handler(request, responder)
+            except ClientGone:
+                return
+            finally:
+                conn.handler_scope = None
+                conn.stop_watch()
+            if scope.cancelled_caught or conn.eof:
+                return
+            if not responder.started:
+                await _error(conn, HttpError(500, "no response"))
+                return
+            if responder.close:
+                return
+
+
+async def _error(conn: _Connection, exc: HttpError) -> None:
+    body = msgspec.json.encode({"error": {"message": str(exc), "type": "invalid_request_error" if exc.status < 500 else "server_error",
+                                          "code": exc.status}})
+    data = response_head(exc.status, [(b"content-type", b"application/json")], content_length=len(body), close=True) + body
+    try:
+        with trio.move_on_after(5):
+            await conn.stream.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
