@@ -1,0 +1,1 @@
+"""Simulated engine, node hardware and fabric, for tests and the demo on machines without GPUs."""
