@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import errno
-
 import click
 import trio
 
-from llmgw.errors import LlmgwError, UsageError
+from llmgw.errors import LlmgwError
 
 
 @click.command()
@@ -144,48 +142,73 @@ from llmgw.errors import LlmgwError, UsageError
     show_default=True,
     help="Seconds requests get to finish on SIGTERM.",
 )
-def engine(**kw: object) -> None:
+def engine(
+    host: str,
+    port: int,
+    model: str,
+    served_model_name: str | None,
+    max_model_len: int,
+    max_concurrency: int,
+    ttft_ms: float,
+    itl_ms: float,
+    prefill_us_per_token: float,
+    jitter: float,
+    load_slowdown: float,
+    kv_cache_tokens: int,
+    output_tokens: int,
+    embedding_dim: int,
+    seed: int,
+    startup_delay: float,
+    error_rate: float,
+    crash_after: int,
+    hang: bool,
+    fail_startup: bool,
+    fixed: bool,
+    fixed_chunks: int,
+    access_log: bool,
+    log_stats_interval: float,
+    shutdown_grace: float,
+) -> None:
     """Run a simulated vLLM engine: OpenAI API, /health, /metrics, latency and failures.
 
     \b
     SIGTERM or SIGINT stops it gracefully (exit 0); a second one stops it at once.
     """
-    from llmgw.sim.engine import EngineOptions, EngineStartupFailed, run_until_signalled
+    from llmgw.sim.engine import (
+        EngineBindFailed,
+        EngineOptions,
+        EngineStartupFailed,
+        run_until_signalled,
+    )
 
     options = EngineOptions(
-        host=str(kw["host"]),
-        port=int(kw["port"]),  # type: ignore[call-overload]
-        model=str(kw["model"]),
-        served_model_name=kw["served_model_name"],  # type: ignore[arg-type]
-        max_model_len=kw["max_model_len"],  # type: ignore[arg-type]
-        max_concurrency=kw["max_concurrency"],  # type: ignore[arg-type]
-        ttft_s=kw["ttft_ms"] / 1000.0,  # type: ignore[operator]
-        itl_s=kw["itl_ms"] / 1000.0,  # type: ignore[operator]
-        prefill_s_per_token=kw["prefill_us_per_token"] / 1e6,  # type: ignore[operator]
-        jitter=kw["jitter"],  # type: ignore[arg-type]
-        load_slowdown=kw["load_slowdown"],  # type: ignore[arg-type]
-        kv_cache_tokens=kw["kv_cache_tokens"],  # type: ignore[arg-type]
-        output_tokens=kw["output_tokens"],  # type: ignore[arg-type]
-        embedding_dim=kw["embedding_dim"],  # type: ignore[arg-type]
-        seed=kw["seed"],  # type: ignore[arg-type]
-        startup_delay_s=kw["startup_delay"],  # type: ignore[arg-type]
-        error_rate=kw["error_rate"],  # type: ignore[arg-type]
-        crash_after=kw["crash_after"],  # type: ignore[arg-type]
-        hang=bool(kw["hang"]),
-        fail_startup=bool(kw["fail_startup"]),
-        fixed=bool(kw["fixed"]),
-        fixed_chunks=kw["fixed_chunks"],  # type: ignore[arg-type]
-        access_log=bool(kw["access_log"]),
-        log_stats_interval_s=kw["log_stats_interval"],  # type: ignore[arg-type]
-        shutdown_grace_s=kw["shutdown_grace"],  # type: ignore[arg-type]
+        host=host,
+        port=port,
+        model=model,
+        served_model_name=served_model_name,
+        max_model_len=max_model_len,
+        max_concurrency=max_concurrency,
+        ttft_s=ttft_ms / 1000.0,
+        itl_s=itl_ms / 1000.0,
+        prefill_s_per_token=prefill_us_per_token / 1e6,
+        jitter=jitter,
+        load_slowdown=load_slowdown,
+        kv_cache_tokens=kv_cache_tokens,
+        output_tokens=output_tokens,
+        embedding_dim=embedding_dim,
+        seed=seed,
+        startup_delay_s=startup_delay,
+        error_rate=error_rate,
+        crash_after=crash_after,
+        hang=hang,
+        fail_startup=fail_startup,
+        fixed=fixed,
+        fixed_chunks=fixed_chunks,
+        access_log=access_log,
+        log_stats_interval_s=log_stats_interval,
+        shutdown_grace_s=shutdown_grace,
     )
     try:
         trio.run(run_until_signalled, options)
-    except EngineStartupFailed as exc:
+    except (EngineStartupFailed, EngineBindFailed) as exc:
         raise LlmgwError(str(exc)) from None
-    except OSError as exc:
-        if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
-            raise UsageError(
-                f"cannot listen on {options.host}:{options.port}: {exc.strerror}; pick another --port or --host"
-            ) from None
-        raise

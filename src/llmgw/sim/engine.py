@@ -99,6 +99,10 @@ class EngineStartupFailed(Exception):
     """Raised by `serve_engine` when `fail_startup` is set, after the startup delay."""
 
 
+class EngineBindFailed(Exception):
+    """The listening address cannot be bound (in use, not local, not permitted)."""
+
+
 # ---- the engine proper: admission, latency, metrics (no sockets) ---------------------------
 
 
@@ -340,7 +344,12 @@ class _Server:
         )
         self.info("model.py:547", "Resolved architecture: SimulatedForCausalLM")
         self.info("model.py:1510", f"Using max model len {o.max_model_len}")
-        listeners = await trio.open_tcp_listeners(o.port, host=o.host)
+        try:
+            listeners = await trio.open_tcp_listeners(o.port, host=o.host)
+        except OSError as exc:
+            raise EngineBindFailed(
+                f"cannot listen on {o.host}:{o.port}: {exc.strerror or exc}; pick another --port or --host"
+            ) from None
         if o.port == 0 and len(listeners) > 1:
             # Each address family got its own free port; keep one so the printed port is the port.
             for extra in listeners[1:]:
@@ -901,28 +910,32 @@ def _exit_now() -> None:
 async def run_until_signalled(options: EngineOptions) -> None:
     """The process: serve; SIGTERM or SIGINT stops gracefully, a second one stops at once."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        failure: list[BaseException] = []
+        failure: list[Exception] = []
         async with trio.open_nursery() as nursery:
 
-            async def serve(task_status: trio.TaskStatus[EngineHandle]) -> None:
+            async def serve(task_status: trio.TaskStatus[EngineHandle | None]) -> None:
                 try:
                     await serve_engine(options, task_status=task_status, on_crash=_exit_now)
+                except EngineBindFailed as exc:  # before it started
+                    failure.append(exc)
+                    task_status.started(None)
                 except EngineStartupFailed as exc:
                     failure.append(exc)
                 nursery.cancel_scope.cancel()
 
-            handle: EngineHandle = await nursery.start(serve)
-            stopping = False
-            async for signum in signals:
-                if stopping:
-                    nursery.cancel_scope.cancel()
-                    break
-                stopping = True
-                _default_log(
-                    f"(APIServer pid={os.getpid()}) INFO {_stamp()} [launcher.py:99] "
-                    f"Received {signal.Signals(signum).name}; shutting down.",
-                    False,
-                )
-                handle.stop()
+            handle: EngineHandle | None = await nursery.start(serve)
+            if handle is not None:
+                stopping = False
+                async for signum in signals:
+                    if stopping:
+                        nursery.cancel_scope.cancel()
+                        break
+                    stopping = True
+                    _default_log(
+                        f"(APIServer pid={os.getpid()}) INFO {_stamp()} [launcher.py:99] "
+                        f"Received {signal.Signals(signum).name}; shutting down.",
+                        False,
+                    )
+                    handle.stop()
         if failure:
             raise failure[0]
