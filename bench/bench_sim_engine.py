@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+GATEWAY_BAR_RPS = 2500
+
 CHAT = json.dumps(
     {
         "model": "llmgw/sim-model",
@@ -202,8 +204,39 @@ trio.run(main)
 """
 
 
-def start_baseline() -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, "-c", BASELINE], stdout=subprocess.PIPE, text=True)
+H11_REFERENCE = r"""
+import h11, trio
+BODY = b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"}}]}'
+async def conn(stream):
+    c = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            while True:
+                ev = c.next_event()
+                if ev is h11.NEED_DATA:
+                    c.receive_data(await stream.receive_some(65536))
+                    continue
+                if isinstance(ev, h11.ConnectionClosed):
+                    return
+                if isinstance(ev, h11.EndOfMessage):
+                    break
+            out = c.send(h11.Response(status_code=200, headers=[("content-type", "application/json"),
+                                                                ("content-length", str(len(BODY)))]))
+            out += c.send(h11.Data(data=BODY)) + c.send(h11.EndOfMessage())
+            await stream.send_all(out)
+            c.start_next_cycle()
+    except (trio.BrokenResourceError, h11.RemoteProtocolError):
+        pass
+async def main():
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    print("llmgw-sim-engine listening on 127.0.0.1:%d" % listeners[0].socket.getsockname()[1], flush=True)
+    await trio.serve_listeners(conn, listeners)
+trio.run(main)
+"""
+
+
+def start_baseline(script: str = BASELINE) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     m = re.match(r"llmgw-sim-engine listening on \S+:(\d+)", line)
@@ -305,6 +338,25 @@ def main() -> None:
         proc.wait()
     rows.append(("baseline (bare trio, canned bytes)", base))
 
+    # The same canned answer through h11: what parsing with h11 alone costs (see sim/http1.py).
+    proc, port = start_baseline(H11_REFERENCE)
+    try:
+        rows.append(
+            (
+                "h11 reference (canned answer)",
+                measure(
+                    proc,
+                    port,
+                    request_bytes("/v1/chat/completions", CHAT),
+                    args.connections,
+                    args.seconds,
+                ),
+            )
+        )
+    finally:
+        proc.terminate()
+        proc.wait()
+
     proc, port = start_engine(["--fixed", "--fixed-chunks", "4"])
     try:
         rows.append(
@@ -337,14 +389,20 @@ def main() -> None:
         proc.wait(timeout=10)
 
     print(
-        f"{'server':40} {'req/s':>9} {'srv µs/req':>11} {'srv CPU':>8} {'client µs/req':>14} {'vs baseline':>12}"
+        f"{'server':40} {'req/s':>9} {'srv µs/req':>11} {'srv CPU':>8} {'client µs/req':>14}"
+        f" {'req/s ratio':>12} {'µs/req ratio':>13}"
     )
     for name, r in rows:
-        ratio = r["rps"] / base["rps"]
         print(
             f"{name:40} {r['rps']:9,.0f} {r['server_us_per_req']:11.1f} {r['server_cpu_pct']:7.0f}% "
-            f"{r['client_us_per_req']:14.1f} {ratio:11.2f}x"
+            f"{r['client_us_per_req']:14.1f} {r['rps'] / base['rps']:11.2f}x"
+            f" {r['server_us_per_req'] / base['server_us_per_req']:12.2f}x"
             + (f"  ({r['errors']} non-200)" if r["errors"] else "")
+        )
+    for name, r in rows[1:]:
+        share = GATEWAY_BAR_RPS * r["server_us_per_req"] / 1e6 * 100
+        print(
+            f"at the gateway bench's {GATEWAY_BAR_RPS:,} req/s, {name} would use {share:.0f}% of one core"
         )
     print(wrk_line)
 

@@ -314,3 +314,34 @@ async def test_crash_after_raises_in_process_after_answering() -> None:
                 assert (await c.response())[0] == 200
                 c.next_cycle()
             await trio.sleep_forever()  # the crash ends the engine's nursery, and this with it
+
+
+async def test_a_bug_in_a_handler_loses_one_connection_not_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llmgw.sim import engine as engine_mod
+
+    def broken(*_a: object, **_k: object) -> bytes:
+        raise RuntimeError("boom")
+
+    logged: list[str] = []
+    opts = {"port": 0, "log_stats_interval_s": 0}
+    async with trio.open_nursery() as nursery:
+        handle: EngineHandle = await nursery.start(
+            lambda task_status: serve_engine(
+                EngineOptions(**opts),  # type: ignore[arg-type]
+                task_status=task_status,
+                log=lambda line, _err: logged.append(line),
+            )
+        )
+        await handle.ready.wait()
+        monkeypatch.setattr(engine_mod.api, "models_response", broken)
+        with trio.fail_after(DEADLINE):
+            c = await Client.open(handle)
+            await c.send("GET", "/v1/models")
+            assert await c.stream.receive_some(100) == b""  # dropped
+            c2 = await Client.open(handle)
+            await c2.send("GET", "/health")
+            assert (await c2.response())[0] == 200  # still serving
+        nursery.cancel_scope.cancel()
+    assert any("Exception in ASGI application: RuntimeError('boom')" in line for line in logged)

@@ -25,6 +25,7 @@ import random
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
@@ -169,7 +170,7 @@ class SimEngine:
                 self.waiting -= 1
             admitted = trio.current_time()
             self.running += 1
-            held = kv_blocks(plan.prompt_tokens) * 1
+            held = kv_blocks(plan.prompt_tokens)
             self.kv_blocks_used += held
             try:
                 await trio.sleep(self.latency.ttft(self.running, plan.longest_prompt))
@@ -510,6 +511,12 @@ class _Server:
                 await self._connection_loop(c)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except (
+            Exception
+        ) as exc:  # a bug here: lose this connection, not the engine (as uvicorn does)
+            self.error("httptools_impl.py:414", f"Exception in ASGI application: {exc!r}")
+            for line in traceback.format_exc().rstrip().splitlines():
+                self.error("httptools_impl.py:414", line)
         finally:
             self._conns.discard(c)
             if self.draining and not self._conns:
