@@ -345,3 +345,18 @@ async def test_a_bug_in_a_handler_loses_one_connection_not_the_engine(
             assert (await c2.response())[0] == 200  # still serving
         nursery.cancel_scope.cancel()
     assert any("Exception in ASGI application: RuntimeError('boom')" in line for line in logged)
+
+
+async def test_a_client_that_leaves_a_non_streaming_request_aborts_it() -> None:
+    async with running_engine(itl_s=0.01) as handle:
+        body = json.dumps({"prompt": "x", "max_tokens": 10000, "ignore_eos": True}).encode()
+        c = await Client.open(handle)
+        await c.send("POST", "/v1/completions", body)
+        with trio.fail_after(DEADLINE):
+            while handle.engine.running != 1:  # noqa: ASYNC110 - a counter, no event to wait on
+                await trio.sleep(0.001)
+            await c.stream.aclose()
+            while handle.engine.running != 0:  # noqa: ASYNC110
+                await trio.sleep(0.001)
+        assert handle.engine.metrics.request_success["abort"] == 1
+        assert handle.engine.kv_blocks_used == 0

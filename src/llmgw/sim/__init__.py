@@ -1,1 +1,1 @@
-"""Simulated engine, node hardware and fabric, for tests and the demo on machines without GPUs."""
+"""Simulated engine, node hardware and fabric, for tests and the demo."""

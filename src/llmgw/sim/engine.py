@@ -319,6 +319,7 @@ class _Server:
         self._fixed_wire: dict[tuple[bytes, bool, bool], bytes] = {}
         self._fixed_date = b""
         self._last_stats = (0, 0)
+        self.handle: EngineHandle  # set by run() once bound
 
     # -- logging --------------------------------------------------------------------------
 
