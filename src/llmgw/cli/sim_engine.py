@@ -3,9 +3,212 @@
 from __future__ import annotations
 
 import click
+import trio
+
+from llmgw.errors import LlmgwError
 
 
 @click.command()
-def engine() -> None:
-    """Run a simulated engine (not built yet)."""
-    raise click.ClickException("llmgw sim engine is not built yet")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port to listen on; 0 picks a free one. The bound address is printed on stdout as "
+    "`llmgw-sim-engine listening on HOST:PORT` as soon as it is bound.",
+)
+@click.option(
+    "--model",
+    default="llmgw/sim-model",
+    show_default=True,
+    help="Model the engine pretends to serve.",
+)
+@click.option("--served-model-name", default=None, help="Name clients must use (default: --model).")
+@click.option("--max-model-len", type=click.IntRange(min=16), default=32768, show_default=True)
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Requests in the batch at once; more wait (vllm:num_requests_waiting).",
+)
+@click.option(
+    "--ttft-ms",
+    type=click.FloatRange(min=0),
+    default=20.0,
+    show_default=True,
+    help="Time to first token, idle engine.",
+)
+@click.option(
+    "--itl-ms",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Inter-token latency, idle engine.",
+)
+@click.option(
+    "--prefill-us-per-token",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Extra TTFT per prompt token.",
+)
+@click.option(
+    "--jitter",
+    type=click.FloatRange(0, 1),
+    default=0.2,
+    show_default=True,
+    help="Delays vary by up to this fraction.",
+)
+@click.option(
+    "--load-slowdown",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="A full batch is 1+this times slower than an idle engine.",
+)
+@click.option("--kv-cache-tokens", type=click.IntRange(min=16), default=39232, show_default=True)
+@click.option(
+    "--output-tokens",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Answer length unless max_tokens is lower.",
+)
+@click.option("--embedding-dim", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed for jitter, ids, answers and injected errors.",
+)
+@click.option(
+    "--startup-delay",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds /health answers 503 (loading weights) before the engine is ready.",
+)
+@click.option(
+    "--error-rate",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Fraction of requests answered 500/503.",
+)
+@click.option(
+    "--crash-after",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Exit abruptly (status 1) after answering N requests.",
+)
+@click.option("--hang", is_flag=True, help="Accept connections and never answer.")
+@click.option(
+    "--fail-startup",
+    is_flag=True,
+    help="Print a weight-loading failure and exit 1 after the startup delay.",
+)
+@click.option(
+    "--fixed",
+    is_flag=True,
+    help="Answer every POST at once with a small fixed completion (benchmarks).",
+)
+@click.option(
+    "--fixed-chunks",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Tokens (stream chunks) of the fixed completion.",
+)
+@click.option(
+    "--access-log/--no-access-log",
+    default=False,
+    show_default=True,
+    help="Log every request like uvicorn.",
+)
+@click.option(
+    "--log-stats-interval",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Seconds between stats lines; 0: none.",
+)
+@click.option(
+    "--shutdown-grace",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Seconds requests get to finish on SIGTERM.",
+)
+def engine(
+    host: str,
+    port: int,
+    model: str,
+    served_model_name: str | None,
+    max_model_len: int,
+    max_concurrency: int,
+    ttft_ms: float,
+    itl_ms: float,
+    prefill_us_per_token: float,
+    jitter: float,
+    load_slowdown: float,
+    kv_cache_tokens: int,
+    output_tokens: int,
+    embedding_dim: int,
+    seed: int,
+    startup_delay: float,
+    error_rate: float,
+    crash_after: int,
+    hang: bool,
+    fail_startup: bool,
+    fixed: bool,
+    fixed_chunks: int,
+    access_log: bool,
+    log_stats_interval: float,
+    shutdown_grace: float,
+) -> None:
+    """Run a simulated vLLM engine: OpenAI API, /health, /metrics, latency and failures.
+
+    \b
+    SIGTERM or SIGINT stops it gracefully (exit 0); a second one stops it at once.
+    """
+    from llmgw.sim.engine import (
+        EngineBindFailed,
+        EngineOptions,
+        EngineStartupFailed,
+        run_until_signalled,
+    )
+
+    options = EngineOptions(
+        host=host,
+        port=port,
+        model=model,
+        served_model_name=served_model_name,
+        max_model_len=max_model_len,
+        max_concurrency=max_concurrency,
+        ttft_s=ttft_ms / 1000.0,
+        itl_s=itl_ms / 1000.0,
+        prefill_s_per_token=prefill_us_per_token / 1e6,
+        jitter=jitter,
+        load_slowdown=load_slowdown,
+        kv_cache_tokens=kv_cache_tokens,
+        output_tokens=output_tokens,
+        embedding_dim=embedding_dim,
+        seed=seed,
+        startup_delay_s=startup_delay,
+        error_rate=error_rate,
+        crash_after=crash_after,
+        hang=hang,
+        fail_startup=fail_startup,
+        fixed=fixed,
+        fixed_chunks=fixed_chunks,
+        access_log=access_log,
+        log_stats_interval_s=log_stats_interval,
+        shutdown_grace_s=shutdown_grace,
+    )
+    try:
+        trio.run(run_until_signalled, options)
+    except (EngineStartupFailed, EngineBindFailed) as exc:
+        raise LlmgwError(str(exc)) from None

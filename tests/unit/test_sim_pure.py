@@ -1,0 +1,21 @@
+"""The simulated engine's pure modules import no trio and no network stack (DESIGN.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PURE = ("llmgw.sim.latency", "llmgw.sim.metrics", "llmgw.sim.openai_api", "llmgw.sim.http1")
+
+
+def test_pure_modules_import_no_io_stack() -> None:
+    code = (
+        "import sys\n"
+        f"for m in {PURE!r}: __import__(m)\n"
+        "bad = sorted(m for m in ('trio', 'h11', 'socket', 'httpx', 'asyncio') if m in sys.modules)\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "", f"pure sim modules pulled in: {out}"
