@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all demo test lint unit e2e bench-fleet bench-gateway docs clean
+.PHONY: all demo test lint unit e2e bench-fleet bench-gateway bench-sim-engine docs clean
 
 all: test
 
@@ -38,6 +38,9 @@ bench-fleet: $(STAMP)
 
 bench-gateway: $(STAMP)
 	$(BIN)/python bench/bench_gateway.py $(BENCH_ARGS)
+
+bench-sim-engine: $(STAMP)
+	$(BIN)/python bench/bench_sim_engine.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis
