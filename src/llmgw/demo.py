@@ -86,7 +86,7 @@ state_dir: {work / 'state'}
   lost_after: 1m
 reconcile:
   tick: 2s
-  settle: 1s
+  settle: 4s
   backoff_initial: 1s
   backoff_max: 30s
 models:

@@ -34,17 +34,16 @@ def demo(port: int, fleet_port: int, host: str, nodes: int, gpus: int, work_dir:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
+            nursery.start_soon(_cancel_on_signal, nursery.cancel_scope)
             await run_demo(opts, say)
+            nursery.cancel_scope.cancel()
 
-    try:
-        trio.run(main)
-    except KeyboardInterrupt:
-        pass
+    trio.run(main)
 
 
-async def _cancel_on_sigterm(scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+async def _cancel_on_signal(scope: trio.CancelScope) -> None:
+    """Ctrl-C or SIGTERM: a clean stop (the demo's cleanup runs), not a KeyboardInterrupt."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
             scope.cancel()
             return

@@ -51,6 +51,7 @@ class Controller:
         self._wake = trio.Event()
         self.started_at = 0.0
         self._settled = False
+        self._expected: set[str] = set()
         self.passes = 0
 
     # -- FleetObserver --------------------------------------------------------------------------
@@ -104,13 +105,15 @@ class Controller:
         ]
 
     def _settle_left(self, now: float) -> float:
-        """Seconds to wait before placing anything; 0 once every known node re-registered."""
+        """Seconds to wait before placing anything: the settle period, cut short once every
+        node seen before has re-registered (a first start waits it out, so that the nodes
+        starting with it are there and replicas spread over them)."""
         left = float(self.settings.settle) - (now - self.started_at)
         if left <= 0 or self._settled:
             return 0.0
-        expected = self.known.ids if self.known is not None else set()
+        expected = self._expected
         connected = {n.id for n in self.registry.nodes.values() if n.connected}
-        if not expected - connected:
+        if expected and not expected - connected:
             if expected:
                 log.info("all %d known nodes have registered; placing replicas", len(expected))
             self._settled = True
@@ -120,16 +123,19 @@ class Controller:
     async def run(self) -> None:
         self.started_at = trio.current_time()
         self._settled = False
+        self._expected = set(self.known.ids) if self.known is not None else set()  # as of this start
         if self.known is not None and self.known.ids and self.settings.settle > 0:
             log.info("waiting up to %gs for %d known nodes to report their engines before placing replicas",
                      self.settings.settle, len(self.known.ids))
+        elif self.settings.settle > 0:
+            log.info("first start: waiting %gs for nodes to register before placing replicas", self.settings.settle)
         while True:
             now = trio.current_time()
             settle_left = self._settle_left(now)
             if settle_left <= 0:
                 if not self._settled:
                     self._settled = True
-                    missing = (self.known.ids if self.known else set()) - {n.id for n in self.registry.nodes.values() if n.connected}
+                    missing = self._expected - {n.id for n in self.registry.nodes.values() if n.connected}
                     if missing:
                         log.info("settle period over; not waiting for %s", ", ".join(sorted(missing)))
                 self.run_once()
