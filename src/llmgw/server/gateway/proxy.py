@@ -209,12 +209,10 @@ class Gateway:
             await responder.respond(429, [JSON, (b"retry-after", str(exc.retry_after).encode()), *extra], openai_error(
                 f"too many requests for model {model}: {exc.reason}; retry after {exc.retry_after}s",
                 "rate_limit_error", "rate_limited"))
-        except ClientGone:
-            code = 499
+        except (ClientGone, trio.Cancelled):
+            code = 499  # the client went away (nginx's "client closed request")
             raise
         finally:
-            if code != 499 and not responder.started:
-                code = 499  # cancelled (the client went away) before any answer
             self.metrics.finished(model, code, trio.current_time() - started)
 
     async def _forward(self, route: Route, request: Request, responder: Responder, rid: bytes, streaming: bool, started: float) -> int:
@@ -311,7 +309,14 @@ class Gateway:
             finally:
                 if response is not None:
                     await response.aclose()
+                breaker = balancer.breaker(endpoint) if endpoint in balancer else None
+                before = breaker.state if breaker is not None else None
                 balancer.release(pick, trio.current_time(), ok=outcome, reason=last_error)
+                if breaker is not None and breaker.state != before:
+                    log.log(logging.INFO if breaker.state.label == "closed" else logging.WARNING,
+                            "model %s: circuit breaker of %s %s → %s%s", route.name, endpoint,
+                            before.label if before is not None else "?", breaker.state.label,
+                            f" ({breaker.reason})" if breaker.reason else "")
 
     def _first_token(self, model: str, started: float) -> None:
         self.metrics.first_token(model, trio.current_time() - started)
