@@ -154,6 +154,7 @@ class ControlPlane:
             await nursery.start(listener.serve, [fleet_listener])
             await nursery.start(self._serve_public, public_sock)
             nursery.start_soon(self.gateway.run_scraper)
+            nursery.start_soon(self.gateway.run_relay_hub)
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.controller.run)
             nursery.start_soon(self._reload_on_sighup)

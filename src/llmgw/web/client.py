@@ -25,6 +25,8 @@ from llmgw.web.http1 import (
     parse_response_head,
     request_head,
 )
+from llmgw.web.rawio import RawSocket
+from llmgw.web.relayhub import RelayError, RelayHub
 
 READ_SIZE = 65536
 
@@ -38,22 +40,23 @@ class UpstreamError(Exception):
 
 
 class _Conn:
-    __slots__ = ("buf", "reused", "stream")
+    __slots__ = ("buf", "raw", "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
+        self.raw = RawSocket(stream.socket)
         self.buf = bytearray()
         self.reused = False
 
     async def receive(self) -> bool:
-        try:
-            data = await self.stream.receive_some(READ_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return False
+        data = await self.raw.recv()
         if not data:
             return False
         self.buf += data
         return True
+
+    async def send_all(self, data: bytes) -> None:
+        await self.raw.send_all(data)
 
     async def close(self) -> None:
         with trio.CancelScope(shield=True):
@@ -107,32 +110,55 @@ class Response:
 
     async def relay_chunked(self, send: Callable[[bytes], Awaitable[None]], idle_timeout: float,
                             on_first: Callable[[], None] | None = None) -> None:
-        """Pass a chunked body on byte for byte, as it arrives (SSE: event by event)."""
+        """Pass a chunked body on byte for byte, as it arrives (SSE: event by event).
+
+        Hot loop (one pass per token): one read, a scan of the chunk framing, one write. The
+        idle timeout is one cancel scope whose deadline moves only when it fires too early,
+        not a new scope per read."""
         conn = self._conn
         scanner = ChunkedScanner()
-        first = True
+        first = on_first is not None
+        data = bytes(conn.buf)
+        conn.buf.clear()
+        last = trio.current_time()
         while True:
-            if conn.buf:
-                data = bytes(conn.buf)
-                used = scanner.scan(data)
-                conn.buf.clear()
-                if used < len(data):
-                    conn.buf += data[used:]
-                if first and scanner.first_data and on_first is not None:
-                    on_first()
-                    first = False
-                await send(data[:used])
-                if scanner.done:
-                    self.chunks = scanner.chunks
-                    self._finish(reusable=not self.head.close and not conn.buf)
-                    return
-            got = False
-            with trio.move_on_after(idle_timeout):
-                got = await conn.receive()
-                if not got:
-                    raise UpstreamError("protocol", "engine closed the connection mid-stream")
-            if not got:
+            with trio.CancelScope(deadline=last + idle_timeout) as scope:
+                while True:
+                    if data:
+                        used = scanner.scan(data)
+                        if used < len(data):
+                            conn.buf += data[used:]
+                            data = data[:used]
+                        if first and scanner.first_data:
+                            on_first()  # type: ignore[misc]
+                            first = False
+                        await send(data)
+                        if scanner.done:
+                            self.chunks = scanner.chunks
+                            self._finish(reusable=not self.head.close and not conn.buf)
+                            return
+                    data = await conn.raw.recv()
+                    if not data:
+                        raise UpstreamError("protocol", "engine closed the connection mid-stream")
+                    last = trio.current_time()
+            if scope.cancelled_caught and trio.current_time() - last >= idle_timeout:
                 raise UpstreamError("timeout", f"engine sent nothing for {idle_timeout:g}s mid-stream")
+
+    async def relay_via_hub(self, hub: RelayHub, client_fd: int, idle_timeout: float,
+                            on_first: Callable[[], None] | None = None) -> None:
+        """Like relay_chunked, through the shared RelayHub (writes straight to the client fd).
+        Raises UpstreamError, or trio.BrokenResourceError when the client went away."""
+        conn = self._conn
+        initial = bytes(conn.buf)
+        conn.buf.clear()
+        try:
+            chunks, leftover = await hub.relay(conn.raw.fd, client_fd, initial, idle_timeout, on_first)
+        except RelayError as exc:
+            if exc.kind == "client":
+                raise trio.BrokenResourceError(str(exc)) from None
+            raise UpstreamError("protocol" if "closed" in str(exc) else "timeout", str(exc)) from None
+        self.chunks = chunks
+        self._finish(reusable=not self.head.close and not leftover)
 
     def _finish(self, reusable: bool) -> None:
         if not self._released:
@@ -211,7 +237,7 @@ class Upstream:
 
     async def _exchange(self, conn: _Conn, data: bytes, head_timeout: float) -> Response:
         try:
-            await conn.stream.send_all(data)
+            await conn.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise UpstreamError("reset", f"{self.host}:{self.port} closed the connection") from None
         with trio.move_on_after(head_timeout):

@@ -279,8 +279,20 @@ class ChunkedScanner:
         self.first_data = False
 
     def scan(self, data: bytes) -> int:
-        pos = 0
         end = len(data)
+        if self._state == 0 and not self._line:
+            # Fast path: exactly one whole data chunk, as an engine writes one SSE event.
+            nl = data.find(b"\r\n", 0, 18)
+            if nl > 0:
+                try:
+                    size = int(data[:nl], 16)
+                except ValueError:
+                    size = -1
+                if size > 0 and nl + 2 + size + 2 == end and data.endswith(b"\r\n"):
+                    self.chunks += 1
+                    self.first_data = True
+                    return end
+        pos = 0
         while pos < end and not self.done:
             if self._state == 1:
                 take = min(self._need, end - pos)

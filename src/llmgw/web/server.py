@@ -28,6 +28,7 @@ from llmgw.web.http1 import (
     parse_request_head,
     response_head,
 )
+from llmgw.web.rawio import RawSocket
 
 log = logging.getLogger("llmgw.http")
 
@@ -96,6 +97,18 @@ class Responder:
         """Bytes already in chunked coding (relayed from an engine as they came)."""
         await self._conn.send(data)
 
+    @property
+    def client_fd(self) -> int | None:
+        """The client socket's fd on plain TCP (for the relay hub); None over TLS."""
+        raw = self._conn.raw
+        return raw.fd if raw is not None else None
+
+    def raw_chunked_sender(self) -> Callable[[bytes], Awaitable[None]]:
+        """The cheapest way to send already-chunked bytes: straight to the fd on plain TCP
+        (raises trio.BrokenResourceError when the client is gone), else send_raw_chunked."""
+        raw = self._conn.raw
+        return raw.send_all if raw is not None else self.send_raw_chunked
+
     async def end(self) -> None:
         await self._conn.send(LAST_CHUNK)
 
@@ -108,12 +121,14 @@ Handler = Callable[[Request, Responder], Awaitable[None]]
 
 
 class _Connection:
-    __slots__ = ("buf", "eof", "handler_scope", "nursery", "peer", "stream", "tls", "watch_scope")
+    __slots__ = ("buf", "eof", "handler_scope", "nursery", "peer", "raw", "stream", "tls", "watch_scope")
 
     def __init__(self, stream: trio.abc.Stream, peer: str, tls: trio.SSLStream | None, nursery: trio.Nursery) -> None:
         self.stream = stream
         self.peer = peer
         self.tls = tls
+        # Plain TCP goes through the fd directly (see llmgw.web.rawio); TLS through SSLStream.
+        self.raw = RawSocket(stream.socket) if isinstance(stream, trio.SocketStream) else None
         self.buf = bytearray()
         self.eof = False
         self.nursery = nursery
@@ -122,14 +137,20 @@ class _Connection:
 
     async def send(self, data: bytes) -> None:
         try:
-            await self.stream.send_all(data)
+            if self.raw is not None:
+                await self.raw.send_all(data)
+            else:
+                await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise ClientGone(f"client {self.peer} went away") from None
 
     async def receive(self) -> bool:
         """Read more into buf; False at EOF."""
         try:
-            data = await self.stream.receive_some(READ_SIZE)
+            if self.raw is not None:
+                data = await self.raw.recv()
+            else:
+                data = await self.stream.receive_some(READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             data = b""
         if not data:

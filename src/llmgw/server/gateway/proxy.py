@@ -28,6 +28,7 @@ from llmgw.server.gateway.enginemetrics import parse_engine_metrics
 from llmgw.server.gateway.retry import RetryBudget, should_retry
 from llmgw.server.metrics import GatewayMetrics
 from llmgw.web.client import Upstream, UpstreamError
+from llmgw.web.relayhub import RelayHub
 from llmgw.web.server import ClientGone, Request, Responder
 
 log = logging.getLogger("llmgw.gateway")
@@ -92,6 +93,17 @@ class Gateway:
         self.engine_up: dict[str, bool] = {}
         self._api_keys = _key_digests(settings.api_keys)
         self._changed = trio.Event()
+        self.hub: RelayHub | None = None  # set while run_relay_hub runs
+
+    async def run_relay_hub(self) -> None:
+        """The task that relays every streamed answer (see llmgw.web.relayhub)."""
+        hub = RelayHub(coalesce=float(self.settings.stream_coalesce))
+        self.hub = hub
+        try:
+            await hub.run()
+        finally:
+            self.hub = None
+            hub.close()
 
     # -- what the control plane tells us ---------------------------------------------------------
 
@@ -280,11 +292,12 @@ class Gateway:
                 if response.head.chunked:
                     await responder.start(status, relay)
                     try:
-                        await response.relay_chunked(
-                            responder.send_raw_chunked,
-                            float(settings.upstream_timeout),
-                            functools.partial(self._first_token, route.name, started),
-                        )
+                        on_first = functools.partial(self._first_token, route.name, started)
+                        client_fd = responder.client_fd
+                        if client_fd is not None and self.hub is not None:
+                            await response.relay_via_hub(self.hub, client_fd, float(settings.upstream_timeout), on_first)
+                        else:
+                            await response.relay_chunked(responder.raw_chunked_sender(), float(settings.upstream_timeout), on_first)
                     except UpstreamError as exc:
                         # Bytes already went out: no retry. Cut the response so the client sees it broke.
                         outcome = False
@@ -306,6 +319,9 @@ class Gateway:
             except (ClientGone, trio.Cancelled):
                 outcome = None
                 raise
+            except trio.BrokenResourceError:
+                outcome = None  # the client went away while we relayed
+                raise ClientGone(f"client {request.peer} went away") from None
             finally:
                 if response is not None:
                     await response.aclose()

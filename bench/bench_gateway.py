@@ -1,0 +1,359 @@
+"""`make bench-gateway`: what the gateway costs on top of the engine it fronts.
+
+Non-streaming, against a fixed-response upstream (nginx `return 200` if nginx is installed,
+else `llmgw sim engine --fixed`), with wrk as the load generator (a small built-in one when
+wrk is absent), in one run: straight to the upstream (the baseline), through `llmgw server`
+(a router-only config with a static endpoint), and through nginx as a reverse proxy when
+nginx is there. For each: requests/s at 32 connections, p50/p99 latency at 1 and 32
+connections; for llmgw its CPU time per request, read from /proc.
+
+Streaming: 200 concurrent streams of 200 chunks each from `llmgw sim engine` (tokens spaced
+by its latency model, so every chunk is its own write, as with a real engine): straight to
+the engine, through a bare trio relay that only copies bytes (the floor for a trio process),
+through llmgw, and through llmgw with `stream_coalesce: 0`: CPU time per relayed chunk and
+the added time to first token.
+
+Bars on the 2-core dev machine: >= 2,500 requests/s through llmgw at 32 connections,
+<= 300 µs of llmgw CPU per request, <= 20 µs per relayed chunk, added p50 latency at one
+connection <= 0.5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16})
+FIXED = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "model": "bench", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "hello there"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise SystemExit(f"{url} did not come up")
+
+
+class Procs:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def nginx_conf(tmp: Path, port: int, proxy_to: int | None) -> Path:
+    if proxy_to is None:
+        body = FIXED.replace("'", "\\'")
+        location = f"default_type application/json; return 200 '{body}';"
+        upstream = ""
+    else:
+        location = ("proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; "
+                    "proxy_buffering off;")
+        upstream = f"upstream up {{ server 127.0.0.1:{proxy_to}; keepalive 64; }}"
+    conf = tmp / f"nginx-{port}.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {tmp}/nginx-{port}.pid;
+error_log {tmp}/nginx-{port}.err warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/body-{port};
+  proxy_temp_path {tmp}/proxy-{port};
+  keepalive_requests 1000000;
+  {upstream}
+  server {{ listen 127.0.0.1:{port}; location / {{ {location} }} }}
+}}
+""")
+    return conf
+
+
+# ---- load: wrk, or a small built-in generator -------------------------------------------------
+
+
+def run_wrk(url: str, connections: int, seconds: float, tmp: Path) -> dict[str, float]:
+    script = tmp / "post.lua"
+    script.write_text(f"wrk.method = 'POST'\nwrk.body = [[{BODY}]]\nwrk.headers['Content-Type'] = 'application/json'\n")
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+                         capture_output=True, text=True, check=True).stdout
+    def latency(label: str) -> float:
+        m = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        if not m:
+            return float("nan")
+        return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    total = float(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    return {"rps": rps, "p50": latency("50"), "p99": latency("99"), "errors": float(errors.group(1)) if errors else 0.0,
+            "requests": total}
+
+
+def run_builtin(url: str, connections: int, seconds: float, tmp: Path) -> dict[str, float]:
+    """A keep-alive load generator in a child process (used when wrk is not installed)."""
+    code = f"""
+import json, socket, selectors, time, sys
+host, port = {url.split('//')[1].split('/')[0]!r}.split(':')
+path = '/' + {url!r}.split('//')[1].split('/', 1)[1]
+body = {BODY!r}.encode()
+req = f'POST {{path}} HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\nContent-Length: {{len(body)}}\\r\\n\\r\\n'.encode() + body
+sel = selectors.DefaultSelector(); lat = []; errors = 0
+conns = []
+for _ in range({connections}):
+    s = socket.create_connection((host, int(port))); s.setblocking(False)
+    st = {{'s': s, 'buf': b'', 't': time.perf_counter()}}; s.send(req); sel.register(s, selectors.EVENT_READ, st)
+end = time.perf_counter() + {seconds}
+while time.perf_counter() < end:
+    for key, _ in sel.select(0.1):
+        st = key.data; data = st['s'].recv(65536)
+        if not data: raise SystemExit('closed')
+        st['buf'] += data
+        while True:
+            i = st['buf'].find(b'\\r\\n\\r\\n')
+            if i < 0: break
+            head = st['buf'][:i].decode('latin-1'); n = int(head.lower().split('content-length:')[1].split('\\r\\n')[0])
+            if len(st['buf']) < i + 4 + n: break
+            if not head.startswith('HTTP/1.1 200'): errors += 1
+            st['buf'] = st['buf'][i + 4 + n:]; now = time.perf_counter(); lat.append(now - st['t']); st['t'] = now; st['s'].send(req)
+lat.sort()
+print(json.dumps({{'rps': len(lat) / {seconds}, 'p50': lat[len(lat)//2], 'p99': lat[int(len(lat)*0.99)], 'errors': errors, 'requests': len(lat)}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+# ---- streaming ---------------------------------------------------------------------------------
+
+STREAM_CLIENT = r"""
+import json, sys, time, trio
+sys.path.insert(0, sys.argv[4])
+from llmgw.web.http1 import ChunkedScanner
+host, port, streams = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+body = json.dumps({"model": "bench-stream", "stream": True, "max_tokens": 200, "messages": [{"role": "user", "content": "go"}]}).encode()
+req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+ttft, chunks, errors = [], [], []
+async def one():
+    s = await trio.open_tcp_stream(host, port)
+    t0 = trio.current_time(); await s.send_all(req)
+    buf = b""; first = None; scanner = ChunkedScanner()
+    while b"\r\n\r\n" not in buf:
+        d = await s.receive_some(65536)
+        if not d: errors.append("eof in head"); return
+        buf += d
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"): errors.append(head[:40]); return
+    data = rest
+    while True:
+        if data:
+            scanner.scan(data)
+            if first is None and scanner.first_data: first = trio.current_time() - t0
+            if scanner.done: break
+        data = await s.receive_some(65536)
+        if not data: errors.append("eof in body"); break
+    ttft.append(first); chunks.append(scanner.chunks); await s.aclose()
+async def main():
+    async with trio.open_nursery() as n:
+        for _ in range(streams): n.start_soon(one)
+t = time.monotonic(); trio.run(main); wall = time.monotonic() - t
+ttft = sorted(x for x in ttft if x is not None)
+print(json.dumps({"streams": len(chunks), "chunks": sum(chunks), "ttft_p50": ttft[len(ttft)//2] if ttft else None,
+                  "ttft_p99": ttft[int(len(ttft)*0.99)] if ttft else None, "errors": errors[:3], "n_errors": len(errors), "wall": wall}))
+"""
+
+
+BARE_RELAY = r"""
+import os, sys, trio
+ENGINE = int(sys.argv[2])
+async def pump(src, dst):
+    fs, fd = src.socket.fileno(), dst.socket.fileno()
+    while True:
+        await trio.lowlevel.wait_readable(fs)
+        try:
+            data = os.read(fs, 65536)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        try:
+            os.write(fd, data)
+        except OSError:
+            return
+async def handle(client):
+    up = await trio.open_tcp_stream("127.0.0.1", ENGINE)
+    async with trio.open_nursery() as n:
+        n.start_soon(pump, client, up)
+        await pump(up, client)
+        n.cancel_scope.cancel()
+    await up.aclose()
+trio.run(trio.serve_tcp, handle, int(sys.argv[1]))
+"""
+
+
+def run_streams(port: int, streams: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", STREAM_CLIENT, "127.0.0.1", str(port), str(streams), str(ROOT / "src")],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", 8)))
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--chunks", type=int, default=200)
+    args = parser.parse_args()
+    wrk = shutil.which("wrk")
+    nginx = shutil.which("nginx") or (Path("/usr/sbin/nginx") if Path("/usr/sbin/nginx").exists() else None)
+    load = run_wrk if wrk else run_builtin
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp_name:
+        tmp = Path(tmp_name)
+        procs = Procs(tmp)
+        try:
+            up_port, gw_port, fleet_port, proxy_port, stream_port = (free_port() for _ in range(5))
+            if nginx:
+                procs.start("upstream", [str(nginx), "-c", str(nginx_conf(tmp, up_port, None)), "-p", str(tmp)])
+                upstream_kind = "nginx `return 200` (fixed JSON)"
+            else:
+                procs.start("upstream", [sys.executable, "-m", "llmgw", "sim", "engine", "--port", str(up_port), "--model", "bench", "--fixed"])
+                upstream_kind = "llmgw sim engine --fixed"
+            procs.start("engine-stream", [sys.executable, "-m", "llmgw", "sim", "engine", "--port", str(stream_port), "--model", "bench-stream",
+                                          "--ttft-ms", "20", "--itl-ms", "20", "--jitter", "0.1", "--load-slowdown", "0",
+                                          "--output-tokens", str(args.chunks), "--max-concurrency", str(args.streams + 56),
+                                          "--log-stats-interval", "0"])
+            def start_gateway(name: str, port: int, fleet: int, extra: str = "") -> subprocess.Popen[bytes]:
+                cfg = tmp / f"{name}.yaml"
+                cfg.write_text(f"state_dir: {tmp}/state-{name}\ngateway:\n  scrape_interval: 2s\n{extra}endpoints:\n"
+                               f"  - model: bench\n    url: http://127.0.0.1:{up_port}\n"
+                               f"  - model: bench-stream\n    url: http://127.0.0.1:{stream_port}\n")
+                return procs.start(name, [sys.executable, "-m", "llmgw", "server", "--config", str(cfg), "--insecure",
+                                          "--log-level", "warning", "--listen", f"127.0.0.1:{port}", "--fleet-listen", f"127.0.0.1:{fleet}"])
+
+            gateway = start_gateway("llmgw", gw_port, fleet_port)
+            gw0_port, relay_port = free_port(), free_port()
+            gateway0 = start_gateway("llmgw-nocoalesce", gw0_port, free_port(), "  stream_coalesce: 0\n")
+            relay = procs.start("bare-relay", [sys.executable, "-c", BARE_RELAY, str(relay_port), str(stream_port)])
+            if nginx:
+                procs.start("nginx-proxy", [str(nginx), "-c", str(nginx_conf(tmp, proxy_port, up_port)), "-p", str(tmp)])
+            for port in [up_port, gw_port, gw0_port, stream_port] + ([proxy_port] if nginx else []):
+                wait_http(f"http://127.0.0.1:{port}/health" if port == stream_port else f"http://127.0.0.1:{port}/")
+            time.sleep(0.5)
+            print(f"bench-gateway: upstream {upstream_kind}; load generator {'wrk' if wrk else 'built-in (wrk not installed)'}; "
+                  f"{args.seconds:g}s per run; {os.cpu_count()} CPUs")
+            targets = [("direct to upstream", up_port, None), ("through llmgw", gw_port, gateway)]
+            if nginx:
+                targets.append(("through nginx proxy", proxy_port, None))
+            else:
+                print("  (nginx not installed: no nginx-proxy comparison)")
+            results: dict[str, dict[str, Any]] = {}
+            for name, port, proc in targets:
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                load(url, 8, 1.0, tmp)  # warm up connections and pools
+                cpu0 = cpu_seconds(proc.pid) if proc else 0.0
+                r32 = load(url, 32, args.seconds, tmp)
+                cpu = (cpu_seconds(proc.pid) - cpu0) if proc else 0.0
+                r1 = load(url, 1, max(args.seconds / 2, 2.0), tmp)
+                results[name] = {"r32": r32, "r1": r1, "cpu_us": cpu / r32["requests"] * 1e6 if proc else None}
+
+            def us(x: float) -> str:
+                return f"{x * 1e6:,.0f} µs" if x == x else "n/a"
+
+            print()
+            print(f"  {'':24} {'req/s @32':>10} {'p50 @1':>10} {'p99 @1':>10} {'p50 @32':>10} {'p99 @32':>10} {'errors':>7} {'CPU/req':>10}")
+            for name, r in results.items():
+                cpu = f"{r['cpu_us']:.0f} µs" if r["cpu_us"] is not None else ""
+                errors = r["r32"]["errors"] + r["r1"]["errors"]
+                print(f"  {name:24} {r['r32']['rps']:>10,.0f} {us(r['r1']['p50']):>10} {us(r['r1']['p99']):>10} "
+                      f"{us(r['r32']['p50']):>10} {us(r['r32']['p99']):>10} {errors:>7.0f} {cpu:>10}")
+            base, gw = results["direct to upstream"], results["through llmgw"]
+            added = gw["r1"]["p50"] - base["r1"]["p50"]
+            print(f"  llmgw / direct throughput ratio: {gw['r32']['rps'] / base['r32']['rps']:.2f}")
+            if nginx:
+                ng = results["through nginx proxy"]
+                print(f"  llmgw / nginx-proxy throughput ratio: {gw['r32']['rps'] / ng['r32']['rps']:.2f}")
+
+            # Streaming.
+            direct = run_streams(stream_port, args.streams)
+            measured: dict[str, tuple[dict[str, Any], float]] = {}
+            for name, port, proc in (("through a bare trio relay", relay_port, relay), ("through llmgw", gw_port, gateway),
+                                     ("through llmgw, coalesce 0", gw0_port, gateway0)):
+                cpu0 = cpu_seconds(proc.pid)
+                r = run_streams(port, args.streams)
+                measured[name] = (r, (cpu_seconds(proc.pid) - cpu0) / r["chunks"] * 1e6 if r["chunks"] else float("nan"))
+            via, per_chunk = measured["through llmgw"]
+            floor = measured["through a bare trio relay"][1]
+            added_ttft = (via["ttft_p50"] or 0) - (direct["ttft_p50"] or 0)
+            print()
+            print(f"  streaming: {args.streams} concurrent streams × {args.chunks} chunks (engine token spacing 20 ms)")
+            print(f"  {'':28} {'chunks':>8} {'TTFT p50':>10} {'TTFT p99':>10} {'errors':>7} {'CPU/chunk':>10} {'vs relay':>9}")
+            rows = [("direct to engine", direct, None), *((n, r, c) for n, (r, c) in measured.items())]
+            for name, r, c in rows:
+                cpu = f"{c:.1f} µs" if c is not None else ""
+                ratio = f"{c / floor:.2f}×" if c is not None and floor else ""
+                print(f"  {name:28} {r['chunks']:>8,} {us(r['ttft_p50'] or float('nan')):>10} {us(r['ttft_p99'] or float('nan')):>10} "
+                      f"{r['n_errors']:>7} {cpu:>10} {ratio:>9}")
+            print(f"  added TTFT p50 through llmgw: {us(added_ttft)} (200 requests arrive at once; each costs the gateway ~{gw['cpu_us']:.0f} µs)")
+            print()
+            bars = [
+                ("requests/s through llmgw @32", f"{gw['r32']['rps']:,.0f}", ">= 2,500", gw["r32"]["rps"] >= 2500),
+                ("llmgw CPU per request", f"{gw['cpu_us']:.0f} µs", "<= 300 µs", gw["cpu_us"] <= 300),
+                ("llmgw CPU per relayed chunk", f"{per_chunk:.1f} µs", "<= 20 µs", per_chunk <= 20),
+                ("added p50 latency @1", us(added), "<= 500 µs", added <= 0.0005),
+                ("failed requests or streams", str(int(gw["r32"]["errors"] + gw["r1"]["errors"] + via["n_errors"])), "0",
+                 gw["r32"]["errors"] + gw["r1"]["errors"] + via["n_errors"] == 0),
+            ]
+            for name, value, bar, ok in bars:
+                print(f"  {name:32} {value:>12}  {bar:>10}  {'ok' if ok else 'OVER BAR'}")
+        finally:
+            procs.stop()
+
+
+if __name__ == "__main__":
+    main()
