@@ -156,4 +156,72 @@ def models(ctx: click.Context, output: str) -> None:
     console().print(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE"], rows) if rows else "no models in the catalog")
 
 
+@ctl.command()
+@output_option
+@click.pass_context
+def endpoints(ctx: click.Context, output: str) -> None:
+    """Gateway endpoints: in-flight requests, circuit breaker, engine load and violations."""
+    data = api(ctx).get("/api/v1/endpoints")
+    if output == "json":
+        print_json(data)
+        return
+    rows = []
+    for e in data:
+        load = e.get("load") or {}
+        kv = load.get("kv_cache_usage")
+        rows.append((
+            e["model"], e["endpoint"], str(e["outstanding"]), styled_state(e["breaker"]) if e["breaker"] != "closed" else "closed",
+            "up" if e["engine_up"] else "down", f"{load.get('running', '-')}/{load.get('waiting', '-')}",
+            "-" if kv is None else f"{kv:.0%}", ", ".join(e.get("violations") or []) or e.get("breaker_reason", ""),
+        ))
+    console().print(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows)
+                    if rows else "no endpoints in rotation")
+
+
+@ctl.command()
+@click.pass_context
+def reload(ctx: click.Context) -> None:
+    """Make the server re-read its config file (catalog, endpoints, gateway settings).
+
+    Needs an operator credential (--token or an operator certificate).
+    """
+    result = api(ctx).request("POST", "/api/v1/reload")
+    console().print(result.get("message", "reloaded"))
+
+
+@ctl.command()
+@click.argument("node_id")
+@click.pass_context
+def forget(ctx: click.Context, node_id: str) -> None:
+    """Forget a node that is gone for good (it must be disconnected)."""
+    api(ctx).request("DELETE", f"/api/v1/nodes/{node_id}")
+    console().print(f"forgot node {node_id}")
+
+
+@ctl.command()
+@click.argument("replica_id")
+@click.pass_context
+def restart(ctx: click.Context, replica_id: str) -> None:
+    """Stop a replica; the reconciler places a new one in its stead."""
+    api(ctx).request("POST", f"/api/v1/replicas/{replica_id}/restart")
+    console().print(f"restarting {replica_id}: it is stopped and a new replica is placed")
+
+
+@ctl.command("hash-secret")
+@click.option("--secret", help="The secret (default: read one line from stdin, so it stays out of shell history).")
+def hash_secret(secret: str | None) -> None:
+    """Print the sha256:<hex> form of an API key or operator token, for the server config.
+
+    \b
+    printf %s "$KEY" | llmgw ctl hash-secret     # → gateway.api_keys / api.operator_tokens
+    """
+    import hashlib
+    import sys
+
+    value = secret if secret is not None else sys.stdin.readline().rstrip("\r\n")
+    if not value:
+        raise click.UsageError("empty secret: pass --secret or one line on stdin")
+    click.echo("sha256:" + hashlib.sha256(value.encode()).hexdigest())
+
+
 ctl.add_command(cert)
