@@ -42,5 +42,8 @@ bench-gateway: $(STAMP)
 bench-sim-engine: $(STAMP)
 	$(BIN)/python bench/bench_sim_engine.py $(BENCH_ARGS)
 
+docs: $(STAMP)
+	$(BIN)/python tools/gendocs.py
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis

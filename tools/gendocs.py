@@ -1,0 +1,109 @@
+"""Generate completions/ (bash, zsh, fish) and man/ (one page per command) from the CLI.
+
+`make docs` writes them; tests/unit/test_generated_docs.py fails when they are out of date,
+so a changed flag or help text cannot ship with stale completion scripts or man pages.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parent.parent
+SHELLS = {"bash": "llmgw.bash", "zsh": "_llmgw", "fish": "llmgw.fish"}
+
+
+def completion_scripts() -> dict[str, str]:
+    out = {}
+    for shell, name in SHELLS.items():
+        env = dict(os.environ, _LLMGW_COMPLETE=f"{shell}_source")
+        result = subprocess.run([sys.executable, "-m", "llmgw"], env=env, capture_output=True, text=True, check=True)
+        # `python -m llmgw` names itself after the module; the installed command is `llmgw`.
+        out[name] = result.stdout
+    return out
+
+
+def _roff(text: str) -> str:
+    lines = []
+    for line in text.replace("\\", "\\\\").splitlines():
+        line = line.replace("\b", "").rstrip()
+        if line.startswith((".", "'")):
+            line = "\\&" + line
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _walk(command: click.Command, path: list[str]) -> list[tuple[list[str], click.Command]]:
+    out = [(path, command)]
+    if isinstance(command, click.Group):
+        ctx = click.Context(command, info_name=path[-1])
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            if sub is not None and not sub.hidden:
+                out += _walk(sub, [*path, name])
+    return out
+
+
+def man_pages() -> dict[str, str]:
+    from llmgw import __version__
+    from llmgw.cli.main import cli
+
+    pages = {}
+    for path, command in _walk(cli, ["llmgw"]):
+        name = "-".join(path)
+        title = name.upper()
+        ctx = click.Context(cli, info_name="llmgw", help_option_names=["-h", "--help"])
+        for part in path[1:]:
+            sub = ctx.command.get_command(ctx, part)  # type: ignore[attr-defined]
+            ctx = click.Context(sub, info_name=part, parent=ctx, help_option_names=["-h", "--help"])
+        usage = " ".join(path) + " " + " ".join(command.collect_usage_pieces(ctx))
+        summary = (command.short_help or (command.help or "").split("\n")[0]).strip().rstrip(".")
+        lines = [
+            f'.TH "{title}" "1" "" "llmgw {__version__}" "llmgw manual"',
+            ".SH NAME",
+            f"{name} \\- {_roff(summary)}",
+            ".SH SYNOPSIS",
+            f".B {_roff(usage.strip())}",
+            ".SH DESCRIPTION",
+            ".nf",
+            _roff(command.help or summary),
+            ".fi",
+        ]
+        params = [p for p in command.get_params(ctx) if isinstance(p, click.Option) and not p.hidden]
+        if params:
+            lines.append(".SH OPTIONS")
+            for param in params:
+                record = param.get_help_record(ctx)
+                if record is None:
+                    continue
+                opts, help_text = record
+                lines += [".TP", f".B {_roff(opts)}", _roff(help_text)]
+        if isinstance(command, click.Group):
+            lines.append(".SH COMMANDS")
+            for sub in command.list_commands(ctx):
+                lines += [".TP", f".B {sub}", f"See \\fB{name}-{sub}\\fR(1)."]
+        lines += [".SH SEE ALSO", "\\fBllmgw\\fR(1)", ""]
+        pages[f"{name}.1"] = "\n".join(lines)
+    return pages
+
+
+def main() -> None:
+    (ROOT / "completions").mkdir(exist_ok=True)
+    (ROOT / "man").mkdir(exist_ok=True)
+    for name, text in completion_scripts().items():
+        (ROOT / "completions" / name).write_text(text)
+    stale = {p.name for p in (ROOT / "man").glob("*.1")}
+    for name, text in man_pages().items():
+        (ROOT / "man" / name).write_text(text)
+        stale.discard(name)
+    for name in stale:
+        (ROOT / "man" / name).unlink()
+    print(f"wrote {len(SHELLS)} completion scripts and {len(man_pages())} man pages")
+
+
+if __name__ == "__main__":
+    main()
