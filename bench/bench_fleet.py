@@ -101,6 +101,8 @@ async def one_node(url: str, i: int, stats: Stats, start_beating: trio.Event, st
             while not stop.is_set():
                 seq += 1
                 await ch.send(m.encode(m.Heartbeat(seq=seq, ports=ports, gpus=gpus)))
+                if seq % 3 == 0:
+                    ch.connection.ping()  # as the agent does when the server has been quiet
                 stats.heartbeats += 1
                 next_at += 1.0
                 with trio.move_on_at(next_at):

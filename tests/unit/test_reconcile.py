@@ -207,3 +207,20 @@ def test_profile_fallback_and_missing_feature() -> None:
     rec2 = make([model])
     assert rec2.reconcile(old_agent, 0) == []
     assert "agent 0.0.1 cannot start engines" in next(iter(rec2.replicas.values())).reason
+
+
+def test_stop_lost_with_a_broken_stream_is_sent_again() -> None:
+    rec = make(catalog(small=1, big=0))
+    fleet = nodes("gpu-01")
+    [s] = bring_up(rec, fleet)
+    rec.set_catalog([])
+    [stop] = stops(rec.reconcile(fleet, 1))
+    assert rec.reconcile(fleet, 2) == []  # sent once
+    # The stream broke before the agent saw the Stop; it re-registers with the engine running.
+    rec.on_register("gpu-01", [m.ShardReport(spec=s.spec, state="ready", pid=9)], 3)
+    [again] = stops(rec.reconcile(fleet, 3))
+    assert again.shard_id == stop.shard_id
+    replica = next(iter(rec.replicas.values()))
+    assert replica.state == "stopping" and replica.shards[0].state == "stopping"
+    rec.on_shard_status("gpu-01", m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopped"), 4)
+    assert rec.replicas == {}

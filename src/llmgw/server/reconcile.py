@@ -153,6 +153,9 @@ class Reconciler:
                 shard.acked = True
                 if report.endpoint:
                     shard.endpoint = report.endpoint
+                if shard.state == "stopping" and report.state in HOLDING:
+                    shard.stop_sent = False  # the Stop may have been lost with the old stream: send again
+                    continue
                 if report.state != shard.state:
                     self._apply_shard_state(
                         replica, shard, report.state, now, reason=report.reason, tail=list(report.tail), exit_code=report.exit_code
@@ -243,6 +246,8 @@ class Reconciler:
         exit_code: int | None,
     ) -> None:
         previous = shard.state
+        if previous == "stopping" and state in HOLDING:
+            return  # still running: it stays "stopping" until the agent says it stopped
         shard.state = state
         shard.reason = reason
         if exit_code is not None:
