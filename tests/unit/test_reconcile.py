@@ -224,3 +224,12 @@ def test_stop_lost_with_a_broken_stream_is_sent_again() -> None:
     assert replica.state == "stopping" and replica.shards[0].state == "stopping"
     rec.on_shard_status("gpu-01", m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopped"), 4)
     assert rec.replicas == {}
+
+
+def test_a_dead_engine_reported_after_a_server_restart_is_not_adopted() -> None:
+    rec = make(catalog(small=1, big=0))
+    spec = m.ShardSpec(shard_id="small-zzzzz.1", replica_id="small-zzzzz", model="small", profile="tp1", engine="sim", gpus=[0], port=20001)
+    rec.on_register("gpu-01", [m.ShardReport(spec=spec, state="exited", reason="the engine exited while the agent was not running")], 0)
+    assert "small-zzzzz" not in rec.replicas
+    [start] = starts(rec.reconcile(nodes("gpu-01"), 1))
+    assert start.spec.replica_id != "small-zzzzz"

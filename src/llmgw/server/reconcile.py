@@ -161,6 +161,9 @@ class Reconciler:
                         replica, shard, report.state, now, reason=report.reason, tail=list(report.tail), exit_code=report.exit_code
                     )
                 continue
+            if report.state not in HOLDING:
+                self.log.append(f"{node_id} reports {spec.shard_id} {report.state}: nothing to adopt")
+                continue
             age = max(0.0, wall_now - report.started_at) if wall_now and report.started_at else 0.0
             self._adopt(node_id, report, now, now - age)
         for replica in list(self.replicas.values()):
@@ -202,7 +205,7 @@ class Reconciler:
             rank=spec.rank,
             gpus=list(spec.gpus),
             port=spec.port,
-            state=report.state if report.state in HOLDING else "starting",
+            state=report.state,
             pid=report.pid,
             endpoint=report.endpoint,
             started_at=started,
