@@ -228,6 +228,7 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
     config = work / "server.yaml"
     await trio.to_thread.run_sync(config.write_text, server_config(opts, work, tls_dir))
     fleet = Fleet(logs)
+    clean = cancelled = False
     try:
         server_args = ["server", "--config", str(config)]
         if not opts.tls:
@@ -283,12 +284,25 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         while True:
             await trio.sleep(1)
             fleet.check_alive()
+    except trio.Cancelled:
+        cancelled = True
+        raise
+    except BaseException:
+        clean = False
+        raise
+    else:
+        clean = True
     finally:
         with trio.CancelScope(shield=True):
             say("stopping: agents stop their engines, then the server …")
             await trio.to_thread.run_sync(fleet.stop)
             leftovers = await trio.to_thread.run_sync(kill_leftover_engines, work)
             say("stopped; nothing left running" + (f" (killed {leftovers} engines a crashed agent left)" if leftovers else ""))
+            if not opts.dir:
+                if clean or cancelled:
+                    await trio.to_thread.run_sync(shutil.rmtree, work, True)
+                else:
+                    say(f"logs kept in {logs}")
 
 
 def _curl_target(public: str, ready: list[dict[str, Any]]) -> str:

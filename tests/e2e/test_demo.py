@@ -1,0 +1,68 @@
+"""`llmgw demo` as `make demo` runs it: ready banner, the printed curl answers through the
+gateway, every replica ready, and Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.harness import ctl_json, free_port, llmgw_env, wait_until
+
+
+def processes_under(work: Path) -> list[int]:
+    """Processes whose command line or working directory is in the demo's directory (the
+    server and agents name their configs there; engines run with their cwd there)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if str(work) in cmdline or cwd.startswith(str(work)):
+            out.append(int(proc.name))
+    return out
+
+
+def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
+    port, fleet_port = free_port(), free_port()
+    log = tmp_path / "demo.out"
+    with open(log, "wb") as out:
+        demo = subprocess.Popen([sys.executable, "-m", "llmgw", "demo", "--port", str(port), "--fleet-port", str(fleet_port)],
+                                stdout=out, stderr=subprocess.STDOUT, env=llmgw_env(), start_new_session=True)
+    try:
+        wait_until(lambda: "Ready." in log.read_text() or demo.poll() is not None, "the ready banner", deadline=120)
+        text = log.read_text()
+        assert demo.poll() is None, text
+        assert "✓ certificates" in text and text.count("✓ node") == 2 and "3 of 3 ready" in text
+        # The printed curl, as printed, goes through the gateway (the public port).
+        curl = next(line.strip() for line in text.splitlines() if line.strip().startswith("curl "))
+        args = shlex.split(curl)
+        assert args[2].startswith(f"http://127.0.0.1:{port}/v1/")
+        body = json.loads(args[args.index("-d") + 1])
+        answer = httpx.post(args[2], json=body, timeout=30).json()
+        assert answer["choices"][0]["message"]["content"]
+        # The ctl commands it prints work as printed (path aside).
+        ctl = next(line for line in text.splitlines() if "ctl --server" in line and line.rstrip().endswith("nodes"))
+        server = re.search(r"--server (\S+)", ctl).group(1)  # type: ignore[union-attr]
+        assert {r["state"] for r in ctl_json(server, "replicas")} == {"ready"}
+        work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
+        assert len(processes_under(work)) >= 6  # server, 2 agents, 3 engines
+    finally:
+        os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C at the terminal does
+        demo.wait(timeout=60)
+    text = log.read_text()
+    assert "stopped; nothing left running" in text
+    assert demo.returncode == 0, text[-2000:]
+    wait_until(lambda: not processes_under(work), "no demo process left", deadline=10)
+    assert not work.exists()  # a clean stop leaves no temp files either
