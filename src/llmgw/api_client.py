@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import httpx
 import msgspec
 
-from llmgw.errors import LlmgwError, Unreachable
+from llmgw.errors import LlmgwError, Unreachable, UsageError
+from llmgw.tls.context import check_key_pair, client_context
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"
 
@@ -32,19 +34,19 @@ class ApiClient:
         self.server = server.rstrip("/")
         if "://" not in self.server:
             self.server = f"http://{self.server}"
+        self.ca = ca
+        self.cert = cert
         headers = {"user-agent": "llmgw-ctl"}
         if token:
             headers["authorization"] = f"Bearer {token}"
         verify: Any = True
         if ca:
-            import ssl
-
-            verify = ssl.create_default_context(cafile=ca)
-            if cert:
-                verify.load_cert_chain(cert, key)
-        elif cert:
-            import ssl
-
+            # Files are checked first: a wrong path or a mismatched key is one line, not a traceback.
+            verify = client_context(ca, cert or None, key or None, alpn=("http/1.1",))
+        elif cert or key:
+            if not (cert and key):
+                raise UsageError("an operator certificate needs both --cert and --key")
+            check_key_pair(cert, key)
             verify = ssl.create_default_context()
             verify.load_cert_chain(cert, key)
         self._client = httpx.Client(base_url=self.server, headers=headers, timeout=timeout, verify=verify)
@@ -58,14 +60,28 @@ class ApiClient:
                 method, path, content=None if body is None else msgspec.json.encode(body),
                 headers={"content-type": "application/json"} if body is not None else None,
             )
-        except httpx.ConnectError as exc:
-            raise Unreachable(
-                f"cannot reach the llmgw server at {self.server}: {_reason(exc)} "
-                "(is `llmgw server` running? set --server or LLMGW_SERVER)"
-            ) from None
         except httpx.TimeoutException:
             raise Unreachable(f"the llmgw server at {self.server} did not answer in time") from None
         except httpx.HTTPError as exc:
+            tls = self._tls_problem(exc)
+            if tls:
+                raise LlmgwError(tls) from None
+            if isinstance(exc, httpx.ConnectError):
+                raise Unreachable(
+                    f"cannot reach the llmgw server at {self.server}: {_reason(exc)} "
+                    "(is `llmgw server` running? set --server or LLMGW_SERVER)"
+                ) from None
+            if isinstance(exc, httpx.RemoteProtocolError) and self.server.startswith("http://"):
+                raise Unreachable(
+                    f"the llmgw server at {self.server} closed the connection without an answer; if its public "
+                    "port speaks TLS (public_tls in its config), use an https:// URL with --ca"
+                ) from None
+            if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError) and self.cert and self.server.startswith("https://"):
+                raise LlmgwError(
+                    f"the llmgw server at {self.server} closed the connection without an answer: it most likely "
+                    f"refused the client certificate {self.cert} (not from the CA in its public_tls.ca, or expired); "
+                    "see the server's log"
+                ) from None
             raise Unreachable(f"request to {self.server}{path} failed: {exc}") from None
         if response.status_code >= 400:
             raise ApiError(f"{method} {path}: HTTP {response.status_code}: {_error_message(response)}", response.status_code)
@@ -76,6 +92,41 @@ class ApiClient:
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
+
+    def _tls_problem(self, exc: BaseException) -> str:
+        """One line for a failed TLS handshake with the server ("" when it was not one)."""
+        err = _ssl_error(exc)
+        if err is None:
+            return ""
+        from llmgw.tls import explain_tls_error
+
+        host = httpx.URL(self.server).host
+        if isinstance(err, ssl.SSLCertVerificationError) and not self.ca:
+            detail = err.verify_message or "certificate verify failed"
+            return (
+                f"certificate verify failed for the llmgw server at {self.server} ({detail}): pass the cluster's "
+                "CA certificate with --ca ca.crt (or LLMGW_CA), the ca.crt of the `llmgw ctl cert` directory"
+            )
+        if getattr(err, "reason", "") in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+            return (f"the llmgw server at {self.server} does not speak TLS on that port; use an http:// URL "
+                    "(its public port has no public_tls)")
+        line = explain_tls_error(exc, host).replace("point tls.ca at", "pass --ca with")
+        return f"TLS with the llmgw server at {self.server} failed: {line}"
+
+
+def _ssl_error(exc: BaseException) -> ssl.SSLError | None:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    todo = [exc]
+    while todo:
+        cur = todo.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, ssl.SSLError):
+            return cur
+        todo.extend(e for e in (cur.__cause__, cur.__context__) if e is not None)
+    return None
 
 
 def _reason(exc: Exception) -> str:
@@ -94,4 +145,6 @@ def _error_message(response: httpx.Response) -> str:
         return response.text.strip()[:200] or response.reason_phrase
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         return str(data["error"].get("message", data["error"]))
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        return data["message"]  # e.g. a refused reload: {"ok": false, "message": "file:line ..."}
     return str(data)[:200]

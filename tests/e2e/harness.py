@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -172,10 +173,10 @@ async def wait_until_async(
         await trio.sleep(interval)
 
 
-def get_json(url: str, timeout: float = 5) -> Any:
+def get_json(url: str, timeout: float = 5, verify: Any = True) -> Any:
     import httpx
 
-    response = httpx.get(url, timeout=timeout)
+    response = httpx.get(url, timeout=timeout, verify=verify)
     response.raise_for_status()
     return response.json()
 
@@ -184,7 +185,7 @@ class Server:
     """A real `llmgw server` on loopback ports (fixed, so a restart keeps them)."""
 
     def __init__(self, tmp: Path, config_text: str = "", name: str = "server", extra_args: list[str] | None = None,
-                 insecure: bool = True) -> None:
+                 insecure: bool = True, public_ca: Path | None = None) -> None:
         self.tmp = tmp
         self.name = name
         self.public_port = free_port()
@@ -193,12 +194,25 @@ class Server:
         self.config.write_text(config_text or FAST_FLEET)
         self.extra_args = extra_args or []
         self.insecure = insecure
+        # Set when the config has public_tls: the public port speaks TLS, verified against this CA.
+        self.public_ca = public_ca
+        # Its own state directory (known nodes), kept across restarts of this server only.
+        self.state_dir = tmp / f"{name}-state"
         self.proc: Proc | None = None
 
     @property
     def url(self) -> str:
-        scheme = "http"
+        scheme = "https" if self.public_ca else "http"
         return f"{scheme}://127.0.0.1:{self.public_port}"
+
+    @property
+    def verify(self) -> Any:
+        """httpx's `verify` for the public port."""
+        if self.public_ca is None:
+            return True
+        import ssl
+
+        return ssl.create_default_context(cafile=str(self.public_ca))
 
     @property
     def fleet_url(self) -> str:
@@ -206,16 +220,17 @@ class Server:
 
     def start(self) -> Proc:
         args = ["server", "--config", str(self.config), "--listen", f"127.0.0.1:{self.public_port}",
-                "--fleet-listen", f"127.0.0.1:{self.fleet_port}", *self.extra_args]
+                "--fleet-listen", f"127.0.0.1:{self.fleet_port}", "--state-dir", str(self.state_dir), *self.extra_args]
         if self.insecure:
             args.append("--insecure")
         self.proc = Proc(self.name, args, self.tmp)
-        wait_until(lambda: get_json(f"{self.url}/healthz")["status"] == "ok", f"{self.name} to serve /healthz",
+        verify = self.verify
+        wait_until(lambda: get_json(f"{self.url}/healthz", verify=verify)["status"] == "ok", f"{self.name} to serve /healthz",
                    procs=[self.proc])
         return self.proc
 
     def nodes(self) -> dict[str, dict[str, Any]]:
-        return {n["id"]: n for n in get_json(f"{self.url}/api/v1/nodes")}
+        return {n["id"]: n for n in get_json(f"{self.url}/api/v1/nodes", verify=self.verify)}
 
 
 FAST_FLEET = """\
@@ -287,3 +302,31 @@ def tls_agent_config(base: Path, ca: Path, cert: Path, key: Path, node_id: str |
     out = base.with_name(f"agent-{cert.stem}-{node_id or 'own'}.yaml")
     out.write_text(text + f"tls:\n  ca: {ca}\n  cert: {cert}\n  key: {key}\n")
     return out
+
+
+def ctl(server_url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`llmgw ctl --server URL ARGS` as a real process (no LLMGW_TOKEN from the test's own environment)."""
+    base = {"LLMGW_TOKEN": "", "LLMGW_CA": "", "LLMGW_CERT": "", "LLMGW_KEY": ""}
+    return run_llmgw("ctl", "--server", server_url, *args, env={**base, **(env or {})})
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The single `llmgw: error: ...` line a failed command printed (and nothing else, no traceback)."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmgw: error: "), result.stderr
+    return lines[0]
+
+
+ENGINE_LISTENING = re.compile(r"^llmgw-sim-engine listening on (\S+):(\d+)$", re.M)
+
+
+def start_sim_engine(tmp: Path, name: str, *args: str) -> tuple[Proc, str]:
+    """`llmgw sim engine --port 0 ARGS` on its own (no agent): the process and its URL once /health answers."""
+    import httpx
+
+    proc = Proc(name, ["sim", "engine", "--port", "0", "--log-stats-interval", "0", *args], tmp)
+    host, port = wait_until(lambda: (m := ENGINE_LISTENING.search(proc.log())) and m.groups(), f"{name} to print its port",
+                            procs=[proc])
+    url = f"http://{host}:{port}"
+    wait_until(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, f"{name} /health", procs=[proc])
+    return proc, url

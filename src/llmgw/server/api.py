@@ -161,8 +161,9 @@ async def send_json(responder: Responder, status: int, body: Any, headers: list[
     await responder.respond(status, [_JSON, *(headers or [])], _json.encode(body))
 
 
-async def send_error(responder: Responder, status: int, message: str, code: str) -> None:
-    await send_json(responder, status, {"error": {"message": message, "type": code, "code": code}})
+async def send_error(responder: Responder, status: int, message: str, code: str,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send_json(responder, status, {"error": {"message": message, "type": code, "code": code}}, headers)
 
 
 class PublicHandler:
@@ -199,7 +200,8 @@ class PublicHandler:
         if method in ("POST", "DELETE", "PUT", "PATCH"):
             who = self._operator(request)
             if who is None:
-                await send_error(responder, 401, plane.operator_hint(), "unauthorized")
+                await send_error(responder, 401, plane.operator_hint(request), "unauthorized",
+                                 [(b"www-authenticate", b'Bearer realm="llmgw operator"')])
                 return
             await self.mutate(route, method, who, request, responder)
             return
@@ -252,7 +254,9 @@ class PublicHandler:
             node_id = route[len("nodes/"):]
             problem = plane.forget_node(node_id)
             if problem:
-                await send_error(responder, 409 if problem != "not found" else 404, f"cannot forget {node_id}: {problem}", "conflict")
+                missing = problem == "not found"
+                await send_error(responder, 404 if missing else 409, f"cannot forget {node_id}: {problem}",
+                                 "not_found" if missing else "conflict")
             else:
                 log.info("node %s forgotten by %s", node_id, who)
                 await send_json(responder, 200, {"forgotten": node_id})

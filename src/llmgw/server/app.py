@@ -179,7 +179,7 @@ class ControlPlane:
             cfg = override(load_server_config(self.config_path), self.overrides)
         except UsageError as exc:
             log.error("reload failed, keeping the running config: %s", exc)
-            return ReloadResult(ok=False, message=str(exc))
+            return ReloadResult(ok=False, message=f"{exc}; the running config stays")
         changed = [k for k in ("listen", "fleet_listen", "tls", "public_tls", "fleet", "state_dir") if getattr(cfg, k) != getattr(self.cfg, k)]
         if changed:
             log.warning("reload: changes to %s take effect only after a restart", ", ".join(changed))
@@ -242,13 +242,38 @@ class ControlPlane:
                 return f"token sha256:{digest[:8]}…"
         if request.tls is not None and peer_is_operator(request.tls):
             return f"operator certificate {peer_common_name(request.tls)!r}"
-        if self.insecure and not self._operator_tokens and not (self.cfg.public_tls and self.cfg.public_tls.ca):
+        if self.insecure and not self._operator_tokens and not self._operator_certs():
             return "anyone (--insecure and no operator credentials configured)"
         return None
 
-    def operator_hint(self) -> str:
-        return ("this call needs an operator credential: `--token` with a token whose sha256 is in api.operator_tokens, "
-                "or an operator certificate (`llmgw ctl cert operator NAME`) over the TLS public port")
+    def _operator_certs(self) -> bool:
+        """Whether operator certificates can be presented: a TLS public port that asks for
+        client certificates (public_tls with cert and ca)."""
+        public_tls = self.cfg.public_tls
+        return bool(public_tls and public_tls.cert and public_tls.ca)
+
+    def operator_hint(self, request: Request) -> str:
+        """Why this request is not an operator's, and what to do: one line for `llmgw ctl`."""
+        auth = request.head.get(b"authorization") or b""
+        certs = self._operator_certs()
+        if not self._operator_tokens and not certs:
+            return ("no operator credential is configured on this server: put a token's sha256 (`llmgw ctl hash-secret`) "
+                    "in api.operator_tokens and pass the token with --token or LLMGW_TOKEN, or set public_tls "
+                    "(cert, key, ca) and use an operator certificate")
+        if auth[:7].lower() == b"bearer ":
+            return ("the operator token was refused: its sha256 is not in api.operator_tokens "
+                    "(hash it with `llmgw ctl hash-secret`)")
+        if request.tls is not None and request.tls.getpeercert():
+            name = peer_common_name(request.tls)
+            return (f"the client certificate {name!r} is not an operator certificate (a node's?); "
+                    "issue one with `llmgw ctl cert operator NAME` and pass it with --cert and --key")
+        ways = []
+        if self._operator_tokens:
+            ways.append("--token (or LLMGW_TOKEN) with a token whose sha256 is in api.operator_tokens")
+        if certs:
+            ways.append("an operator certificate (`llmgw ctl cert operator NAME`) passed with --cert and --key "
+                        "over the TLS public port")
+        return "this call needs an operator credential: " + ", or ".join(ways)
 
     def forget_node(self, node_id: str) -> str:
         node = self.registry.get(node_id)
@@ -257,8 +282,7 @@ class ControlPlane:
         if node.connected or node.state == "ready":
             return f"it is {node.state} and connected; stop its agent first"
         del self.registry.nodes[node_id]
-        self.controller.reconciler.on_node_state(node_id, "lost", trio.current_time())
-        self.controller.wake()
+        self.controller.node_forgotten(node_id)
         return ""
 
     def restart_replica(self, replica_id: str, who: str) -> str:

@@ -65,6 +65,15 @@ class Controller:
     def node_disconnected(self, node_id: str) -> None:
         self.wake()
 
+    def node_forgotten(self, node_id: str) -> None:
+        """The operator said the node is gone for good: its shards are lost, and neither this
+        settle period nor the next start waits for it."""
+        if self.known is not None:
+            self.known.remove(node_id)
+        self._expected.discard(node_id)
+        self.reconciler.on_node_state(node_id, "lost", trio.current_time())
+        self.wake()
+
     def shard_status(self, node_id: str, msg: m.ShardStatus) -> None:
         self.reconciler.on_shard_status(node_id, msg, trio.current_time())
         self.wake()

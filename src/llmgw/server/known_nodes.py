@@ -31,6 +31,16 @@ class KnownNodes:
         if node_id in self.ids:
             return
         self.ids.add(node_id)
+        self._save()
+
+    def remove(self, node_id: str) -> None:
+        """A forgotten node: a restarted server no longer waits for it to re-register."""
+        if node_id not in self.ids:
+            return
+        self.ids.discard(node_id)
+        self._save()
+
+    def _save(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path, msgspec.json.encode(sorted(self.ids)))

@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 import msgspec
 import trio
 
+from llmgw.tls.explain import explain_tls_error
+from llmgw.tls.net import handshake
 from llmgw.web.http1 import (
     CONTINUE,
     LAST_CHUNK,
@@ -211,9 +213,11 @@ class HttpServer:
                 tls = trio.SSLStream(tcp, self.ssl_context, server_side=True)
                 try:
                     with trio.fail_after(self.limits.tls_handshake_timeout):
-                        await tls.do_handshake()
+                        # Sends the alert on failure, so a client whose certificate we refuse
+                        # hears "unknown CA" or "expired", not a bare EOF.
+                        await handshake(tls)
                 except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
-                    log.info("TLS handshake with %s failed: %s", peer, exc.__cause__ or exc)
+                    log.info("TLS handshake with %s failed: %s", peer, explain_tls_error(exc, peer, side="server"))
                     return
                 stream = tls
             async with trio.open_nursery() as nursery:
@@ -231,6 +235,11 @@ class HttpServer:
         timeout = self.limits.header_timeout if first else self.limits.keepalive_timeout
         with trio.move_on_after(timeout):
             while True:
+                if first and conn.buf[:1] == b"\x16" and conn.tls is None:
+                    # A TLS ClientHello (record type 22) on a plain port: answer at once in plain
+                    # text (the client reports "wrong version number") instead of waiting out
+                    # header_timeout for a request head that never comes.
+                    raise HttpError(400, "TLS handshake on a plain-HTTP port; use an http:// URL")
                 end = find_head_end(conn.buf)
                 if end >= 0:
                     raw = bytes(conn.buf[:end])
