@@ -11,7 +11,7 @@ import msgspec
 from llmgw.errors import LlmgwError, Unreachable, UsageError
 from llmgw.tls.context import check_key_pair, client_context
 
-DEFAULT_SERVER = "http://127.0.0.1:8080"
+DEFAULT_SERVER = "http://127.0.0.1:8080"  # also in llmgw.cli.ctl (kept light to import)
 
 
 class ApiError(LlmgwError):

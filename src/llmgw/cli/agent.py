@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import click
-import trio
 
-from llmgw.catalog import load_agent_config, override
 from llmgw.cli.logs import setup_logging
 
 
@@ -27,7 +25,10 @@ def agent(ctx: click.Context, config_path: str | None, server_url: str | None, n
 
     Flags and LLMGW_* variables override the config file.
     """
+    import trio
+
     from llmgw.agent.run import run_agent
+    from llmgw.catalog import load_agent_config, override
 
     cfg = load_agent_config(config_path)
     cfg = override(cfg, {"server": server_url, "node_id": node_id, "work_dir": work_dir})

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
 
 from llmgw.cli.render import console, make_table, output_option, print_json
-from llmgw.tls import ca as ca_store
-from llmgw.tls.build import CA_DAYS, DEFAULT_KEY_TYPE, KEY_TYPES, LEAF_DAYS
-from llmgw.tls.info import CertInfo, describe, load_certificate
+from llmgw.tls.defaults import CA_DAYS, DEFAULT_CA_NAME, DEFAULT_KEY_TYPE, KEY_TYPES, LEAF_DAYS
+
+if TYPE_CHECKING:
+    from llmgw.tls.ca import Issued
+    from llmgw.tls.info import CertInfo
 
 KEY_TYPE_HELP = (
     "Key algorithm. ed25519 works between llmgw processes (Python's ssl on OpenSSL >= 1.1.1, "
@@ -104,7 +106,7 @@ def _print_detail(info: CertInfo) -> None:
     console().print(make_table(["field", "value"], _detail_rows(info)))
 
 
-def _print_issued(issued: ca_store.Issued, output: str, what: str) -> None:
+def _print_issued(issued: Issued, output: str, what: str) -> None:
     info = issued.info
     if issued.clamped:
         console(stderr=True).print(
@@ -134,7 +136,7 @@ def cert() -> None:
 
 @cert.command()
 @_dir_option
-@click.option("--name", default=ca_store.DEFAULT_CA_NAME, show_default=True, help="The CA's common name.")
+@click.option("--name", default=DEFAULT_CA_NAME, show_default=True, help="The CA's common name.")
 @_days_option(CA_DAYS)
 @_key_type_option
 @_force_option("Replace an existing CA; every certificate the old one issued stops being trusted.")
@@ -145,6 +147,8 @@ def init(ca_dir: str, name: str, days: int, key_type: str, force: bool, output: 
     Refuses to replace an existing CA unless --force. Give ca.crt to the server (tls.ca) and
     to every agent (tls.ca); keep ca.key on the machine that issues certificates only.
     """
+    from llmgw.tls import ca as ca_store
+
     info = ca_store.init_ca(ca_dir, now=time.time(), name=name, days=days, key_type=key_type, force=force)
     _print_issued(ca_store.Issued(info=info), output, "CA certificate")
 
@@ -175,6 +179,8 @@ def server(
     Its subjectAltName holds every --host (DNS) and --ip (IP address): list every name and
     address an agent or client may dial. Default files: DIR/server.crt, DIR/server.key.
     """
+    from llmgw.tls import ca as ca_store
+
     issued = ca_store.issue_server(
         ca_dir, hosts=hosts, ips=ips, now=time.time(), days=days, name=name, out=out, key_type=key_type, force=force
     )
@@ -196,6 +202,8 @@ def node(ca_dir: str, node_id: str, out: str | None, days: int, key_type: str, f
     with require_identity the server refuses a stream whose certificate says otherwise.
     Default files: DIR/node-NODE_ID.crt, DIR/node-NODE_ID.key.
     """
+    from llmgw.tls import ca as ca_store
+
     issued = ca_store.issue_node(ca_dir, node_id, now=time.time(), days=days, out=out, key_type=key_type, force=force)
     _print_issued(issued, output, "node certificate")
 
@@ -214,6 +222,8 @@ def operator(ca_dir: str, name: str, out: str | None, days: int, key_type: str, 
     The server tells it from a node certificate by OU=operators; a node certificate never
     grants operator rights. Default files: DIR/operator-NAME.crt, DIR/operator-NAME.key.
     """
+    from llmgw.tls import ca as ca_store
+
     issued = ca_store.issue_operator(ca_dir, name, now=time.time(), days=days, out=out, key_type=key_type, force=force)
     _print_issued(issued, output, "operator certificate")
 
@@ -223,6 +233,8 @@ def operator(ca_dir: str, name: str, out: str | None, days: int, key_type: str, 
 @output_option
 def list_(ca_dir: str, output: str) -> None:
     """The CA and every certificate it issued: subject, SANs, usages, serial, expiry, status."""
+    from llmgw.tls import ca as ca_store
+
     infos = ca_store.list_certificates(ca_dir, now=time.time())
     if output == "json":
         print_json(infos)
@@ -250,6 +262,8 @@ def list_(ca_dir: str, output: str) -> None:
 @output_option
 def show(file: str, output: str) -> None:
     """One certificate file: subject, SANs, usages, serial, expiry, days left."""
+    from llmgw.tls.info import describe, load_certificate
+
     info = describe(load_certificate(file), file, time.time())
     if output == "json":
         print_json(info)

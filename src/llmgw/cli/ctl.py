@@ -6,13 +6,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-if TYPE_CHECKING:
-    from rich.console import Group
-
-from llmgw.api_client import DEFAULT_SERVER, ApiClient
 from llmgw.catalog.units import format_duration
 from llmgw.cli.cert import cert
 from llmgw.cli.render import console, make_table, output_option, print_json, styled_state
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+    from llmgw.api_client import ApiClient
+
+DEFAULT_SERVER = "http://127.0.0.1:8080"  # also llmgw.api_client.DEFAULT_SERVER
 
 
 @click.group()
@@ -34,7 +37,14 @@ def ctl(ctx: click.Context, server: str, token: str | None, cert_file: str | Non
     Exit codes: 0 ok, 1 failed, 2 bad usage, 3 server unreachable.
     """
     ctx.ensure_object(dict)
-    ctx.obj["api"] = lambda: ApiClient(server, token=token, cert=cert_file, key=key_file, ca=ca_file, timeout=timeout)
+    def make_client() -> ApiClient:
+        from llmgw.api_client import (
+            ApiClient,  # httpx: imported only when a command calls the server
+        )
+
+        return ApiClient(server, token=token, cert=cert_file, key=key_file, ca=ca_file, timeout=timeout)
+
+    ctx.obj["api"] = make_client
 
 
 def api(ctx: click.Context) -> ApiClient:

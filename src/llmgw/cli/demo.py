@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 
 import click
-import trio
 
 
 @click.command()
@@ -24,6 +23,8 @@ def demo(port: int, fleet_port: int, host: str, nodes: int, gpus: int, work_dir:
     Prints one line per step, then the gateway URL and commands to try. Ctrl-C stops
     everything it started.
     """
+    import trio
+
     from llmgw.demo import DemoOptions, run_demo
 
     opts = DemoOptions(host=host, port=port, fleet_port=fleet_port, nodes=nodes, gpus=gpus, dir=work_dir,
@@ -41,9 +42,11 @@ def demo(port: int, fleet_port: int, host: str, nodes: int, gpus: int, work_dir:
     trio.run(main)
 
 
-async def _cancel_on_signal(scope: trio.CancelScope) -> None:
+async def _cancel_on_signal(scope: object) -> None:
     """Ctrl-C or SIGTERM: a clean stop (the demo's cleanup runs), not a KeyboardInterrupt."""
+    import trio
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
-            scope.cancel()
+            scope.cancel()  # type: ignore[attr-defined]
             return

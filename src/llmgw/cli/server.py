@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import click
-import trio
 
-from llmgw.catalog import load_server_config, override
 from llmgw.cli.logs import setup_logging
 
 
@@ -24,6 +22,9 @@ def server(ctx: click.Context, config_path: str | None, listen: str | None, flee
 
     Flags and LLMGW_* variables override the config file.
     """
+    import trio
+
+    from llmgw.catalog import load_server_config, override
     from llmgw.server.app import run_server
 
     overrides = {"listen": listen, "fleet_listen": fleet_listen, "state_dir": state_dir}

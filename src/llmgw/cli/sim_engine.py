@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-import trio
 
 from llmgw.errors import LlmgwError
 
@@ -208,6 +207,8 @@ def engine(
         log_stats_interval_s=log_stats_interval,
         shutdown_grace_s=shutdown_grace,
     )
+    import trio
+
     try:
         trio.run(run_until_signalled, options)
     except (EngineStartupFailed, EngineBindFailed) as exc:

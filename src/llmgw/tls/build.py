@@ -10,7 +10,7 @@ import datetime as dt
 import ipaddress
 import re
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -18,10 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw.errors import UsageError
-
-KeyType = Literal["ecdsa-p256", "rsa-3072", "ed25519"]
-KEY_TYPES: tuple[str, ...] = get_args(KeyType)
-DEFAULT_KEY_TYPE: KeyType = "ecdsa-p256"
+from llmgw.tls.defaults import CA_DAYS, DEFAULT_KEY_TYPE, KEY_TYPES, LEAF_DAYS, KeyType  # noqa: F401 - re-exported
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
 Kind = Literal["ca", "server", "node", "operator"]
@@ -32,8 +29,6 @@ ORGANIZATION = "llmgw"
 OPERATOR_OU = "operators"
 NODE_OU = "nodes"
 
-CA_DAYS = 3650
-LEAF_DAYS = 365
 # Certificates start a little in the past so a peer whose clock is slightly behind accepts them.
 BACKDATE_SECONDS = 300
 

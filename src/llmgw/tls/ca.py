@@ -39,7 +39,8 @@ from llmgw.tls.info import CertInfo, describe
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 ISSUED_DIR = "issued"
-DEFAULT_CA_NAME = "llmgw CA"
+from llmgw.tls.defaults import DEFAULT_CA_NAME  # noqa: E402 - re-exported
+
 _KIND_ORDER = {"ca": 0, "server": 1, "node": 2, "operator": 3}
 
 
