@@ -339,3 +339,26 @@ async def test_flushed_waits_for_a_goaway_queued_after_the_connection_closed() -
             sent = await theirs.receive_some()
         nursery.cancel_scope.cancel()
     assert b"bad envelope: test" in sent
+
+
+async def test_an_agent_cancelled_from_outside_still_ends_its_stream_cleanly() -> None:
+    """`llmgw agent` on SIGTERM cancels everything, the transport's writer included; the
+    goodbye (END_STREAM, GOAWAY) must still go out, so the server sees a clean end, not a
+    connection that dropped."""
+    saw: list[ChannelClosed] = []
+
+    async def server(channel: FleetChannel) -> None:
+        try:
+            while True:
+                await channel.receive()
+        except ChannelClosed as exc:
+            saw.append(exc)
+
+    async with fleet_port(server) as (_, url):
+        with trio.CancelScope() as agent_scope:
+            async with dial(url, ssl_context=None, insecure=True, max_message=MAX) as client:
+                await client.send(b"hello")
+                agent_scope.cancel()
+                await trio.sleep_forever()
+        await until(lambda: saw, "the server to see the stream end")
+    assert saw[0].reason == "peer ended the stream" and not saw[0].error, saw[0].reason

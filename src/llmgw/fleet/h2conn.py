@@ -228,6 +228,9 @@ class H2Connection:
         self._written = 0
         self._wrote_event = trio.Event()
         self._writer_done = False
+        self._writer_sending = False  # inside send_all: cut there, the byte stream is unusable
+        self._writer_broken = False
+        self._late_sending = False  # flushed() sending what a cancelled writer left
         self._request_event = trio.Event()
         self._response_event = trio.Event()
         self._request_headers: dict[str, str] | None = None
@@ -275,13 +278,19 @@ class H2Connection:
                     self._flush_event = trio.Event()
                     await self._flush_event.wait()
                     continue
+                # A cancelled writer stops here, with its data still queued (flushed() may send
+                # it), not inside send_all where part of it may or may not have gone out.
+                await trio.lowlevel.checkpoint_if_cancelled()
                 data = bytes(self._outbuf)
                 self._outbuf.clear()
+                self._writer_sending = True
                 await self.stream.send_all(data)
+                self._writer_sending = False
                 self._written += len(data)
                 self._wrote_event.set()
                 self._wrote_event = trio.Event()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._writer_broken = True
             self._close_all(f"connection lost while sending ({type(exc).__name__})", error=True)
         finally:
             self._writer_done = True
@@ -296,6 +305,19 @@ class H2Connection:
         target = self._queued
         while self._written < target and not self._writer_done:
             await self._wrote_event.wait()
+        if self._writer_done and self._outbuf and not (self._writer_sending or self._writer_broken or self._late_sending):
+            # The writer is gone but left the byte stream whole: it was cancelled while idle
+            # (the agent stopping). Nothing else writes now; say goodbye from here.
+            data = bytes(self._outbuf)
+            self._outbuf.clear()
+            self._late_sending = True
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            finally:
+                self._late_sending = False
+            self._written += len(data)
 
     async def _receive(self) -> bytes | None:
         """Bytes from the peer; None when the idle timeout passed without any."""
