@@ -81,17 +81,18 @@ class Agent:
         self.sessions = 0
         self._seq = 0
         self._last_error: str | None = None
+        self._registered_at: float | None = None  # when the current stream registered
         self._unknown_logged: set[str] = set()
 
     async def run(self) -> None:
         """Connect, serve the stream, and on any end reconnect after a jittered backoff."""
         while True:
-            started = trio.current_time()
+            self._registered_at = None
             try:
                 async with self.dialer() as channel:
                     await self._session(channel)
             except* DialError as group:
-                self._note_error(str(group.exceptions[0]))
+                self._note_error(str(_first(group, DialError)))
             except* ChannelClosed as group:
                 exc = _first(group, ChannelClosed)
                 self._note_error(f"stream closed: {exc.reason}", warn=exc.error)
@@ -102,8 +103,11 @@ class Agent:
                 if self.connected.is_set():
                     self.connected = trio.Event()
                 self.engines.attach(None)
-            if trio.current_time() - started > 4 * self.heartbeat_interval + self.cfg.backoff.max:
-                self.backoff.reset()  # the last stream was healthy for a while: start over small
+            # Start over small only after a stream that registered and then stayed up a while;
+            # time spent dialing (a connect timeout against a dead server) is no sign of health.
+            up_since = self._registered_at
+            if up_since is not None and trio.current_time() - up_since > 4 * self.heartbeat_interval + self.cfg.backoff.max:
+                self.backoff.reset()
             delay = self.backoff.next()
             log.info("reconnecting in %.1fs", delay)
             await trio.sleep(delay)
@@ -156,6 +160,7 @@ class Agent:
             else:
                 log.info("registered as %s", self.node_id)
             self._last_error = None
+            self._registered_at = trio.current_time()
             self.sessions += 1
             self.connected.set()
             self.engines.attach(send)

@@ -29,7 +29,12 @@ def alive(pid: int, ticks: int) -> bool:
 
 
 def signal_group(pgid: int, sig: int) -> bool:
-    """Signal a whole process group (the engine and its workers). False if none is left."""
+    """Signal a whole process group (the engine and its workers). False if none is left.
+
+    Never 0 or below: os.killpg(0, …) would signal the agent's own group.
+    """
+    if pgid <= 0:
+        return False
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:

@@ -47,6 +47,9 @@ class StateFile(msgspec.Struct, kw_only=True):
     started_at: float
     log_path: str
     endpoint: str
+    # It answered its health check once: an agent that adopts it need not wait for another
+    # (a busy engine may be slow to answer) and must not hold it to its start timeout.
+    ready: bool = False
 
 
 class _PidOnly(msgspec.Struct):
@@ -181,6 +184,7 @@ class Supervisor:
                 started_at=run.started_at,
                 log_path=run.log_path,
                 endpoint=run.endpoint,
+                ready=run.state == "ready",
             )
         )
         atomic_write(self._state_path(run.spec.shard_id), data)
@@ -236,7 +240,14 @@ class Supervisor:
 
     async def _launch_and_watch(self, run: ShardRun, argv: list[str], env: dict[str, str]) -> None:
         spec = run.spec
+        if run.stop_requested:
+            self._stopped_before_launch(run)
+            return
         out = await trio.to_thread.run_sync(open, run.log_path, "ab")
+        if run.stop_requested:  # the Stop came while the log file was being opened
+            out.close()
+            self._stopped_before_launch(run)
+            return
         with out:
             out.write(f"=== llmgw: starting {spec.shard_id} ({spec.model}/{spec.profile}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {subprocess.list2cmdline(argv)}\n".encode())
             out.flush()
@@ -253,6 +264,9 @@ class Supervisor:
         run.start_ticks = procs.start_ticks(process.pid) or 0
         run.started_at = time.time()
         self._write_state(run)
+        if run.stop_requested:  # the Stop came while the process was being started
+            assert self._nursery is not None
+            self._nursery.start_soon(self._terminate, run, spec.stop_grace)
         log.info("shard %s started: pid %d, %s, log %s", spec.shard_id, run.pid, subprocess.list2cmdline(argv[:3]) + " …", run.log_path)
         self._emit(run)
         await self._watch(run)
@@ -293,6 +307,7 @@ class Supervisor:
                 if await self._probe(url):
                     run.state = "ready"
                     log.info("shard %s ready at %s", run.spec.shard_id, run.endpoint)
+                    self._write_state(run)
                     self._emit(run)
                     return
                 await trio.sleep(HEALTH_PERIOD)
@@ -345,8 +360,17 @@ class Supervisor:
         assert self._nursery is not None
         self._nursery.start_soon(self._terminate, run, grace)
 
+    def _stopped_before_launch(self, run: ShardRun) -> None:
+        run.state = "stopped"
+        run.reason = run.stop_reason
+        log.info("shard %s stopped before it was launched (%s)", run.spec.shard_id, run.stop_reason)
+        run.exited.set()
+        self._emit(run)
+
     async def _terminate(self, run: ShardRun, grace: float) -> None:
         """SIGTERM to the group, SIGKILL after the grace; the watcher reports the exit."""
+        if run.pgid <= 0:
+            return  # not launched yet: the launcher sees stop_requested and launches nothing
         if not procs.signal_group(run.pgid, signal.SIGTERM):
             return
         with trio.move_on_after(grace):
@@ -368,7 +392,11 @@ class Supervisor:
 
     def _adopt_all(self) -> None:
         for path in sorted(self.state_dir.glob("*.json")):
-            raw = path.read_bytes()
+            try:
+                raw = path.read_bytes()
+            except OSError as exc:
+                log.error("state file %s cannot be read: %s; leaving it alone", path, exc.strerror or exc)
+                continue
             try:
                 state = msgspec.json.decode(raw, type=StateFile)
             except msgspec.DecodeError as exc:
@@ -378,6 +406,8 @@ class Supervisor:
             run.pid, run.pgid, run.start_ticks = state.pid, state.pgid, state.start_ticks
             run.started_at = state.started_at
             run.adopted = True
+            if state.ready:
+                run.state = "ready"
             self.runs[state.spec.shard_id] = run
             if procs.alive(state.pid, state.start_ticks):
                 log.info(
@@ -396,8 +426,15 @@ class Supervisor:
                 log.warning("shard %s: %s", state.spec.shard_id, run.reason)
 
     async def _watch_adopted(self, run: ShardRun) -> None:
-        if await self._probe(f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"):
+        # One that was ready stays ready (as a launched one is never re-checked); one still
+        # starting is probed, then held to what is left of its start timeout.
+        if run.state == "starting" and await self._probe(
+            f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
+        ):
             run.state = "ready"
+            log.info("adopted shard %s is ready at %s", run.spec.shard_id, run.endpoint)
+            self._write_state(run)
+            self._emit(run)
         await self._watch(run)
 
     def _stop_unidentified(self, path: Path, raw: bytes, why: str) -> None:

@@ -53,8 +53,10 @@ def print_json(data: Any) -> None:
 
 def make_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Table:
     table = Table(title=title, box=None, header_style="bold", pad_edge=False, show_edge=False)
-    for name in columns:
-        table.add_column(name, no_wrap=True, overflow="fold")
+    for i, name in enumerate(columns):
+        # Identifiers never wrap; the last column (free text: a reason, a note) wraps instead
+        # of a long reason squeezing the id and state columns out of the table.
+        table.add_column(name, no_wrap=i < len(columns) - 1, overflow="fold")
     for row in rows:
         table.add_row(*("" if cell is None else str(cell) if not hasattr(cell, "__rich__") else cell for cell in row))
     return table

@@ -67,6 +67,7 @@ class FleetChannel:
         self.stream_id = stream_id
         self._decoder = EnvelopeDecoder(conn.max_message)
         self._inbox: collections.deque[bytes] = collections.deque()
+        self._held = 0  # flow-controlled bytes of the messages in the inbox (not yet acknowledged)
         self._inbox_event = trio.Event()
         self._window_event = trio.Event()
         self._send_lock = trio.Lock()
@@ -87,6 +88,11 @@ class FleetChannel:
     def connection(self) -> H2Connection:
         return self._conn
 
+    @property
+    def buffered(self) -> int:
+        """Received bytes the application has not taken yet; flow control keeps this within the window."""
+        return self._held + self._decoder.buffered
+
     # -- receiving -------------------------------------------------------------------------
 
     def _on_data(self, data: bytes, flow_controlled_length: int) -> None:
@@ -99,6 +105,7 @@ class FleetChannel:
                 self._on_end_of_stream(payload)
             else:
                 self._inbox.append(payload)
+                self._held += HEADER_SIZE + len(payload)
         self._inbox_event.set()
 
     def _on_end_of_stream(self, payload: bytes) -> None:
@@ -128,16 +135,17 @@ class FleetChannel:
                 raise ChannelClosed(self.closed_reason, error=self.closed_error)
             self._inbox_event = trio.Event()
             await self._inbox_event.wait()
-        payload = self._inbox.popleft()
-        if self.closed_reason is None:
-            self._conn.h2.acknowledge_received_data(HEADER_SIZE + len(payload), self.stream_id)
-            self._conn.pump()
-        return payload
+        return self._take()
 
     def receive_nowait(self) -> bytes | None:
         if not self._inbox:
             return None
+        return self._take()
+
+    def _take(self) -> bytes:
+        """Pop the oldest message and give its bytes back to the peer's window."""
         payload = self._inbox.popleft()
+        self._held -= HEADER_SIZE + len(payload)
         if self.closed_reason is None:
             self._conn.h2.acknowledge_received_data(HEADER_SIZE + len(payload), self.stream_id)
             self._conn.pump()
@@ -148,7 +156,7 @@ class FleetChannel:
     async def send(self, payload: bytes) -> None:
         """Send one message; waits for flow-control window, never buffers without bound."""
         if len(payload) > self._conn.max_message:
-            raise ValueError(f"message of {len(payload)} bytes exceeds {self._conn.max_message}")
+            raise ValueError(f"message of {len(payload)} bytes exceeds the limit of {self._conn.max_message} (max_message)")
         await self._send_bytes(encode_envelope(payload))
 
     async def _send_bytes(self, data: bytes, end_stream: bool = False) -> None:
@@ -156,6 +164,10 @@ class FleetChannel:
         async with self._send_lock:
             view = memoryview(data)
             while True:
+                # The stream's own reason first: a peer that ended it with an error (the server
+                # shutting down) said why, and that beats the GOAWAY that follows it.
+                if self.closed_reason is not None and self.closed_error:
+                    raise ChannelClosed(self.closed_reason, error=True)
                 if self._conn.closed_reason is not None:
                     raise ChannelClosed(self._conn.closed_reason, error=self._conn.closed_error)
                 if self.local_ended:
@@ -211,7 +223,14 @@ class H2Connection:
         self.channels: dict[int, FleetChannel] = {}
         self._outbuf = bytearray()
         self._flush_event = trio.Event()
-        self._flushed_event = trio.Event()
+        # Bytes handed to the writer and bytes it sent: flushed() waits for the first count.
+        self._queued = 0
+        self._written = 0
+        self._wrote_event = trio.Event()
+        self._writer_done = False
+        self._writer_sending = False  # inside send_all: cut there, the byte stream is unusable
+        self._writer_broken = False
+        self._late_sending = False  # flushed() sending what a cancelled writer left
         self._request_event = trio.Event()
         self._response_event = trio.Event()
         self._request_headers: dict[str, str] | None = None
@@ -247,34 +266,58 @@ class H2Connection:
         data = self.h2.data_to_send()
         if data:
             self._outbuf += data
+            self._queued += len(data)
             self._flush_event.set()
 
     async def writer(self) -> None:
         try:
             while True:
                 if not self._outbuf:
-                    self._flushed_event.set()
                     if self.closed_reason is not None:
                         return
                     self._flush_event = trio.Event()
                     await self._flush_event.wait()
                     continue
+                # A cancelled writer stops here, with its data still queued (flushed() may send
+                # it), not inside send_all where part of it may or may not have gone out.
+                await trio.lowlevel.checkpoint_if_cancelled()
                 data = bytes(self._outbuf)
                 self._outbuf.clear()
-                self._flushed_event = trio.Event()
+                self._writer_sending = True
                 await self.stream.send_all(data)
+                self._writer_sending = False
+                self._written += len(data)
+                self._wrote_event.set()
+                self._wrote_event = trio.Event()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._writer_broken = True
             self._close_all(f"connection lost while sending ({type(exc).__name__})", error=True)
-            self._flushed_event.set()
+        finally:
+            self._writer_done = True
+            self._wrote_event.set()
 
     async def flushed(self) -> None:
-        """Wait until everything queued so far went to the socket."""
-        while self._outbuf or not self._flushed_event.is_set():
-            if self.closed_reason is not None and self._flushed_event.is_set():
+        """Wait until everything queued so far went to the socket (or the writer is gone).
+
+        Counting bytes, not watching an "idle" flag: a GOAWAY queued just before the caller
+        closes the socket must really be sent, even when the writer has not woken up for it yet.
+        """
+        target = self._queued
+        while self._written < target and not self._writer_done:
+            await self._wrote_event.wait()
+        if self._writer_done and self._outbuf and not (self._writer_sending or self._writer_broken or self._late_sending):
+            # The writer is gone but left the byte stream whole: it was cancelled while idle
+            # (the agent stopping). Nothing else writes now; say goodbye from here.
+            data = bytes(self._outbuf)
+            self._outbuf.clear()
+            self._late_sending = True
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
-            await self._flushed_event.wait()
-            if not self._outbuf:
-                return
+            finally:
+                self._late_sending = False
+            self._written += len(data)
 
     async def _receive(self) -> bytes | None:
         """Bytes from the peer; None when the idle timeout passed without any."""

@@ -133,7 +133,8 @@ class FleetListener:
             except trio.TooSlowError:
                 self._refuse(peer, "timeout", f"no Connect request within {self.handshake_timeout:g}s (half-open connection?)")
                 conn.fail("no request in time", h2.errors.ErrorCodes.CANCEL)
-                await conn.flushed()
+                with trio.move_on_after(2):  # a peer that reads nothing must not hold us here
+                    await conn.flushed()
                 nursery.cancel_scope.cancel()
                 return
             except ChannelClosed as exc:

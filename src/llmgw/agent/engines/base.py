@@ -26,10 +26,11 @@ class Adapter:
         return self.argv(spec, "127.0.0.1", spec.port or 1)[0]
 
     def validate(self, spec: ShardSpec) -> None:
-        """Raise LaunchError for what would fail minutes later (missing binary, bad tensor size)."""
-        exe = self.executable(spec)
-        if not _runnable(exe):
-            raise LaunchError(f"{self.name}: executable {exe!r} not found on PATH ({os.environ.get('PATH', '')})")
+        """Raise LaunchError for what would fail minutes later (bad tensor size, missing binary).
+
+        The profile's own mistakes first: a tensor size that contradicts the GPU count is
+        wrong on every node, a missing binary only on this one.
+        """
         if self.tp_flags and spec.gpus:
             tp = tensor_parallel_arg(spec.args, self.tp_flags)
             if tp is not None and tp != len(spec.gpus):
@@ -37,11 +38,16 @@ class Adapter:
                     f"{self.name}: profile args set tensor parallel size {tp} but the shard has "
                     f"{len(spec.gpus)} GPU(s) {spec.gpus}; drop the flag or set gpus: {tp}"
                 )
+        exe = self.executable(spec)
+        if not _runnable(exe):
+            raise LaunchError(f"{self.name}: executable {exe!r} not found on PATH ({os.environ.get('PATH', '')})")
 
     def env(self, spec: ShardSpec) -> dict[str, str]:
         env = dict(os.environ)
         env.update(spec.env)
-        if spec.gpus:
+        # The GPUs placement gave the shard and no others: an engine given none sees none
+        # (not every GPU the agent happens to see), unless its profile says otherwise.
+        if spec.gpus or "CUDA_VISIBLE_DEVICES" not in spec.env:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
@@ -124,9 +130,14 @@ class CommandAdapter(Adapter):
         for part in list(spec.command) + list(spec.args):
             try:
                 out.append(part.format_map(values))
-            except (KeyError, ValueError, IndexError) as exc:
+            except (KeyError, IndexError) as exc:
                 raise LaunchError(
-                    f"command template {part!r}: unknown placeholder {exc}; known: {', '.join('{' + k + '}' for k in values)}"
+                    f"command template {part!r}: unknown placeholder {{{exc.args[0]}}}; known: "
+                    f"{', '.join('{' + k + '}' for k in values)} (write {{{{ and }}}} for literal braces)"
+                ) from None
+            except ValueError as exc:
+                raise LaunchError(
+                    f"command template {part!r}: {exc} (write {{{{ and }}}} for literal braces)"
                 ) from None
         return out
 

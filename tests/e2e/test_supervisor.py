@@ -1,0 +1,285 @@
+"""The supervisor in-process, launching real engine processes: the argv and environment the
+process really gets (/proc), the checks that refuse a shard before anything is launched, and
+adoption from state files. The same paths through a real server and agent are in
+test_replica_failures.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+
+from llmgw.agent import procs
+from llmgw.agent.supervisor import Supervisor
+from llmgw.wire import messages as m
+from tests.e2e.harness import DEFAULT_DEADLINE, free_port, pid_alive
+
+SIM_AS_COMMAND = [sys.executable, "-m", "llmgw", "sim", "engine", "--host", "{host}", "--port", "{port}", "--model", "{model}"]
+
+
+def spec(shard: str, engine: str = "sim", **kw: Any) -> m.ShardSpec:
+    base: dict[str, Any] = {"shard_id": f"{shard}.1", "replica_id": shard, "model": shard, "profile": "p", "engine": engine,
+                            "host": "127.0.0.1", "port": free_port(), "gpus": [1], "served_name": shard, "stop_grace": 2.0}
+    base.update(kw)
+    return m.ShardSpec(**base)
+
+
+class Node:
+    """A supervisor on a 4-GPU node, and every status it sends to the server."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.supervisor = Supervisor(str(work), gpu_indexes=lambda: {0, 1, 2, 3})
+        self.sent: list[m.ShardStatus] = []
+        self.supervisor.attach(self.sent.append)  # type: ignore[arg-type]
+
+    def status(self, shard_id: str, state: str) -> m.ShardStatus | None:
+        return next((s for s in self.sent if s.shard_id == shard_id and s.state == state), None)
+
+
+@asynccontextmanager
+async def node(work: Path, stop_engines: bool = True) -> AsyncIterator[Node]:
+    """A running supervisor; on the way out it stops its engines, or (stop_engines=False)
+    goes away leaving them running, as an agent that is killed does."""
+    n = Node(work)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(n.supervisor.run)
+        try:
+            yield n
+        finally:
+            if stop_engines:
+                with trio.move_on_after(DEFAULT_DEADLINE):
+                    await n.supervisor.stop_all("test over")
+            nursery.cancel_scope.cancel()
+
+
+def process_facts(pid: int) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment a process really runs with, from /proc."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+    env = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+    return argv, dict(e.split("=", 1) for e in env if "=" in e)
+
+
+def spawn(code: str, **kw: Any) -> subprocess.Popen[bytes]:
+    """A Python process in a session of its own, as engines run."""
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, **kw)
+
+
+async def until(check: Callable[[], Any], what: str, deadline: float = DEFAULT_DEADLINE) -> Any:
+    with trio.move_on_after(deadline):
+        while not (value := check()):  # noqa: ASYNC110 - polling process and file state
+            await trio.sleep(0.05)
+        return value
+    raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
+
+
+async def test_the_engine_process_gets_the_argv_and_gpus_of_its_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the agent sees all four
+    s = spec("echo", engine="command", gpus=[1, 3], command=SIM_AS_COMMAND, args=["--served-model-name", "{model}-{tp}"],
+             env={"LLMGW_TEST_MARK": "profile-env"})
+    async with node(tmp_path / "work") as n:
+        n.supervisor.start(s)
+        ready = await until(lambda: n.status(s.shard_id, "ready"), "the engine to be ready")
+        pid = ready.pid
+        argv, environ = process_facts(pid)
+        assert argv == [
+            sys.executable, "-m", "llmgw", "sim", "engine", "--host", "127.0.0.1", "--port", str(s.port),
+            "--model", "echo", "--served-model-name", "echo-2"]
+        assert environ["CUDA_VISIBLE_DEVICES"] == "1,3" and environ["LLMGW_TEST_MARK"] == "profile-env"
+        assert os.getpgid(pid) == pid and os.getsid(pid) == pid  # its own session: it outlives the agent
+        assert ready.endpoint == f"http://127.0.0.1:{s.port}"
+        state = json.loads((tmp_path / "work" / "shards" / f"{s.shard_id}.json").read_text())
+        assert state["pid"] == pid and state["start_ticks"] == procs.start_ticks(pid) and state["spec"]["gpus"] == [1, 3]
+        assert "=== llmgw: starting echo.1" in (tmp_path / "work" / "logs" / f"{s.shard_id}.log").read_text()
+
+        n.supervisor.stop(s.shard_id, 5.0, "test")
+        stopped = await until(lambda: n.status(s.shard_id, "stopped"), "the engine to stop")
+        assert stopped.reason == "test" and stopped.exit_code is not None
+        assert not pid_alive(pid) and not (tmp_path / "work" / "shards" / f"{s.shard_id}.json").exists()
+
+
+async def test_shards_refused_before_anything_is_launched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent-bin")  # no vllm here, as on this test machine
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    busy_port = busy.getsockname()[1]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    cases = {
+        "nobin": (spec("nobin", engine="command", command=["llmgw-no-such-engine", "--port", "{port}"]),
+                  "not started: command: executable 'llmgw-no-such-engine' not found on PATH (/nonexistent-bin)"),
+        "badtp": (spec("badtp", engine="vllm", gpus=[2, 3], args=["--tensor-parallel-size", "4"]),
+                  "not started: vllm: profile args set tensor parallel size 4 but the shard has 2 GPU(s) [2, 3]; "
+                  "drop the flag or set gpus: 4"),
+        "port": (spec("port", port=busy_port), f"not started: port {busy_port} on 127.0.0.1 is in use by another process"),
+        "nogpu": (spec("nogpu", gpus=[3, 9]), "not started: GPU(s) [9] do not exist on this node (it has [0, 1, 2, 3])"),
+        "taken": (spec("taken", gpus=[0, 1]), "not started: GPU(s) [0] are in use by another engine on this node"),
+        "noport": (spec("noport", port=0), "not started: bad port 0"),
+        "engine": (spec("engine", engine="trtllm"), "not started: unknown engine 'trtllm'; this agent knows command, sglang, sim, vllm"),
+        "template": (spec("template", engine="command", command=[sys.executable, "--port={prot}"]),
+                     "not started: command template '--port={prot}': unknown placeholder {prot}"),
+    }
+    with busy:
+        async with node(tmp_path / "work") as n:
+            holder = spec("holder", engine="command", command=sleeper, gpus=[0], start_timeout=600)
+            n.supervisor.start(holder)
+            await until(lambda: n.status(holder.shard_id, "starting"), "the GPU 0 holder to start")
+            for name, (s, reason) in cases.items():
+                n.supervisor.start(s)
+                failed = n.status(s.shard_id, "failed")  # refused synchronously, before any await
+                assert failed is not None, name
+                assert failed.reason.startswith(reason), (name, failed.reason)
+                assert failed.pid == 0 and failed.replica_id == s.replica_id
+                assert not (tmp_path / "work" / "logs" / f"{s.shard_id}.log").exists(), f"{name}: something was launched"
+                assert not (tmp_path / "work" / "shards" / f"{s.shard_id}.json").exists()
+                assert s.shard_id not in n.supervisor.runs  # told once, then forgotten
+            assert [x.state for x in n.sent if x.shard_id == holder.shard_id] == ["starting"]
+
+
+async def test_a_program_that_cannot_be_executed_is_failed(tmp_path: Path) -> None:
+    script = tmp_path / "engine.sh"
+    script.write_text("#!/nonexistent/interpreter\n")
+    script.chmod(0o755)
+    async with node(tmp_path / "work") as n:
+        s = spec("noexec", engine="command", command=[str(script), "{port}"])
+        n.supervisor.start(s)
+        failed = await until(lambda: n.status(s.shard_id, "failed"), "the launch to fail")
+        assert failed.reason.startswith(f"not started: cannot execute {script}:"), failed.reason
+
+
+def write_state(work: Path, name: str, content: bytes) -> Path:
+    path = work / "shards" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+async def test_adoption_from_state_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    work = tmp_path / "work"
+    # A process no state file can describe: a valid JSON naming it, in a format this agent cannot read.
+    stray = spawn("import time; time.sleep(120)")
+    # A process that exited while the agent was away, with its output in the log.
+    gone = spawn("print('loading weights'); print('CUDA error: out of memory')", stdout=subprocess.PIPE)
+    out, _ = gone.communicate(timeout=DEFAULT_DEADLINE)
+    try:
+        ticks = procs.start_ticks(stray.pid)
+        assert ticks is not None
+        unreadable = write_state(work, "stray.1", json.dumps({"pid": stray.pid, "pgid": stray.pid, "start_ticks": ticks,
+                                                              "spec": "written by a newer agent"}).encode())
+        truncated = write_state(work, "cut.1", b'{"spec": {"shard_id": "cut.1", "rep')
+        log_path = work / "logs" / "gone.1.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_bytes(out)
+        gone_spec = spec("gone")
+        exited = write_state(work, "gone.1", msgspec.json.encode({
+            "spec": gone_spec, "pid": gone.pid, "pgid": gone.pid, "start_ticks": 12345, "started_at": 1.0,
+            "log_path": str(log_path), "endpoint": "http://127.0.0.1:1"}))
+        async with node(work) as n:
+            await until(lambda: stray.poll() is not None, "the undescribable engine to be stopped")
+            assert stray.returncode == -signal.SIGKILL
+            assert not unreadable.exists() and not truncated.exists() and not exited.exists()
+            reports = n.supervisor.reports()
+            assert [(r.spec.shard_id, r.state) for r in reports] == [("gone.1", "exited")]
+            assert reports[0].reason == "the engine exited while the agent was not running"
+            assert reports[0].tail == ["loading weights", "CUDA error: out of memory"]
+            assert n.supervisor.reports() == []  # told once, in the first Register
+        text = caplog.text
+        assert f"stopping the engine it names (pid {stray.pid}): nobody can describe it" in text
+        assert "cut.1.json cannot be read" in text and "removing it" in text
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
+
+
+@pytest.fixture
+def killpg_guard(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """os.killpg with a pgid <= 0 signals the caller's own group (here: pytest): record it
+    instead of doing it."""
+    bad: list[int] = []
+    real = os.killpg
+
+    def guarded(pgid: int, sig: int) -> None:
+        if pgid <= 0:
+            bad.append(pgid)
+            return
+        real(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", guarded)
+    return bad
+
+
+async def test_a_stop_that_arrives_before_the_launch_launches_nothing(tmp_path: Path, killpg_guard: list[int]) -> None:
+    async with node(tmp_path / "work") as n:
+        s = spec("quick", engine="command", command=SIM_AS_COMMAND)
+        n.supervisor.start(s)
+        n.supervisor.stop(s.shard_id, 2.0, "surplus")  # before the launcher task ran at all
+        stopped = await until(lambda: n.status(s.shard_id, "stopped"), "the shard to be reported stopped")
+        assert stopped.pid == 0 and stopped.reason == "surplus"
+        assert killpg_guard == [], "signalled process group 0: the agent's own group"
+        assert [x.state for x in n.sent if x.shard_id == s.shard_id] == ["stopping", "stopped"]
+        assert s.shard_id not in n.supervisor.runs
+        assert not (tmp_path / "work" / "shards" / f"{s.shard_id}.json").exists()
+        assert not (tmp_path / "work" / "logs" / f"{s.shard_id}.log").exists()  # written just before a launch
+
+
+HEALTH_WHILE_FLAG = """\
+import http.server, os, sys, time
+port, flag = int(sys.argv[1]), sys.argv[2]
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        while not os.path.exists(flag):  # busy: /health hangs
+            time.sleep(0.1)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+print("serving", flush=True)
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+async def test_an_adopted_engine_that_was_ready_is_ready_at_once_even_if_busy(tmp_path: Path) -> None:
+    """An engine that served for hours, busy when the agent restarts (its /health hangs), is
+    reported ready in the first Register; it is not stopped for a start timeout that ran out
+    long ago, nor shown as starting while a probe waits."""
+    work = tmp_path / "work"
+    script = tmp_path / "engine.py"
+    script.write_text(HEALTH_WHILE_FLAG)
+    healthy = tmp_path / "healthy"
+    healthy.touch()
+    s = spec("busy", engine="command", command=[sys.executable, str(script), "{port}", str(healthy)], start_timeout=30.0)
+    async with node(work, stop_engines=False) as n:
+        n.supervisor.start(s)
+        pid = (await until(lambda: n.status(s.shard_id, "ready"), "the engine to be ready")).pid
+    # The agent is gone; its engine is not. It gets busy, and it has been up for an hour.
+    assert pid_alive(pid)
+    healthy.unlink()
+    path = work / "shards" / f"{s.shard_id}.json"
+    state = json.loads(path.read_text())
+    state["started_at"] -= 3600
+    path.write_text(json.dumps(state))
+    try:
+        async with node(work) as n:
+            assert [(r.spec.shard_id, r.state, r.pid) for r in n.supervisor.reports()] == [(s.shard_id, "ready", pid)]
+            # Still watched: when it does exit, that is reported (with no exit code: not our child).
+            os.killpg(pid, signal.SIGKILL)
+            exited = await until(lambda: n.status(s.shard_id, "exited"), "the adopted engine's exit to be reported")
+            assert exited.exit_code is None and "not this agent's child" in exited.reason
+            assert not any(x.state == "failed" for x in n.sent), n.sent
+    finally:
+        if pid_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
