@@ -307,7 +307,7 @@ class Reconciler:
         for shard in replica.shards:
             if shard.state in HOLDING:
                 self._stop(replica, shard, "another shard of the replica failed")
-        self.log.append(f"replica {replica.id} failed: {reason}" + (f"; retrying in {delay:.0f}s" if delay else ""))
+        self.log.append(f"replica {replica.id} failed: {reason}" + (f"; retrying in {delay:g}s" if delay else ""))
 
     def _maybe_forget(self, replica: Replica) -> None:
         if all(s.state in GONE for s in replica.shards):
