@@ -64,7 +64,8 @@ class _Conn:
 
 
 class Response:
-    """An upstream response whose head has arrived; read or relay the body, then `release`."""
+    """An upstream response whose head has arrived: read or relay the body (which hands the
+    connection back to the pool, or closes it on an error), or `aclose` to give it up."""
 
     __slots__ = ("_conn", "_pool", "_released", "chunks", "head")
 
