@@ -338,7 +338,7 @@ def main() -> None:
         proc.wait()
     rows.append(("baseline (bare trio, canned bytes)", base))
 
-    # The same canned answer through h11: what parsing with h11 alone costs (see sim/http1.py).
+    # The same canned answer through h11: what parsing with h11 alone costs (see llmgw/web/http1.py).
     proc, port = start_baseline(H11_REFERENCE)
     try:
         rows.append(

@@ -234,6 +234,15 @@ def test_engine_killed_mid_run_loses_no_request(fleet: Server) -> None:
         t.start()
     try:
         wait_until(lambda: len(outcomes) >= 30, "traffic flowing")
+
+        def victim_busy() -> bool:
+            text = httpx.get(f"{victim_ep}/metrics", timeout=5).text
+            return any(line.startswith("vllm:num_requests_running{") and float(line.rsplit(" ", 1)[1]) > 0
+                       for line in text.splitlines())
+
+        # Kill it with a request inside: otherwise, if the agent's report takes the endpoint out
+        # of rotation before any request picks it, nothing fails and nothing is retried.
+        wait_until(victim_busy, "a request running on the victim")
         os.kill(victim_pid, signal.SIGKILL)
         assert not pid_alive(victim_pid) or wait_until(lambda: not pid_alive(victim_pid), "engine gone", deadline=5)
         replaced = wait_until(
@@ -257,4 +266,12 @@ def test_engine_killed_mid_run_loses_no_request(fleet: Server) -> None:
     assert errors == [], errors[:5]
     assert len(outcomes) > 60
     assert metric(fleet, "llmgw_upstream_retries_total", model="chat") >= 1
-    assert breaker_open_seen.is_set() or "circuit breaker of " + victim_ep in fleet.proc.log()
+    # The breaker opens after breaker_failures (2) failures in a row on the victim, unless the
+    # agent's report of the dead engine takes the endpoint out of rotation first: the two race
+    # (about a millisecond apart on loopback), and either is a correct reaction to the kill.
+    log = fleet.proc.log()
+    assert (
+        breaker_open_seen.is_set()
+        or "circuit breaker of " + victim_ep in log
+        or f"endpoint {victim_ep} out of rotation" in log
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-PURE = ("llmgw.sim.latency", "llmgw.sim.metrics", "llmgw.sim.openai_api", "llmgw.sim.http1")
+PURE = ("llmgw.sim.latency", "llmgw.sim.metrics", "llmgw.sim.openai_api", "llmgw.web.http1")
 
 
 def test_pure_modules_import_no_io_stack() -> None:

@@ -33,10 +33,10 @@ import msgspec
 import trio
 
 from llmgw import __version__
-from llmgw.sim import http1
 from llmgw.sim import openai_api as api
 from llmgw.sim.latency import LatencyModel, LatencyParams, kv_blocks, kv_cache_usage
 from llmgw.sim.metrics import EngineMetrics, render_metrics
+from llmgw.web import http1
 
 LISTENING_PREFIX = "llmgw-sim-engine listening on"
 VLLM_VERSION = "0.11.0"  # the vLLM release whose server this one imitates
@@ -561,18 +561,16 @@ class _Server:
         if head.chunked:
             if head.expect_continue and not buf:
                 await c.stream.send_all(http1.CONTINUE)
-            decoder = http1.ChunkedDecoder()
+            decoder = http1.ChunkedDecoder(limit=MAX_BODY)
             decoder.feed(buf)
             while not decoder.done:
-                if len(decoder.body) > MAX_BODY:
-                    raise http1.HttpError(413, "request body too large")
                 data = await c.stream.receive_some(RECV_SIZE)
                 if not data:
                     return None
                 buf += data
                 decoder.feed(buf)
             return bytes(decoder.body)
-        n = head.content_length
+        n = head.content_length or 0
         if n > MAX_BODY:
             raise http1.HttpError(413, "request body too large")
         if n == 0:
@@ -614,26 +612,37 @@ class _Server:
         content_type: bytes = JSON,
     ) -> None:
         c.close = c.close or self.draining
-        out = http1.response_head(
-            status,
-            content_type=content_type,
-            content_length=len(body),
-            date=self._date_header(),
-            close=c.close,
-        )
+        out = self._head(status, content_type, len(body), close=c.close)
         await c.stream.send_all(out + body)
         self._access(c, head, status)
 
     def _stream_head(self, c: _Connection) -> bytes:
         """Head of an SSE response: chunked on HTTP/1.1, close-delimited on HTTP/1.0."""
         c.close = c.close or c.http10 or self.draining
+        return self._head(200, SSE, None, close=c.close, http10=c.http10)
+
+    def _head(
+        self,
+        status: int,
+        content_type: bytes,
+        content_length: int | None,
+        *,
+        close: bool = False,
+        http10: bool = False,
+    ) -> bytes:
+        """A response head as uvicorn writes it for vLLM; `content_length=None` is a
+        streamed body: chunked, or close-delimited on HTTP/1.0."""
+        headers = (
+            (b"date", self._date_header()),
+            (b"server", b"uvicorn"),
+            (b"content-type", content_type),
+        )
         return http1.response_head(
-            200,
-            content_type=SSE,
-            content_length=None,
-            date=self._date_header(),
-            close=c.close,
-            http10=c.http10,
+            status,
+            headers,
+            content_length=content_length,
+            chunked=content_length is None and not http10,
+            close=close,
         )
 
     def _frame(self, c: _Connection, data: bytes) -> bytes:
@@ -857,14 +866,10 @@ class _Server:
             wire = {}
             for k, payload in self._fixed.items():
                 if k[1]:
-                    head = http1.response_head(
-                        200, content_type=SSE, content_length=None, date=date
-                    )
+                    head = self._head(200, SSE, None)
                     wire[k] = head + http1.chunk(payload) + http1.LAST_CHUNK
                 else:
-                    head = http1.response_head(
-                        200, content_type=JSON, content_length=len(payload), date=date
-                    )
+                    head = self._head(200, JSON, len(payload))
                     wire[k] = head + payload
             self._fixed_wire = wire
         return self._fixed_wire[key]

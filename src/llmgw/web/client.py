@@ -64,7 +64,8 @@ class _Conn:
 
 
 class Response:
-    """An upstream response whose head has arrived; read or relay the body, then `release`."""
+    """An upstream response whose head has arrived: read or relay the body (which hands the
+    connection back to the pool, or closes it on an error), or `aclose` to give it up."""
 
     __slots__ = ("_conn", "_pool", "_released", "chunks", "head")
 
@@ -80,15 +81,29 @@ class Response:
         return self.head.status
 
     async def read(self, within: float) -> bytes:
-        """The whole body (Content-Length, chunked, or until close)."""
+        """The whole body (Content-Length, chunked, or until close). On an error the
+        connection is closed (it is in an unknown state)."""
+        try:
+            return await self._read(within)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _read(self, within: float) -> bytes:
         conn, head = self._conn, self.head
+        if not head.has_body:  # 204, 304: nothing follows the head, whatever it says
+            self._finish(reusable=not head.close and not conn.buf)
+            return b""
         with trio.move_on_after(within):
             if head.chunked:
-                decoder = ChunkedDecoder()
+                decoder = ChunkedDecoder(status=502)
                 while True:
-                    decoder.feed(conn.buf)
+                    try:
+                        decoder.feed(conn.buf)
+                    except HttpError as exc:
+                        raise UpstreamError("protocol", f"bad chunked body from engine: {exc}") from None
                     if decoder.done:
-                        self._finish(reusable=not head.close)
+                        self._finish(reusable=not head.close and not conn.buf)
                         return bytes(decoder.body)
                     if not await conn.receive():
                         raise UpstreamError("protocol", "engine closed the connection inside a chunked body")
@@ -111,28 +126,47 @@ class Response:
     async def relay_chunked(self, send: Callable[[bytes], Awaitable[None]], idle_timeout: float,
                             on_first: Callable[[], None] | None = None) -> None:
         """Pass a chunked body on byte for byte, as it arrives (SSE: event by event).
+        Raises UpstreamError, or trio.BrokenResourceError when the client went away or
+        took `idle_timeout` to accept one chunk. On an error the connection is closed.
 
         Hot loop (one pass per token): one read, a scan of the chunk framing, one write. The
         idle timeout is one cancel scope whose deadline moves only when it fires too early,
-        not a new scope per read."""
+        not a new scope per read (a scope costs ~5 µs). The scope also covers the write: if
+        it fires there, the client sat on one chunk for the whole idle timeout (the write
+        starts just after the read that set the deadline), and as the write's progress is
+        lost with it the response is cut, never resumed."""
+        try:
+            await self._relay_chunked(send, idle_timeout, on_first)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _relay_chunked(self, send: Callable[[bytes], Awaitable[None]], idle_timeout: float,
+                             on_first: Callable[[], None] | None) -> None:
         conn = self._conn
         scanner = ChunkedScanner()
         first = on_first is not None
         data = bytes(conn.buf)
         conn.buf.clear()
         last = trio.current_time()
+        sending = False
         while True:
             with trio.CancelScope(deadline=last + idle_timeout) as scope:
                 while True:
                     if data:
-                        used = scanner.scan(data)
+                        try:
+                            used = scanner.scan(data)
+                        except HttpError as exc:
+                            raise UpstreamError("protocol", f"bad chunked stream from engine: {exc}") from None
                         if used < len(data):
                             conn.buf += data[used:]
                             data = data[:used]
                         if first and scanner.first_data:
                             on_first()  # type: ignore[misc]
                             first = False
+                        sending = True
                         await send(data)
+                        sending = False
                         if scanner.done:
                             self.chunks = scanner.chunks
                             self._finish(reusable=not self.head.close and not conn.buf)
@@ -141,22 +175,30 @@ class Response:
                     if not data:
                         raise UpstreamError("protocol", "engine closed the connection mid-stream")
                     last = trio.current_time()
+            if sending:
+                raise trio.BrokenResourceError(f"client read nothing for {idle_timeout:g}s mid-stream")
             if scope.cancelled_caught and trio.current_time() - last >= idle_timeout:
                 raise UpstreamError("timeout", f"engine sent nothing for {idle_timeout:g}s mid-stream")
+            data = b""
 
     async def relay_via_hub(self, hub: RelayHub, client_fd: int, idle_timeout: float,
                             on_first: Callable[[], None] | None = None) -> None:
         """Like relay_chunked, through the shared RelayHub (writes straight to the client fd).
-        Raises UpstreamError, or trio.BrokenResourceError when the client went away."""
+        Raises UpstreamError, or trio.BrokenResourceError when the client went away; on an
+        error (or a cancel) the connection is closed."""
         conn = self._conn
         initial = bytes(conn.buf)
         conn.buf.clear()
         try:
             chunks, leftover = await hub.relay(conn.raw.fd, client_fd, initial, idle_timeout, on_first)
         except RelayError as exc:
+            await self.aclose()
             if exc.kind == "client":
                 raise trio.BrokenResourceError(str(exc)) from None
-            raise UpstreamError("protocol" if "closed" in str(exc) else "timeout", str(exc)) from None
+            raise UpstreamError("timeout" if exc.timeout else "protocol", str(exc)) from None
+        except BaseException:
+            await self.aclose()
+            raise
         self.chunks = chunks
         self._finish(reusable=not self.head.close and not leftover)
 
@@ -219,21 +261,30 @@ class Upstream:
         head_timeout: float,
     ) -> Response:
         """Send a request and wait for the response head. A reused connection the engine had
-        closed meanwhile is retried once on a new one (it never saw the request)."""
+        closed meanwhile is retried once on a new one (it never saw the request): a new
+        connection, not the next idle one, which is likely as stale (the engine restarted)."""
         data = request_head(method, target, [(b"host", self.authority), *headers], len(body)) + body
-        for _ in range(2):
-            conn = self._idle.pop() if self._idle else await self._connect()
-            try:
-                return await self._exchange(conn, data, head_timeout)
-            except UpstreamError as exc:
-                await conn.close()
-                if exc.kind == "reset" and conn.reused:
-                    continue  # stale keep-alive connection: try a fresh one
+        conn = self._idle.pop() if self._idle else await self._connect()
+        try:
+            return await self._exchange(conn, data, head_timeout)
+        except UpstreamError as exc:
+            await conn.close()
+            if exc.kind != "reset" or not conn.reused:
                 raise
-            except BaseException:
-                await conn.close()
-                raise
-        raise UpstreamError("reset", f"{self.host}:{self.port} closed the connection before answering")
+        except BaseException:
+            await conn.close()
+            raise
+        # A stale keep-alive connection; the other idle ones have been idle longer (LIFO),
+        # so they are as stale (an engine restart, its keep-alive timeout).
+        stale, self._idle = self._idle, []
+        for old in stale:
+            _close_soon(old)
+        conn = await self._connect()
+        try:
+            return await self._exchange(conn, data, head_timeout)
+        except BaseException:
+            await conn.close()
+            raise
 
     async def _exchange(self, conn: _Conn, data: bytes, head_timeout: float) -> Response:
         try:
@@ -253,7 +304,7 @@ class Upstream:
                         head = parse_response_head(raw)
                     except HttpError as exc:
                         raise UpstreamError("protocol", f"bad response from engine: {exc}") from None
-                    if 100 <= head.status < 200:
+                    if head.status < 200:
                         continue  # 100 Continue and friends: the real head follows
                     return Response(self, conn, head)
                 if not await conn.receive():

@@ -30,11 +30,13 @@ _OUT = select.EPOLLOUT
 
 
 class RelayError(Exception):
-    """`kind`: upstream (engine broke or timed out), client (client went away)."""
+    """`kind`: upstream (engine broke or went silent), client (client went away or stopped
+    reading); `timeout` says it was a timeout rather than a broken connection."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, *, timeout: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.timeout = timeout
 
 
 class _Stream:
@@ -56,13 +58,21 @@ class _Stream:
 
 
 class RelayHub:
-    def __init__(self, coalesce: float = 0.0, busy_rate: float = 2000.0) -> None:
+    def __init__(self, coalesce: float = 0.0, busy_rate: float = 2000.0, rate_window: float = 0.05) -> None:
         # Under load (more than `busy_rate` tokens a second through the hub), passes are
         # `coalesce` seconds apart so that one wake-up serves many tokens; below it, every
         # token is relayed the moment it arrives.
+        #
+        # The rate is a count of events decayed over `rate_window` seconds, divided by the
+        # window. (An average of events/gap per pass, as before, is biased upwards: two
+        # tokens 50 µs apart read as 20,000/s, so a few hundred tokens a second looked busy
+        # and got the coalescing delay meant for load.)
         self.coalesce = coalesce
         self.busy_rate = busy_rate
-        self.rate = 0.0  # tokens per second, smoothed
+        self.rate_window = rate_window
+        self.rate = 0.0  # tokens per second over about the last rate_window
+        self.passes = 0  # passes served (for tests and metrics)
+        self.gaps = 0  # coalescing gaps taken
         self._last_pass = 0.0
         self._ep = select.epoll()
         self._by_fd: dict[int, _Stream] = {}  # upstream fd (readable) or client fd (writable, when parked)
@@ -131,31 +141,38 @@ class RelayHub:
                     self._park(stream, data[sent:])
                 elif scanner.done:
                     self._finish(stream)
+            self.passes += 1
             if self.coalesce:
-                # Smoothed token rate; under load, leave a gap so the next pass serves many.
-                gap = max(now - self._last_pass, 1e-4)
+                # Token rate; under load, leave a gap so the next pass serves many.
+                window = self.rate_window
+                elapsed = now - self._last_pass
                 self._last_pass = now
-                self.rate += 0.2 * (len(events) / gap - self.rate)
+                keep = 1.0 - elapsed / window if elapsed < window else 0.0
+                self.rate = self.rate * keep + len(events) / window
                 if self.rate >= self.busy_rate:
+                    self.gaps += 1
                     await trio.sleep(self.coalesce)
 
     async def relay(self, upstream_fd: int, client_fd: int, initial: bytes, idle_timeout: float,
                     on_first: Callable[[], None] | None = None) -> tuple[int, bytes]:
         """Relay a chunked body until its end; returns (chunks, bytes read past the end).
-        Raises RelayError; cancellation removes the stream from the hub."""
+        Raises RelayError; cancellation removes the stream from the hub. The idle timeout
+        applies to the engine (nothing read) and to the client (a parked write not taken)."""
         stream = _Stream(upstream_fd, client_fd, on_first, trio.current_time())
-        self._by_fd[upstream_fd] = stream
         try:
             if initial:
                 self._consume(stream, initial, stream.last)
             if not stream.done.is_set():
-                self._ep.register(upstream_fd, _IN)
+                if not stream.pending:  # parked on the client already: _flush registers the engine
+                    self._register(stream, upstream_fd, _IN)
                 self._wake.set()
             while not stream.done.is_set():
                 with trio.move_on_at(stream.last + idle_timeout):
                     await stream.done.wait()
                 if not stream.done.is_set() and trio.current_time() - stream.last >= idle_timeout:
-                    raise RelayError("upstream", f"engine sent nothing for {idle_timeout:g}s mid-stream")
+                    if stream.pending:
+                        raise RelayError("client", f"client read nothing for {idle_timeout:g}s mid-stream", timeout=True)
+                    raise RelayError("upstream", f"engine sent nothing for {idle_timeout:g}s mid-stream", timeout=True)
             if stream.error is not None:
                 raise stream.error
             return stream.scanner.chunks, stream.leftover
@@ -176,18 +193,15 @@ class RelayHub:
         self._detach(stream)
         stream.done.set()
 
-    def _serve(self, stream: _Stream, now: float) -> None:
+    def _register(self, stream: _Stream, fd: int, mask: int) -> None:
+        """Watch fd for the stream; a failure ends that stream, never the hub's task."""
         try:
-            data = os.read(stream.upstream_fd, READ_SIZE)
-        except BlockingIOError:
-            return
+            self._ep.register(fd, mask)
         except OSError as exc:
-            self._finish(stream, RelayError("upstream", f"engine connection failed mid-stream: {exc}"))
+            side = "client" if fd == stream.client_fd else "upstream"
+            self._finish(stream, RelayError(side, f"cannot watch the {side} connection: {exc}"))
             return
-        if not data:
-            self._finish(stream, RelayError("upstream", "engine closed the connection mid-stream"))
-            return
-        self._consume(stream, data, now)
+        self._by_fd[fd] = stream
 
     def _consume(self, stream: _Stream, data: bytes, now: float) -> None:
         stream.last = now
@@ -227,13 +241,15 @@ class RelayHub:
             except (OSError, ValueError):
                 pass
             del self._by_fd[stream.upstream_fd]
-        self._by_fd[stream.client_fd] = stream
-        self._ep.register(stream.client_fd, _OUT)
+        self._register(stream, stream.client_fd, _OUT)
 
     def _flush(self, stream: _Stream, now: float) -> None:
         data, stream.pending = stream.pending, b""
         del self._by_fd[stream.client_fd]
-        self._ep.unregister(stream.client_fd)
+        try:
+            self._ep.unregister(stream.client_fd)
+        except (OSError, ValueError):
+            pass
         stream.last = now
         self._write(stream, data)
         if stream.pending or stream.done.is_set():
@@ -241,5 +257,4 @@ class RelayHub:
         if stream.scanner.done:
             self._finish(stream)
             return
-        self._by_fd[stream.upstream_fd] = stream
-        self._ep.register(stream.upstream_fd, _IN)
+        self._register(stream, stream.upstream_fd, _IN)

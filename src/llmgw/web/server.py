@@ -123,7 +123,7 @@ Handler = Callable[[Request, Responder], Awaitable[None]]
 
 
 class _Connection:
-    __slots__ = ("buf", "eof", "handler_scope", "nursery", "peer", "raw", "stream", "tls", "watch_scope")
+    __slots__ = ("buf", "eof", "handler_scope", "nursery", "peer", "raw", "stream", "tls", "watch_done", "watch_scope")
 
     def __init__(self, stream: trio.abc.Stream, peer: str, tls: trio.SSLStream | None, nursery: trio.Nursery) -> None:
         self.stream = stream
@@ -136,6 +136,7 @@ class _Connection:
         self.nursery = nursery
         self.handler_scope: trio.CancelScope | None = None
         self.watch_scope: trio.CancelScope | None = None
+        self.watch_done = trio.Event()
 
     async def send(self, data: bytes) -> None:
         try:
@@ -165,20 +166,28 @@ class _Connection:
         if self.watch_scope is not None or self.eof:
             return
         self.watch_scope = trio.CancelScope()
-        self.nursery.start_soon(self._watch, self.watch_scope)
+        self.watch_done = trio.Event()
+        self.nursery.start_soon(self._watch, self.watch_scope, self.watch_done)
 
-    async def _watch(self, scope: trio.CancelScope) -> None:
-        with scope:
-            while await self.receive():
-                pass  # pipelined bytes stay in buf for the next request
-            if self.handler_scope is not None:
-                log.debug("client %s hung up; cancelling its request", self.peer)
-                self.handler_scope.cancel()
+    async def _watch(self, scope: trio.CancelScope, done: trio.Event) -> None:
+        try:
+            with scope:
+                while await self.receive():
+                    pass  # pipelined bytes stay in buf for the next request
+                if self.handler_scope is not None:
+                    log.debug("client %s hung up; cancelling its request", self.peer)
+                    self.handler_scope.cancel()
+        finally:
+            done.set()
 
-    def stop_watch(self) -> None:
+    async def stop_watch(self) -> None:
+        """Stop the watcher and wait until it has: a cancelled watcher that was already
+        woken still reads once more, and two tasks waiting on one fd is an error in trio
+        (BusyResourceError, which closed pipelined connections)."""
         if self.watch_scope is not None:
             self.watch_scope.cancel()
             self.watch_scope = None
+            await self.watch_done.wait()
 
 
 def _peer(stream: trio.SocketStream) -> str:
@@ -297,9 +306,17 @@ class HttpServer:
                     await self.handler(request, responder)
             except ClientGone:
                 return
+            except Exception:
+                # A bug in a handler costs this connection, not the server: answer 500 if
+                # nothing went out yet (a started response is cut by the close instead).
+                log.exception("handler failed on %s %s from %s", request.method, request.path, conn.peer)
+                await conn.stop_watch()
+                if not responder.started:
+                    await _error(conn, HttpError(500, "internal error; see the server log"))
+                return
             finally:
                 conn.handler_scope = None
-                conn.stop_watch()
+                await conn.stop_watch()
             if scope.cancelled_caught or conn.eof:
                 return
             if not responder.started:
@@ -309,12 +326,35 @@ class HttpServer:
                 return
 
 
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 4 * 1024 * 1024
+
+
 async def _error(conn: _Connection, exc: HttpError) -> None:
+    """Answer `exc.status` and prepare to close. On plain TCP the client may still be sending
+    a body nobody will read (a 413 is decided on Content-Length alone): closing with unread
+    data sends a reset that can destroy the answer before the client reads it, so the
+    write side is shut first and what still comes is read and dropped, for a bounded time
+    and size (what nginx calls a lingering close)."""
     body = msgspec.json.encode({"error": {"message": str(exc), "type": "invalid_request_error" if exc.status < 500 else "server_error",
                                           "code": exc.status}})
     data = response_head(exc.status, [(b"content-type", b"application/json")], content_length=len(body), close=True) + body
     try:
         with trio.move_on_after(5):
-            await conn.stream.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+            await conn.send(data)
+    except ClientGone:
+        return
+    stream = conn.stream
+    if conn.raw is None or conn.eof or not isinstance(stream, trio.SocketStream):
+        return
+    with trio.move_on_after(LINGER_SECONDS):
+        try:
+            stream.socket.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        dropped = 0
+        while dropped < LINGER_BYTES:
+            data = await conn.raw.recv()
+            if not data:
+                return
+            dropped += len(data)

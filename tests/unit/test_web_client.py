@@ -1,0 +1,378 @@
+"""llmgw.web.client.Upstream against scripted engines on real loopback sockets."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.lowlevel
+
+from llmgw.web import http1
+from llmgw.web.client import Upstream, UpstreamError
+from llmgw.web.relayhub import RelayHub
+from tests.unit.loopback import DEADLINE, closed_port, recv_exactly, serve_tcp, tcp_pair
+
+
+async def read_request(stream: trio.SocketStream, buf: bytearray) -> http1.RequestHead | None:
+    """One request (head and Content-Length body) from stream; None at EOF."""
+    while (end := http1.find_head_end(buf)) < 0:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buf += data
+    head = http1.parse_request_head(bytes(buf[:end]))
+    del buf[:end]
+    n = head.content_length or 0
+    while len(buf) < n:
+        buf += await stream.receive_some(65536)
+    del buf[:n]
+    return head
+
+
+def ok(body: bytes) -> bytes:
+    return http1.response_head(200, [(b"content-type", b"text/plain")], content_length=len(body)) + body
+
+
+SSE = [b"data: {\"n\": %d}\n\n" % i for i in range(20)]
+CHUNKED_BODY = b"".join(http1.chunk(e) for e in SSE) + b"0\r\nx-trailer: yes\r\n\r\n"
+CHUNKED_HEAD = http1.response_head(200, [(b"content-type", b"text/event-stream")], chunked=True)
+
+
+async def send_chunked_in_pieces(stream: trio.SocketStream) -> None:
+    """The head, then each SSE event in its own write, as an engine streams tokens."""
+    await stream.send_all(CHUNKED_HEAD)
+    for e in SSE:
+        await stream.send_all(http1.chunk(e))
+        await trio.lowlevel.checkpoint()
+    await stream.send_all(b"0\r\nx-trailer: yes\r\n\r\n")
+
+
+# ---- connections: reuse, stale reuse, failures ------------------------------------------------
+
+
+async def test_keep_alive_reuses_the_connection() -> None:
+    conns: list[trio.SocketStream] = []
+    hosts: list[bytes | None] = []
+
+    async def engine(stream: trio.SocketStream) -> None:
+        conns.append(stream)
+        buf = bytearray()
+        while (head := await read_request(stream, buf)) is not None:
+            hosts.append(head.get(b"host"))
+            await stream.send_all(ok(b"hello " + head.target))
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        for target in (b"/a", b"/b", b"/c"):
+            response = await up.request(b"GET", target, [], b"", head_timeout=DEADLINE)
+            assert response.status == 200
+            assert await response.read(DEADLINE) == b"hello " + target
+        assert len(conns) == 1  # the second and third request reused the first connection
+        assert len(up._idle) == 1 and up._idle[0].reused
+        assert hosts == [f"127.0.0.1:{port}".encode()] * 3
+        await up.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reused_connection_the_engine_closed_is_retried_once_on_a_fresh_one() -> None:
+    conns = 0
+    closed = 0
+
+    async def engine(stream: trio.SocketStream) -> None:
+        # answers one request as keep-alive, then closes (an engine's keep-alive timeout)
+        nonlocal conns, closed
+        conns += 1
+        head = await read_request(stream, bytearray())
+        if head is not None:
+            await stream.send_all(ok(b"one"))
+        await stream.aclose()
+        closed += 1
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        # three idle connections: hold each response until the next request has its own
+        held = [await up.request(b"GET", b"/", [], b"", head_timeout=DEADLINE) for _ in range(3)]
+        for response in held:
+            assert await response.read(DEADLINE) == b"one"
+        assert conns == 3 and len(up._idle) == 3
+        with trio.fail_after(DEADLINE):
+            while closed < 3:  # noqa: ASYNC110 - a counter the engine task moves
+                await trio.sleep(0.001)
+        # every idle connection is stale now; one request, no error, one new connection
+        response = await up.request(b"POST", b"/", [], b"x", head_timeout=DEADLINE)
+        assert await response.read(DEADLINE) == b"one"
+        assert conns == 4
+        await up.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_connect_refused_is_a_connect_error() -> None:
+    up = Upstream(f"http://127.0.0.1:{closed_port()}")
+    with pytest.raises(UpstreamError) as info:
+        await up.request(b"GET", b"/", [], b"", head_timeout=DEADLINE)
+    assert info.value.kind == "connect"
+
+
+@pytest.mark.parametrize("read_first", [True, False])
+async def test_closing_before_answering_is_a_reset_and_not_retried_on_a_new_connection(read_first: bool) -> None:
+    conns = 0
+
+    async def engine(stream: trio.SocketStream) -> None:
+        nonlocal conns
+        conns += 1
+        if read_first:
+            await read_request(stream, bytearray())
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        with pytest.raises(UpstreamError) as info:
+            await up.request(b"POST", b"/v1/chat/completions", [], b"{}", head_timeout=DEADLINE)
+        assert info.value.kind == "reset"
+        assert conns == 1
+        assert up._idle == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_closing_inside_the_head_is_a_protocol_error() -> None:
+    async def engine(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-le")
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        with pytest.raises(UpstreamError) as info:
+            await Upstream(f"http://127.0.0.1:{port}").request(b"GET", b"/", [], b"", head_timeout=DEADLINE)
+        assert info.value.kind == "protocol"
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_head_in_time_is_a_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    async def engine(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        await trio.sleep_forever()  # a hung engine: reads, never answers
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        start = trio.current_time()
+        with pytest.raises(UpstreamError) as info:
+            await up.request(b"GET", b"/", [], b"", head_timeout=30)
+        assert info.value.kind == "timeout"
+        assert trio.current_time() - start == pytest.approx(30, abs=0.1)
+        assert up._idle == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_interim_responses_are_skipped() -> None:
+    async def engine(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        await stream.send_all(http1.CONTINUE + b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n" + ok(b"final"))
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        response = await Upstream(f"http://127.0.0.1:{port}").request(b"GET", b"/", [], b"", head_timeout=DEADLINE)
+        assert response.status == 200 and await response.read(DEADLINE) == b"final"
+        nursery.cancel_scope.cancel()
+
+
+# ---- bodies ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "close", "no-body"])
+async def test_bodies_of_every_framing_are_read_and_the_connection_pooled_when_it_can_be(framing: str) -> None:
+    body = b"x" * 100_000 + b"end"
+
+    async def engine(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        while await read_request(stream, buf) is not None:
+            if framing == "length":
+                await stream.send_all(ok(body))
+            elif framing == "chunked":
+                await stream.send_all(http1.response_head(200, chunked=True))
+                for i in range(0, len(body), 7000):
+                    await stream.send_all(http1.chunk(body[i : i + 7000]))
+                await stream.send_all(http1.LAST_CHUNK)
+            elif framing == "no-body":
+                await stream.send_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+            else:  # HTTP/1.0: the body ends when the connection does
+                await stream.send_all(b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\n")
+                for i in range(0, len(body), 7000):
+                    await stream.send_all(body[i : i + 7000])
+                await stream.aclose()
+                return
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        response = await up.request(b"GET", b"/", [], b"", head_timeout=DEADLINE)
+        got = await response.read(DEADLINE)
+        assert got == (b"" if framing == "no-body" else body)
+        assert len(up._idle) == (0 if framing == "close" else 1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_bad_chunked_body_is_a_protocol_error_and_the_connection_is_dropped() -> None:
+    async def engine(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        await stream.send_all(http1.response_head(200, chunked=True) + b"5\r\nhelloXX0\r\n\r\n")
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        response = await up.request(b"GET", b"/", [], b"", head_timeout=DEADLINE)
+        with pytest.raises(UpstreamError) as info:
+            await response.read(DEADLINE)
+        assert info.value.kind == "protocol"
+        assert up._idle == []
+        nursery.cancel_scope.cancel()
+
+
+# ---- relaying chunked streams ------------------------------------------------------------------
+
+
+async def test_relay_chunked_passes_the_body_on_byte_for_byte() -> None:
+    async def engine(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        while await read_request(stream, buf) is not None:
+            await send_chunked_in_pieces(stream)
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        for _ in range(2):  # the second stream on the same, reused connection
+            response = await up.request(b"POST", b"/v1/chat/completions", [], b"{}", head_timeout=DEADLINE)
+            assert response.head.chunked
+            out = bytearray()
+            firsts = []
+
+            async def send(data: bytes, out: bytearray = out) -> None:
+                out.extend(data)
+
+            await response.relay_chunked(send, DEADLINE, on_first=lambda firsts=firsts: firsts.append(1))
+            assert bytes(out) == CHUNKED_BODY
+            assert firsts == [1]
+            assert response.chunks == len(SSE)
+            assert len(up._idle) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_relay_via_hub_passes_the_body_on_byte_for_byte() -> None:
+    async def engine(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        while await read_request(stream, buf) is not None:
+            await send_chunked_in_pieces(stream)
+
+    hub = RelayHub()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        hub_side, client = await tcp_pair()
+        for _ in range(2):
+            response = await up.request(b"POST", b"/v1/chat/completions", [], b"{}", head_timeout=DEADLINE)
+            firsts: list[int] = []
+            got: list[bytes] = []
+
+            async def read_client(got: list[bytes] = got) -> None:
+                got.append(await recv_exactly(client, len(CHUNKED_BODY)))
+
+            async with trio.open_nursery() as inner:
+                inner.start_soon(read_client)
+                await response.relay_via_hub(hub, hub_side.fileno(), DEADLINE,
+                                             on_first=lambda firsts=firsts: firsts.append(1))
+            assert got == [CHUNKED_BODY]
+            assert firsts == [1] and response.chunks == len(SSE)
+            assert len(up._idle) == 1
+        assert hub._by_fd == {}
+        hub_side.close()
+        client.close()
+        nursery.cancel_scope.cancel()
+    hub.close()
+
+
+async def test_relay_via_hub_tells_a_broken_engine_from_a_silent_one(autojump_clock: trio.testing.MockClock) -> None:
+    async def engine(stream: trio.SocketStream) -> None:
+        head = await read_request(stream, bytearray())
+        assert head is not None
+        await stream.send_all(CHUNKED_HEAD + http1.chunk(b"data: 1\n\n"))
+        if head.target == b"/silent":
+            await trio.sleep_forever()
+        if head.target == b"/bad":
+            await stream.send_all(b"0x5\r\nhello\r\n")
+            await trio.sleep_forever()
+        await stream.aclose()
+
+    hub = RelayHub()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        hub_side, _client = await tcp_pair()
+        for target, kind in ((b"/broken", "protocol"), (b"/bad", "protocol"), (b"/silent", "timeout")):
+            response = await up.request(b"POST", target, [], b"{}", head_timeout=DEADLINE)
+            with pytest.raises(UpstreamError) as info:
+                await response.relay_via_hub(hub, hub_side.fileno(), 20.0)
+            assert info.value.kind == kind, info.value
+            assert up._idle == [] and hub._by_fd == {}
+        nursery.cancel_scope.cancel()
+    hub.close()
+
+
+async def test_relay_chunked_times_out_on_a_silent_engine(autojump_clock: trio.testing.MockClock) -> None:
+    async def engine(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        await stream.send_all(CHUNKED_HEAD + http1.chunk(b"data: 1\n\n"))
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        response = await up.request(b"POST", b"/", [], b"{}", head_timeout=DEADLINE)
+        out = bytearray()
+
+        async def send(data: bytes) -> None:
+            out.extend(data)
+
+        with pytest.raises(UpstreamError) as info:
+            await response.relay_chunked(send, 20.0)
+        assert info.value.kind == "timeout"
+        assert bytes(out) == http1.chunk(b"data: 1\n\n")
+        assert up._idle == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_relay_chunked_cuts_a_client_that_takes_no_chunk_for_the_idle_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The idle timeout firing inside a write used to restart the loop with the same data:
+    the chunk was scanned and written a second time after a partial first write."""
+
+    async def engine(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        await stream.send_all(CHUNKED_HEAD)
+        for e in SSE:
+            await stream.send_all(http1.chunk(e))
+            await trio.sleep(1)
+        await stream.send_all(http1.LAST_CHUNK)
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        response = await up.request(b"POST", b"/", [], b"{}", head_timeout=DEADLINE)
+        writes: list[bytes] = []
+
+        async def send(data: bytes) -> None:
+            writes.append(data)
+            if len(writes) == 3:
+                await trio.sleep(1000)  # a client that stopped reading
+
+        with pytest.raises(trio.BrokenResourceError):
+            await response.relay_chunked(send, 20.0)
+        assert writes == [http1.chunk(e) for e in SSE[:3]]
+        assert up._idle == []
+        nursery.cancel_scope.cancel()

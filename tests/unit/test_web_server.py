@@ -1,0 +1,376 @@
+"""llmgw.web.server.HttpServer on a real loopback listener, driven by raw client bytes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+import pytest
+import trio
+import trio.lowlevel
+
+from llmgw.web import http1
+from llmgw.web.server import HttpServer, Limits, Request, Responder
+from tests.unit.loopback import DEADLINE, wait_for
+
+
+class Client:
+    """A raw HTTP/1.1 client: writes whatever bytes a test wants, reads responses in order."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+
+    @classmethod
+    async def open(cls, port: int) -> Client:
+        return cls(await trio.open_tcp_stream("127.0.0.1", port))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def _more(self) -> bool:
+        try:
+            data = await self.stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            data = b""
+        self.buf += data
+        return bool(data)
+
+    async def raw(self, n: int) -> bytes:
+        with trio.fail_after(DEADLINE):
+            while len(self.buf) < n:
+                assert await self._more(), "closed early"
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    async def response(self) -> tuple[http1.ResponseHead, bytes]:
+        with trio.fail_after(DEADLINE):
+            while (end := http1.find_head_end(self.buf)) < 0:
+                assert await self._more(), f"closed before a response: {bytes(self.buf)!r}"
+            head = http1.parse_response_head(bytes(self.buf[:end]))
+            del self.buf[:end]
+            if head.chunked:
+                decoder = http1.ChunkedDecoder()
+                decoder.feed(self.buf)
+                while not decoder.done:
+                    assert await self._more(), "closed inside a chunked body"
+                    decoder.feed(self.buf)
+                return head, bytes(decoder.body)
+            n = head.content_length or 0
+            while len(self.buf) < n:
+                assert await self._more(), "closed inside a body"
+            body = bytes(self.buf[:n])
+            del self.buf[:n]
+            return head, body
+
+    async def closed(self) -> bool:
+        """True once the server closes the connection (and sent nothing more)."""
+        with trio.fail_after(DEADLINE):
+            while await self._more():
+                pass
+        return not self.buf
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+class App:
+    """Handlers by path, and what they saw."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.started = trio.Event()
+        self.cancelled = trio.Event()
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        self.calls.append(request.path)
+        if request.path == "/boom":
+            raise RuntimeError("a handler bug")
+        if request.path == "/hang":
+            responder.watch_disconnect()
+            self.started.set()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.cancelled.set()
+        if request.path == "/stream":
+            if request.query == "watch":
+                responder.watch_disconnect()
+            await responder.start(200, [(b"content-type", b"text/event-stream")])
+            for i in range(3):
+                await responder.send(b"data: %d\n\n" % i)
+                await trio.lowlevel.checkpoint()
+            if request.query == "crash":
+                raise RuntimeError("a bug mid-stream")
+            await responder.end()
+            return
+        if request.query == "watch":
+            responder.watch_disconnect()
+            await trio.lowlevel.checkpoint()
+        body = msgspec.json.encode(
+            {"method": request.method, "path": request.path, "body": request.body.decode("latin-1"),
+             "x": request.header(b"x-test")}
+        )
+        await responder.respond(200, [(b"content-type", b"application/json")], body)
+
+
+def echoed(body: bytes) -> dict[str, str]:
+    return msgspec.json.decode(body)
+
+
+@asynccontextmanager
+async def serving(app: App, limits: Limits | None = None) -> AsyncIterator[tuple[HttpServer, int]]:
+    server = HttpServer(app, limits=limits)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve, listeners)
+        yield server, port
+        nursery.cancel_scope.cancel()
+
+
+def get(path: str, extra: bytes = b"") -> bytes:
+    return b"GET %s HTTP/1.1\r\nhost: t\r\n%s\r\n" % (path.encode(), extra)
+
+
+def post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n%s\r\n%s" % (path.encode(), len(body), extra, body)
+
+
+def post_chunked(path: str, pieces: list[bytes]) -> bytes:
+    head = b"POST %s HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n" % path.encode()
+    return head + b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\nx-trailer: 1\r\n\r\n"
+
+
+# ---- keep-alive, pipelining, request bodies ---------------------------------------------------
+
+
+async def test_keep_alive_serves_requests_one_after_another_on_one_connection() -> None:
+    app = App()
+    async with serving(app) as (server, port):
+        c = await Client.open(port)
+        for i in range(3):
+            await c.send(post(f"/r{i}", b"body %d" % i, b"x-test: %d\r\n" % i))
+            head, body = await c.response()
+            assert head.status == 200 and not head.close
+            assert echoed(body) == {"method": "POST", "path": f"/r{i}", "body": f"body {i}", "x": str(i)}
+        assert server.connections == 1
+        await c.aclose()
+        await wait_for(lambda: server.connections == 0, "the connection closed")
+
+
+@pytest.mark.parametrize("watch", [False, True])
+async def test_pipelined_requests_are_answered_in_order(watch: bool) -> None:
+    """Also with watch_disconnect, whose watcher reads the next requests while a handler runs."""
+    app = App()
+    q = "?watch" if watch else ""
+    async with serving(app) as (_, port):
+        c = await Client.open(port)
+        await c.send(
+            get(f"/a{q}") + post(f"/b{q}", b"bee") + post_chunked(f"/c{q}", [b"c", b"ee"]) + get(f"/d{q}")
+        )
+        got = [echoed((await c.response())[1]) for _ in range(4)]
+        assert [(g["path"], g["body"]) for g in got] == [("/a", ""), ("/b", "bee"), ("/c", "cee"), ("/d", "")]
+        await c.send(get("/after"))
+        assert echoed((await c.response())[1])["path"] == "/after"
+        await c.aclose()
+
+
+async def test_expect_100_continue_gets_continue_before_the_body_is_sent() -> None:
+    app = App()
+    async with serving(app) as (_, port):
+        c = await Client.open(port)
+        await c.send(b"POST /e HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\ncontent-length: 5\r\n\r\n")
+        assert await c.raw(len(http1.CONTINUE)) == http1.CONTINUE
+        await c.send(b"hello")
+        head, body = await c.response()
+        assert head.status == 200 and echoed(body)["body"] == "hello"
+        await c.aclose()
+
+
+async def test_chunked_request_bodies_are_decoded() -> None:
+    app = App()
+    async with serving(app) as (_, port):
+        c = await Client.open(port)
+        pieces = [b"a" * 10, b"b" * 70_000, b"c"]
+        data = post_chunked("/chunked", pieces)
+        for i in range(0, len(data), 999):  # arriving in small pieces
+            await c.send(data[i : i + 999])
+        head, body = await c.response()
+        assert head.status == 200 and echoed(body)["body"] == "".join(p.decode() for p in pieces)
+        await c.aclose()
+
+
+async def test_http10_gets_its_answer_and_the_connection_closes() -> None:
+    app = App()
+    async with serving(app) as (_, port):
+        c = await Client.open(port)
+        await c.send(b"GET /old HTTP/1.0\r\n\r\n")
+        head, _ = await c.response()
+        assert head.status == 200 and head.close
+        assert await c.closed()
+
+
+# ---- limits --------------------------------------------------------------------------------
+
+
+async def test_413_from_content_length_without_reading_the_body() -> None:
+    app = App()
+    async with serving(app, Limits(max_body=1000)) as (_, port):
+        c = await Client.open(port)
+        await c.send(b"POST /big HTTP/1.1\r\nhost: t\r\ncontent-length: 10000000\r\n\r\n")
+        head, body = await c.response()  # the body was never sent: the answer cannot wait for it
+        assert head.status == 413 and head.close
+        assert b"over the limit" in body
+        assert await c.closed()
+        assert app.calls == []
+
+
+async def test_a_413_can_be_read_by_a_client_that_sends_its_body_anyway() -> None:
+    """The server closes with the rest of the body unread; without a lingering close the
+    reset can destroy the answer before the client reads it."""
+    app = App()
+    async with serving(app, Limits(max_body=1000)) as (_, port):
+        c = await Client.open(port)
+        body = b"x" * 3_000_000
+        await c.send(b"POST /big HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % len(body))
+        async with trio.open_nursery() as n:
+            async def keep_sending() -> None:
+                try:
+                    await c.send(body)
+                except trio.BrokenResourceError:
+                    pass
+
+            n.start_soon(keep_sending)
+            head, _ = await c.response()
+            assert head.status == 413
+        await c.aclose()
+
+
+async def test_a_chunked_body_over_the_limit_is_413() -> None:
+    app = App()
+    async with serving(app, Limits(max_body=1000)) as (_, port):
+        c = await Client.open(port)
+        await c.send(post_chunked("/big", [b"x" * 600, b"y" * 600]))
+        head, _ = await c.response()
+        assert head.status == 413
+        assert await c.closed()
+        assert app.calls == []
+
+
+async def test_a_body_that_drips_too_slowly_is_408(autojump_clock: trio.testing.MockClock) -> None:
+    app = App()
+    async with serving(app, Limits(body_timeout=5.0)) as (_, port):
+        c = await Client.open(port)
+        start = trio.current_time()
+        await c.send(b"POST /slow HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n" + b"x" * 10)
+        head, _ = await c.response()
+        assert head.status == 408
+        assert trio.current_time() - start == pytest.approx(5.0, abs=0.1)
+        assert await c.closed()
+        assert app.calls == []
+
+
+async def test_a_head_that_never_completes_is_408_and_silence_is_a_quiet_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = App()
+    async with serving(app, Limits(header_timeout=3.0, keepalive_timeout=7.0)) as (_, port):
+        c = await Client.open(port)
+        await c.send(b"GET / HTTP/1.1\r\nhost:")
+        head, _ = await c.response()
+        assert head.status == 408
+        silent = await Client.open(port)
+        start = trio.current_time()
+        assert await silent.closed()  # nothing sent, nothing answered
+        assert trio.current_time() - start == pytest.approx(3.0, abs=0.1)
+        idle = await Client.open(port)
+        await idle.send(get("/one"))
+        await idle.response()
+        start = trio.current_time()
+        assert await idle.closed()  # the keep-alive timeout after a request
+        assert trio.current_time() - start == pytest.approx(7.0, abs=0.1)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nx: a\x00b\r\n\r\n", 400),
+        (b"GET / HTTP/3.0\r\n\r\n", 505),
+        (b"POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n", 501),
+        (b"POST / HTTP/1.1\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", 400),
+        (b"GET / HTTP/1.1\r\n" + b"x: y\r\n" * 20000, 431),
+    ],
+)
+async def test_malformed_requests_get_an_error_and_the_connection_closes(raw: bytes, status: int) -> None:
+    app = App()
+    async with serving(app) as (_, port):
+        c = await Client.open(port)
+        await c.send(get("/first") + raw + get("/never"))
+        assert (await c.response())[0].status == 200
+        head, body = await c.response()
+        assert head.status == status and head.close
+        assert msgspec.json.decode(body)["error"]["code"] == status
+        assert await c.closed()
+        assert app.calls == ["/first"]
+
+
+# ---- disconnects and handler failures -------------------------------------------------------
+
+
+async def test_watch_disconnect_cancels_the_handler_when_the_client_hangs_up() -> None:
+    app = App()
+    async with serving(app) as (server, port):
+        c = await Client.open(port)
+        await c.send(post("/hang", b"{}"))
+        with trio.fail_after(DEADLINE):
+            await app.started.wait()
+        await c.aclose()
+        with trio.fail_after(DEADLINE):
+            await app.cancelled.wait()
+        await wait_for(lambda: server.connections == 0, "the connection closed")
+
+
+async def test_a_streamed_response_is_chunked_and_watching_does_not_disturb_it() -> None:
+    app = App()
+    async with serving(app) as (_, port):
+        c = await Client.open(port)
+        for q in ("", "?watch"):
+            await c.send(get(f"/stream{q}"))
+            head, body = await c.response()
+            assert head.chunked and body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+        await c.aclose()
+
+
+async def test_a_handler_bug_costs_one_connection_and_the_server_keeps_serving(caplog: pytest.LogCaptureFixture) -> None:
+    app = App()
+    async with serving(app) as (server, port):
+        with caplog.at_level(logging.ERROR, logger="llmgw.http"):
+            c = await Client.open(port)
+            await c.send(get("/boom") + get("/never"))
+            head, body = await c.response()
+            assert head.status == 500 and head.close
+            assert await c.closed()
+            await c.aclose()
+        assert any("a handler bug" in (r.exc_text or "") or r.exc_info for r in caplog.records)
+
+        # a bug after the response started: the stream is cut (no last chunk), nothing else
+        s = await Client.open(port)
+        await s.send(get("/stream?crash"))
+        with pytest.raises(AssertionError, match="closed inside a chunked body"):
+            await s.response()
+        await s.aclose()
+
+        other = await Client.open(port)
+        await other.send(get("/ok"))
+        head, body = await other.response()
+        assert head.status == 200 and echoed(body)["path"] == "/ok"
+        await other.aclose()
+        assert app.calls == ["/boom", "/stream", "/ok"]
+        await wait_for(lambda: server.connections == 0, "every connection closed")
