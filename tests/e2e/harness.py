@@ -265,14 +265,14 @@ def start_agent(tmp: Path, node_id: str, config: Path, *extra: str) -> Proc:
     return Proc(f"agent-{node_id}", ["agent", "--config", str(config), "--insecure", *extra], tmp)
 
 
-def engines_config(models_yaml: str, extra: str = "") -> str:
+def engines_config(models_yaml: str, extra: str = "", backoff: str = "0.5s", backoff_max: str = "5s") -> str:
     """A server config for engine tests: fast liveness, short settle and backoff."""
-    return FAST_FLEET + """\
+    return FAST_FLEET + f"""\
 reconcile:
   tick: 0.5s
   settle: 0.5s
-  backoff_initial: 0.5s
-  backoff_max: 5s
+  backoff_initial: {backoff}
+  backoff_max: {backoff_max}
 """ + extra + models_yaml
 
 
