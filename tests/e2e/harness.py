@@ -62,7 +62,8 @@ class Proc:
         return self.popen.poll() is None
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def signal(self, sig: int) -> None:

@@ -131,4 +131,4 @@ def test_restart_replaces_a_replica_and_forget_needs_a_lost_node(tmp_path: Path,
     assert result.returncode == 1 and "HTTP 404" in one_error_line(result)
     # The replica (wherever it ran) is served on gpu-01 now.
     wait_until(lambda: (rs := ready_count(server, 1)) and rs[0]["shards"][0]["node"] == "gpu-01",
-               "the replica on gpu-01", procs=procs)
+               "the replica on gpu-01", procs=[server.proc, agents["gpu-01"]])

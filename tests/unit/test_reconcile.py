@@ -233,3 +233,18 @@ def test_a_dead_engine_reported_after_a_server_restart_is_not_adopted() -> None:
     assert "small-zzzzz" not in rec.replicas
     [start] = starts(rec.reconcile(nodes("gpu-01"), 1))
     assert start.spec.replica_id != "small-zzzzz"
+
+
+def test_engine_stopped_by_its_agent_is_placed_elsewhere() -> None:
+    rec = make(catalog(small=1, big=0))
+    fleet = nodes("gpu-01", "gpu-02")
+    [s] = bring_up(rec, fleet)
+    # The agent shuts down with --stop-engines-on-exit: "stopping", then "stopped".
+    rec.on_shard_status(s.node, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopping", reason="agent stopping"), 1)
+    [replica] = rec.replicas.values()
+    assert replica.state == "failed" and "stopping by its agent" in replica.reason and replica.failures == 0
+    assert starts(rec.reconcile(fleet, 1)) == []  # the engine still holds its GPU
+    rec.on_shard_status(s.node, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopped"), 2)
+    other = [n for n in fleet if n.node_id != s.node]
+    [moved] = starts(rec.reconcile(other, 2))
+    assert moved.node != s.node and moved.spec.replica_id == s.spec.replica_id

@@ -258,11 +258,18 @@ class Reconciler:
         if replica.state == "stopping":
             self._maybe_forget(replica)
             return
-        if state in ("failed", "exited") or (state == "stopped" and previous != "stopping"):
+        if state in ("failed", "exited"):
             why = reason or (
                 f"engine exited with code {exit_code}" if exit_code is not None else f"engine {state}"
             )
             self._fail(replica, now, f"{shard.node}: {why}", tail, penalty=True)
+            return
+        if state in ("stopping", "stopped") and previous != "stopping":
+            # Stopped on the node's side (its agent is shutting down with its engines), not a
+            # crash: the replica goes elsewhere at once, and the shard stays counted until the
+            # engine is really gone.
+            self._fail(replica, now, f"{shard.node}: engine {state} by its agent ({reason or 'no reason given'})", tail,
+                       penalty=False)
             return
         self._derive(replica, now)
 
