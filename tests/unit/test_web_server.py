@@ -374,3 +374,55 @@ async def test_a_handler_bug_costs_one_connection_and_the_server_keeps_serving(c
         await other.aclose()
         assert app.calls == ["/boom", "/stream", "/ok"]
         await wait_for(lambda: server.connections == 0, "every connection closed")
+
+
+# ---- HTTP/1.0 clients and HEAD -----------------------------------------------------------------
+
+
+async def test_http10_client_gets_a_stream_without_chunked_coding_then_close() -> None:
+    app = App()
+    async with serving(app) as (_, port):
+        c = await Client.open(port)
+        await c.send(b"GET /stream HTTP/1.0\r\nhost: t\r\n\r\n")
+        with trio.fail_after(DEADLINE):
+            while await c._more():
+                pass
+        raw = bytes(c.buf)
+        head_end = http1.find_head_end(raw)
+        head = http1.parse_response_head(raw[:head_end])
+        assert head.status == 200 and not head.chunked and head.close
+        assert raw[head_end:] == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"  # no chunk framing, ended by close
+
+
+async def test_raw_chunked_bytes_are_unframed_for_an_http10_client() -> None:
+    async def relay(request: Request, responder: Responder) -> None:
+        await responder.start(200, [(b"content-type", b"text/event-stream")])
+        assert responder.client_fd is None  # the relay hub must not write framed bytes here
+        for piece in (b"7\r\ndata: a\r\n", b"7\r\ndata: b", b"\r\n0\r\n\r\n"):
+            await responder.send_raw_chunked(piece)
+        await responder.end()
+
+    async with serving(relay) as (_, port):  # type: ignore[arg-type]
+        c = await Client.open(port)
+        await c.send(b"POST /v1/chat/completions HTTP/1.0\r\ncontent-length: 0\r\n\r\n")
+        with trio.fail_after(DEADLINE):
+            while await c._more():
+                pass
+        raw = bytes(c.buf)
+        assert raw.endswith(b"\r\n\r\ndata: adata: b")
+
+
+async def test_head_gets_the_head_alone() -> None:
+    app = App()
+    async with serving(app) as (_, port):
+        c = await Client.open(port)
+        await c.send(b"HEAD /x HTTP/1.1\r\nhost: t\r\n\r\n" + get("/after"))
+        with trio.fail_after(DEADLINE):
+            while (end := http1.find_head_end(c.buf)) < 0:
+                assert await c._more()
+        head = http1.parse_response_head(bytes(c.buf[:end]))
+        del c.buf[:end]
+        assert head.status == 200 and (head.content_length or 0) > 0
+        # No body followed: the next bytes are the second response's head.
+        head2, body2 = await c.response()
+        assert head2.status == 200 and echoed(body2)["path"] == "/after"

@@ -67,52 +67,77 @@ class Request:
 
 
 class Responder:
-    """How a handler answers one request on an HTTP/1.1 connection."""
+    """How a handler answers one request on an HTTP/1.1 connection.
 
-    __slots__ = ("_conn", "close", "started", "status", "streaming")
+    Streamed answers use chunked coding; an HTTP/1.0 client gets the body undelimited
+    instead (it cannot read chunked coding) and the connection closes at its end. A HEAD
+    request gets the head alone."""
 
-    def __init__(self, conn: _Connection, close: bool) -> None:
+    __slots__ = ("_conn", "_dechunk", "_framed", "close", "head_only", "http10", "started", "status", "streaming")
+
+    def __init__(self, conn: _Connection, close: bool, *, http10: bool = False, head_only: bool = False) -> None:
         self._conn = conn
         self.close = close
+        self.http10 = http10
+        self.head_only = head_only
         self.started = False
         self.streaming = False
         self.status = 0
+        self._dechunk: ChunkedDecoder | None = None
+        self._framed = bytearray()  # chunked bytes not decoded yet (a chunk split across reads)
 
     async def respond(self, status: int, headers: Headers, body: bytes) -> None:
         self.started = True
         self.status = status
-        data = response_head(status, headers, content_length=len(body), close=self.close) + body
-        await self._conn.send(data)
+        data = response_head(status, headers, content_length=len(body), close=self.close)
+        await self._conn.send(data if self.head_only else data + body)
 
     async def start(self, status: int, headers: Headers) -> None:
         """Begin a streamed (chunked) response; then `send`/`send_raw_chunked`, then `end`."""
         self.started = True
         self.streaming = True
         self.status = status
+        if self.http10 or self.head_only:
+            self.close = True
+            self._dechunk = ChunkedDecoder()
+            await self._conn.send(response_head(status, headers, close=True))
+            return
         await self._conn.send(response_head(status, headers, chunked=True, close=self.close))
 
     async def send(self, data: bytes) -> None:
-        if data:
-            await self._conn.send(chunk(data))
+        if not data or self.head_only:
+            return
+        await self._conn.send(data if self._dechunk is not None else chunk(data))
 
     async def send_raw_chunked(self, data: bytes) -> None:
         """Bytes already in chunked coding (relayed from an engine as they came)."""
-        await self._conn.send(data)
+        if self._dechunk is None:
+            await self._conn.send(data)
+            return
+        decoder = self._dechunk
+        self._framed += data
+        decoder.feed(self._framed)
+        body = bytes(decoder.body)
+        decoder.body.clear()
+        if body and not self.head_only:
+            await self._conn.send(body)
 
     @property
     def client_fd(self) -> int | None:
-        """The client socket's fd on plain TCP (for the relay hub); None over TLS."""
+        """The client socket's fd when bytes may go to it untouched (plain TCP, HTTP/1.1):
+        the relay hub writes there. None over TLS or when the body must be re-framed."""
         raw = self._conn.raw
-        return raw.fd if raw is not None else None
+        return raw.fd if raw is not None and self._dechunk is None else None
 
     def raw_chunked_sender(self) -> Callable[[bytes], Awaitable[None]]:
         """The cheapest way to send already-chunked bytes: straight to the fd on plain TCP
         (raises trio.BrokenResourceError when the client is gone), else send_raw_chunked."""
         raw = self._conn.raw
-        return raw.send_all if raw is not None else self.send_raw_chunked
+        return raw.send_all if raw is not None and self._dechunk is None else self.send_raw_chunked
 
     async def end(self) -> None:
-        await self._conn.send(LAST_CHUNK)
+        if self._dechunk is None:
+            await self._conn.send(LAST_CHUNK)
 
     def watch_disconnect(self) -> None:
         """Cancel this request's handler if the client hangs up before it is done."""
@@ -299,7 +324,7 @@ class HttpServer:
                 return
             first = False
             request = Request(head, body, conn.peer, conn.tls)
-            responder = Responder(conn, close=head.close)
+            responder = Responder(conn, close=head.close, http10=head.http10, head_only=head.method == b"HEAD")
             try:
                 with trio.CancelScope() as scope:
                     conn.handler_scope = scope
