@@ -99,6 +99,34 @@ class Proc:
             pass
 
 
+class _Waiter:
+    """One poll of a `wait_until`: the check, and the failure when time is up or a process died."""
+
+    def __init__(self, what: str, deadline: float, procs: list[Proc] | tuple[Proc, ...]) -> None:
+        self.what = what
+        self.deadline = deadline
+        self.procs = procs
+        self.end = time.monotonic() + deadline
+        self.last_exc: Exception | None = None
+
+    def value(self, check: Callable[[], T | None]) -> T | None:
+        try:
+            return check()
+        except Exception as exc:  # a server not up yet, a half-written file ...
+            self.last_exc = exc
+            return None
+
+    def give_up_if_due(self) -> None:
+        for p in self.procs:
+            if not p.alive():
+                raise AssertionError(f"{p.name} exited ({p.popen.returncode}) while waiting for {self.what}:\n{p.log()[-4000:]}")
+        if time.monotonic() > self.end:
+            logs = "\n".join(f"--- {p.name}:\n{p.log()[-3000:]}" for p in self.procs)
+            raise AssertionError(
+                f"timed out after {self.deadline:g}s waiting for {self.what} (last error: {self.last_exc!r})\n{logs}"
+            )
+
+
 def wait_until(
     check: Callable[[], T | None],
     what: str,
@@ -107,22 +135,12 @@ def wait_until(
     interval: float = 0.05,
 ) -> T:
     """Poll `check` until it returns a truthy value; fail with `what` and process logs at the deadline."""
-    end = time.monotonic() + deadline
-    last_exc: Exception | None = None
+    waiter = _Waiter(what, deadline, procs)
     while True:
-        try:
-            value = check()
-        except Exception as exc:  # a server not up yet, a half-written file ...
-            value = None
-            last_exc = exc
+        value = waiter.value(check)
         if value:
             return value
-        for p in procs:
-            if not p.alive():
-                raise AssertionError(f"{p.name} exited ({p.popen.returncode}) while waiting for {what}:\n{p.log()[-4000:]}")
-        if time.monotonic() > end:
-            logs = "\n".join(f"--- {p.name}:\n{p.log()[-3000:]}" for p in procs)
-            raise AssertionError(f"timed out after {deadline:g}s waiting for {what} (last error: {last_exc!r})\n{logs}")
+        waiter.give_up_if_due()
         time.sleep(interval)
 
 
@@ -155,22 +173,12 @@ async def wait_until_async(
     """`wait_until` for trio tests: polls without blocking the event loop."""
     import trio
 
-    end = time.monotonic() + deadline
-    last_exc: Exception | None = None
+    waiter = _Waiter(what, deadline, procs)
     while True:
-        try:
-            value = await trio.to_thread.run_sync(check)
-        except Exception as exc:
-            value = None
-            last_exc = exc
+        value = await trio.to_thread.run_sync(waiter.value, check)
         if value:
             return value
-        for p in procs:
-            if not p.alive():
-                raise AssertionError(f"{p.name} exited ({p.popen.returncode}) while waiting for {what}:\n{p.log()[-4000:]}")
-        if time.monotonic() > end:
-            logs = "\n".join(f"--- {p.name}:\n{p.log()[-3000:]}" for p in procs)
-            raise AssertionError(f"timed out after {deadline:g}s waiting for {what} (last error: {last_exc!r})\n{logs}")
+        waiter.give_up_if_due()
         await trio.sleep(interval)
 
 

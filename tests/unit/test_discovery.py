@@ -15,31 +15,7 @@ import pytest
 from llmgw.agent import discovery
 from llmgw.catalog.schema import Discovery
 from llmgw.fabric import sysfs
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _real_fixtures() -> Path:
-    for candidate in (
-        os.environ.get("LLMGW_REAL_FIXTURES", ""),
-        ROOT / "shared" / "fixtures" / "real",
-        ROOT.parent / "shared" / "fixtures" / "real",
-    ):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    pytest.skip("real fixtures not found (../shared/fixtures/real); set LLMGW_REAL_FIXTURES")
-
-
-REAL = _real_fixtures()
-
-
-def load_flat(path: Path) -> dict[str, str]:
-    files: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        name, sep, content = line.partition(": ")
-        if sep:
-            files[name] = content.replace("\\n", "\n") + "\n"
-    return files
+from tests.realfixtures import REAL, load_flat
 
 
 def materialise(files: dict[str, str], root: Path) -> Path:

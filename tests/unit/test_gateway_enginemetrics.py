@@ -16,15 +16,11 @@ from llmgw.server.gateway.enginemetrics import (
     parse_engine_metrics,
     violations,
 )
-
-_ROOT = Path(__file__).resolve().parents[2]
+from tests.realfixtures import REAL
 
 
 def _real_dir() -> Path:
-    for base in (_ROOT / "shared", _ROOT.parent / "shared"):
-        if (base / "fixtures" / "real").is_dir():
-            return base / "fixtures" / "real"
-    pytest.fail("shared/fixtures/real not found next to the repository (see DESIGN.md)")
+    return REAL
 
 
 REAL_FILES = sorted(

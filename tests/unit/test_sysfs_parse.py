@@ -2,43 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pytest
 
 from llmgw.fabric import sysfs
+from tests.realfixtures import REAL, load_flat
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _real_fixtures() -> Path:
-    for candidate in (
-        os.environ.get("LLMGW_REAL_FIXTURES", ""),
-        ROOT / "shared" / "fixtures" / "real",
-        ROOT.parent / "shared" / "fixtures" / "real",
-    ):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    pytest.skip("real fixtures not found (../shared/fixtures/real); set LLMGW_REAL_FIXTURES")
-
-
-REAL = _real_fixtures()
 NODE_EXPORTER = REAL / "sysfs" / "node-exporter-i40iw-mlx4.txt"
 PROCFS = REAL / "sysfs" / "procfs-fixtures-hfi1-mlx4-mlx5.txt"
 
-
-def load_flat(path: Path) -> dict[str, str]:
-    """SOURCES.md format: one `path: content` line per file, newlines in content as a literal \\n."""
-    files: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        name, sep, content = line.partition(": ")
-        assert sep, f"not a `path: content` line: {line!r}"
-        files[name] = content.replace("\\n", "\n") + "\n"  # sysfs ends every value with a newline
-    return files
 
 
 def by_key(ports):

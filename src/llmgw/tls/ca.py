@@ -239,6 +239,24 @@ def issue_server(
     )
 
 
+def _issue_client(
+    directory: str | Path, kind: Kind, name: str, *, now: float, days: int, out: str | None, key_type: str,
+    force: bool, not_after: float | None,
+) -> Issued:
+    return _issue(
+        directory,
+        kind=kind,
+        common_name=name,
+        default_base=f"{kind}-{name}",
+        now=now,
+        days=days,
+        out=out,
+        key_type=key_type,
+        force=force,
+        not_after=not_after,
+    )
+
+
 def issue_node(
     directory: str | Path,
     node_id: str,
@@ -252,18 +270,8 @@ def issue_node(
 ) -> Issued:
     """A clientAuth certificate whose CN is the node id the agent registers as."""
     validate_node_id(node_id)
-    return _issue(
-        directory,
-        kind="node",
-        common_name=node_id,
-        default_base=f"node-{node_id}",
-        now=now,
-        days=days,
-        out=out,
-        key_type=key_type,
-        force=force,
-        not_after=not_after,
-    )
+    return _issue_client(directory, "node", node_id, now=now, days=days, out=out, key_type=key_type, force=force,
+                         not_after=not_after)
 
 
 def issue_operator(
@@ -279,18 +287,8 @@ def issue_operator(
 ) -> Issued:
     """A clientAuth certificate with OU=operators, for `llmgw ctl` against the public API."""
     validate_operator_name(name)
-    return _issue(
-        directory,
-        kind="operator",
-        common_name=name,
-        default_base=f"operator-{name}",
-        now=now,
-        days=days,
-        out=out,
-        key_type=key_type,
-        force=force,
-        not_after=not_after,
-    )
+    return _issue_client(directory, "operator", name, now=now, days=days, out=out, key_type=key_type, force=force,
+                         not_after=not_after)
 
 
 def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
