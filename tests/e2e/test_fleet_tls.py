@@ -5,6 +5,7 @@ A node proves who it is: its certificate's CN must equal the node id it register
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -115,3 +116,24 @@ def test_plain_h2c_needs_insecure_on_the_agent(tmp_path: Path) -> None:
     cfg.write_text("server: http://127.0.0.1:1\nnode_id: gpu-01\n")
     result = run_llmgw("agent", "--config", str(cfg))
     assert result.returncode == 2 and "--insecure" in result.stderr
+
+
+def test_certificate_near_expiry_is_a_warning_in_the_agent_log_and_the_node_record(tmp_path: Path, procs: list[Proc]) -> None:
+    cadir = tmp_path / "ca"
+    cert("init", "--dir", str(cadir))
+    cert("server", "--dir", str(cadir), "--host", "localhost", "--ip", "127.0.0.1")
+    cert("node", "gpu-01", "--dir", str(cadir), "--days", "5")
+    server = tls_server(tmp_path, cadir)
+    procs.append(server.start())
+    base = make_sim_node(tmp_path, "gpu-01", server.fleet_url)
+    base.write_text(re.sub(r"  gpus: .*gpus.json", "  gpus: none", base.read_text()))  # a CPU-only node
+    agent = Proc("agent-gpu-01", ["agent", "--config", str(tls_agent_config(
+        base, cadir / "ca.crt", cadir / "node-gpu-01.crt", cadir / "node-gpu-01.key"))], tmp_path)
+    procs.append(agent)
+    wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready", "gpu-01 ready", procs=[server.proc, agent])
+    assert "expires in 5 days" in agent.log() and "llmgw ctl cert node" in agent.log()
+    node = server.nodes()["gpu-01"]
+    assert 4 < node["cert_days_left"] <= 5 and node["gpus"] == 0 and node["gpu_note"]
+    table = run_llmgw("ctl", "--server", server.url, "nodes")
+    assert table.returncode == 0
+    assert "certificate expires in 5 days" in table.stdout and "CPU-only node" in table.stdout

@@ -128,3 +128,8 @@ def test_sizes(text: object, size: int) -> None:
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_duration(bad)
+
+
+def test_duplicate_keys_are_errors() -> None:
+    text = "fleet:\n  lost_after: 2m\n  heartbeat_interval: 5s\n  lost_after: 3m\n"
+    assert error_of(text) == "server.yaml:4 fleet.lost_after: duplicate key (first at line 2); YAML would silently keep the last one"

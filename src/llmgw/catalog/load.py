@@ -23,13 +23,25 @@ class ConfigError(UsageError):
     """One line an operator can act on: `file:line path: what is wrong`."""
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, path: Path, line: int, first: int) -> None:
+        super().__init__(f"duplicate key (first at line {first}); YAML would silently keep the last one")
+        self.path = path
+        self.line = line
+
+
 def _walk(node: yaml.Node, path: Path, lines: dict[Path, int]) -> None:
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
         for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node)
-            lines[(*path, str(key))] = key_node.start_mark.line + 1
-            _walk(value_node, (*path, str(key)), lines)
+            key = str(key_node.value if isinstance(key_node, yaml.ScalarNode) else key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey((*path, key), line, seen[key])
+            seen[key] = line
+            lines[(*path, key)] = line
+            _walk(value_node, (*path, key), lines)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             _walk(item, (*path, index), lines)
@@ -187,7 +199,10 @@ def parse_config(text: str, kind: type[T], filename: str = "<config>") -> T:
     data = _stringify_keys(data)
     lines: dict[Path, int] = {}
     if root is not None:
-        _walk(root, (), lines)
+        try:
+            _walk(root, (), lines)
+        except _DuplicateKey as exc:
+            raise ConfigError(f"{name}:{exc.line} {format_path(exc.path)}: {exc}") from None
     try:
         return msgspec.convert(data, type=kind, dec_hook=dec_hook)
     except msgspec.ValidationError as exc:

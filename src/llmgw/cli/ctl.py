@@ -51,6 +51,18 @@ def api(ctx: click.Context) -> ApiClient:
     return ctx.obj["api"]()
 
 
+def _node_note(n: dict) -> str:
+    """What an operator should know about a node: why it is not ready, a certificate about to
+    expire, why it has no GPUs."""
+    notes = [n["reason"]] if n.get("reason") else []
+    days = n.get("cert_days_left")
+    if days is not None and days < 30:
+        notes.append(f"certificate expired {-days:.0f} days ago" if days < 0 else f"certificate expires in {days:.0f} days")
+    if not n.get("gpus") and n.get("gpu_note"):
+        notes.append(n["gpu_note"])
+    return "; ".join(notes)
+
+
 @ctl.command()
 @output_option
 @click.pass_context
@@ -71,13 +83,13 @@ def nodes(ctx: click.Context, output: str) -> None:
             gpus,
             ",".join(n.get("fabrics") or []) or (f"{n.get('ports_active', 0)}/{n.get('ports', 0)} ports up" if n.get("ports") else "-"),
             n.get("version", ""),
-            n.get("reason", ""),
+            _node_note(n),
         ))
     out = console()
     if not rows:
         out.print("no nodes have registered yet")
         return
-    out.print(make_table(["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "AGENT", "REASON"], rows))
+    out.print(make_table(["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "AGENT", "NOTE"], rows))
 
 
 def _replica_rows(data: list[dict]) -> list[tuple]:

@@ -32,6 +32,7 @@ class NodeView(msgspec.Struct, kw_only=True):
     gpus: int
     gpu_name: str
     gpu_source: str
+    gpu_note: str
     fabrics: list[str]
     ports: int
     ports_active: int
@@ -105,6 +106,7 @@ def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
         gpus=len(inv.gpus),
         gpu_name=", ".join(names),
         gpu_source=inv.gpu_source,
+        gpu_note=inv.gpu_note,
         fabrics=fabrics,
         ports=len(inv.ports),
         ports_active=sum(1 for p in inv.ports if p.state.upper() == "ACTIVE"),
