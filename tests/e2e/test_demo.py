@@ -66,3 +66,18 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
     assert demo.returncode == 0, text[-2000:]
     wait_until(lambda: not processes_under(work), "no demo process left", deadline=10)
     assert not work.exists()  # a clean stop leaves no temp files either
+
+
+def test_demo_port_in_use_is_one_clear_line() -> None:
+    import socket
+
+    from tests.e2e.harness import run_llmgw
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        result = run_llmgw("demo", "--port", str(port), "--fleet-port", str(free_port()))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "--port" in lines[0], result.stderr
