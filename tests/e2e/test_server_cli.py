@@ -71,3 +71,17 @@ def test_help_lists_commands() -> None:
     assert result.returncode == 0
     for name in ("server", "agent", "ctl", "sim", "demo"):
         assert name in result.stdout
+
+
+def test_missing_tls_files_are_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text(f"tls:\n  cert: {tmp_path}/nope.crt\n  key: {tmp_path}/nope.key\n  ca: {tmp_path}/ca.crt\n")
+    result = run_llmgw("server", "--config", str(cfg), "--listen", f"127.0.0.1:{free_port()}",
+                       "--fleet-listen", f"127.0.0.1:{free_port()}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nope.crt" in lines[0] and "does not exist" in lines[0], result.stderr
+    agent_cfg = tmp_path / "agent.yaml"
+    agent_cfg.write_text(f"server: https://127.0.0.1:1\ntls:\n  cert: {tmp_path}/n.crt\n  key: {tmp_path}/n.key\n  ca: {tmp_path}/ca.crt\n")
+    result = run_llmgw("agent", "--config", str(agent_cfg))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "does not exist" in result.stderr
