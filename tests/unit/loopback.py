@@ -60,7 +60,7 @@ async def wait_for(condition: Callable[[], bool], what: str, deadline: float = D
     """Poll a condition with a deadline (for state with no event to wait on)."""
     with trio.fail_after(deadline):
         while not condition():  # noqa: ASYNC110 - state with no event to wait on
-            await trio.sleep(0.001)
+            await trio.sleep(0.001)  # ok: poll interval of a deadline-bounded wait
     assert condition(), what
 
 

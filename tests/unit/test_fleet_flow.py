@@ -73,7 +73,7 @@ async def until(check: Callable[[], object], what: str, deadline: float = DEADLI
     """Wait for a condition (polled), failing with `what` after `deadline` seconds."""
     with trio.move_on_after(deadline):
         while not check():  # noqa: ASYNC110 - the conditions are transport state, no event to wait on
-            await trio.sleep(0.005)
+            await trio.sleep(0.005)  # ok: poll interval of a deadline-bounded wait
         return
     raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
 

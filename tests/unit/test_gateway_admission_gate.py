@@ -36,11 +36,11 @@ async def test_queued_request_is_admitted_the_moment_a_slot_frees(
     t0 = trio.current_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hold, gate, 5.0, log, "first")
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: virtual time (autojump_clock)
         nursery.start_soon(hold, gate, 2.0, log, "second")
-        await trio.sleep(0.5)  # (trio may run tasks started together in any order)
+        await trio.sleep(0.5)  # ok: virtual time (autojump_clock) ; trio may run tasks started together in any order
         nursery.start_soon(hold, gate, 1.0, log, "third")
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: virtual time (autojump_clock)
         assert gate.queued == 2 and gate.in_flight == 1
     # admitted exactly at the release time, in arrival order: no polling tick in between
     assert log == [("first", t0), ("second", t0 + 5.0), ("third", t0 + 7.0)]
@@ -56,7 +56,7 @@ async def test_expired_wait_is_rejected_with_retry_after(
     log: list[tuple[str, float]] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hold, gate, 100.0, log, "hog")
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: virtual time (autojump_clock)
         t = trio.current_time()
         with pytest.raises(AdmissionRejected) as info:
             async with gate.admit():
@@ -74,9 +74,9 @@ async def test_full_queue_is_rejected_at_once(autojump_clock: trio.testing.MockC
     log: list[tuple[str, float]] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hold, gate, 10.0, log, "a")
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # ok: virtual time (autojump_clock)
         nursery.start_soon(hold, gate, 1.0, log, "b")
-        await trio.sleep(0.4)
+        await trio.sleep(0.4)  # ok: virtual time (autojump_clock)
         t = trio.current_time()
         with pytest.raises(AdmissionRejected) as info:
             async with gate.admit():
@@ -95,7 +95,7 @@ async def test_cancelled_waiter_leaves_the_queue_and_leaks_no_slot(
     t0 = trio.current_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hold, gate, 5.0, log, "first")
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: virtual time (autojump_clock)
         with trio.move_on_after(2):  # the client goes away after 2 s in the queue
             async with gate.admit():
                 pytest.fail("must not be admitted")
@@ -129,7 +129,7 @@ async def test_waiter_cancelled_in_the_instant_it_gets_the_slot(
 
     async def first() -> None:
         async with gate.admit():
-            await trio.sleep(5)
+            await trio.sleep(5)  # ok: virtual time (autojump_clock)
             if cancel_first:
                 doomed.cancel()  # the waiter's wait is cancelled, then the slot reaches it
         if not cancel_first:
@@ -139,13 +139,13 @@ async def test_waiter_cancelled_in_the_instant_it_gets_the_slot(
         with doomed:
             async with gate.admit():
                 log.append(("doomed", trio.current_time()))
-                await trio.sleep(1)
+                await trio.sleep(1)  # ok: virtual time (autojump_clock)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(first)
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: virtual time (autojump_clock)
         nursery.start_soon(doomed_waiter)
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: virtual time (autojump_clock)
         nursery.start_soon(hold, gate, 1.0, log, "third")
     assert ("third", t0 + 5.0) in log
     assert (("doomed", t0 + 5.0) in log) is not cancel_first
@@ -160,9 +160,9 @@ async def test_raising_the_limit_wakes_waiters(autojump_clock: trio.testing.Mock
     t0 = trio.current_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hold, gate, 10.0, log, "a")
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: virtual time (autojump_clock)
         nursery.start_soon(hold, gate, 1.0, log, "b")
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: virtual time (autojump_clock)
         gate.set_limits(limit=2, max_queue=4, max_wait=60)
     assert log == [("a", t0), ("b", t0 + 2.0)]
 

@@ -98,7 +98,7 @@ async def test_a_reused_connection_the_engine_closed_is_retried_once_on_a_fresh_
         assert conns == 3 and len(up._idle) == 3
         with trio.fail_after(DEADLINE):
             while closed < 3:  # noqa: ASYNC110 - a counter the engine task moves
-                await trio.sleep(0.001)
+                await trio.sleep(0.001)  # ok: poll interval of a deadline-bounded wait
         # every idle connection is stale now; one request, no error, one new connection
         response = await up.request(b"POST", b"/", [], b"x", head_timeout=DEADLINE)
         assert await response.read(DEADLINE) == b"one"
@@ -357,7 +357,7 @@ async def test_relay_chunked_cuts_a_client_that_takes_no_chunk_for_the_idle_time
         await stream.send_all(CHUNKED_HEAD)
         for e in SSE:
             await stream.send_all(http1.chunk(e))
-            await trio.sleep(1)
+            await trio.sleep(1)  # ok: virtual time (autojump_clock), paces the engine
         await stream.send_all(http1.LAST_CHUNK)
 
     async with trio.open_nursery() as nursery:
@@ -369,7 +369,7 @@ async def test_relay_chunked_cuts_a_client_that_takes_no_chunk_for_the_idle_time
         async def send(data: bytes) -> None:
             writes.append(data)
             if len(writes) == 3:
-                await trio.sleep(1000)  # a client that stopped reading
+                await trio.sleep(1000)  # ok: virtual time; a client that stopped reading
 
         with pytest.raises(trio.BrokenResourceError):
             await response.relay_chunked(send, 20.0)
