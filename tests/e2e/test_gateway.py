@@ -227,7 +227,7 @@ def test_engine_killed_mid_run_loses_no_request(fleet: Server) -> None:
                         breaker_open_seen.set()
             except Exception:
                 pass
-            time.sleep(0.02)
+            time.sleep(0.02)  # ok: the breaker poller's interval
 
     threads = [threading.Thread(target=steady, args=(i,)) for i in range(6)] + [threading.Thread(target=watch_breaker)]
     for t in threads:

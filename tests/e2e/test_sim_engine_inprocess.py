@@ -231,7 +231,7 @@ async def test_requests_beyond_max_concurrency_wait() -> None:
                 # max_concurrency ignored both would run and this would time out.
                 while (handle.engine.running, handle.engine.waiting) != (1, 1):
                     assert handle.engine.running <= 1
-                    await trio.sleep(0.001)
+                    await trio.sleep(0.001)  # ok: poll interval of a deadline-bounded wait
         assert handle.engine.waiting == 0 and handle.engine.running == 0
 
 
@@ -357,9 +357,9 @@ async def test_a_client_that_leaves_a_non_streaming_request_aborts_it() -> None:
         await c.send("POST", "/v1/completions", body)
         with trio.fail_after(DEADLINE):
             while handle.engine.running != 1:  # noqa: ASYNC110 - a counter, no event to wait on
-                await trio.sleep(0.001)
+                await trio.sleep(0.001)  # ok: poll interval of a deadline-bounded wait
             await c.stream.aclose()
             while handle.engine.running != 0:  # noqa: ASYNC110
-                await trio.sleep(0.001)
+                await trio.sleep(0.001)  # ok: poll interval of a deadline-bounded wait
         assert handle.engine.metrics.request_success["abort"] == 1
         assert handle.engine.kv_blocks_used == 0

@@ -49,7 +49,7 @@ def wait_for(
                 f"timed out after {deadline}s waiting for {what}"
                 + (f":\n{proc.output()}" if proc else "")
             )
-        time.sleep(0.02)
+        time.sleep(0.02)  # ok: poll interval of a deadline-bounded wait
 
 
 class EngineProc:

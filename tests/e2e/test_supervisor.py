@@ -80,7 +80,7 @@ def spawn(code: str, **kw: Any) -> subprocess.Popen[bytes]:
 async def until(check: Callable[[], Any], what: str, deadline: float = DEFAULT_DEADLINE) -> Any:
     with trio.move_on_after(deadline):
         while not (value := check()):  # noqa: ASYNC110 - polling process and file state
-            await trio.sleep(0.05)
+            await trio.sleep(0.05)  # ok: poll interval of a deadline-bounded wait
         return value
     raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
 
@@ -116,7 +116,7 @@ async def test_shards_refused_before_anything_is_launched(tmp_path: Path, monkey
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     busy_port = busy.getsockname()[1]
-    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]  # ok: a child that just lives
     cases = {
         "nobin": (spec("nobin", engine="command", command=["llmgw-no-such-engine", "--port", "{port}"]),
                   "not started: command: executable 'llmgw-no-such-engine' not found on PATH (/nonexistent-bin)"),
@@ -169,7 +169,7 @@ def write_state(work: Path, name: str, content: bytes) -> Path:
 async def test_adoption_from_state_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     work = tmp_path / "work"
     # A process no state file can describe: a valid JSON naming it, in a format this agent cannot read.
-    stray = spawn("import time; time.sleep(120)")
+    stray = spawn("import time; time.sleep(120)")  # ok: a child that just lives
     # A process that exited while the agent was away, with its output in the log.
     gone = spawn("print('loading weights'); print('CUDA error: out of memory')", stdout=subprocess.PIPE)
     out, _ = gone.communicate(timeout=DEFAULT_DEADLINE)
@@ -241,7 +241,7 @@ port, flag = int(sys.argv[1]), sys.argv[2]
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         while not os.path.exists(flag):  # busy: /health hangs
-            time.sleep(0.1)
+            time.sleep(0.1)  # ok: the child's own busy loop
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b"ok")

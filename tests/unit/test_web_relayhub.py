@@ -139,7 +139,7 @@ async def test_a_slow_client_parks_the_stream_without_losing_or_reordering_bytes
                 data = await pipe.client.recv(1500)
                 assert data
                 got.extend(data)
-                await trio.sleep(0.0005)  # a reader slower than the engine
+                await trio.sleep(0.0005)  # ok: paces a slow reader; a reader slower than the engine
 
         with trio.fail_after(DEADLINE * 3):
             async with trio.open_nursery() as n:
@@ -204,7 +204,7 @@ async def test_the_client_closing_mid_stream_is_a_client_error_and_the_stream_le
             while not finished.is_set():  # tokens keep coming until the gateway gives up
                 await send_all(pipe.engine, http1.chunk(b"data: %d\n\n" % k))
                 k += 1
-                await trio.sleep(0.001)
+                await trio.sleep(0.001)  # ok: paces the simulated engine's tokens
 
         with trio.fail_after(DEADLINE):
             async with trio.open_nursery() as n:
