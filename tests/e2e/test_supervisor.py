@@ -144,7 +144,11 @@ async def test_shards_refused_before_anything_is_launched(tmp_path: Path, monkey
                 assert failed.pid == 0 and failed.replica_id == s.replica_id
                 assert not (tmp_path / "work" / "logs" / f"{s.shard_id}.log").exists(), f"{name}: something was launched"
                 assert not (tmp_path / "work" / "shards" / f"{s.shard_id}.json").exists()
-                assert s.shard_id not in n.supervisor.runs  # told once, then forgotten
+                # Told at once, and kept (finished) for the next Register, which repeats it once.
+                assert n.supervisor.runs[s.shard_id].state == "failed"
+                [again] = [r for r in n.supervisor.reports() if r.spec.shard_id == s.shard_id]
+                assert again.state == "failed" and again.reason.startswith(reason)
+                assert s.shard_id not in n.supervisor.runs
             assert [x.state for x in n.sent if x.shard_id == holder.shard_id] == ["starting"]
 
 
@@ -230,6 +234,7 @@ async def test_a_stop_that_arrives_before_the_launch_launches_nothing(tmp_path: 
         assert stopped.pid == 0 and stopped.reason == "surplus"
         assert killpg_guard == [], "signalled process group 0: the agent's own group"
         assert [x.state for x in n.sent if x.shard_id == s.shard_id] == ["stopping", "stopped"]
+        assert [r.state for r in n.supervisor.reports() if r.spec.shard_id == s.shard_id] == ["stopped"]
         assert s.shard_id not in n.supervisor.runs
         assert not (tmp_path / "work" / "shards" / f"{s.shard_id}.json").exists()
         assert not (tmp_path / "work" / "logs" / f"{s.shard_id}.log").exists()  # written just before a launch

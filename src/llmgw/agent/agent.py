@@ -121,6 +121,14 @@ class Agent:
 
     async def _session(self, channel: FleetChannel) -> None:
         inventory = await trio.to_thread.run_sync(self.hardware.inventory)
+        outbox: list[bytes] = []
+        wake = trio.Event()
+
+        def send(msg: msgspec.Struct) -> None:
+            nonlocal wake
+            outbox.append(m.encode(msg))
+            wake.set()
+
         register = m.Register(
             node_id=self.node_id,
             version=__version__,
@@ -130,14 +138,10 @@ class Agent:
             shards=self.engines.reports(),
             cert_not_after=self.cert_not_after,
         )
+        # Attach right after the snapshot: a state change from here on is queued (and sent
+        # after the Register), never dropped between the snapshot and the Welcome.
+        self.engines.attach(send)
         await channel.send(m.encode(register))
-        outbox: list[bytes] = []
-        wake = trio.Event()
-
-        def send(msg: msgspec.Struct) -> None:
-            nonlocal wake
-            outbox.append(m.encode(msg))
-            wake.set()
 
         async def sender() -> None:
             nonlocal wake
@@ -163,7 +167,6 @@ class Agent:
             self._registered_at = trio.current_time()
             self.sessions += 1
             self.connected.set()
-            self.engines.attach(send)
             nursery.start_soon(sender)
             nursery.start_soon(self._heartbeats, channel, send)
             if not isinstance(first, m.Welcome):

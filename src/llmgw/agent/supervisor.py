@@ -35,6 +35,7 @@ TAIL_LINES = 200
 HEALTH_PERIOD = 0.5
 ADOPTED_POLL = 0.5
 TERMINAL = frozenset({"failed", "exited", "stopped"})
+MAX_FINISHED = 64  # finished shards remembered for the next Register
 
 
 class StateFile(msgspec.Struct, kw_only=True):
@@ -153,11 +154,14 @@ class Supervisor:
             log.info("ignoring %s", m.message_type(msg))
 
     def _emit(self, run: ShardRun) -> None:
-        if self._send is None:
-            return
-        self._send(run.status())
+        """Tell the server (if a stream is up). A finished shard stays listed until the next
+        Register repeats it, so a status lost with a breaking stream is not lost for good."""
+        if self._send is not None:
+            self._send(run.status())
         if run.state in TERMINAL:
-            self.runs.pop(run.spec.shard_id, None)
+            finished = [sid for sid, r in self.runs.items() if r.state in TERMINAL]
+            for sid in finished[: max(0, len(finished) - MAX_FINISHED)]:
+                del self.runs[sid]  # a long-lived stream: keep only the latest few
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -201,7 +205,7 @@ class Supervisor:
             self._emit(existing)  # a repeated Start (after a reconnect): say where it stands
             return
         host = spec.host or self.bind_host
-        endpoint = f"http://{self.advertise_host}:{spec.port}"
+        endpoint = f"http://{_url_host(self.advertise_host)}:{spec.port}"
         run = ShardRun(spec, str(self.log_dir / f"{spec.shard_id}.log"), endpoint)
         self.runs[spec.shard_id] = run
         try:
@@ -304,7 +308,11 @@ class Supervisor:
         timeout = float(run.spec.start_timeout) - (time.time() - run.started_at)
         with trio.move_on_after(max(timeout, 0.0)):
             while True:
+                if run.stop_requested:
+                    return  # a Stop came while it started: it is stopping, not ready
                 if await self._probe(url):
+                    if run.stop_requested:
+                        return
                     run.state = "ready"
                     log.info("shard %s ready at %s", run.spec.shard_id, run.endpoint)
                     self._write_state(run)
@@ -319,7 +327,7 @@ class Supervisor:
         assert self._http is not None
         try:
             response = await self._http.get(url)
-        except httpx.HTTPError:
+        except (httpx.HTTPError, httpx.InvalidURL):
             return False
         return response.status_code == 200
 
@@ -452,7 +460,12 @@ class Supervisor:
 
 
 def _connect_host(host: str) -> str:
-    return "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
+    """Where the agent reaches an engine bound to `host`, ready for a URL (IPv6 in brackets)."""
+    return "127.0.0.1" if host in ("", "0.0.0.0") else _url_host("::1" if host == "::" else host)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def port_free(host: str, port: int) -> bool:

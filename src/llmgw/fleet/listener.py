@@ -7,6 +7,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 
 import h2.errors
+import h2.exceptions
 import trio
 
 from llmgw.fleet.h2conn import ChannelClosed, FleetChannel, H2Connection
@@ -145,12 +146,20 @@ class FleetListener:
             if problem is not None:
                 status, detail = problem
                 self._refuse(peer, "bad_request", detail)
-                conn.respond(channel, status, [("content-type", "text/plain")], end=False)
-                await channel._send_bytes(detail.encode() + b"\n", end_stream=True)
+                try:
+                    conn.respond(channel, status, [("content-type", "text/plain")], end=False)
+                    await channel._send_bytes(detail.encode() + b"\n", end_stream=True)
+                except (ChannelClosed, h2.exceptions.H2Error):
+                    pass  # the peer is already gone; it was refused either way
                 await conn.goaway(detail)
                 nursery.cancel_scope.cancel()
                 return
-            conn.respond(channel, 200, [("content-type", CONTENT_TYPE)])
+            try:
+                conn.respond(channel, 200, [("content-type", CONTENT_TYPE)])
+            except h2.exceptions.H2Error as exc:
+                self._refuse(peer, "protocol", f"stream gone before the answer: {exc}")
+                nursery.cancel_scope.cancel()
+                return
             error: StreamRefused | None = None
             try:
                 await self.handler(channel)

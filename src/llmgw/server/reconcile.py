@@ -191,8 +191,10 @@ class Reconciler:
         spec = report.spec
         rid = spec.replica_id
         existing = self.replicas.get(rid)
-        if existing is not None and existing.state in ("ready", "starting", "stopping"):
-            rid = self._new_id(spec.model)  # both alive: keep both; the surplus rule picks one
+        if existing is not None and (
+            existing.state in ("ready", "starting", "stopping") or any(s.state in HOLDING for s in existing.shards)
+        ):
+            rid = self._new_id(spec.model)  # both alive (or still being stopped): keep both; the surplus rule picks one
         elif existing is not None:
             # The one we knew is failed or pending: the reported engine supersedes it.
             for shard in existing.shards:
@@ -460,7 +462,13 @@ class Reconciler:
 
     def next_deadline(self) -> float | None:
         """When a backoff expires next (the driver wakes then, besides its tick)."""
-        times = [r.next_attempt_at for r in self.replicas.values() if r.state == "failed"]
+        # Only a replica that can go back to pending then: one whose shards are still being
+        # stopped waits for that (a status wakes the loop), not for a deadline already past.
+        times = [
+            r.next_attempt_at
+            for r in self.replicas.values()
+            if r.state == "failed" and all(s.state in GONE for s in r.shards)
+        ]
         return min(times) if times else None
 
     def drain_log(self) -> list[str]:

@@ -224,7 +224,8 @@ class Upstream:
         self.url = url
         self.host = parts.hostname
         self.port = parts.port or 80
-        self.authority = f"{self.host}:{self.port}".encode()
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal in a Host header
+        self.authority = f"{host}:{self.port}".encode()
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
         self._idle: list[_Conn] = []

@@ -94,6 +94,7 @@ class Gateway:
         self._api_keys = _key_digests(settings.api_keys)
         self._changed = trio.Event()
         self.hub: RelayHub | None = None  # set while run_relay_hub runs
+        self._bad_endpoints: set[str] = set()
 
     async def run_relay_hub(self) -> None:
         """The task that relays every streamed answer (see llmgw.web.relayhub)."""
@@ -134,7 +135,7 @@ class Gateway:
         """Endpoints of ready replicas, per model (rank 0 of each), as the control plane sees them."""
         changed = False
         for name, route in self.routes.items():
-            dynamic = {e.rstrip("/") for e in ready.get(name, ())}
+            dynamic = {e.rstrip("/") for e in ready.get(name, ()) if self._usable(e)}
             if dynamic != route.dynamic:
                 added, gone = dynamic - route.dynamic, route.dynamic - dynamic
                 route.dynamic = dynamic
@@ -147,6 +148,18 @@ class Gateway:
         if changed:
             self._prune_upstreams()
             self._changed.set()
+
+    def _usable(self, endpoint: str) -> bool:
+        """An endpoint an agent reported is not trusted blindly: one that is not a valid
+        http://host:port URL is left out of rotation (logged once) instead of failing requests."""
+        try:
+            self.upstream(endpoint.rstrip("/"))
+        except ValueError as exc:
+            if endpoint not in self._bad_endpoints:
+                self._bad_endpoints.add(endpoint)
+                log.warning("engine endpoint %r left out of rotation: %s", endpoint, exc)
+            return False
+        return True
 
     def _prune_upstreams(self) -> None:
         live = {ep for route in self.routes.values() for ep in route.balancer.endpoints}
@@ -389,6 +402,13 @@ class Gateway:
             self._changed = trio.Event()
 
     async def _scrape(self, endpoint: str) -> None:
+        try:
+            await self._scrape_one(endpoint)
+        except Exception:
+            # One engine's odd answer must not stop scraping (and balancing) for every model.
+            log.exception("scraping %s failed", endpoint)
+
+    async def _scrape_one(self, endpoint: str) -> None:
         load = None
         error = ""
         with trio.move_on_after(float(self.settings.scrape_timeout)):
