@@ -27,6 +27,7 @@ from llmgw.agent import procs
 from llmgw.agent.engines import LaunchError, adapter_for
 from llmgw.catalog.units import format_duration
 from llmgw.fsutil import atomic_write
+from llmgw.netaddr import url_host
 from llmgw.wire import messages as m
 
 log = logging.getLogger("llmgw.agent.supervisor")
@@ -205,7 +206,7 @@ class Supervisor:
             self._emit(existing)  # a repeated Start (after a reconnect): say where it stands
             return
         host = spec.host or self.bind_host
-        endpoint = f"http://{_url_host(self.advertise_host)}:{spec.port}"
+        endpoint = f"http://{url_host(self.advertise_host)}:{spec.port}"
         run = ShardRun(spec, str(self.log_dir / f"{spec.shard_id}.log"), endpoint)
         self.runs[spec.shard_id] = run
         try:
@@ -461,11 +462,8 @@ class Supervisor:
 
 def _connect_host(host: str) -> str:
     """Where the agent reaches an engine bound to `host`, ready for a URL (IPv6 in brackets)."""
-    return "127.0.0.1" if host in ("", "0.0.0.0") else _url_host("::1" if host == "::" else host)
+    return "127.0.0.1" if host in ("", "0.0.0.0") else url_host("::1" if host == "::" else host)
 
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def port_free(host: str, port: int) -> bool:

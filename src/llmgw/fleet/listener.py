@@ -11,6 +11,7 @@ import h2.exceptions
 import trio
 
 from llmgw.fleet.h2conn import ChannelClosed, FleetChannel, H2Connection
+from llmgw.netaddr import peer_name
 from llmgw.tls import explain_tls_error, peer_common_name
 from llmgw.tls.net import handshake as tls_handshake
 from llmgw.wire.messages import CONNECT_PATH, CONTENT_TYPE
@@ -29,14 +30,6 @@ class StreamRefused(Exception):
 
 StreamHandler = Callable[[FleetChannel], Awaitable[None]]
 RefusalHook = Callable[[str], None]
-
-
-def _peer_name(stream: trio.SocketStream) -> str:
-    try:
-        host, port, *_ = stream.socket.getpeername()
-    except (OSError, ValueError):
-        return "unknown"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class FleetListener:
@@ -80,7 +73,7 @@ class FleetListener:
         self.on_refused(reason)
 
     async def _serve_one(self, tcp: trio.SocketStream) -> None:
-        peer = _peer_name(tcp)
+        peer = peer_name(tcp)
         stream: trio.abc.Stream = tcp
         identity: str | None = None
         self.connections += 1

@@ -18,6 +18,7 @@ from llmgw.catalog import load_server_config, override
 from llmgw.catalog.schema import ServerConfig
 from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
+from llmgw.netaddr import hostport
 from llmgw.server.api import PublicHandler
 from llmgw.server.control import Controller
 from llmgw.server.fleet_service import FleetService
@@ -72,7 +73,7 @@ def _url(scheme: str, sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+    return f"{scheme}://{hostport(host, port)}"
 
 
 def fleet_ssl_context(cfg: ServerConfig) -> ssl.SSLContext:

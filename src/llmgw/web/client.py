@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from llmgw.netaddr import hostport
 from llmgw.web.http1 import (
     ChunkedDecoder,
     ChunkedScanner,
@@ -224,8 +225,7 @@ class Upstream:
         self.url = url
         self.host = parts.hostname
         self.port = parts.port or 80
-        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal in a Host header
-        self.authority = f"{host}:{self.port}".encode()
+        self.authority = hostport(self.host, self.port).encode()
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
         self._idle: list[_Conn] = []

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 import trio
 
+from llmgw.netaddr import peer_name
 from llmgw.tls.explain import explain_tls_error
 from llmgw.tls.net import handshake
 from llmgw.web.http1 import (
@@ -215,14 +216,6 @@ class _Connection:
             await self.watch_done.wait()
 
 
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        host, port, *_ = stream.socket.getpeername()
-    except (OSError, ValueError):
-        return "unknown"
-    return f"{host}:{port}"
-
-
 class HttpServer:
     def __init__(self, handler: Handler, *, limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.handler = handler
@@ -234,7 +227,7 @@ class HttpServer:
         await trio.serve_listeners(self._serve_one, listeners, task_status=task_status)
 
     async def _serve_one(self, tcp: trio.SocketStream) -> None:
-        peer = _peer(tcp)
+        peer = peer_name(tcp)
         try:
             tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
