@@ -24,28 +24,10 @@ from pathlib import Path
 import httpx
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-
-import trio.lowlevel
-
+from benchutil import cpu_seconds, free_port
 from llmgw import __version__
 from llmgw.fleet import ChannelClosed, DialError, dial
 from llmgw.wire import messages as m
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def proc_hwm_mb(pid: int) -> float:
@@ -120,7 +102,7 @@ async def run(n: int, seconds: float, server_pid: int, public: str, fleet: str) 
     start_beating, stop = trio.Event(), trio.Event()
     rng = random.Random(1)
     t0 = time.monotonic()
-    cpu_server0 = proc_cpu(server_pid)
+    cpu_server0 = cpu_seconds(server_pid)
     async with trio.open_nursery() as nursery:
         for i in range(n):
             nursery.start_soon(one_node, fleet, i, stats, start_beating, stop, rng)
@@ -137,12 +119,12 @@ async def run(n: int, seconds: float, server_pid: int, public: str, fleet: str) 
                 raise SystemExit(f"only {ready} of {n} ready ({stats.registered} registered); errors: {stats.errors[:3]}")
             await trio.sleep(0.1)
         t_ready = time.monotonic() - t0
-        cpu_register = proc_cpu(server_pid) - cpu_server0
+        cpu_register = cpu_seconds(server_pid) - cpu_server0
         start_beating.set()
         await trio.sleep(2)  # let the phases spread before measuring
-        hb0, cpu0, self0 = stats.heartbeats, proc_cpu(server_pid), self_cpu()
+        hb0, cpu0, self0 = stats.heartbeats, cpu_seconds(server_pid), self_cpu()
         await trio.sleep(seconds)
-        hb1, cpu1, self1 = stats.heartbeats, proc_cpu(server_pid), self_cpu()
+        hb1, cpu1, self1 = stats.heartbeats, cpu_seconds(server_pid), self_cpu()
         stop.set()
     beats = hb1 - hb0
     return {

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,23 +34,13 @@ from typing import Any
 
 import httpx
 
+from benchutil import cpu_seconds, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16})
 FIXED = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "model": "bench", "choices": [
     {"index": 0, "message": {"role": "assistant", "content": "hello there"}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def wait_http(url: str, timeout: float = 30) -> None:

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchutil import cpu_seconds
+
 GATEWAY_BAR_RPS = 2500
 
 CHAT = json.dumps(
@@ -119,11 +121,6 @@ def run_client(port: int, payload: bytes, connections: int, seconds: float) -> d
 
 
 # ---- servers under test --------------------------------------------------------------------
-
-
-def _proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_engine(extra: list[str]) -> tuple[subprocess.Popen[str], int]:
@@ -249,7 +246,7 @@ def start_baseline(script: str = BASELINE) -> tuple[subprocess.Popen[str], int]:
 def measure(
     proc: subprocess.Popen[str], port: int, payload: bytes, connections: int, seconds: float
 ) -> dict[str, float]:
-    cpu0 = _proc_cpu(proc.pid)
+    cpu0 = cpu_seconds(proc.pid)
     with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
         code = (
             "import json,sys; sys.path.insert(0, sys.argv[1]); import bench_sim_engine as b; "
@@ -271,7 +268,7 @@ def measure(
             check=True,
         )
         result = json.loads(Path(out.name).read_text())
-    server_cpu = _proc_cpu(proc.pid) - cpu0
+    server_cpu = cpu_seconds(proc.pid) - cpu0
     n = max(result["requests"], 1)
     return {
         "rps": result["requests"] / result["seconds"],

@@ -11,17 +11,30 @@ import signal
 from pathlib import Path
 
 
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot; None if it is gone or a zombie."""
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from field 3 on (state), or None if the process is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = text.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":
+    return text.rsplit(")", 1)[1].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot; None if it is gone or a zombie."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
         return None
     return int(fields[19])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time the process has used (benchmarks read it before and after)."""
+    fields = _stat(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def alive(pid: int, ticks: int) -> bool:
