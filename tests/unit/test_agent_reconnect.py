@@ -25,6 +25,7 @@ from llmgw.catalog.load import parse_config
 from llmgw.catalog.schema import AgentConfig
 from llmgw.fleet import ChannelClosed, DialError
 from llmgw.wire import messages as m
+from tests.unit.fakes import NoHardware
 
 INITIAL = 0.5
 CAP = 8.0
@@ -54,17 +55,6 @@ def config(initial: float = INITIAL, cap: float = CAP) -> AgentConfig:
 
 def ceiling(n: int, initial: float = INITIAL, cap: float = CAP) -> float:
     return min(cap, initial * 2**n)
-
-
-class FakeHardware:
-    def inventory(self) -> m.Inventory:
-        return m.Inventory()
-
-    def port_counters(self) -> list[m.PortCounters]:
-        return []
-
-    def gpu_health(self) -> list[m.GpuHealth]:
-        return []
 
 
 class FakeConnection:
@@ -148,7 +138,7 @@ class ScriptedDialer:
 
 async def run_script(script: list[Any], seed: int = 0, engines: Any = None, cfg: AgentConfig | None = None) -> tuple[Agent, ScriptedDialer]:
     dialer = ScriptedDialer(script)
-    agent = Agent(cfg or config(), hardware=FakeHardware(), dialer=dialer, engines=engines, rng=random.Random(seed))
+    agent = Agent(cfg or config(), hardware=NoHardware(), dialer=dialer, engines=engines, rng=random.Random(seed))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(agent.run)
         await dialer.exhausted.wait()

@@ -24,6 +24,7 @@ from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry
 from llmgw.wire import messages as m
 from llmgw.wire.envelope import HEADER_SIZE, encode_envelope
+from tests.unit.fakes import NoHardware
 
 MAX = 64 * 1024  # max_message at both ends in these tests
 WINDOW = window_for(MAX)
@@ -254,17 +255,6 @@ async def test_oversized_envelope_from_the_server_closes_the_agents_stream_and_t
     assert line.levelno == logging.WARNING
     assert f"envelope of {MAX + 1} bytes exceeds the limit of {MAX}" in line.getMessage()
     assert server_saw[0].error and f"exceeds the limit of {MAX}" in server_saw[0].reason
-
-
-class NoHardware:
-    def inventory(self) -> m.Inventory:
-        return m.Inventory()
-
-    def port_counters(self) -> list[m.PortCounters]:
-        return []
-
-    def gpu_health(self) -> list[m.GpuHealth]:
-        return []
 
 
 # -- (d) server shutdown ---------------------------------------------------------------------

@@ -20,17 +20,7 @@ from llmgw.server.metrics import GatewayMetrics, ServerMetrics
 from llmgw.server.reconcile import NodeInfo, Reconciler, Settings, StartShard, StopShard
 from llmgw.web.client import Upstream
 from llmgw.wire import messages as m
-
-
-class _Hardware:
-    def inventory(self) -> m.Inventory:
-        return m.Inventory()
-
-    def port_counters(self) -> list[m.PortCounters]:
-        return []
-
-    def gpu_health(self) -> list[m.GpuHealth]:
-        return []
+from tests.unit.fakes import NoHardware
 
 
 class _Conn:
@@ -73,7 +63,7 @@ async def test_a_change_between_register_and_welcome_reaches_the_server(tmp_path
     async def dialer():  # type: ignore[no-untyped-def]
         yield chan
 
-    agent = Agent(cfg, hardware=_Hardware(), dialer=dialer, engines=sup)
+    agent = Agent(cfg, hardware=NoHardware(), dialer=dialer, engines=sup)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(agent.run)
         with trio.fail_after(10):
