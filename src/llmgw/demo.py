@@ -228,7 +228,7 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
     config = work / "server.yaml"
     await trio.to_thread.run_sync(config.write_text, server_config(opts, work, tls_dir))
     fleet = Fleet(logs)
-    clean = cancelled = False
+    stopped_by_operator = False
     try:
         server_args = ["server", "--config", str(config)]
         if not opts.tls:
@@ -285,13 +285,8 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             await trio.sleep(1)
             fleet.check_alive()
     except trio.Cancelled:
-        cancelled = True
+        stopped_by_operator = True  # Ctrl-C or SIGTERM: the demo only ever ends this way when all is well
         raise
-    except BaseException:
-        clean = False
-        raise
-    else:
-        clean = True
     finally:
         with trio.CancelScope(shield=True):
             say("stopping: agents stop their engines, then the server …")
@@ -299,7 +294,7 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             leftovers = await trio.to_thread.run_sync(kill_leftover_engines, work)
             say("stopped; nothing left running" + (f" (killed {leftovers} engines a crashed agent left)" if leftovers else ""))
             if not opts.dir:
-                if clean or cancelled:
+                if stopped_by_operator:
                     await trio.to_thread.run_sync(shutil.rmtree, work, True)
                 else:
                     say(f"logs kept in {logs}")

@@ -41,8 +41,8 @@ models:
 
 
 def fleet(tmp_path: Path, procs: list[Proc], catalog: str = CATALOG, nodes: int = 2, gpus: int = 4,
-          backoff: str = "0.5s") -> tuple[Server, dict[str, Proc], dict[str, Path]]:
-    server = Server(tmp_path, engines_config(catalog, backoff=backoff, backoff_max=max(backoff, "5s", key=_seconds)))
+          backoff: str = "0.5s", backoff_max: str = "5s") -> tuple[Server, dict[str, Proc], dict[str, Path]]:
+    server = Server(tmp_path, engines_config(catalog, backoff=backoff, backoff_max=backoff_max))
     procs.append(server.start())
     agents, configs = {}, {}
     for i in range(1, nodes + 1):
@@ -51,12 +51,6 @@ def fleet(tmp_path: Path, procs: list[Proc], catalog: str = CATALOG, nodes: int 
         agents[node] = start_agent(tmp_path, node, configs[node], "--stop-engines-on-exit")
         procs.append(agents[node])
     return server, agents, configs
-
-
-def _seconds(text: str) -> float:
-    from llmgw.catalog.units import parse_duration
-
-    return float(parse_duration(text))
 
 
 def all_ready(server: Server, count: int) -> list[dict[str, Any]] | None:
@@ -164,7 +158,7 @@ models:
         args: ["--fail-startup"]
 """
     # A long backoff keeps the replica failed while ctl looks at it (no retry in between).
-    server, _, _ = fleet(tmp_path, procs, catalog, nodes=1, backoff="5m")
+    server, _, _ = fleet(tmp_path, procs, catalog, nodes=1, backoff="5m", backoff_max="5m")
     failed = wait_until(lambda: next((r for r in replicas(server) if r["state"] == "failed"), None), "the replica to fail", procs=procs)
     assert "during startup" in failed["reason"] and failed["tail"]
     assert failed["retry_in"] is not None  # backoff, not a spin

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Awaitable, Callable
 
 import h2.config
 import h2.connection
@@ -135,11 +134,6 @@ class FleetChannel:
                 raise ChannelClosed(self.closed_reason, error=self.closed_error)
             self._inbox_event = trio.Event()
             await self._inbox_event.wait()
-        return self._take()
-
-    def receive_nowait(self) -> bytes | None:
-        if not self._inbox:
-            return None
         return self._take()
 
     def _take(self) -> bytes:
@@ -511,5 +505,3 @@ class H2Connection:
             with trio.move_on_after(1):
                 await self.stream.aclose()
 
-
-Handler = Callable[[FleetChannel], Awaitable[None]]

@@ -6,8 +6,6 @@ decodes to `Unknown` so the receiver can log it once and go on.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 
 PROTOCOL = "llmgw.fleet.v1"
@@ -107,9 +105,6 @@ class ShardSpec(_Base):
     start_timeout: float = 1200.0
     stop_grace: float = 5.0
     served_name: str = ""
-
-
-ShardState = Literal["starting", "ready", "failed", "stopping", "stopped", "exited"]
 
 
 class ShardReport(_Base):

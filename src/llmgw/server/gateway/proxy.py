@@ -299,7 +299,8 @@ class Gateway:
                         tried.add(endpoint)
                         self.metrics.retried(route.name, str(status))
                         continue
-                outcome = True if status < 500 else outcome if outcome is not None else True
+                if outcome is None:
+                    outcome = True  # the engine answered (a 502/503 not retried is already False)
                 relay = [(k, v) for k, v in response.head.headers if k in PASS_RESPONSE_HEADERS]
                 relay.append((b"x-request-id", rid))
                 if response.head.chunked:
