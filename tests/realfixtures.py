@@ -1,5 +1,8 @@
-"""Where the real tool output lives (../shared/fixtures/real, see its SOURCES.md), and how to
-read its sysfs dumps. One place, so every parser test reads the same files the same way."""
+"""Where the real tool output lives (tests/fixtures/real, see its SOURCES.md), and how to
+read its sysfs dumps. One place, so every parser test reads the same files the same way.
+
+The samples are copied into the repository so that a clone with nothing beside it passes
+`make test`; they are never edited (fixtures of our own go beside them, marked as ours)."""
 
 from __future__ import annotations
 
@@ -14,14 +17,13 @@ def real_fixtures() -> Path:
     silently stop testing the parsers on real output)."""
     for candidate in (
         os.environ.get("LLMGW_REAL_FIXTURES", ""),
-        ROOT / "shared" / "fixtures" / "real",
-        ROOT.parent / "shared" / "fixtures" / "real",
+        ROOT / "tests" / "fixtures" / "real",
     ):
         if candidate and Path(candidate).is_dir():
             return Path(candidate)
     raise RuntimeError(
-        "real fixtures not found: expected ../shared/fixtures/real beside the repository "
-        "(see DESIGN.md), or set LLMGW_REAL_FIXTURES"
+        f"real fixtures not found: expected {ROOT / 'tests' / 'fixtures' / 'real'} "
+        "(see its SOURCES.md), or set LLMGW_REAL_FIXTURES"
     )
 
 

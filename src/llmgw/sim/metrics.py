@@ -2,7 +2,7 @@
 
 Names, help texts, label sets and histogram buckets follow vLLM's V1 `PrometheusStatLogger`
 (vllm/v1/metrics/loggers.py) and the real scrape in
-shared/fixtures/real/vllm-metrics/vllm-v1-qwen15-05b-idle-full.txt: every series carries
+tests/fixtures/real/vllm-metrics/vllm-v1-qwen15-05b-idle-full.txt: every series carries
 `engine` and `model_name`, labels are written sorted, counters come with a `_created` gauge.
 This is hand-rolled instead of prometheus_client because the fixed-response benchmark counts
 every request and a plain integer add is the cheapest way to do that.

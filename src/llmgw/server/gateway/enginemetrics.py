@@ -7,7 +7,7 @@ KV-cache usage is a fraction per cache, so the fullest one is kept (two ranks at
 "120 % full", and one full rank already preempts the requests routed to it).
 
 Parser choice (measured on the real 503-line vLLM V1 scrape in
-shared/fixtures/real/vllm-metrics/vllm-v1-qwen15-05b-idle-full.txt, CPython 3.11.7,
+tests/fixtures/real/vllm-metrics/vllm-v1-qwen15-05b-idle-full.txt, CPython 3.11.7,
 prometheus_client 0.26.0, best of 5, same run): `text_string_to_metric_families` took ~5.6 ms
 per scrape, this filtered line parser ~0.075 ms (~75x faster). prometheus_client parses and
 builds objects for every family, histogram buckets included, to then throw all but three away;
