@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.sim.metrics import EngineMetrics, Histogram, build_1_2_5_buckets, render_metrics
+from tests.realfixtures import REAL
 
-_ROOT = Path(__file__).resolve().parents[2]
-_SCRAPE = "fixtures/real/vllm-metrics/vllm-v1-qwen15-05b-idle-full.txt"
+_SCRAPE = REAL / "vllm-metrics" / "vllm-v1-qwen15-05b-idle-full.txt"
 
 
 def _families(text: str) -> dict[str, object]:
@@ -30,10 +28,7 @@ def _render(m: EngineMetrics, **kw: object) -> str:
 
 @pytest.fixture(scope="module")
 def real() -> dict[str, object]:
-    for base in (_ROOT / "shared", _ROOT.parent / "shared"):
-        if (base / _SCRAPE).is_file():
-            return _families((base / _SCRAPE).read_text())
-    pytest.fail(f"shared/{_SCRAPE} not found next to the repository (see DESIGN.md)")
+    return _families(_SCRAPE.read_text())
 
 
 def test_every_vllm_family_of_the_real_scrape_is_rendered_with_its_type(
