@@ -18,7 +18,7 @@ FEATURES = [m.FEATURE_START, m.FEATURE_STOP]
 
 
 def nodes(*ids: str, state: str = "ready") -> list[NodeInfo]:
-    return [NodeInfo(node_id=i, state=state, gpus=gpus(), features=FEATURES) for i in ids]
+    return [NodeInfo(node_id=i, state=state, gpus=gpus(), features=FEATURES, endpoint_host=i) for i in ids]
 
 
 def catalog(small: int = 2, big: int = 1) -> list[Model]:
@@ -130,11 +130,11 @@ def test_adoption_after_server_restart_rebuilds_replicas_and_reserves_gpus() -> 
     placed = bring_up(old, fleet)
     reports: dict[str, list[m.ShardReport]] = {}
     for s in placed:
-        reports.setdefault(s.node, []).append(m.ShardReport(spec=s.spec, state="ready", pid=100, endpoint="http://x"))
+        reports.setdefault(s.node, []).append(m.ShardReport(spec=s.spec, state="ready", pid=100, endpoint=f"http://{s.node}:{s.spec.port}"))
 
     new = make()  # a fresh server: it knows nothing
     for node_id, rs in reports.items():
-        new.on_register(node_id, rs, 0)
+        assert new.on_register(node_id, rs, 0, endpoint_host=node_id) == []
     assert {r.id for r in new.replicas.values()} == {s.spec.replica_id for s in placed}
     assert all(r.adopted and r.state == "ready" for r in new.replicas.values())
     # Nothing to place or stop: the fleet already is what the catalog wants.

@@ -19,6 +19,7 @@ from llmgw.catalog.schema import AgentConfig
 from llmgw.fleet import ChannelClosed, DialError, FleetChannel, dial
 from llmgw.wire import messages as m
 from llmgw.wire.envelope import DEFAULT_MAX_MESSAGE
+from llmgw.wire.ids import quote
 
 log = logging.getLogger("llmgw.agent")
 
@@ -137,6 +138,7 @@ class Agent:
             fabrics=[f.to_wire() for f in self.cfg.fabrics],
             shards=self.engines.reports(),
             cert_not_after=self.cert_not_after,
+            advertise_host=self.cfg.advertise_host,
         )
         # Attach right after the snapshot: a state change from here on is queued (and sent
         # after the Register), never dropped between the snapshot and the Welcome.
@@ -158,7 +160,7 @@ class Agent:
                 log.info(
                     "registered as %s with server %s (heartbeat every %gs)",
                     self.node_id,
-                    first.server_version,
+                    quote(first.server_version),
                     self.heartbeat_interval,
                 )
             else:

@@ -29,6 +29,7 @@ from llmgw.catalog.units import format_duration
 from llmgw.fsutil import atomic_write
 from llmgw.netaddr import url_host
 from llmgw.wire import messages as m
+from llmgw.wire.ids import message_problems, printable, quote, spec_problems
 
 log = logging.getLogger("llmgw.agent.supervisor")
 
@@ -143,13 +144,20 @@ class Supervisor:
         return out
 
     async def handle(self, msg: Any, send: Send) -> None:
+        problems = message_problems(msg)
+        if problems:
+            # Checked before anything touches the filesystem: a shard id becomes a file name.
+            log.warning("refusing %s from the server: %s", m.message_type(msg), "; ".join(problems))
+            return
         if isinstance(msg, m.Start):
             self.start(msg.spec)
         elif isinstance(msg, m.Stop):
             self.stop(msg.shard_id, msg.grace, msg.reason)
         elif isinstance(msg, m.Drain):
             run = self.runs.get(msg.shard_id)
-            if run is not None:
+            if run is None:
+                log.warning("refusing Drain for shard %s: it does not run on this node", msg.shard_id)
+            else:
                 send(run.status())
         else:
             log.info("ignoring %s", m.message_type(msg))
@@ -176,8 +184,20 @@ class Supervisor:
             task_status.started()
             await trio.sleep_forever()
 
+    def _inside(self, path: Path) -> Path:
+        """`path` resolved, or PathRefused when it lands outside the work dir (a symlinked
+        directory, an id that slipped past the pattern): the agent writes nowhere else."""
+        resolved = path.resolve()
+        root = self.work_dir.resolve()
+        if not resolved.is_relative_to(root):
+            raise PathRefused(f"{quote(str(path))} resolves to {quote(str(resolved))}, outside the work dir {root}")
+        return resolved
+
     def _state_path(self, shard_id: str) -> Path:
-        return self.state_dir / f"{shard_id}.json"
+        return self._inside(self.state_dir / f"{shard_id}.json")
+
+    def _log_path(self, shard_id: str) -> Path:
+        return self._inside(self.log_dir / f"{shard_id}.log")
 
     def _write_state(self, run: ShardRun) -> None:
         data = msgspec.json.encode(
@@ -192,22 +212,37 @@ class Supervisor:
                 ready=run.state == "ready",
             )
         )
-        atomic_write(self._state_path(run.spec.shard_id), data)
+        try:
+            atomic_write(self._state_path(run.spec.shard_id), data)
+        except PathRefused as exc:
+            log.error("not writing the state file of shard %s: %s", run.spec.shard_id, exc)
 
     def _remove_state(self, shard_id: str) -> None:
         try:
             self._state_path(shard_id).unlink()
         except FileNotFoundError:
             pass
+        except PathRefused as exc:
+            log.error("not removing the state file of shard %s: %s", quote(shard_id), exc)
 
     def start(self, spec: m.ShardSpec) -> None:
         existing = self.runs.get(spec.shard_id)
         if existing is not None and existing.state not in TERMINAL:
             self._emit(existing)  # a repeated Start (after a reconnect): say where it stands
             return
+        problems = list(spec_problems(spec))
+        if problems:
+            log.warning("refusing Start: %s", "; ".join(problems))
+            return
+        try:
+            log_path = self._log_path(spec.shard_id)
+            self._state_path(spec.shard_id)
+        except PathRefused as exc:
+            log.warning("refusing Start of shard %s: %s", spec.shard_id, exc)
+            return
         host = spec.host or self.bind_host
         endpoint = f"http://{url_host(self.advertise_host)}:{spec.port}"
-        run = ShardRun(spec, str(self.log_dir / f"{spec.shard_id}.log"), endpoint)
+        run = ShardRun(spec, str(log_path), endpoint)
         self.runs[spec.shard_id] = run
         try:
             self._check(spec, host)
@@ -355,7 +390,8 @@ class Supervisor:
     def stop(self, shard_id: str, grace: float, reason: str = "") -> None:
         run = self.runs.get(shard_id)
         if run is None:
-            # Nothing here: say it is stopped, so the server can let it go.
+            # Not a shard of this node: nothing is touched; say it is stopped, so the server can let it go.
+            log.warning("refusing Stop for shard %s: it does not run on this node", shard_id)
             if self._send is not None:
                 self._send(m.ShardStatus(shard_id=shard_id, replica_id="", state="stopped", reason="not running here"))
             return
@@ -364,7 +400,7 @@ class Supervisor:
         run.stop_requested = True
         run.stop_reason = reason or "stopped by the server"
         run.state = "stopping"
-        log.info("stopping shard %s (grace %gs): %s", shard_id, grace, run.stop_reason)
+        log.info("stopping shard %s (grace %gs): %s", shard_id, grace, printable(run.stop_reason))
         self._emit(run)
         assert self._nursery is not None
         self._nursery.start_soon(self._terminate, run, grace)
@@ -411,7 +447,19 @@ class Supervisor:
             except msgspec.DecodeError as exc:
                 self._stop_unidentified(path, raw, str(exc))
                 continue
-            run = ShardRun(state.spec, state.log_path, state.endpoint)
+            problems = list(spec_problems(state.spec))
+            try:
+                if not problems and Path(state.log_path).resolve() != self._log_path(state.spec.shard_id):
+                    problems.append(f"log path {quote(state.log_path)} is not the shard's own")
+            except PathRefused as exc:
+                problems.append(str(exc))
+            if problems:
+                # Written by an agent that took ids unchecked: nobody can describe it safely.
+                self._stop_unidentified(path, raw, "; ".join(problems))
+                continue
+            # The endpoint as the server derives it now (this node's advertise_host, the spec's
+            # port), not as an older state file recorded it: the server refuses any other.
+            run = ShardRun(state.spec, state.log_path, f"http://{url_host(self.advertise_host)}:{state.spec.port}")
             run.pid, run.pgid, run.start_ticks = state.pid, state.pgid, state.start_ticks
             run.started_at = state.started_at
             run.adopted = True
@@ -458,6 +506,10 @@ class Supervisor:
         else:
             log.warning("state file %s cannot be read (%s); removing it", path, why)
         path.unlink(missing_ok=True)
+
+
+class PathRefused(Exception):
+    """A path that would leave the agent's work dir."""
 
 
 def _connect_host(host: str) -> str:

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from llmgw.catalog.units import ByteSize, Duration
+from llmgw.wire.ids import id_problem, model_problem
 from llmgw.wire.messages import FabricDecl as WireFabricDecl
 
 
@@ -43,6 +44,9 @@ class Profile(_Config):
     stop_grace: Duration = Duration(5)
 
     def __post_init__(self) -> None:
+        problem = id_problem(self.name, "profile name")  # it travels in every Start (wire/ids.py)
+        if problem:
+            raise ValueError(problem)
         if self.engine == "command" and not self.command:
             raise ValueError("engine 'command' needs a command: [argv, ...] template")
 
@@ -62,6 +66,9 @@ class Model(_Config):
     admission: Admission = msgspec.field(default_factory=Admission)
 
     def __post_init__(self) -> None:
+        problem = model_problem(self.name)  # it travels in every Start (wire/ids.py)
+        if problem:
+            raise ValueError(problem)
         names = [p.name for p in self.profiles]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -95,6 +102,10 @@ class FleetSettings(_Config):
     lost_after: Duration = Duration(120)
     register_timeout: Duration = Duration(10)
     max_message: ByteSize = ByteSize(4 * 1024 * 1024)
+    # Where the gateway reaches a node's engines: the address the agent advertises
+    # (`advertise_host` in its config) or the address its fleet stream comes from ("peer":
+    # a node advertising another address is refused). The port is always the shard's own.
+    endpoint_host: Literal["advertised", "peer"] = "advertised"
 
 
 def _check_digests(values: list[str], what: str) -> None:

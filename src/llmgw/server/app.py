@@ -102,6 +102,7 @@ class ControlPlane:
             self.metrics,
             register_timeout=fleet.register_timeout,
             require_identity=require_identity,
+            endpoint_host=fleet.endpoint_host,
             observer=self.controller,
         )
         self.controller.fleet = self.fleet
@@ -112,6 +113,7 @@ class ControlPlane:
         )
         self.gateway.configure(cfg.models, cfg.endpoints)
         self.controller.on_pass = self._sync_gateway
+        self.controller.on_refused = self.metrics.count_refused
         self._operator_tokens = [t.split(":", 1)[1].lower() for t in cfg.api.operator_tokens]
         self.shutdown_event = trio.Event()
         if cfg.tls is None and not insecure:

@@ -18,9 +18,10 @@ import trio.lowlevel
 from llmgw.catalog.schema import Model, ReconcileSettings
 from llmgw.server.fleet_service import FleetService
 from llmgw.server.known_nodes import KnownNodes
-from llmgw.server.reconcile import NodeInfo, Reconciler, Settings, StartShard, StopShard
+from llmgw.server.reconcile import NodeInfo, Reconciler, Refusal, Settings, StartShard, StopShard
 from llmgw.server.registry import NodeRegistry, Transition
 from llmgw.wire import messages as m
+from llmgw.wire.ids import printable
 
 log = logging.getLogger("llmgw.server.reconcile")
 
@@ -48,6 +49,8 @@ class Controller:
         )
         self.fleet: FleetService | None = None
         self.on_pass: Callable[[], None] | None = None  # after every pass (the gateway syncs endpoints)
+        self.on_refused: Callable[[str], None] | None = None  # counts a refused message by reason (metrics)
+        self._refusals_logged: set[tuple[str, str]] = set()
         self._wake = trio.Event()
         self.started_at = 0.0
         self._settled = False
@@ -59,7 +62,9 @@ class Controller:
     def node_registered(self, node_id: str, msg: m.Register) -> None:
         if self.known is not None:
             self.known.add(node_id)
-        self.reconciler.on_register(node_id, msg.shards, trio.current_time(), time.time())
+        node = self.registry.get(node_id)
+        host = node.endpoint_host if node is not None else ""
+        self._refused(self.reconciler.on_register(node_id, msg.shards, trio.current_time(), time.time(), endpoint_host=host))
         self.wake()
 
     def node_disconnected(self, node_id: str) -> None:
@@ -75,11 +80,23 @@ class Controller:
         self.wake()
 
     def shard_status(self, node_id: str, msg: m.ShardStatus) -> None:
-        self.reconciler.on_shard_status(node_id, msg, trio.current_time())
+        self._refused(self.reconciler.on_shard_status(node_id, msg, trio.current_time()))
         self.wake()
 
     def progress(self, node_id: str, msg: m.Progress) -> None:
-        pass
+        self._refused(self.reconciler.on_progress(node_id, msg, trio.current_time()))
+
+    def _refused(self, refusals: list[Refusal]) -> None:
+        """Count every refusal; log the first of each kind per node (a hostile node must not
+        flood the log, and the count says how many followed)."""
+        for refusal in refusals:
+            if self.on_refused is not None:
+                self.on_refused(refusal.reason)
+            key = (refusal.node, refusal.reason)
+            if key not in self._refusals_logged:
+                self._refusals_logged.add(key)
+                log.warning("%s (further %s refusals from %s are only counted: llmgw_fleet_refused_total)",
+                            refusal.detail, refusal.reason, refusal.node)
 
     def transitions(self, items: list[Transition]) -> None:
         now = trio.current_time()
@@ -109,6 +126,7 @@ class Controller:
                 gpus=n.inventory.gpus,
                 features=n.features,
                 version=n.version,
+                endpoint_host=n.endpoint_host,
             )
             for n in self.registry.nodes.values()
         ]
@@ -164,7 +182,7 @@ class Controller:
         actions = self.reconciler.reconcile(self.nodes(), trio.current_time())
         self.passes += 1
         for line in self.reconciler.drain_log():
-            log.info("%s", line)
+            log.info("%s", printable(line))  # lines carry engine exit reasons a node sent
         for action in actions:
             self._send(action)
         if self.on_pass is not None:
@@ -175,6 +193,14 @@ class Controller:
         session = sessions.get(action.node)
         if session is None:
             log.warning("cannot send to %s: no stream (it will be retried when the node registers)", action.node)
+            return
+        shard_id = action.spec.shard_id if isinstance(action, StartShard) else action.shard_id
+        owner = self.reconciler.owner(shard_id)
+        if owner != action.node:
+            # A node is sent requests only for its own shards (issue 19); the decisions never
+            # mix them up, and this keeps a future one that does from reaching the wrong node.
+            log.error("not sending %s for shard %s to %s: the shard is %s", type(action).__name__, shard_id,
+                      action.node, f"on {owner}" if owner else "unknown")
             return
         if isinstance(action, StartShard):
             if not session.supports(m.FEATURE_START):

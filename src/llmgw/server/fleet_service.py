@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -14,6 +15,9 @@ from llmgw.fleet import ChannelClosed, FleetChannel, StreamRefused
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry, Transition
 from llmgw.wire import messages as m
+from llmgw.wire.ids import message_problems, quote, spec_problems
+
+REFUSED_BAD_ID = "bad id"
 
 log = logging.getLogger("llmgw.server.fleet")
 
@@ -68,8 +72,10 @@ class FleetService:
         require_identity: bool,
         observer: FleetObserver | None = None,
         clock: Callable[[], float] = trio.current_time,
+        endpoint_host: str = "advertised",
     ) -> None:
         self.registry = registry
+        self.endpoint_host = endpoint_host
         self.metrics = metrics
         self.register_timeout = register_timeout
         self.require_identity = require_identity
@@ -77,6 +83,7 @@ class FleetService:
         self.clock = clock
         self.sessions: dict[str, Session] = {}
         self._unknown_types_logged: set[str] = set()
+        self._bad_ids_logged: set[str] = set()
         self.changed = trio.Event()  # set on every fleet change; the reconciler waits on it
         self.shutting_down = False
         self._drained = trio.Event()
@@ -147,12 +154,17 @@ class FleetService:
                 "identity",
                 f"client certificate is for {identity!r} but the agent registered as {node_id!r}",
             )
+        host, problem = decide_endpoint_host(self.endpoint_host, first.advertise_host, _peer_host(peer))
+        if problem:
+            log.warning("fleet stream from %s (node %s) refused: %s", peer, node_id, problem)
+            raise StreamRefused("address", problem)
+        first = self._drop_bad_reports(node_id, first)
         if self.shutting_down:
             raise StreamRefused("shutdown", "the server is shutting down")
         number = self.registry.new_session()
         session = Session(node_id, number, channel, first.features)
         old = self.sessions.get(node_id)
-        transition, _ = self.registry.register(first, self.clock(), number, peer, identity)
+        transition, _ = self.registry.register(first, self.clock(), number, peer, identity, endpoint_host=host)
         if old is not None:
             log.warning(
                 "node %s: new stream from %s replaces the one from %s", node_id, peer, old.channel.peer
@@ -161,13 +173,14 @@ class FleetService:
             old.cancel_scope.cancel()
         self.sessions[node_id] = session
         log.info(
-            "node %s registered from %s (agent %s, %d GPUs, %d ports, %d shards)",
+            "node %s registered from %s (agent %s, %d GPUs, %d ports, %d shards, engines at %s)",
             node_id,
             peer,
-            first.version,
+            quote(first.version),
             len(first.inventory.gpus),
             len(first.inventory.ports),
             len(first.shards),
+            host,
         )
         session.send(m.Welcome(server_version=__version__, heartbeat_interval=self.registry.heartbeat_interval))
         if self.observer is not None:
@@ -223,11 +236,15 @@ class FleetService:
                     self._notify([t])
             elif isinstance(msg, m.ShardStatus):
                 registry.seen(node_id, session.number, now)
+                if self._bad_ids(node_id, msg):
+                    continue
                 if self.observer is not None:
                     self.observer.shard_status(node_id, msg)
                 self.changed.set()
             elif isinstance(msg, m.Progress):
                 registry.seen(node_id, session.number, now)
+                if self._bad_ids(node_id, msg):
+                    continue
                 if self.observer is not None:
                     self.observer.progress(node_id, msg)
             elif isinstance(msg, m.Register):
@@ -238,6 +255,69 @@ class FleetService:
                 if msg.type not in self._unknown_types_logged:
                     self._unknown_types_logged.add(msg.type)
                     log.info("node %s sent a message of unknown type %r (newer agent?); skipping", node_id, msg.type)
+
+
+    def _bad_ids(self, node_id: str, msg: msgspec.Struct) -> bool:
+        """Refuse a message whose ids fail the one pattern (wire/ids.py): counted, logged once per node."""
+        problems = message_problems(msg)
+        if problems:
+            self._refuse_ids(node_id, m.message_type(msg), problems)
+        return bool(problems)
+
+    def _refuse_ids(self, node_id: str, kind: str, problems: list[str]) -> None:
+        self.metrics.count_refused(REFUSED_BAD_ID)
+        if node_id not in self._bad_ids_logged:
+            self._bad_ids_logged.add(node_id)
+            log.warning("node %s sent %s with %s; refused (further ones are only counted: llmgw_fleet_refused_total)",
+                        node_id, kind, "; ".join(problems))
+
+    def _drop_bad_reports(self, node_id: str, msg: m.Register) -> m.Register:
+        """A Register's shard reports whose ids fail the pattern are left out (the node itself is fine)."""
+        good = []
+        for report in msg.shards:
+            problems = list(spec_problems(report.spec))
+            if problems:
+                self._refuse_ids(node_id, "Register", problems)
+            else:
+                good.append(report)
+        return msg if len(good) == len(msg.shards) else msgspec.structs.replace(msg, shards=good)
+
+
+def _peer_host(peer: str) -> str:
+    """The address part of a `host:port` peer name (IPv6 without its brackets)."""
+    host, sep, _ = peer.rpartition(":")
+    return host.strip("[]") if sep else peer
+
+
+def decide_endpoint_host(mode: str, advertised: str, peer_host: str) -> tuple[str, str]:
+    """The host a node's engines are reached on, and why the registration is refused ("" if not).
+
+    "advertised": the agent's `advertise_host` (its peer address when an older agent sends
+    none). "peer": the address the stream comes from; a node that advertises another one is
+    refused, so that a node can never send the gateway's traffic to a host it does not own.
+    """
+    advertised = advertised.strip()
+    if advertised and not _valid_host(advertised):
+        return "", f"advertise_host {quote(advertised)} is not an IP address or host name"
+    if mode == "peer":
+        if advertised and advertised != peer_host:
+            return "", (f"the node advertises {advertised} for its engines but connects from {peer_host}, and "
+                        "fleet.endpoint_host is peer: set advertise_host to the address it connects from")
+        return peer_host, ""
+    return advertised or peer_host, ""
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    return len(host) <= 253 and all(
+        0 < len(label) <= 63 and label[0].isalnum() and label[-1].isalnum() and all(c.isascii() and (c.isalnum() or c == "-") for c in label)
+        for label in labels
+    )
 
 
 def _valid_node_id(node_id: str) -> bool:

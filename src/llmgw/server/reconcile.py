@@ -16,6 +16,7 @@ from typing import Literal
 import msgspec
 
 from llmgw.catalog.schema import Model, Profile
+from llmgw.netaddr import url_host
 from llmgw.placement import NodeCapacity, NoFit, Request, place
 from llmgw.wire import messages as m
 
@@ -37,6 +38,9 @@ class Shard(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
     reason: str = ""
     started_at: float = 0.0
+    # When this server first knew the shard (placed or adopted), by its own clock: the surplus
+    # rule goes by this, never by a start time a report claims (issue 19).
+    seen_at: float = 0.0
     acked: bool = False  # the agent has said something about this shard
     stop_sent: bool = False
     spec: m.ShardSpec | None = None
@@ -56,6 +60,9 @@ class Replica(msgspec.Struct, kw_only=True):
     next_attempt_at: float = 0.0
     adopted: bool = False
     shards: list[Shard] = []
+    # Shards of earlier attempts: shard id -> (node, seen_at), the last few. A node that
+    # comes back reporting one of them is that replica's own engine returning, not a stranger.
+    past: dict[str, tuple[str, float]] = {}
 
     def set_state(self, state: ReplicaState, now: float, reason: str = "") -> None:
         if state != self.state:
@@ -66,6 +73,28 @@ class Replica(msgspec.Struct, kw_only=True):
     @property
     def started_at(self) -> float:
         return max((s.started_at for s in self.shards), default=self.created_at)
+
+    @property
+    def seen_at(self) -> float:
+        return max((s.seen_at for s in self.shards), default=self.created_at)
+
+
+PAST_SHARDS = 8
+REFUSED_FOREIGN = "foreign shard"
+REFUSED_ENDPOINT = "endpoint"
+
+
+class Refusal(msgspec.Struct, frozen=True):
+    """A node's message about a shard that the reconciler did not act on, and why (issue 19).
+
+    `reason` is the metric label (`llmgw_fleet_refused_total{reason}`), `detail` the log line.
+    """
+
+    node: str
+    kind: str  # the message type: Register, ShardStatus, Progress
+    shard_id: str
+    reason: str
+    detail: str
 
 
 class StartShard(msgspec.Struct, frozen=True):
@@ -92,6 +121,8 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     gpus: list[m.Gpu] = []
     features: list[str] = []
     version: str = ""
+    # The host its engines are reached on (the server decides it: fleet.endpoint_host).
+    endpoint_host: str = ""
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -112,6 +143,7 @@ class Reconciler:
         self.models: dict[str, Model] = {}
         self.replicas: dict[str, Replica] = {}
         self.log: list[str] = []  # human-readable decisions since the last drain_log()
+        self.endpoint_hosts: dict[str, str] = {}  # node -> the host its engines are reached on
         self.set_catalog(models)
 
     # -- inputs -------------------------------------------------------------------------------
@@ -133,26 +165,71 @@ class Reconciler:
                     return replica, shard
         return None
 
+    def endpoint_for(self, node_id: str, port: int) -> str:
+        """The one address the gateway may use for an engine on `node_id`: the host the server
+        decided for the node and the port from the shard's spec ("" while the host is unknown)."""
+        host = self.endpoint_hosts.get(node_id, "")
+        return f"http://{url_host(host)}:{port}" if host and port else ""
+
+    def _foreign(self, node_id: str, kind: str, shard: Shard) -> Refusal | None:
+        """A node speaks only for its own shards: every agent->server message naming a shard
+        goes through this before it changes anything."""
+        if shard.node == node_id:
+            return None
+        return Refusal(node_id, kind, shard.shard_id, REFUSED_FOREIGN,
+                       f"{node_id} sent {kind} for shard {shard.shard_id}, which runs on {shard.node}; refused")
+
+    def _bad_endpoint(self, node_id: str, kind: str, shard_id: str, port: int, reported: str) -> Refusal | None:
+        """An endpoint a node reports must be the one the server derives (its host, the spec's port)."""
+        expected = self.endpoint_for(node_id, port)
+        if reported and reported != expected:
+            return Refusal(node_id, kind, shard_id, REFUSED_ENDPOINT,
+                           f"{node_id} sent {kind} for shard {shard_id} with endpoint {reported!r}, but its engines are "
+                           f"reached at {expected or 'an address not known yet'!r}; refused")
+        return None
+
+    def owner(self, shard_id: str) -> str | None:
+        """The node a shard runs on, or None for a shard nobody here knows."""
+        found = self._find_shard(shard_id)
+        return found[1].node if found is not None else None
+
     def on_register(
-        self, node_id: str, reports: Iterable[m.ShardReport], now: float, wall_now: float | None = None
-    ) -> None:
+        self,
+        node_id: str,
+        reports: Iterable[m.ShardReport],
+        now: float,
+        wall_now: float | None = None,
+        endpoint_host: str | None = None,
+    ) -> list[Refusal]:
         """Adopt what the node runs and we do not know; disown what we think it runs and it does not.
 
         `wall_now` (unix time) lets an adopted engine keep its real age: reports carry the
-        wall-clock launch time, the reconciler counts in `now`'s clock.
+        wall-clock launch time, the reconciler counts in `now`'s clock. `endpoint_host` is the
+        host the server decided for this node's engines. Returns the reports refused: a shard
+        of another node, an endpoint that is not the node's.
         """
+        if endpoint_host is not None:
+            self.endpoint_hosts[node_id] = endpoint_host
+        refused: list[Refusal] = []
         reported: set[str] = set()
         for report in reports:
             spec = report.spec
-            reported.add(spec.shard_id)
             found = self._find_shard(spec.shard_id)
             if found is not None:
                 replica, shard = found
-                shard.node = node_id
+                foreign = self._foreign(node_id, "Register", shard)
+                if foreign is not None:
+                    refused.append(foreign)
+                    continue
+                reported.add(spec.shard_id)
+                bad = self._bad_endpoint(node_id, "Register", shard.shard_id, shard.port, report.endpoint)
+                if bad is not None:
+                    refused.append(bad)
+                    continue
                 shard.pid = report.pid or shard.pid
                 shard.acked = True
                 if report.endpoint:
-                    shard.endpoint = report.endpoint
+                    shard.endpoint = self.endpoint_for(node_id, shard.port)
                 if shard.state == "stopping" and report.state in HOLDING:
                     shard.stop_sent = False  # the Stop may have been lost with the old stream: send again
                     continue
@@ -161,8 +238,18 @@ class Reconciler:
                         replica, shard, report.state, now, reason=report.reason, tail=list(report.tail), exit_code=report.exit_code
                     )
                 continue
+            reported.add(spec.shard_id)
             if report.state not in HOLDING:
                 self.log.append(f"{node_id} reports {spec.shard_id} {report.state}: nothing to adopt")
+                continue
+            low, high = self.settings.port_range
+            bad = self._bad_endpoint(node_id, "Register", spec.shard_id, spec.port, report.endpoint)
+            if bad is None and not low <= spec.port <= high:
+                bad = Refusal(node_id, "Register", spec.shard_id, REFUSED_ENDPOINT,
+                              f"{node_id} reports shard {spec.shard_id} on port {spec.port}, outside the port range "
+                              f"{low}-{high}; not adopted")
+            if bad is not None:
+                refused.append(bad)
                 continue
             age = max(0.0, wall_now - report.started_at) if wall_now and report.started_at else 0.0
             self._adopt(node_id, report, now, now - age)
@@ -186,21 +273,31 @@ class Reconciler:
                         [],
                         penalty=False,
                     )
+        return refused
 
     def _adopt(self, node_id: str, report: m.ShardReport, now: float, started: float) -> None:
         spec = report.spec
         rid = spec.replica_id
         existing = self.replicas.get(rid)
-        if existing is not None and (
-            existing.state in ("ready", "starting", "stopping") or any(s.state in HOLDING for s in existing.shards)
-        ):
-            rid = self._new_id(spec.model)  # both alive (or still being stopped): keep both; the surplus rule picks one
-        elif existing is not None:
-            # The one we knew is failed or pending: the reported engine supersedes it.
-            for shard in existing.shards:
-                if shard.state in HOLDING:
-                    self._stop(existing, shard, "superseded by an adopted engine")
-            del self.replicas[rid]
+        seen_at = now
+        if existing is not None:
+            past = existing.past.get(spec.shard_id)
+            returning = past is not None and past[0] == node_id  # its own earlier engine, back
+            if returning:
+                seen_at = past[1]  # as old as this server saw it to be, not as the report claims
+            mine = returning or (bool(existing.shards) and all(s.node == node_id for s in existing.shards))
+            alive = existing.state in ("ready", "starting", "stopping") or any(s.state in HOLDING for s in existing.shards)
+            if alive or not mine:
+                # Both alive (or still being stopped): keep both, the surplus rule picks one by
+                # what this server saw, never by a claimed start time. A replica of another
+                # node is never superseded by this node's report (issue 19).
+                rid = self._new_id(spec.model)
+            else:
+                # The one we knew here is failed or pending: the reported engine supersedes it.
+                for shard in existing.shards:
+                    if shard.state in HOLDING:
+                        self._stop(existing, shard, "superseded by an adopted engine")
+                del self.replicas[rid]
         shard = Shard(
             shard_id=spec.shard_id,
             node=node_id,
@@ -209,8 +306,9 @@ class Reconciler:
             port=spec.port,
             state=report.state,
             pid=report.pid,
-            endpoint=report.endpoint,
+            endpoint=self.endpoint_for(node_id, spec.port) if report.endpoint else "",
             started_at=started,
+            seen_at=seen_at,
             acked=True,
             spec=spec,
         )
@@ -228,17 +326,31 @@ class Reconciler:
         self.log.append(f"adopted {spec.shard_id} ({spec.model}, {report.state}) running on {node_id} as replica {rid}")
         self._derive(replica, now)
 
-    def on_shard_status(self, node_id: str, msg: m.ShardStatus, now: float) -> None:
+    def on_shard_status(self, node_id: str, msg: m.ShardStatus, now: float) -> list[Refusal]:
         found = self._find_shard(msg.shard_id)
         if found is None:
-            return
+            return []
         replica, shard = found
+        bad = self._foreign(node_id, "ShardStatus", shard) or self._bad_endpoint(
+            node_id, "ShardStatus", shard.shard_id, shard.port, msg.endpoint
+        )
+        if bad is not None:
+            return [bad]
         shard.acked = True
         if msg.pid:
             shard.pid = msg.pid
         if msg.endpoint:
-            shard.endpoint = msg.endpoint
+            shard.endpoint = self.endpoint_for(node_id, shard.port)
         self._apply_shard_state(replica, shard, msg.state, now, msg.reason, list(msg.tail), msg.exit_code)
+        return []
+
+    def on_progress(self, node_id: str, msg: m.Progress, now: float) -> list[Refusal]:
+        """Download progress changes nothing yet; a node's report about another's shard is refused."""
+        found = self._find_shard(msg.shard_id)
+        if found is None:
+            return []
+        foreign = self._foreign(node_id, "Progress", found[1])
+        return [foreign] if foreign is not None else []
 
     def _apply_shard_state(
         self,
@@ -341,6 +453,9 @@ class Reconciler:
 
     def reconcile(self, nodes: Sequence[NodeInfo], now: float) -> list[Action]:
         by_id = {n.node_id: n for n in nodes}
+        for n in nodes:
+            if n.endpoint_host:
+                self.endpoint_hosts[n.node_id] = n.endpoint_host
         # Failed replicas whose backoff passed go back to pending (their shards are gone).
         for replica in self.replicas.values():
             if replica.state == "failed" and now >= replica.next_attempt_at and all(
@@ -364,7 +479,7 @@ class Reconciler:
                 self.replicas[rid] = Replica(id=rid, model=model.name, created_at=now, state_since=now)
                 self.log.append(f"new replica {rid} for {model.name}")
             if len(active) > model.replicas:
-                active.sort(key=lambda r: (_SURPLUS_ORDER[r.state], -r.started_at, r.id))
+                active.sort(key=lambda r: (_SURPLUS_ORDER[r.state], -r.seen_at, r.id))
                 for replica in active[: len(active) - model.replicas]:
                     if replica.state == "pending" or all(s.state in GONE for s in replica.shards):
                         self.replicas.pop(replica.id, None)
@@ -441,6 +556,10 @@ class Reconciler:
             spec = shard_spec(model, profile, replica.id, shard_id, list(result.gpus), result.port)
             replica.attempt = attempt
             replica.profile = profile.name
+            for old in replica.shards:
+                replica.past[old.shard_id] = (old.node, old.seen_at)
+            for stale in list(replica.past)[: max(0, len(replica.past) - PAST_SHARDS)]:
+                del replica.past[stale]
             replica.shards = [
                 Shard(
                     shard_id=shard_id,
@@ -448,6 +567,7 @@ class Reconciler:
                     gpus=list(result.gpus),
                     port=result.port,
                     started_at=now,
+                    seen_at=now,
                     spec=spec,
                 )
             ]

@@ -27,6 +27,8 @@ class Node(msgspec.Struct, kw_only=True):
     inventory: Inventory = msgspec.field(default_factory=Inventory)
     fabrics: list[FabricDecl] = []
     address: str = ""
+    # The host its engines are reached on, decided by the server (fleet.endpoint_host).
+    endpoint_host: str = ""
     identity: str | None = None
     registered_at: float = 0.0
     last_seen: float = 0.0
@@ -68,6 +70,7 @@ class NodeRegistry:
         session: int,
         address: str = "",
         identity: str | None = None,
+        endpoint_host: str = "",
     ) -> tuple[Transition | None, int | None]:
         """Record a registration; returns the transition and the session it replaced, if any."""
         node = self.nodes.get(msg.node_id)
@@ -82,6 +85,7 @@ class NodeRegistry:
             inventory=msg.inventory,
             fabrics=list(msg.fabrics),
             address=address,
+            endpoint_host=endpoint_host,
             identity=identity,
             registered_at=now,
             last_seen=now,

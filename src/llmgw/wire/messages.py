@@ -131,6 +131,9 @@ class Register(_Base, tag="Register", tag_field="type"):
     fabrics: list[FabricDecl] = []
     shards: list[ShardReport] = []
     cert_not_after: float = 0.0
+    # The address the node's engines are reached on (its agent's `advertise_host`); the server
+    # decides whether to use it or the stream's peer address (`fleet.endpoint_host`).
+    advertise_host: str = ""
 
 
 class PortCounters(_Base):
