@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -30,10 +32,13 @@ class ApiClient:
         key: str | None = None,
         ca: str | None = None,
         timeout: float = 10.0,
+        insecure: bool = False,
+        warn: Callable[[str], None] = lambda line: None,
     ) -> None:
         self.server = server.rstrip("/")
         if "://" not in self.server:
             self.server = f"http://{self.server}"
+        check_cleartext(self.server, token=bool(token), cert=bool(cert or key), insecure=insecure, warn=warn)
         self.ca = ca
         self.cert = cert
         headers = {"user-agent": "llmgw-ctl"}
@@ -112,6 +117,32 @@ class ApiClient:
                     "(its public port has no public_tls)")
         line = explain_tls_error(exc, host).replace("point tls.ca at", "pass --ca with")
         return f"TLS with the llmgw server at {self.server} failed: {line}"
+
+
+def is_loopback(host: str) -> bool:
+    """localhost or a loopback literal; a name is never resolved (nothing is sent before the check)."""
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_cleartext(server: str, *, token: bool, cert: bool, insecure: bool, warn: Callable[[str], None]) -> None:
+    """Refuse to send a credential over plain http:// to another machine (a token would cross
+    the network in cleartext on every call, GETs included); --insecure sends it with a warning."""
+    url = httpx.URL(server)
+    if url.scheme != "http" or not (token or cert) or is_loopback(url.host):
+        return
+    what = "the token" if token else "a client certificate"
+    if not insecure:
+        raise UsageError(
+            f"refusing to send {what} over plain http:// to {url.host}: use an https:// URL (public_tls on the "
+            "server, with --ca) or reach the server on loopback; --insecure sends it anyway"
+        )
+    warn(f"sending {what} over plain http:// to {url.host} (--insecure): anyone on the path can read it")
 
 
 def _ssl_error(exc: BaseException) -> ssl.SSLError | None:

@@ -182,10 +182,14 @@ async def wait_until_async(
         await trio.sleep(interval)
 
 
-def get_json(url: str, timeout: float = 5, verify: Any = True) -> Any:
+def bearer(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def get_json(url: str, timeout: float = 5, verify: Any = True, token: str | None = None) -> Any:
     import httpx
 
-    response = httpx.get(url, timeout=timeout, verify=verify)
+    response = httpx.get(url, timeout=timeout, verify=verify, headers=bearer(token))
     response.raise_for_status()
     return response.json()
 
@@ -194,7 +198,7 @@ class Server:
     """A real `llmgw server` on loopback ports (fixed, so a restart keeps them)."""
 
     def __init__(self, tmp: Path, config_text: str = "", name: str = "server", extra_args: list[str] | None = None,
-                 insecure: bool = True, public_ca: Path | None = None) -> None:
+                 insecure: bool = True, public_ca: Path | None = None, token: str | None = None) -> None:
         self.tmp = tmp
         self.name = name
         self.public_port = free_port()
@@ -208,6 +212,8 @@ class Server:
         # Its own state directory (known nodes), kept across restarts of this server only.
         self.state_dir = tmp / f"{name}-state"
         self.proc: Proc | None = None
+        # A viewer or operator token for the test's own reads, when the config has credentials.
+        self.token = token
 
     @property
     def url(self) -> str:
@@ -238,8 +244,12 @@ class Server:
                    procs=[self.proc])
         return self.proc
 
+    def get(self, path: str) -> Any:
+        """GET a path of the public port as JSON, with the test's token."""
+        return get_json(f"{self.url}{path}", verify=self.verify, token=self.token)
+
     def nodes(self) -> dict[str, dict[str, Any]]:
-        return {n["id"]: n for n in get_json(f"{self.url}/api/v1/nodes", verify=self.verify)}
+        return {n["id"]: n for n in self.get("/api/v1/nodes")}
 
 
 FAST_FLEET = """\
@@ -286,7 +296,7 @@ reconcile:
 
 
 def replicas(server: Server) -> list[dict[str, Any]]:
-    return get_json(f"{server.url}/api/v1/replicas")
+    return server.get("/api/v1/replicas")
 
 
 def pid_alive(pid: int) -> bool:

@@ -21,8 +21,8 @@ from tests.e2e.harness import (
     FAST_AGENT,
     Proc,
     Server,
+    bearer,
     engines_config,
-    get_json,
     make_sim_node,
     pid_alive,
     replicas,
@@ -32,6 +32,7 @@ from tests.e2e.harness import (
 
 KEY = "sk-test-0123456789"
 KEY_HASH = "sha256:" + hashlib.sha256(KEY.encode()).hexdigest()
+VIEWER = "view-test-4a7d"  # the test's own reads of /api/v1 and /metrics
 
 CATALOG = """\
 models:
@@ -61,12 +62,14 @@ gateway:
   breaker_cooldown: 30s
   scrape_interval: 0.5s
   api_keys: ["{KEY_HASH}"]
+api:
+  viewer_tokens: ["sha256:{hashlib.sha256(VIEWER.encode()).hexdigest()}"]
 """
 
 
 @pytest.fixture
 def fleet(tmp_path: Path, procs: list[Proc]) -> Server:
-    server = Server(tmp_path, engines_config(CATALOG, GATEWAY))
+    server = Server(tmp_path, engines_config(CATALOG, GATEWAY), token=VIEWER)
     procs.append(server.start())
     for node in ("gpu-01", "gpu-02"):
         cfg = make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, "--gpus", "4")
@@ -89,7 +92,7 @@ def client(server: Server, key: str = KEY) -> openai.OpenAI:
 
 
 def metric(server: Server, name: str, **labels: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    text = httpx.get(f"{server.url}/metrics", headers=bearer(server.token), timeout=5).text
     total = 0.0
     for line in text.splitlines():
         if (line.startswith(name + "{") or line.startswith(name + " ")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
@@ -222,7 +225,7 @@ def test_engine_killed_mid_run_loses_no_request(fleet: Server) -> None:
     def watch_breaker() -> None:
         while not stop.is_set():
             try:
-                for ep in get_json(f"{fleet.url}/api/v1/endpoints"):
+                for ep in fleet.get("/api/v1/endpoints"):
                     if ep["endpoint"] == victim_ep and ep["breaker"] == "open":
                         breaker_open_seen.set()
             except Exception:

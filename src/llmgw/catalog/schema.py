@@ -108,10 +108,18 @@ class FleetSettings(_Config):
     endpoint_host: Literal["advertised", "peer"] = "advertised"
 
 
+def sha256_digest(value: str) -> str | None:
+    """The lower-case hex digest of a stored secret ("sha256:<64 hex digits>"), or None when
+    the value is not in that form. The one parser of stored secrets (config checks, auth)."""
+    algo, _, digest = value.partition(":")
+    if algo != "sha256" or len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+        return None
+    return digest.lower()
+
+
 def _check_digests(values: list[str], what: str) -> None:
     for value in values:
-        algo, _, digest = value.partition(":")
-        if algo != "sha256" or len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+        if sha256_digest(value) is None:
             raise ValueError(
                 f"{what} must be stored as sha256:<64 hex digits>, never in plain text "
                 "(make one with `llmgw ctl hash-secret`)"
@@ -119,11 +127,17 @@ def _check_digests(values: list[str], what: str) -> None:
 
 
 class ApiSettings(_Config):
-    # Bearer tokens allowed to call mutating /api/v1 endpoints, as "sha256:<hex>".
+    # Bearer tokens that may read and change the fleet (/api/v1 mutations), as "sha256:<hex>".
     operator_tokens: list[str] = []
+    # Bearer tokens that may only read: /api/v1 GETs and /metrics (dashboards, scripts).
+    viewer_tokens: list[str] = []
+    # Who may scrape /metrics: "viewer" (a viewer or operator credential, once any credential
+    # is configured) or "open" (anyone who reaches the port).
+    metrics: Literal["open", "viewer"] = "viewer"
 
     def __post_init__(self) -> None:
         _check_digests(self.operator_tokens, "operator_tokens")
+        _check_digests(self.viewer_tokens, "viewer_tokens")
 
 
 class GatewaySettings(_Config):
@@ -165,6 +179,9 @@ class ReconcileSettings(_Config):
 
 class ServerConfig(_Config):
     listen: str = "127.0.0.1:8080"
+    # Optional operator door: HOST:PORT serving /api/v1/* and /metrics (with public_tls, if
+    # set); when set, the public port answers those paths 404 and serves only clients.
+    admin_listen: str = ""
     fleet_listen: str = "0.0.0.0:8443"
     state_dir: str = "./llmgw-state"
     tls: TlsServer | None = None

@@ -20,18 +20,21 @@ DEFAULT_SERVER = "http://127.0.0.1:8080"  # also llmgw.api_client.DEFAULT_SERVER
 
 @click.group()
 @click.option("--server", envvar="LLMGW_SERVER", default=DEFAULT_SERVER, show_default=True,
-              help="Public URL of the llmgw server. [env: LLMGW_SERVER]")
-@click.option("--token", envvar="LLMGW_TOKEN", help="Operator bearer token. [env: LLMGW_TOKEN]")
+              help="URL of the llmgw server's API: its admin listener when it has one (admin_listen), "
+                   "else its public port. [env: LLMGW_SERVER]")
+@click.option("--token", envvar="LLMGW_TOKEN", help="Operator or viewer bearer token. [env: LLMGW_TOKEN]")
 @click.option("--cert", "cert_file", envvar="LLMGW_CERT", type=click.Path(dir_okay=False),
-              help="Operator client certificate. [env: LLMGW_CERT]")
+              help="Operator or viewer client certificate. [env: LLMGW_CERT]")
 @click.option("--key", "key_file", envvar="LLMGW_KEY", type=click.Path(dir_okay=False),
-              help="Key of the operator certificate. [env: LLMGW_KEY]")
+              help="Key of the client certificate. [env: LLMGW_KEY]")
 @click.option("--ca", "ca_file", envvar="LLMGW_CA", type=click.Path(dir_okay=False),
               help="CA that signed the server's certificate. [env: LLMGW_CA]")
 @click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for the server.")
+@click.option("--insecure", is_flag=True,
+              help="Send --token or --cert over plain http:// to a server that is not on loopback (warns).")
 @click.pass_context
 def ctl(ctx: click.Context, server: str, token: str | None, cert_file: str | None, key_file: str | None,
-        ca_file: str | None, timeout: float) -> None:
+        ca_file: str | None, timeout: float, insecure: bool) -> None:
     """Operator client: nodes, replicas, cert.
 
     Exit codes: 0 ok, 1 failed, 2 bad usage, 3 server unreachable.
@@ -42,7 +45,8 @@ def ctl(ctx: click.Context, server: str, token: str | None, cert_file: str | Non
             ApiClient,  # httpx: imported only when a command calls the server
         )
 
-        return ApiClient(server, token=token, cert=cert_file, key=key_file, ca=ca_file, timeout=timeout)
+        return ApiClient(server, token=token, cert=cert_file, key=key_file, ca=ca_file, timeout=timeout,
+                         insecure=insecure, warn=lambda line: click.echo(f"llmgw: warning: {line}", err=True))
 
     ctx.obj["api"] = make_client
 

@@ -1,15 +1,23 @@
-"""The public port's routes besides the gateway: the JSON API, /healthz and /metrics."""
+"""The public port's routes besides the gateway: the JSON API, /healthz and /metrics.
+
+Every API route is one row of `API_ROUTES` with the door it stands behind (llmgw.server.auth):
+the dispatcher checks the door before any handler runs, so a route cannot be added without one
+(tests/e2e/test_doors.py walks the table).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import trio
 
 from llmgw.catalog.units import enc_hook
+from llmgw.server.auth import Door
 from llmgw.server.registry import Node
 from llmgw.web.server import Request, Responder
 
@@ -169,105 +177,181 @@ async def send_error(responder: Responder, status: int, message: str, code: str,
 
 
 class PublicHandler:
-    """Everything on the public port: the gateway (/v1/*), the JSON API (/api/v1/*), /healthz
-    and /metrics. Mutating API calls need an operator credential."""
+    """One listener's routes. The public port serves the gateway (/v1/*) and, unless an
+    admin listener is configured, the operator door too (/api/v1/*, /metrics); the admin
+    listener serves only the latter. /healthz is open on both and says only ok."""
 
-    def __init__(self, plane: Any) -> None:
+    def __init__(self, plane: Any, *, clients: bool = True, admin: bool = True) -> None:
         self.plane = plane
+        self.clients = clients
+        self.admin = admin
 
     async def __call__(self, request: Request, responder: Responder) -> None:
         path = request.path
-        if path.startswith("/v1/"):
-            await self.plane.gateway.handle(request, responder)
-            return
         if path == "/healthz":
             await send_json(responder, 200, {"status": "ok"})
             return
-        if path == "/metrics":
+        if path.startswith("/v1/") and self.clients:
+            await self.plane.gateway.handle(request, responder)
+            return
+        if path == "/metrics" and self.admin:
+            if not self.plane.auth.metrics_open and not await self._pass(Door.VIEWER, request, responder):
+                return
             await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], self.plane.metrics.render())
             return
-        if path.startswith("/api/v1/"):
+        if path.startswith("/api/v1/") and self.admin:
             await self.api(path[len("/api/v1/"):].rstrip("/"), request, responder)
             return
         await send_error(responder, 404, f"no route for {path}", "not_found")
 
-    def _operator(self, request: Request) -> str | None:
-        """Who the operator is (token or certificate), or None."""
-        return self.plane.operator_identity(request)
+    async def _pass(self, door: Door, request: Request, responder: Responder) -> str | None:
+        """Who passes `door` (for the logs), or None after answering the refusal."""
+        verdict = self.plane.auth.check(door, request)
+        if verdict.ok:
+            return verdict.who
+        headers = [(b"www-authenticate", f'Bearer realm="llmgw {door.value}"'.encode())] if verdict.status == 401 else []
+        await send_error(responder, verdict.status, verdict.message,
+                         "unauthorized" if verdict.status == 401 else "forbidden", headers)
+        return None
 
     async def api(self, route: str, request: Request, responder: Responder) -> None:
-        plane = self.plane
         method = request.method
-        now = trio.current_time()
-        if method in ("POST", "DELETE", "PUT", "PATCH"):
-            who = self._operator(request)
-            if who is None:
-                await send_error(responder, 401, plane.operator_hint(request), "unauthorized",
-                                 [(b"www-authenticate", b'Bearer realm="llmgw operator"')])
-                return
-            await self.mutate(route, method, who, request, responder)
+        found = match_route(method, route)
+        door = found[0].door if found else (Door.VIEWER if method in ("GET", "HEAD") else Door.OPERATOR)
+        who = await self._pass(door, request, responder)
+        if who is None:
             return
-        if method != "GET":
-            await send_error(responder, 405, f"method {method} not allowed", "method_not_allowed")
+        if found is None:
+            if any(r.match(route) is not None for r in API_ROUTES):
+                await send_error(responder, 405, f"method {method} not allowed on /api/v1/{route}", "method_not_allowed")
+            else:
+                await send_error(responder, 404, f"no API route {method} /api/v1/{route}", "not_found")
             return
-        reconciler = plane.controller.reconciler
-        if route == "nodes":
-            nodes = sorted(plane.registry.nodes.values(), key=lambda n: n.id)
-            await send_json(responder, 200, [node_view(n, now) for n in nodes])
-        elif route.startswith("nodes/"):
-            node = plane.registry.get(route[len("nodes/"):])
-            if node is None:
-                await send_error(responder, 404, f"no node {route[len('nodes/'):]!r}", "not_found")
-            else:
-                await send_json(responder, 200, node_view(node, now, detail=True))
-        elif route == "replicas":
-            replicas = sorted(reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
-            await send_json(responder, 200, [replica_view(r, now) for r in replicas])
-        elif route.startswith("replicas/"):
-            replica = reconciler.replicas.get(route[len("replicas/"):])
-            if replica is None:
-                await send_error(responder, 404, f"no replica {route[len('replicas/'):]!r}", "not_found")
-            else:
-                await send_json(responder, 200, replica_view(replica, now))
-        elif route == "models":
-            await send_json(responder, 200, [
-                ModelView(
-                    name=model.name,
-                    source=model.source or model.name,
-                    replicas=model.replicas,
-                    ready=sum(1 for r in reconciler.replicas.values() if r.model == model.name and r.state == "ready"),
-                    profiles=[p.name for p in model.profiles],
-                    balancer=model.balancer,
-                )
-                for model in reconciler.models.values()
-            ])
-        elif route == "endpoints":
-            await send_json(responder, 200, plane.gateway_endpoints())
-        else:
-            await send_error(responder, 404, f"no API route /api/v1/{route}", "not_found")
+        api_route, params = found
+        await api_route.handler(self, Call(request, responder, who, trio.current_time(), params))
 
-    async def mutate(self, route: str, method: str, who: str, request: Request, responder: Responder) -> None:
-        plane = self.plane
-        if route == "reload" and method == "POST":
-            result = plane.reload()
-            log.info("reload requested by %s: %s", who, result)
-            await send_json(responder, 200 if result.ok else 400, result)
-        elif route.startswith("nodes/") and method == "DELETE":
-            node_id = route[len("nodes/"):]
-            problem = plane.forget_node(node_id)
-            if problem:
-                missing = problem == "not found"
-                await send_error(responder, 404 if missing else 409, f"cannot forget {node_id}: {problem}",
-                                 "not_found" if missing else "conflict")
-            else:
-                log.info("node %s forgotten by %s", node_id, who)
-                await send_json(responder, 200, {"forgotten": node_id})
-        elif route.startswith("replicas/") and route.endswith("/restart") and method == "POST":
-            replica_id = route[len("replicas/"):-len("/restart")]
-            problem = plane.restart_replica(replica_id, who)
-            if problem:
-                await send_error(responder, 404, problem, "not_found")
-            else:
-                await send_json(responder, 200, {"restarting": replica_id})
+    # -- reads -------------------------------------------------------------------------------------------
+
+    async def list_nodes(self, call: Call) -> None:
+        nodes = sorted(self.plane.registry.nodes.values(), key=lambda n: n.id)
+        await send_json(call.responder, 200, [node_view(n, call.now) for n in nodes])
+
+    async def get_node(self, call: Call) -> None:
+        node_id = call.params["node"]
+        node = self.plane.registry.get(node_id)
+        if node is None:
+            await send_error(call.responder, 404, f"no node {node_id!r}", "not_found")
         else:
-            await send_error(responder, 404, f"no API route {method} /api/v1/{route}", "not_found")
+            await send_json(call.responder, 200, node_view(node, call.now, detail=True))
+
+    async def list_replicas(self, call: Call) -> None:
+        replicas = sorted(self.plane.controller.reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
+        await send_json(call.responder, 200, [replica_view(r, call.now) for r in replicas])
+
+    async def get_replica(self, call: Call) -> None:
+        replica_id = call.params["replica"]
+        replica = self.plane.controller.reconciler.replicas.get(replica_id)
+        if replica is None:
+            await send_error(call.responder, 404, f"no replica {replica_id!r}", "not_found")
+        else:
+            await send_json(call.responder, 200, replica_view(replica, call.now))
+
+    async def list_models(self, call: Call) -> None:
+        reconciler = self.plane.controller.reconciler
+        await send_json(call.responder, 200, [
+            ModelView(
+                name=model.name,
+                source=model.source or model.name,
+                replicas=model.replicas,
+                ready=sum(1 for r in reconciler.replicas.values() if r.model == model.name and r.state == "ready"),
+                profiles=[p.name for p in model.profiles],
+                balancer=model.balancer,
+            )
+            for model in reconciler.models.values()
+        ])
+
+    async def list_endpoints(self, call: Call) -> None:
+        await send_json(call.responder, 200, self.plane.gateway_endpoints())
+
+    # -- changes (operator door) -------------------------------------------------------------------
+
+    async def reload(self, call: Call) -> None:
+        result = self.plane.reload()
+        log.info("reload requested by %s: %s", call.who, result)
+        await send_json(call.responder, 200 if result.ok else 400, result)
+
+    async def forget_node(self, call: Call) -> None:
+        node_id = call.params["node"]
+        problem = self.plane.forget_node(node_id)
+        if problem:
+            missing = problem == "not found"
+            await send_error(call.responder, 404 if missing else 409, f"cannot forget {node_id}: {problem}",
+                             "not_found" if missing else "conflict")
+        else:
+            log.info("node %s forgotten by %s", node_id, call.who)
+            await send_json(call.responder, 200, {"forgotten": node_id})
+
+    async def restart_replica(self, call: Call) -> None:
+        replica_id = call.params["replica"]
+        problem = self.plane.restart_replica(replica_id, call.who)
+        if problem:
+            await send_error(call.responder, 404, problem, "not_found")
+        else:
+            await send_json(call.responder, 200, {"restarting": replica_id})
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One API request as a handler sees it: who passed the door, path parameters, the time."""
+
+    request: Request
+    responder: Responder
+    who: str
+    now: float
+    params: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ApiRoute:
+    """A method and a path below /api/v1/ ("{name}" matches one segment), behind one door."""
+
+    method: str
+    path: str
+    door: Door
+    handler: Callable[[PublicHandler, Call], Awaitable[None]]
+
+    def match(self, route: str) -> dict[str, str] | None:
+        want, got = self.path.split("/"), route.split("/")
+        if len(want) != len(got):
+            return None
+        params = {}
+        for w, g in zip(want, got, strict=True):
+            if w.startswith("{"):
+                if not g:
+                    return None
+                params[w[1:-1]] = g
+            elif w != g:
+                return None
+        return params
+
+
+API_ROUTES: tuple[ApiRoute, ...] = (
+    ApiRoute("GET", "nodes", Door.VIEWER, PublicHandler.list_nodes),
+    ApiRoute("GET", "nodes/{node}", Door.VIEWER, PublicHandler.get_node),
+    ApiRoute("GET", "replicas", Door.VIEWER, PublicHandler.list_replicas),
+    ApiRoute("GET", "replicas/{replica}", Door.VIEWER, PublicHandler.get_replica),
+    ApiRoute("GET", "models", Door.VIEWER, PublicHandler.list_models),
+    ApiRoute("GET", "endpoints", Door.VIEWER, PublicHandler.list_endpoints),
+    ApiRoute("POST", "reload", Door.OPERATOR, PublicHandler.reload),
+    ApiRoute("DELETE", "nodes/{node}", Door.OPERATOR, PublicHandler.forget_node),
+    ApiRoute("POST", "replicas/{replica}/restart", Door.OPERATOR, PublicHandler.restart_replica),
+)
+
+
+def match_route(method: str, route: str) -> tuple[ApiRoute, dict[str, str]] | None:
+    for api_route in API_ROUTES:
+        if api_route.method == method:
+            params = api_route.match(route)
+            if params is not None:
+                return api_route, params
+    return None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import signal
 import socket
@@ -20,14 +18,15 @@ from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
 from llmgw.netaddr import hostport
 from llmgw.server.api import PublicHandler
+from llmgw.server.auth import Auth
 from llmgw.server.control import Controller
 from llmgw.server.fleet_service import FleetService
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics
 from llmgw.server.registry import NodeRegistry
-from llmgw.tls import peer_common_name, peer_is_operator, server_context
-from llmgw.web.server import HttpServer, Limits, Request
+from llmgw.tls import server_context
+from llmgw.web.server import HttpServer, Limits
 
 log = logging.getLogger("llmgw.server")
 
@@ -41,6 +40,7 @@ class ReloadResult(msgspec.Struct, kw_only=True):
 class Bound(msgspec.Struct, frozen=True):
     public_url: str
     fleet_url: str
+    admin_url: str = ""  # the admin listener (admin_listen), when one is configured
 
 
 def split_hostport(text: str, what: str, flag: str) -> tuple[str, int]:
@@ -94,6 +94,7 @@ class ControlPlane:
         fleet = cfg.fleet
         self.registry = NodeRegistry(fleet.heartbeat_interval, fleet.unreachable_after, fleet.lost_after)
         self.metrics = ServerMetrics(self.registry.counts)
+        self.auth = Auth(cfg, insecure=insecure, count=self.metrics.count_auth_failure)
         require_identity = bool(cfg.tls and cfg.tls.require_identity)
         self.known_nodes = KnownNodes(cfg.state_dir)
         self.controller = Controller(cfg.models, cfg.reconcile, self.registry, self.known_nodes)
@@ -109,12 +110,12 @@ class ControlPlane:
         self.gateway = Gateway(
             cfg.gateway,
             GatewayMetrics(self.metrics.registry, lambda: getattr(self, "gateway", None)),
+            client_door=self.auth.client,
             not_ready_reason=self.not_ready_reason,
         )
         self.gateway.configure(cfg.models, cfg.endpoints)
         self.controller.on_pass = self._sync_gateway
         self.controller.on_refused = self.metrics.count_refused
-        self._operator_tokens = [t.split(":", 1)[1].lower() for t in cfg.api.operator_tokens]
         self.shutdown_event = trio.Event()
         if cfg.tls is None and not insecure:
             raise UsageError(
@@ -129,6 +130,7 @@ class ControlPlane:
         *,
         public_sock: socket.socket,
         fleet_sock: socket.socket,
+        admin_sock: socket.socket | None = None,
         task_status: trio.TaskStatus[Bound] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         fleet_ctx = None if self.cfg.tls is None else fleet_ssl_context(self.cfg)
@@ -148,20 +150,25 @@ class ControlPlane:
             idle_timeout=2 * silence + self.cfg.fleet.register_timeout,
             on_refused=self.metrics.count_refused,
         )
+        public_scheme = "https" if self.cfg.public_tls else "http"
         bound = Bound(
-            public_url=_url("https" if self.cfg.public_tls else "http", public_sock),
+            public_url=_url(public_scheme, public_sock),
             fleet_url=_url("https" if fleet_ctx else "http", fleet_sock),
+            admin_url=_url(public_scheme, admin_sock) if admin_sock is not None else "",
         )
         async with trio.open_nursery() as nursery:
             fleet_listener = trio.SocketListener(trio.socket.from_stdlib_socket(fleet_sock))
             await nursery.start(listener.serve, [fleet_listener])
-            await nursery.start(self._serve_public, public_sock)
+            await nursery.start(self._serve_public, public_sock, PublicHandler(self, admin=admin_sock is None))
+            if admin_sock is not None:
+                await nursery.start(self._serve_public, admin_sock, PublicHandler(self, clients=False))
             nursery.start_soon(self.gateway.run_scraper)
             nursery.start_soon(self.gateway.run_relay_hub)
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.controller.run)
             nursery.start_soon(self._reload_on_sighup)
-            log.info("llmgw server %s: public %s, fleet %s", __version__, bound.public_url, bound.fleet_url)
+            log.info("llmgw server %s: public %s, fleet %s%s", __version__, bound.public_url, bound.fleet_url,
+                     f", admin {bound.admin_url} (/api/v1, /metrics)" if bound.admin_url else "")
             task_status.started(bound)
             await self.shutdown_event.wait()
             log.info("shutting down: closing %d fleet streams", len(self.fleet.sessions))
@@ -183,12 +190,12 @@ class ControlPlane:
         except UsageError as exc:
             log.error("reload failed, keeping the running config: %s", exc)
             return ReloadResult(ok=False, message=f"{exc}; the running config stays")
-        changed = [k for k in ("listen", "fleet_listen", "tls", "public_tls", "fleet", "state_dir") if getattr(cfg, k) != getattr(self.cfg, k)]
+        changed = [k for k in ("listen", "fleet_listen", "admin_listen", "tls", "public_tls", "fleet", "state_dir") if getattr(cfg, k) != getattr(self.cfg, k)]
         if changed:
             log.warning("reload: changes to %s take effect only after a restart", ", ".join(changed))
         self.cfg = msgspec.structs.replace(self.cfg, models=cfg.models, endpoints=cfg.endpoints, gateway=cfg.gateway,
                                            api=cfg.api, reconcile=cfg.reconcile)
-        self._operator_tokens = [t.split(":", 1)[1].lower() for t in cfg.api.operator_tokens]
+        self.auth.configure(self.cfg)
         self.gateway.configure(cfg.models, cfg.endpoints, cfg.gateway)
         self.controller.set_catalog(cfg.models)
         note = f"; restart needed for {', '.join(changed)}" if changed else ""
@@ -237,47 +244,6 @@ class ControlPlane:
 
     # -- operator actions ------------------------------------------------------------------------
 
-    def operator_identity(self, request: Request) -> str | None:
-        auth = request.head.get(b"authorization") or b""
-        if auth[:7].lower() == b"bearer " and self._operator_tokens:
-            digest = hashlib.sha256(auth[7:].strip()).hexdigest()
-            if any(hmac.compare_digest(digest, t) for t in self._operator_tokens):
-                return f"token sha256:{digest[:8]}…"
-        if request.tls is not None and peer_is_operator(request.tls):
-            return f"operator certificate {peer_common_name(request.tls)!r}"
-        if self.insecure and not self._operator_tokens and not self._operator_certs():
-            return "anyone (--insecure and no operator credentials configured)"
-        return None
-
-    def _operator_certs(self) -> bool:
-        """Whether operator certificates can be presented: a TLS public port that asks for
-        client certificates (public_tls with cert and ca)."""
-        public_tls = self.cfg.public_tls
-        return bool(public_tls and public_tls.cert and public_tls.ca)
-
-    def operator_hint(self, request: Request) -> str:
-        """Why this request is not an operator's, and what to do: one line for `llmgw ctl`."""
-        auth = request.head.get(b"authorization") or b""
-        certs = self._operator_certs()
-        if not self._operator_tokens and not certs:
-            return ("no operator credential is configured on this server: put a token's sha256 (`llmgw ctl hash-secret`) "
-                    "in api.operator_tokens and pass the token with --token or LLMGW_TOKEN, or set public_tls "
-                    "(cert, key, ca) and use an operator certificate")
-        if auth[:7].lower() == b"bearer ":
-            return ("the operator token was refused: its sha256 is not in api.operator_tokens "
-                    "(hash it with `llmgw ctl hash-secret`)")
-        if request.tls is not None and request.tls.getpeercert():
-            name = peer_common_name(request.tls)
-            return (f"the client certificate {name!r} is not an operator certificate (a node's?); "
-                    "issue one with `llmgw ctl cert operator NAME` and pass it with --cert and --key")
-        ways = []
-        if self._operator_tokens:
-            ways.append("--token (or LLMGW_TOKEN) with a token whose sha256 is in api.operator_tokens")
-        if certs:
-            ways.append("an operator certificate (`llmgw ctl cert operator NAME`) passed with --cert and --key "
-                        "over the TLS public port")
-        return "this call needs an operator credential: " + ", or ".join(ways)
-
     def forget_node(self, node_id: str) -> str:
         node = self.registry.get(node_id)
         if node is None:
@@ -296,7 +262,7 @@ class ControlPlane:
         self.controller.wake()
         return ""
 
-    async def _serve_public(self, sock: socket.socket, *, task_status: trio.TaskStatus[None]) -> None:
+    async def _serve_public(self, sock: socket.socket, handler: PublicHandler, *, task_status: trio.TaskStatus[None]) -> None:
         ssl_context = None
         public_tls = self.cfg.public_tls
         if public_tls is not None and public_tls.cert:
@@ -304,7 +270,7 @@ class ControlPlane:
                                          require_client_cert=False, alpn=("http/1.1",))
         gw = self.cfg.gateway
         server = HttpServer(
-            PublicHandler(self),
+            handler,
             limits=Limits(max_body=int(gw.max_body), body_timeout=float(gw.body_timeout)),
             ssl_context=ssl_context,
         )
@@ -316,15 +282,19 @@ async def run_server(cfg: ServerConfig, *, insecure: bool = False, config_path: 
                      overrides: dict[str, Any] | None = None) -> None:
     """The `llmgw server` main: binds first (clear errors), then serves until SIGINT/SIGTERM."""
     plane = ControlPlane(cfg, insecure=insecure, config_path=config_path, overrides=overrides)
-    public_sock = bind_socket(cfg.listen, "public port", "--listen")
+    socks: list[socket.socket] = []
     try:
-        fleet_sock = bind_socket(cfg.fleet_listen, "fleet port", "--fleet-listen")
+        socks.append(bind_socket(cfg.listen, "public port", "--listen"))
+        socks.append(bind_socket(cfg.fleet_listen, "fleet port", "--fleet-listen"))
+        if cfg.admin_listen:
+            socks.append(bind_socket(cfg.admin_listen, "admin listener", "--admin-listen"))
     except UsageError:
-        public_sock.close()
+        for sock in socks:
+            sock.close()
         raise
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signals, plane.shutdown_event)
-        await plane.run(public_sock=public_sock, fleet_sock=fleet_sock)
+        await plane.run(public_sock=socks[0], fleet_sock=socks[1], admin_sock=socks[2] if cfg.admin_listen else None)
         nursery.cancel_scope.cancel()
 
 

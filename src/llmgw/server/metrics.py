@@ -36,6 +36,12 @@ class ServerMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.auth_failures = Counter(
+            "llmgw_auth_failures",
+            "Public-port requests refused for a missing or wrong credential, by door (client, viewer, operator).",
+            ["door"],
+            registry=self.registry,
+        )
         self._message_children: dict[str, Counter] = {}
 
     def count_message(self, kind: str) -> None:
@@ -46,6 +52,9 @@ class ServerMetrics:
 
     def count_refused(self, reason: str) -> None:
         self.fleet_refused.labels(reason).inc()
+
+    def count_auth_failure(self, door: str) -> None:
+        self.auth_failures.labels(door).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -96,7 +105,6 @@ class GatewayMetrics:
         self.admission_wait = Histogram("llmgw_admission_wait_seconds", "Time a request waited for an admission slot.", ["model"],
                                         buckets=LATENCY_BUCKETS, registry=registry)
         self.rejected = Counter("llmgw_admission_rejected", "Requests answered 429, by reason.", ["model", "reason"], registry=registry)
-        self.auth_failures = Counter("llmgw_auth_failures", "Gateway requests with a missing or wrong API key.", registry=registry)
         self._children: dict[tuple[str, ...], Any] = {}
 
     def _child(self, metric: Any, *labels: str) -> Any:

@@ -11,6 +11,9 @@ from typing import Any, Protocol
 
 from llmgw.tls.build import OPERATOR_OU
 
+# `llmgw ctl cert viewer` writes OU=viewers: a certificate that may read the fleet, not change it.
+VIEWER_OU = "viewers"
+
 
 class HasPeerCert(Protocol):
     def getpeercert(self, binary_form: bool = ...) -> Any: ...
@@ -30,6 +33,12 @@ def peer_common_name(ssl_object: HasPeerCert) -> str | None:
     if not values or len(values) != 1:
         return None
     return values[0]
+
+
+def peer_units(ssl_object: HasPeerCert) -> list[str]:
+    """The OUs of the verified peer certificate (empty without one): what kind of certificate
+    `llmgw ctl cert` issued (nodes, operators, viewers)."""
+    return _subject_values(ssl_object, "organizationalUnitName") or []
 
 
 def peer_is_operator(ssl_object: HasPeerCert) -> bool:

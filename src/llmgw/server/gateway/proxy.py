@@ -9,8 +9,6 @@ byte for byte), and never retried once a byte went to the client.
 from __future__ import annotations
 
 import functools
-import hashlib
-import hmac
 import logging
 import random
 import time
@@ -81,6 +79,7 @@ class Gateway:
         settings: GatewaySettings,
         metrics: GatewayMetrics,
         *,
+        client_door: Callable[[Request], bool],
         not_ready_reason: Callable[[str], str] = lambda model: "",
         rng: random.Random | None = None,
     ) -> None:
@@ -91,7 +90,8 @@ class Gateway:
         self.routes: dict[str, Route] = {}
         self.upstreams: dict[str, Upstream] = {}
         self.engine_up: dict[str, bool] = {}
-        self._api_keys = _key_digests(settings.api_keys)
+        # The API key check (llmgw.server.auth): counts and logs its refusals itself.
+        self._authorized = client_door
         self._changed = trio.Event()
         self.hub: RelayHub | None = None  # set while run_relay_hub runs
         self._bad_endpoints: set[str] = set()
@@ -111,7 +111,6 @@ class Gateway:
     def configure(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings | None = None) -> None:
         if settings is not None:
             self.settings = settings
-            self._api_keys = _key_digests(settings.api_keys)
         wanted: dict[str, str] = {m.name: m.balancer for m in models}
         for ep in static:
             wanted.setdefault(ep.model, "least-outstanding")
@@ -285,9 +284,7 @@ class Gateway:
                         log.info("model %s: %s; retrying elsewhere", route.name, last_error)
                         continue
                     status = 504 if exc.kind == "timeout" else 502
-                    await responder.respond(status, [JSON, (b"x-request-id", rid)], openai_error(
-                        f"engine for {route.name} failed: {last_error} ({decision.reason})", "server_error", "upstream_error"))
-                    return status
+                    return await _engine_failed(responder, rid, status, route.name, f"{last_error} ({decision.reason})")
                 status = response.status
                 if status in (502, 503):
                     outcome = False
@@ -325,9 +322,7 @@ class Gateway:
             except UpstreamError as exc:
                 outcome = False
                 if not responder.started:
-                    await responder.respond(502, [JSON, (b"x-request-id", rid)], openai_error(
-                        f"engine for {route.name} failed: {endpoint}: {exc}", "server_error", "upstream_error"))
-                    return 502
+                    return await _engine_failed(responder, rid, 502, route.name, f"{endpoint}: {exc}")
                 responder.close = True
                 return 502
             except (ClientGone, trio.Cancelled):
@@ -352,15 +347,18 @@ class Gateway:
         self.metrics.first_token(model, trio.current_time() - started)
 
     async def _unavailable(self, route: Route, responder: Responder, rid: bytes, last_error: str) -> int:
+        # The client reads what happened; engine addresses, errors and replica states stay in
+        # the server log under the request id (they map the fleet for anyone who may chat).
         if last_error:
-            message = f"no engine of {route.name} could answer; last error: {last_error}"
+            message, detail = f"no engine of {route.name} could answer", f"last error: {last_error}"
         elif not route.balancer.endpoints:
-            why = self.not_ready_reason(route.name)
-            message = f"no ready replica of {route.name}" + (f": {why}" if why else "")
+            message, detail = f"no ready replica of {route.name}", self.not_ready_reason(route.name)
         else:
-            message = f"every endpoint of {route.name} is failing (circuit breakers open)"
-        await responder.respond(503, [JSON, (b"x-request-id", rid), (b"retry-after", b"5")],
-                                openai_error(message, "server_error", "no_ready_replica"))
+            message, detail = f"every engine of {route.name} is failing", "circuit breakers open"
+        log.warning("request %s: 503 for model %s: %s%s", rid.decode("latin-1"), route.name, message,
+                    f" ({detail})" if detail else "")
+        await responder.respond(503, [JSON, (b"x-request-id", rid), (b"retry-after", b"5")], openai_error(
+            f"{message}; retry later (request id {rid.decode('latin-1')})", "server_error", "no_ready_replica"))
         return 503
 
     def _models_body(self) -> bytes:
@@ -369,19 +367,6 @@ class Gateway:
             "object": "list",
             "data": [{"id": name, "object": "model", "created": created, "owned_by": "llmgw"} for name in self.models_ready()],
         })
-
-    def _authorized(self, request: Request) -> bool:
-        if not self._api_keys:
-            return True
-        value = request.head.get(b"authorization") or b""
-        if value[:7].lower() != b"bearer ":
-            self.metrics.auth_failures.inc()
-            return False
-        digest = hashlib.sha256(value[7:].strip()).hexdigest()
-        ok = any(hmac.compare_digest(digest, known) for known in self._api_keys)
-        if not ok:
-            self.metrics.auth_failures.inc()  # counted, never logged: the header is a secret
-        return ok
 
     async def _unauthorized(self, responder: Responder, extra: list[tuple[bytes, bytes]]) -> None:
         await responder.respond(401, [JSON, (b"www-authenticate", b'Bearer realm="llmgw"'), *extra], openai_error(
@@ -445,14 +430,15 @@ class Gateway:
             await upstream.aclose()
 
 
+async def _engine_failed(responder: Responder, rid: bytes, status: int, model: str, detail: str) -> int:
+    """A generic line for the client; the engine's address and error go to the log under the request id."""
+    request_id = rid.decode("latin-1")
+    log.warning("request %s: %d for model %s: engine failed: %s", request_id, status, model, detail)
+    await responder.respond(status, [JSON, (b"x-request-id", rid)], openai_error(
+        f"the engine for {model} failed to answer (request id {request_id})", "server_error", "upstream_error"))
+    return status
+
+
 def _failure(kind: str) -> str:
     return {"connect": "connect", "reset": "reset", "timeout": "timeout"}.get(kind, "other")
 
-
-def _key_digests(keys: Iterable[str]) -> list[str]:
-    out = []
-    for key in keys:
-        algo, _, digest = key.partition(":")
-        if algo == "sha256" and len(digest) == 64:
-            out.append(digest.lower())
-    return out

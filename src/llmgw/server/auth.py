@@ -1,0 +1,303 @@
+"""Who is calling on the public port, and what that identity may do there.
+
+Three doors, each with its own credential (Kubernetes, Nomad and Envoy keep reads of cluster
+state behind authentication too; a client that may only chat must learn nothing of the fleet):
+
+    client    /v1/*                    a gateway API key (gateway.api_keys); open when none is set
+    viewer    GET /api/v1/*, /metrics  a viewer or operator credential, once any credential is set
+    operator  /api/v1 mutations        an operator credential (api.operator_tokens, OU=operators)
+
+A credential is a bearer token whose sha256 is in the config (never the token itself), or a
+client certificate from the public port's CA whose OU says its kind: `operators` and `viewers`
+count here, `nodes` never does (a node's certificate opens the fleet port only). A gateway API
+key opens the client door alone. With no credential configured at all the lab is open: reads
+always, mutations too under --insecure; the server says so at start.
+
+Refusals are counted in `llmgw_auth_failures_total{door}` and logged without the secret
+(at most one line per door per second, with the count of lines held back).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from llmgw.catalog.schema import ServerConfig, sha256_digest
+from llmgw.tls.build import OPERATOR_OU
+from llmgw.tls.identity import VIEWER_OU, peer_common_name, peer_units
+from llmgw.web.server import Request
+
+log = logging.getLogger("llmgw.auth")
+
+
+class Door(enum.StrEnum):
+    """Where a request knocks; also the label of `llmgw_auth_failures_total`."""
+
+    CLIENT = "client"
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+
+
+class Role(enum.IntEnum):
+    """What a presented credential is. Operators may do what viewers may; API keys are apart."""
+
+    NONE = 0
+    CLIENT = 1
+    VIEWER = 2
+    OPERATOR = 3
+
+
+class Identity(msgspec.Struct, frozen=True):
+    role: Role
+    # How logs name the caller, never the secret: "operator token sha256:1a2b3c4d…".
+    who: str
+    # What was presented, for the refusal's hint: "token", "certificate" or "" (nothing).
+    presented: str = ""
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    ok: bool
+    who: str = ""
+    status: int = 200  # 401: no credential for this door; 403: a credential that may not do this
+    message: str = ""  # the one line the caller reads
+
+
+def digests(values: Iterable[str]) -> frozenset[str]:
+    return frozenset(d for d in (sha256_digest(v) for v in values) if d is not None)
+
+
+def _known(digest: str, known: frozenset[str]) -> bool:
+    return any(hmac.compare_digest(digest, k) for k in known)
+
+
+class Credentials(msgspec.Struct, frozen=True, kw_only=True):
+    """The credentials a server config accepts."""
+
+    api_keys: frozenset[str] = frozenset()
+    operator_tokens: frozenset[str] = frozenset()
+    viewer_tokens: frozenset[str] = frozenset()
+    # A TLS public port with a CA asks for client certificates: operator and viewer ones count.
+    client_certs: bool = False
+    metrics_open: bool = False
+    insecure: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: ServerConfig, *, insecure: bool) -> Credentials:
+        public_tls = cfg.public_tls
+        return cls(
+            api_keys=digests(cfg.gateway.api_keys),
+            operator_tokens=digests(cfg.api.operator_tokens),
+            viewer_tokens=digests(cfg.api.viewer_tokens),
+            client_certs=bool(public_tls and public_tls.cert and public_tls.ca),
+            metrics_open=cfg.api.metrics == "open",
+            insecure=insecure,
+        )
+
+    @property
+    def any(self) -> bool:
+        return bool(self.api_keys or self.operator_tokens or self.viewer_tokens or self.client_certs)
+
+    @property
+    def readers(self) -> bool:
+        """Whether anyone can hold a viewer or operator credential here."""
+        return bool(self.operator_tokens or self.viewer_tokens or self.client_certs)
+
+
+class _Throttle:
+    """At most one log line per `every` seconds; says how many were held back."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self.next_at = 0.0
+        self.held = 0
+
+    def take(self, now: float) -> int | None:
+        if now < self.next_at:
+            self.held += 1
+            return None
+        held, self.held, self.next_at = self.held, 0, now + self.every
+        return held
+
+
+class Auth:
+    """The public port's credential checks: one place, one digest check, one set of hints."""
+
+    def __init__(self, cfg: ServerConfig, *, insecure: bool, count: Callable[[str], None] = lambda door: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.insecure = insecure
+        self._count = count
+        self._clock = clock
+        self._throttles = {door: _Throttle() for door in Door}
+        self.creds = Credentials()
+        self._notes: list[str] = []
+        self.configure(cfg)
+
+    def configure(self, cfg: ServerConfig) -> None:
+        """Take the credentials of a (re)loaded config; a changed warning is logged again."""
+        self.creds = Credentials.from_config(cfg, insecure=self.insecure)
+        notes = self.notes(public_tls=bool(cfg.public_tls and cfg.public_tls.cert))
+        for note in notes:
+            if note not in self._notes:
+                log.warning("%s", note)
+        self._notes = notes
+
+    def notes(self, *, public_tls: bool) -> list[str]:
+        """What an operator should know about the doors at start."""
+        creds = self.creds
+        out = []
+        if not creds.any:
+            mutations = ("and so are changes (--insecure)" if creds.insecure
+                         else "changes are refused until an operator credential is configured")
+            out.append("no credential is configured (gateway.api_keys, api.viewer_tokens, api.operator_tokens, "
+                       "public_tls.ca): reads of /api/v1 and /metrics are open to anyone who reaches the port, "
+                       + mutations)
+        elif not creds.readers:
+            out.append("gateway.api_keys is set but no viewer or operator credential is: nobody can read /api/v1 "
+                       "or change the fleet (set api.viewer_tokens or api.operator_tokens)")
+        tokens = [name for name, held in (("api.operator_tokens", creds.operator_tokens),
+                                          ("api.viewer_tokens", creds.viewer_tokens),
+                                          ("gateway.api_keys", creds.api_keys)) if held]
+        if tokens and not public_tls:
+            out.append(f"{', '.join(tokens)} configured but the public port has no TLS (public_tls): bearer tokens "
+                       "cross the network in cleartext unless a TLS proxy fronts this port")
+        if creds.any and creds.metrics_open:
+            out.append("api.metrics: open: /metrics answers anyone who reaches the port")
+        return out
+
+    @property
+    def metrics_open(self) -> bool:
+        return self.creds.metrics_open or not self.creds.any
+
+    # -- who is calling ------------------------------------------------------------------------------
+
+    def identify(self, request: Request) -> Identity:
+        """The strongest credential the request presents (a token, a client certificate, both)."""
+        creds = self.creds
+        best = Identity(Role.NONE, "anyone")
+        auth = request.head.get(b"authorization") or b""
+        if auth[:7].lower() == b"bearer ":
+            digest = hashlib.sha256(auth[7:].strip()).hexdigest()
+            tag = f"sha256:{digest[:8]}…"
+            if _known(digest, creds.operator_tokens):
+                best = Identity(Role.OPERATOR, f"operator token {tag}", "token")
+            elif _known(digest, creds.viewer_tokens):
+                best = Identity(Role.VIEWER, f"viewer token {tag}", "token")
+            elif _known(digest, creds.api_keys):
+                best = Identity(Role.CLIENT, f"API key {tag}", "token")
+            else:
+                best = Identity(Role.NONE, "a token that matches no credential", "token")
+        if request.tls is not None and request.tls.getpeercert():
+            name = peer_common_name(request.tls)
+            units = peer_units(request.tls)
+            if OPERATOR_OU in units:
+                cert = Identity(Role.OPERATOR, f"operator certificate {name!r}", "certificate")
+            elif VIEWER_OU in units:
+                cert = Identity(Role.VIEWER, f"viewer certificate {name!r}", "certificate")
+            else:
+                kind = "/".join(units) or "no OU"
+                cert = Identity(Role.NONE, f"certificate {name!r} ({kind})", "certificate")
+            if cert.role > best.role or (best.role is Role.NONE and not best.presented):
+                best = cert
+        return best
+
+    # -- the doors -------------------------------------------------------------------------------------
+
+    def client(self, request: Request) -> bool:
+        """The gateway's door: an API key when keys are configured."""
+        if not self.creds.api_keys:
+            return True
+        auth = request.head.get(b"authorization") or b""
+        if auth[:7].lower() == b"bearer " and _known(hashlib.sha256(auth[7:].strip()).hexdigest(), self.creds.api_keys):
+            return True
+        self._refused(Door.CLIENT, request, "a token that is no API key" if auth else "no API key")
+        return False
+
+    def check(self, door: Door, request: Request) -> Verdict:
+        """May this request pass `door` (viewer or operator)? A refusal carries its one line."""
+        if door is Door.CLIENT:
+            return Verdict(True, "client") if self.client(request) else Verdict(
+                False, status=401, message="Incorrect or missing API key: send `Authorization: Bearer <key>`")
+        creds = self.creds
+        ident = self.identify(request)
+        if door is Door.VIEWER:
+            if ident.role >= Role.VIEWER:
+                return Verdict(True, ident.who)
+            if not creds.any:
+                return Verdict(True, "anyone (no credential configured)")
+            verdict = Verdict(False, status=401, message=self._viewer_hint(ident, request))
+        else:
+            if ident.role is Role.OPERATOR:
+                return Verdict(True, ident.who)
+            if creds.insecure and not creds.any:
+                return Verdict(True, "anyone (--insecure and no credentials configured)")
+            if ident.role is Role.VIEWER:
+                verdict = Verdict(False, status=403, message=(
+                    f"{ident.who} may read the fleet but not change it: this call needs an "
+                    "operator credential (a token in api.operator_tokens or `llmgw ctl cert operator NAME`)"))
+            else:
+                verdict = Verdict(False, status=401, message=self._operator_hint(ident, request))
+        self._refused(door, request, ident.who if ident.presented else "no credential")
+        return verdict
+
+    def _refused(self, door: Door, request: Request, what: str) -> None:
+        self._count(door.value)
+        held = self._throttles[door].take(self._clock())
+        if held is None:
+            return
+        more = f" ({held} more refusals at this door since the last line)" if held else ""
+        log.warning("refused at the %s door: %s %r from %s with %s%s", door.value, request.method, request.path[:200],
+                    request.peer, what, more)
+
+    # -- hints: what to do, in one line ------------------------------------------------------------
+
+    def _ways(self, kind: str, lists: str) -> str:
+        creds = self.creds
+        tokens = creds.operator_tokens or (kind == "viewer" and creds.viewer_tokens)
+        ways = []
+        if tokens:
+            ways.append(f"--token (or LLMGW_TOKEN) with a token whose sha256 is in {lists}")
+        if creds.client_certs:
+            article = "an" if kind[0] in "aeiou" else "a"
+            ways.append(f"{article} {kind} certificate (`llmgw ctl cert {kind} NAME`) passed with --cert and --key "
+                        "over the TLS public port")
+        return ", or ".join(ways)
+
+    def _viewer_hint(self, ident: Identity, request: Request) -> str:
+        creds = self.creds
+        if not creds.readers:
+            return ("reading the fleet needs a viewer or operator credential and none is configured on this server: "
+                    "put a token's sha256 (`llmgw ctl hash-secret`) in api.viewer_tokens or api.operator_tokens and "
+                    "pass the token with --token or LLMGW_TOKEN")
+        if ident.role is Role.CLIENT:
+            return "a gateway API key opens only /v1: reading the fleet needs a viewer or operator credential"
+        if ident.presented == "token":
+            return ("the token was refused: its sha256 is in neither api.viewer_tokens nor api.operator_tokens "
+                    "(hash it with `llmgw ctl hash-secret`)")
+        if ident.presented == "certificate":
+            return (f"the client {ident.who} is neither a viewer nor an operator certificate (a node's?); issue one "
+                    "with `llmgw ctl cert viewer NAME` and pass it with --cert and --key")
+        return "reading the fleet needs a viewer or operator credential: " + self._ways(
+            "viewer", "api.viewer_tokens or api.operator_tokens")
+
+    def _operator_hint(self, ident: Identity, request: Request) -> str:
+        creds = self.creds
+        if not creds.operator_tokens and not creds.client_certs:
+            return ("no operator credential is configured on this server: put a token's sha256 (`llmgw ctl hash-secret`) "
+                    "in api.operator_tokens and pass the token with --token or LLMGW_TOKEN, or set public_tls "
+                    "(cert, key, ca) and use an operator certificate")
+        if ident.role is Role.CLIENT:
+            return "a gateway API key opens only /v1: this call needs an operator credential"
+        if ident.presented == "token":
+            return ("the operator token was refused: its sha256 is not in api.operator_tokens "
+                    "(hash it with `llmgw ctl hash-secret`)")
+        if ident.presented == "certificate":
+            name = peer_common_name(request.tls) if request.tls is not None else None
+            return (f"the client certificate {name!r} is not an operator certificate (a node's?); "
+                    "issue one with `llmgw ctl cert operator NAME` and pass it with --cert and --key")
+        return "this call needs an operator credential: " + self._ways("operator", "api.operator_tokens")
