@@ -355,8 +355,8 @@ class Gateway:
             message, detail = f"no ready replica of {route.name}", self.not_ready_reason(route.name)
         else:
             message, detail = f"every engine of {route.name} is failing", "circuit breakers open"
-        log.warning("request %s: 503 for model %s: %s%s", rid.decode("latin-1"), route.name, message,
-                    f" ({detail})" if detail else "")
+        log.log(logging.WARNING if last_error else logging.INFO, "request %s: 503 for model %s: %s%s",
+                rid.decode("latin-1"), route.name, message, f" ({detail})" if detail else "")
         await responder.respond(503, [JSON, (b"x-request-id", rid), (b"retry-after", b"5")], openai_error(
             f"{message}; retry later (request id {rid.decode('latin-1')})", "server_error", "no_ready_replica"))
         return 503
