@@ -150,7 +150,7 @@ def test_admin_listener_is_the_only_operator_door(tmp_path: Path, procs: list[Pr
     done = ctl(admin, "--token", OPERATOR, "reload")
     assert done.returncode == 0 and "reloaded" in done.stdout, done.stderr
     missed = ctl(server.url, "--token", VIEWER, "nodes")
-    assert missed.returncode == 1 and "HTTP 404" in one_error_line(missed)
+    assert missed.returncode == 1 and "HTTP 404" in one_error_line(missed) and "admin listener" in missed.stderr
 
 
 @pytest.mark.parametrize("credential", [["--token", OPERATOR], ["--cert", "op.crt", "--key", "op.key"]])

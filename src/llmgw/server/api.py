@@ -202,6 +202,10 @@ class PublicHandler:
         if path.startswith("/api/v1/") and self.admin:
             await self.api(path[len("/api/v1/"):].rstrip("/"), request, responder)
             return
+        if not self.admin and (path.startswith("/api/") or path == "/metrics"):
+            await send_error(responder, 404, f"no route for {path} on this port: it serves clients only; the API and "
+                             "metrics are on the server's admin listener (admin_listen)", "not_found")
+            return
         await send_error(responder, 404, f"no route for {path}", "not_found")
 
     async def _pass(self, door: Door, request: Request, responder: Responder) -> str | None:
