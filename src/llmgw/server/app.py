@@ -169,6 +169,7 @@ class ControlPlane:
             nursery.start_soon(self._reload_on_sighup)
             log.info("llmgw server %s: public %s, fleet %s%s", __version__, bound.public_url, bound.fleet_url,
                      f", admin {bound.admin_url} (/api/v1, /metrics)" if bound.admin_url else "")
+            self.auth.announce()
             task_status.started(bound)
             await self.shutdown_event.wait()
             log.info("shutting down: closing %d fleet streams", len(self.fleet.sessions))

@@ -134,14 +134,19 @@ class Auth:
         self._count = count
         self._clock = clock
         self._throttles = {door: _Throttle() for door in Door}
-        self.creds = Credentials()
-        self._notes: list[str] = []
-        self.configure(cfg)
+        self.creds = Credentials.from_config(cfg, insecure=insecure)
+        self._public_tls = bool(cfg.public_tls and cfg.public_tls.cert)
+        self._notes = self.notes(public_tls=self._public_tls)
+
+    def announce(self) -> None:
+        """Log what an operator should know about the doors (at start, once the ports listen)."""
+        for note in self._notes:
+            log.warning("%s", note)
 
     def configure(self, cfg: ServerConfig) -> None:
-        """Take the credentials of a (re)loaded config; a changed warning is logged again."""
+        """Take the credentials of a reloaded config; a warning that is new is logged."""
         self.creds = Credentials.from_config(cfg, insecure=self.insecure)
-        notes = self.notes(public_tls=bool(cfg.public_tls and cfg.public_tls.cert))
+        notes = self.notes(public_tls=self._public_tls)
         for note in notes:
             if note not in self._notes:
                 log.warning("%s", note)
