@@ -563,3 +563,37 @@ def test_the_scanner_counts_chunks_and_sees_the_first_data() -> None:
 def test_the_scanner_rejects_control_characters_in_trailers() -> None:
     with pytest.raises(http1.HttpError):
         http1.ChunkedScanner().scan(b"0\r\nx: a\x00b\r\n\r\n")
+
+
+def test_head_scanner_resumes_a_head_fed_a_byte_at_a_time() -> None:
+    """Issue 9 item 8: a 64 KiB head arriving a byte per read is scanned once, not once per
+    read (the old rescan-from-0 examined ~2 billion bytes for it). Counts work, not time."""
+    head = b"GET / HTTP/1.1\r\n" + b"x-pad: " + b"a" * (http1.MAX_HEAD - 32) + b"\r\n\r\n"
+    assert http1.MAX_HEAD - 64 < len(head) <= http1.MAX_HEAD
+    scanner = http1.HeadScanner()
+    buf = bytearray()
+    for i in range(len(head) - 1):
+        buf.append(head[i])
+        assert scanner.find(buf) == -1
+    buf.append(head[-1])
+    assert scanner.find(buf) == len(head)
+    # One pass plus the 3-byte overlap per read: linear in what the client sent.
+    assert scanner.scanned <= 4 * len(head), scanner.scanned
+    # The blank line straddling two reads is still found, and the scanner starts over after.
+    scanner = http1.HeadScanner()
+    buf = bytearray(b"GET / HTTP/1.1\r\nhost: x\r\n\r")
+    assert scanner.find(buf) == -1
+    buf += b"\nGET /next HTTP/1.1\r\n"
+    assert scanner.find(buf) == len(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    del buf[: len(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")]
+    assert scanner.find(buf) == -1 and scanner.pos == len(buf)
+
+
+def test_find_head_end_resume_agrees_with_a_full_scan() -> None:
+    raw = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\nrest"
+    for cut in range(len(raw) + 1):
+        first = http1.find_head_end(raw[:cut])
+        if first >= 0:
+            assert first == raw.index(b"\r\n\r\n") + 4
+            continue
+        assert http1.find_head_end(raw, cut) == raw.index(b"\r\n\r\n") + 4

@@ -426,3 +426,20 @@ async def test_head_gets_the_head_alone() -> None:
         # No body followed: the next bytes are the second response's head.
         head2, body2 = await c.response()
         assert head2.status == 200 and echoed(body2)["path"] == "/after"
+
+
+async def test_a_head_fed_a_byte_at_a_time_costs_linear_work() -> None:
+    """Issue 9 item 8 through the real server: 64 KiB of head, one byte per send, is scanned
+    about once (the bytes scanned are counted, no timing), and then answered."""
+    head = b"GET /x HTTP/1.1\r\nhost: t\r\nx-pad: " + b"a" * (http1.MAX_HEAD - 64) + b"\r\n\r\n"
+    async with serving(App()) as (server, port):
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", port))
+        sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+        client = Client(trio.SocketStream(sock))
+        for i in range(len(head)):
+            await client.send(head[i : i + 1])
+        resp, body = await client.response()
+        assert resp.status == 200 and echoed(body)["path"] == "/x"
+        assert 0 < server.head_bytes_scanned <= 4 * len(head), server.head_bytes_scanned
+        await client.aclose()

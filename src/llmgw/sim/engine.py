@@ -532,7 +532,9 @@ class _Server:
             if self.draining:
                 return
             try:
-                while (end := http1.find_head_end(buf)) < 0:
+                scanned = 0
+                while (end := http1.find_head_end(buf, scanned)) < 0:
+                    scanned = len(buf)
                     data = await stream.receive_some(RECV_SIZE)
                     if not data:
                         return

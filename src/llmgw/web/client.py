@@ -293,9 +293,10 @@ class Upstream:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise UpstreamError("reset", f"{self.host}:{self.port} closed the connection") from None
         with trio.move_on_after(head_timeout):
+            scanned = 0
             while True:
                 try:
-                    end = find_head_end(conn.buf)
+                    end = find_head_end(conn.buf, scanned)
                 except HttpError as exc:
                     raise UpstreamError("protocol", f"bad response from engine: {exc}") from None
                 if end >= 0:
@@ -306,8 +307,10 @@ class Upstream:
                     except HttpError as exc:
                         raise UpstreamError("protocol", f"bad response from engine: {exc}") from None
                     if head.status < 200:
+                        scanned = 0
                         continue  # 100 Continue and friends: the real head follows
                     return Response(self, conn, head)
+                scanned = len(conn.buf)
                 if not await conn.receive():
                     kind = "reset" if not conn.buf else "protocol"
                     raise UpstreamError(kind, f"{self.host}:{self.port} closed the connection before answering")

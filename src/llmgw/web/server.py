@@ -24,10 +24,10 @@ from llmgw.web.http1 import (
     LAST_CHUNK,
     ChunkedDecoder,
     Headers,
+    HeadScanner,
     HttpError,
     RequestHead,
     chunk,
-    find_head_end,
     parse_request_head,
     response_head,
 )
@@ -149,7 +149,8 @@ Handler = Callable[[Request, Responder], Awaitable[None]]
 
 
 class _Connection:
-    __slots__ = ("buf", "eof", "handler_scope", "nursery", "peer", "raw", "stream", "tls", "watch_done", "watch_scope")
+    __slots__ = ("buf", "eof", "handler_scope", "head_scan", "nursery", "peer", "raw", "stream", "tls", "watch_done",
+                 "watch_scope")
 
     def __init__(self, stream: trio.abc.Stream, peer: str, tls: trio.SSLStream | None, nursery: trio.Nursery) -> None:
         self.stream = stream
@@ -158,6 +159,7 @@ class _Connection:
         # Plain TCP goes through the fd directly (see llmgw.web.rawio); TLS through SSLStream.
         self.raw = RawSocket(stream.socket) if isinstance(stream, trio.SocketStream) else None
         self.buf = bytearray()
+        self.head_scan = HeadScanner()
         self.eof = False
         self.nursery = nursery
         self.handler_scope: trio.CancelScope | None = None
@@ -222,6 +224,7 @@ class HttpServer:
         self.limits = limits or Limits()
         self.ssl_context = ssl_context
         self.connections = 0
+        self.head_bytes_scanned = 0  # work spent finding request heads (bounded by bytes received)
 
     async def serve(self, listeners: list[trio.SocketListener], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await trio.serve_listeners(self._serve_one, listeners, task_status=task_status)
@@ -259,6 +262,13 @@ class HttpServer:
                 await stream.aclose()
 
     async def _read_head(self, conn: _Connection, first: bool) -> RequestHead | None:
+        scanned = conn.head_scan.scanned
+        try:
+            return await self._read_head_in(conn, first)
+        finally:
+            self.head_bytes_scanned += conn.head_scan.scanned - scanned
+
+    async def _read_head_in(self, conn: _Connection, first: bool) -> RequestHead | None:
         timeout = self.limits.header_timeout if first else self.limits.keepalive_timeout
         with trio.move_on_after(timeout):
             while True:
@@ -267,7 +277,7 @@ class HttpServer:
                     # text (the client reports "wrong version number") instead of waiting out
                     # header_timeout for a request head that never comes.
                     raise HttpError(400, "TLS handshake on a plain-HTTP port; use an http:// URL")
-                end = find_head_end(conn.buf)
+                end = conn.head_scan.find(conn.buf)
                 if end >= 0:
                     raw = bytes(conn.buf[:end])
                     del conn.buf[:end]
