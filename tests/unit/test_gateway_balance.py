@@ -327,3 +327,35 @@ def test_prompt_prefix_shared_system_prompt_gives_same_key() -> None:
 )
 def test_prompt_prefix_shapes(body: dict, expected: str | None) -> None:
     assert prompt_prefix(body) == expected
+
+
+# ---- active health ----------------------------------------------------------------------
+
+
+def test_health_failures_in_a_row_take_an_endpoint_out_until_one_passes() -> None:
+    b = make(2, health_failures=3, health_probes=True)
+    assert b.health("e0", 0.0, False, "no answer") is None
+    assert b.health("e0", 1.0, True) is None  # a pass resets the count: failures must be in a row
+    assert [b.health("e0", t, False, "no answer to /health within 1s") for t in (2.0, 3.0, 4.0)] == [None, None, "down"]
+    assert not b.healthy("e0") and b.healthy("e1")
+    assert all(b.pick(5.0).endpoint == "e1" for _ in range(20))  # type: ignore[union-attr]
+    assert b.pick(5.0, exclude={"e1"}) is None
+    [st0] = [st for st in b.status() if st.endpoint == "e0"]
+    assert not st0.healthy and st0.unhealthy_since == 4.0 and "1s" in st0.health_reason
+    assert b.health("e0", 5.0, False) is None  # already out
+    assert b.health("e0", 6.0, True) == "up"
+    assert b.healthy("e0") and {b.pick(7.0, exclude={"e1"}).endpoint} == {"e0"}  # type: ignore[union-attr]
+    assert b.health("nope", 7.0, False) is None
+
+
+def test_an_open_breaker_is_probed_by_health_checks_not_clients() -> None:
+    b = make(2, breaker_failures=2, breaker_cooldown=10.0, health_probes=True)
+    for _ in range(2):
+        p = b.pick(0.0, exclude={"e1"})
+        assert p is not None
+        b.release(p, 0.0, ok=False, reason="reset")
+    assert b.breaker("e0").state is BreakerState.OPEN
+    assert b.pick(50.0, exclude={"e1"}) is None  # long past the cool-down: no client probes
+    b.health("e0", 50.0, True)
+    assert b.breaker("e0").state is BreakerState.CLOSED
+    assert b.pick(50.0, exclude={"e1"}).endpoint == "e0"  # type: ignore[union-attr]

@@ -109,3 +109,23 @@ def test_never_more_than_one_probe_in_flight(events: list[tuple[float, str]]) ->
             {"ok": b.success, "fail": b.failure, "cancel": b.cancel}[outcome](now, token)
             if b.state is not BreakerState.HALF_OPEN:
                 probe_out = False
+
+
+def test_with_health_probes_an_open_breaker_lets_no_client_through() -> None:
+    """Issue 9: the half-open probe is a health check, not a client's request (a client probing
+    a hung engine hung with it)."""
+    b = Breaker(failures=2, cooldown=10, health_probes=True)
+    fail(b, 0.0, 2)
+    assert b.state is BreakerState.OPEN
+    assert not b.allows(5.0) and not b.allows(100.0)  # cool-down over: still no client
+    b.start(100.0)
+    assert b.state is BreakerState.OPEN  # a request that got through anyway is not the probe
+    b.probe(5.0, ok=True)
+    assert b.state is BreakerState.OPEN  # before the cool-down a passing check decides nothing
+    b.probe(10.0, ok=False, reason="no answer to /health within 1s")
+    assert b.state is BreakerState.OPEN and b.retry_at == 30.0  # cool-down doubled
+    assert b.reason == "health probe failed: no answer to /health within 1s"
+    b.probe(30.0, ok=True)
+    assert b.state is BreakerState.CLOSED and b.allows(30.0) and b.cooldown == 10
+    b.probe(31.0, ok=False)
+    assert b.state is BreakerState.CLOSED  # a closed breaker counts requests, not health checks

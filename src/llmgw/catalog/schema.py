@@ -150,6 +150,22 @@ class GatewaySettings(_Config):
     scrape_timeout: Duration = Duration(1)
     upstream_timeout: Duration = Duration(600)
     connect_timeout: Duration = Duration(2)
+    # Active health of every endpoint in rotation: GET health_path every health_interval; this many
+    # failures or timeouts (health_timeout) in a row, or metrics scrapes that got no answer, take it
+    # out of rotation until a check passes (any answer under 500), and the requests waiting on it
+    # that sent the client nothing are moved to another endpoint. Its next check after the
+    # breaker's cool-down is the breaker's probe. health_interval 0 turns this off (a client's
+    # request probes the breaker then). Kubernetes' probe defaults: 1 s timeout, 3 failures.
+    health_path: str = "/health"
+    health_interval: Duration = Duration(1)
+    health_timeout: Duration = Duration(1)
+    health_failures: Positive = 3
+    # A streamed request whose response head has not come within this counts as a failure and is
+    # retried elsewhere. Engines send a stream's head at once or with its first token (the
+    # simulated engine, like vLLM behind uvicorn, does the latter), so this also bounds a stream's
+    # time to first token under queueing: keep it above the worst queueing you accept. A
+    # non-streamed request waits for its whole generation before the head: upstream_timeout only.
+    stream_head_timeout: Duration = Duration(30)
     max_attempts: Positive = 3
     retry_budget: float = 0.2
     breaker_failures: Positive = 5

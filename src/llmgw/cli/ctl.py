@@ -197,8 +197,9 @@ def endpoints(ctx: click.Context, output: str) -> None:
         kv = load.get("kv_cache_usage")
         rows.append((
             e["model"], e["endpoint"], str(e["outstanding"]), styled_state(e["breaker"]) if e["breaker"] != "closed" else "closed",
-            "up" if e["engine_up"] else "down", f"{load.get('running', '-')}/{load.get('waiting', '-')}",
-            "-" if kv is None else f"{kv:.0%}", ", ".join(e.get("violations") or []) or e.get("breaker_reason", ""),
+            ("up" if e["engine_up"] else "down") if e.get("healthy", True) else "unhealthy",
+            f"{load.get('running', '-')}/{load.get('waiting', '-')}", "-" if kv is None else f"{kv:.0%}",
+            e.get("health_reason") or ", ".join(e.get("violations") or []) or e.get("breaker_reason", ""),
         ))
     console().print(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows)
                     if rows else "no endpoints in rotation")

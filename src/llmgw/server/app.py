@@ -163,6 +163,7 @@ class ControlPlane:
             if admin_sock is not None:
                 await nursery.start(self._serve_public, admin_sock, PublicHandler(self, clients=False))
             nursery.start_soon(self.gateway.run_scraper)
+            nursery.start_soon(self.gateway.run_health_checks)
             nursery.start_soon(self.gateway.run_relay_hub)
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.controller.run)
@@ -239,6 +240,8 @@ class ControlPlane:
                     "breaker_reason": status.breaker_reason,
                     "violations": list(status.violations),
                     "engine_up": self.gateway.engine_up.get(status.endpoint, False),
+                    "healthy": status.healthy,
+                    "health_reason": status.health_reason,
                     "load": status.load,
                 })
         return out

@@ -14,8 +14,9 @@ Two policies, chosen per model:
   over to the next endpoints instead of piling onto one. Each endpoint owns `vnodes` points
   on the ring, so adding or removing one moves only the keys it gains or owned.
 
-For both: endpoints whose breaker does not allow traffic and endpoints in `exclude` (already
-tried for this request) are skipped; endpoints with violations (KV cache nearly full, long
+For both: endpoints whose breaker does not allow traffic, endpoints out of rotation for failing
+their active health checks (`health()`: N failures in a row take one out, one pass puts it
+back) and endpoints in `exclude` (already tried for this request) are skipped; endpoints with violations (KV cache nearly full, long
 waiting queue, from the scrape) are taken only when no other endpoint can take the request.
 
 Usage by the proxy::
@@ -59,7 +60,8 @@ def _hash(text: str) -> int:
 
 
 class _Endpoint:
-    __slots__ = ("breaker", "id", "load", "outstanding", "violations")
+    __slots__ = ("breaker", "health_failures", "health_reason", "id", "load", "outstanding", "unhealthy_since",
+                 "violations")
 
     def __init__(self, endpoint_id: str, breaker: Breaker) -> None:
         self.id = endpoint_id
@@ -67,6 +69,9 @@ class _Endpoint:
         self.outstanding = 0
         self.load: EngineLoad | None = None
         self.violations: tuple[str, ...] = ()
+        self.health_failures = 0  # consecutive failed health checks
+        self.unhealthy_since: float | None = None  # out of rotation since (None: in rotation)
+        self.health_reason = ""
 
     def rank(self) -> tuple[int, float, float]:
         """Lower is better: our own in-flight count, then the engine's scraped load."""
@@ -101,6 +106,9 @@ class EndpointStatus(msgspec.Struct, frozen=True, kw_only=True):
     breaker_reason: str = ""
     violations: list[str] = []
     load: EngineLoad | None = None
+    healthy: bool = True
+    health_reason: str = ""  # the last failed health check, while out of rotation
+    unhealthy_since: float | None = None  # on the balancer's clock
 
 
 class Balancer:
@@ -118,6 +126,8 @@ class Balancer:
         breaker_max_cooldown: float = 300.0,
         kv_cache_limit: float = KV_CACHE_LIMIT,
         max_waiting: int = MAX_WAITING,
+        health_failures: int = 3,
+        health_probes: bool = False,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown balancer policy {policy!r}")
@@ -132,6 +142,8 @@ class Balancer:
         self.breaker_max_cooldown = breaker_max_cooldown
         self.kv_cache_limit = kv_cache_limit
         self.max_waiting = max_waiting
+        self.health_failures = max(1, health_failures)
+        self.health_probes = health_probes  # breakers are probed by health checks, not clients
         self._eps: dict[str, _Endpoint] = {}
         self._ring_hashes: list[int] = []
         self._ring_ids: list[str] = []
@@ -153,7 +165,10 @@ class Balancer:
         if endpoint in self._eps:
             return
         breaker = Breaker(
-            self.breaker_failures, self.breaker_cooldown, max_cooldown=self.breaker_max_cooldown
+            self.breaker_failures,
+            self.breaker_cooldown,
+            max_cooldown=self.breaker_max_cooldown,
+            health_probes=self.health_probes,
         )
         self._eps[endpoint] = _Endpoint(endpoint, breaker)
         for i in range(self.vnodes):
@@ -199,6 +214,33 @@ class Balancer:
             )
         )
 
+    def health(self, endpoint: str, now: float, ok: bool, reason: str = "") -> str | None:
+        """One active health check of `endpoint` (or a metrics scrape that got no answer).
+        `health_failures` failures in a row take it out of rotation; one pass puts it back.
+        The result is also the probe of an open breaker (see Breaker.probe). Returns "down"
+        when this result took it out, "up" when it put it back, otherwise None."""
+        ep = self._eps.get(endpoint)
+        if ep is None:
+            return None
+        ep.breaker.probe(now, ok, reason)
+        if ok:
+            ep.health_failures = 0
+            if ep.unhealthy_since is None:
+                return None
+            ep.unhealthy_since = None
+            ep.health_reason = ""
+            return "up"
+        ep.health_failures += 1
+        ep.health_reason = reason or "health check failed"
+        if ep.unhealthy_since is None and ep.health_failures >= self.health_failures:
+            ep.unhealthy_since = now
+            return "down"
+        return None
+
+    def healthy(self, endpoint: str) -> bool:
+        ep = self._eps.get(endpoint)
+        return ep is not None and ep.unhealthy_since is None
+
     # ---- choosing -----------------------------------------------------------------------
 
     def pick(
@@ -206,7 +248,9 @@ class Balancer:
     ) -> Pick | None:
         """Choose an endpoint and count the request on it; None when no endpoint can take it
         (none left, all excluded or all behind open breakers)."""
-        usable = [ep for ep in self._eps.values() if ep.breaker.allows(now)]
+        usable = [
+            ep for ep in self._eps.values() if ep.unhealthy_since is None and ep.breaker.allows(now)
+        ]
         candidates = [ep for ep in usable if ep.id not in exclude] if exclude else usable
         if not candidates:
             return None
@@ -289,6 +333,9 @@ class Balancer:
                 breaker_reason=ep.breaker.reason,
                 violations=list(ep.violations),
                 load=ep.load,
+                healthy=ep.unhealthy_since is None,
+                health_reason=ep.health_reason if ep.unhealthy_since is not None else "",
+                unhealthy_since=ep.unhealthy_since,
             )
             for ep in self._eps.values()
         ]

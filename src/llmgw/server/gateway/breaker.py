@@ -8,6 +8,10 @@ cool-down (doubling, capped), so a flapping engine is probed less and less often
 Every request gets a token from `start()` and hands it back with its outcome. A token from an
 earlier state (a request that was already in flight when the breaker opened) is stale and its
 outcome is ignored, so only the probe decides a half-open breaker.
+
+With `health_probes` the probe is not a client's request but the gateway's next health check
+(`probe()`): an open breaker lets no client through at all, and a hung engine costs a probing
+client nothing (issue 9: the probe was a real request that hung for the 600 s upstream timeout).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Breaker:
         "base_cooldown",
         "consecutive_failures",
         "failures",
+        "health_probes",
         "max_cooldown",
         "reason",
         "state",
@@ -50,6 +55,7 @@ class Breaker:
         *,
         max_cooldown: float = 300.0,
         backoff: float = 2.0,
+        health_probes: bool = False,
     ) -> None:
         if failures < 1:
             raise ValueError("failures must be >= 1")
@@ -57,6 +63,7 @@ class Breaker:
         self.base_cooldown = cooldown
         self.max_cooldown = max(max_cooldown, cooldown)
         self.backoff = backoff
+        self.health_probes = health_probes
         self.state = BreakerState.CLOSED
         self.reason = ""
         self.consecutive_failures = 0
@@ -80,15 +87,30 @@ class Breaker:
         if self.state is BreakerState.CLOSED:
             return True
         if self.state is BreakerState.OPEN:
-            return now >= self._opened_until
+            return not self.health_probes and now >= self._opened_until
         return False  # half-open: the probe is in flight, nobody else goes
 
     def start(self, now: float) -> int:
         """A request is being sent; returns its token. On an open, cooled-down breaker this
         request becomes the probe (half-open)."""
-        if self.state is BreakerState.OPEN and now >= self._opened_until:
+        if self.state is BreakerState.OPEN and now >= self._opened_until and not self.health_probes:
             self._set(BreakerState.HALF_OPEN, f"probing after {self._cooldown:g}s cool-down")
         return self._gen
+
+    def probe(self, now: float, ok: bool, reason: str = "") -> None:
+        """A health check's result, the probe of an open breaker once its cool-down is over
+        (ignored before that, and when closed: a passing health check says nothing about the
+        requests that failed)."""
+        if self.state is not BreakerState.OPEN or now < self._opened_until:
+            return
+        self._set(BreakerState.HALF_OPEN, "probing with a health check")
+        if ok:
+            self._cooldown = self.base_cooldown
+            self.consecutive_failures = 0
+            self._set(BreakerState.CLOSED, "")
+        else:
+            self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)
+            self._open(now, f"health probe failed: {reason or 'failed'}")
 
     def success(self, now: float, token: int) -> None:
         if token != self._gen:

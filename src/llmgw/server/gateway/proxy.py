@@ -22,6 +22,7 @@ import trio
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.server.gateway.admission_gate import AdmissionGate, AdmissionRejected
 from llmgw.server.gateway.balance import Balancer, prompt_prefix
+from llmgw.server.gateway.breaker import Breaker, BreakerState
 from llmgw.server.gateway.enginemetrics import parse_engine_metrics
 from llmgw.server.gateway.retry import RetryBudget, should_retry
 from llmgw.server.metrics import GatewayMetrics
@@ -44,10 +45,37 @@ class _Peek(msgspec.Struct):
 
 
 _peek = msgspec.json.Decoder(_Peek)
+# Everything msgspec's decoder raises on a body it refuses.
+JSON_REFUSED: tuple[type[Exception], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 def openai_error(message: str, kind: str, code: str | int | None = None) -> bytes:
     return msgspec.json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+class _Attempt:
+    """One upstream attempt in flight, so that the health check that takes its endpoint out of
+    rotation can cancel what it is waiting on (`scope()` guards each wait; an attempt evicted
+    between two waits finds the next one cancelled at once)."""
+
+    __slots__ = ("_scope", "evicted", "reason")
+
+    def __init__(self) -> None:
+        self._scope: trio.CancelScope | None = None
+        self.evicted = False
+        self.reason = ""
+
+    def scope(self) -> trio.CancelScope:
+        self._scope = trio.CancelScope()
+        if self.evicted:
+            self._scope.cancel()
+        return self._scope
+
+    def evict(self, reason: str) -> None:
+        self.evicted = True
+        self.reason = reason
+        if self._scope is not None:
+            self._scope.cancel()
 
 
 class Route:
@@ -63,6 +91,8 @@ class Route:
             breaker_cooldown=float(settings.breaker_cooldown),
             kv_cache_limit=settings.kv_cache_limit,
             max_waiting=settings.max_waiting,
+            health_failures=settings.health_failures,
+            health_probes=settings.health_interval > 0,
         )
         self.budget = RetryBudget(settings.retry_budget)
         self.gate = AdmissionGate(
@@ -95,6 +125,8 @@ class Gateway:
         self._changed = trio.Event()
         self.hub: RelayHub | None = None  # set while run_relay_hub runs
         self._bad_endpoints: set[str] = set()
+        self._attempts: dict[str, set[_Attempt]] = {}  # upstream attempts in flight, by endpoint
+        self._checking: set[str] = set()  # endpoints whose health check is in flight
 
     async def run_relay_hub(self) -> None:
         """The task that relays every streamed answer (see llmgw.web.relayhub)."""
@@ -204,9 +236,12 @@ class Gateway:
             return
         try:
             peek = _peek.decode(request.body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except JSON_REFUSED as exc:
+            # RecursionError: nesting deeper than the decoder goes (100,000 `[` inside a valid
+            # object was a 500 and a logged traceback per request, issue 9).
+            why = "nested too deeply" if isinstance(exc, RecursionError) else "not valid JSON"
             await responder.respond(400, [JSON, *extra], openai_error(
-                "the request body is not valid JSON (a JSON object with a `model` field is expected)",
+                f"the request body is {why} (a JSON object with a `model` field is expected)",
                 "invalid_request_error", "invalid_json"))
             self.metrics.finished("", 400, trio.current_time() - started)
             return
@@ -225,6 +260,9 @@ class Gateway:
             return
         streaming = peek.stream is True
         code = 500
+        # A client that hangs up, streaming or not, cancels its upstream request and frees its
+        # admission slot at once (a non-streamed one used to keep both for upstream_timeout).
+        responder.watch_disconnect()
         try:
             async with route.gate.admit():
                 code = await self._forward(route, request, responder, rid, streaming, started)
@@ -248,18 +286,21 @@ class Gateway:
         if balancer.policy == "prefix-affinity":
             try:
                 key = prompt_prefix(msgspec.json.decode(request.body))
-            except (msgspec.DecodeError, TypeError, AttributeError):
+            except (*JSON_REFUSED, TypeError, AttributeError):
                 key = None
         headers = [(b"content-type", b"application/json"), (b"x-request-id", rid)]
         accept = request.head.get(b"accept")
         if accept:
             headers.append((b"accept", accept))
         target = request.head.target
+        # A stream's head comes at once from vLLM and SGLang; a non-streamed answer's head only
+        # after the whole generation, so only upstream_timeout bounds it.
+        head_timeout = float(settings.upstream_timeout)
+        if streaming and settings.stream_head_timeout > 0:
+            head_timeout = min(head_timeout, float(settings.stream_head_timeout))
         tried: set[str] = set()
         attempt = 0
         last_error = ""
-        if streaming:
-            responder.watch_disconnect()
         while True:
             attempt += 1
             now = trio.current_time()
@@ -269,22 +310,39 @@ class Gateway:
             endpoint = pick.endpoint
             outcome: bool | None = None
             response = None
+            guard = _Attempt()
+            self._attempts.setdefault(endpoint, set()).add(guard)
             try:
                 try:
-                    response = await self.upstream(endpoint).request(
-                        b"POST", target, headers, request.body, head_timeout=float(settings.upstream_timeout))
+                    with guard.scope():
+                        response = await self.upstream(endpoint).request(
+                            b"POST", target, headers, request.body, head_timeout=head_timeout)
                 except UpstreamError as exc:
                     outcome = False
+                    failure = _failure(exc.kind)
+                    if failure == "timeout" and streaming:
+                        failure = "no_head"
+                        exc = UpstreamError("timeout", f"{exc} (stream_head_timeout)")
                     last_error = f"{endpoint}: {exc}"
-                    decision = should_retry(failure=_failure(exc.kind), status=None, sent_to_client=False, attempt=attempt,
+                    decision = should_retry(failure=failure, status=None, sent_to_client=False, attempt=attempt,  # type: ignore[arg-type]
                                             max_attempts=settings.max_attempts, budget=route.budget, now=trio.current_time())
                     if decision.retry:
                         tried.add(endpoint)
-                        self.metrics.retried(route.name, exc.kind)
+                        self.metrics.retried(route.name, failure if failure == "no_head" else exc.kind)
                         log.info("model %s: %s; retrying elsewhere", route.name, last_error)
                         continue
                     status = 504 if exc.kind == "timeout" else 502
                     return await _engine_failed(responder, rid, status, route.name, f"{last_error} ({decision.reason})")
+                if response is None:
+                    # Its endpoint failed its health checks while we waited: nothing went to the
+                    # client, so move to another endpoint (no retry budget spent: the engine is
+                    # known to be out, and this request no longer loads it).
+                    outcome = False
+                    last_error = f"{endpoint}: {guard.reason}"
+                    attempt -= 1
+                    tried.add(endpoint)
+                    self.metrics.retried(route.name, "unhealthy")
+                    continue
                 status = response.status
                 if status in (502, 503):
                     outcome = False
@@ -305,18 +363,32 @@ class Gateway:
                     try:
                         on_first = functools.partial(self._first_token, route.name, started)
                         client_fd = responder.client_fd
-                        if client_fd is not None and self.hub is not None:
-                            await response.relay_via_hub(self.hub, client_fd, float(settings.upstream_timeout), on_first)
-                        else:
-                            await response.relay_chunked(responder.raw_chunked_sender(), float(settings.upstream_timeout), on_first)
+                        with guard.scope():
+                            if client_fd is not None and self.hub is not None:
+                                await response.relay_via_hub(self.hub, client_fd, float(settings.upstream_timeout), on_first)
+                            else:
+                                await response.relay_chunked(responder.raw_chunked_sender(), float(settings.upstream_timeout), on_first)
                     except UpstreamError as exc:
                         # Bytes already went out: no retry. Cut the response so the client sees it broke.
                         outcome = False
                         log.warning("model %s: %s broke mid-stream: %s", route.name, endpoint, exc)
                         responder.close = True
                         return status
+                    if guard.evicted:
+                        outcome = False
+                        log.warning("model %s: %s went out of rotation mid-stream (%s): stream cut", route.name, endpoint,
+                                    guard.reason)
+                        responder.close = True
                     return status
-                body = await response.read(float(settings.upstream_timeout))
+                with guard.scope() as scope:
+                    body = await response.read(float(settings.upstream_timeout))
+                if scope.cancelled_caught:  # went out of rotation while generating: as above
+                    outcome = False
+                    last_error = f"{endpoint}: {guard.reason}"
+                    attempt -= 1
+                    tried.add(endpoint)
+                    self.metrics.retried(route.name, "unhealthy")
+                    continue
                 await responder.respond(status, relay, body)
                 return status
             except UpstreamError as exc:
@@ -332,16 +404,24 @@ class Gateway:
                 outcome = None  # the client went away while we relayed
                 raise ClientGone(f"client {request.peer} went away") from None
             finally:
+                waiting = self._attempts.get(endpoint)
+                if waiting is not None:
+                    waiting.discard(guard)
+                    if not waiting:
+                        del self._attempts[endpoint]
                 if response is not None:
                     await response.aclose()
                 breaker = balancer.breaker(endpoint) if endpoint in balancer else None
                 before = breaker.state if breaker is not None else None
                 balancer.release(pick, trio.current_time(), ok=outcome, reason=last_error)
                 if breaker is not None and breaker.state != before:
-                    log.log(logging.INFO if breaker.state.label == "closed" else logging.WARNING,
-                            "model %s: circuit breaker of %s %s → %s%s", route.name, endpoint,
-                            before.label if before is not None else "?", breaker.state.label,
-                            f" ({breaker.reason})" if breaker.reason else "")
+                    self._log_breaker(route.name, endpoint, before, breaker)
+
+    def _log_breaker(self, model: str, endpoint: str, before: BreakerState | None, breaker: Breaker) -> None:
+        log.log(logging.INFO if breaker.state.label == "closed" else logging.WARNING,
+                "model %s: circuit breaker of %s %s → %s%s", model, endpoint,
+                before.label if before is not None else "?", breaker.state.label,
+                f" ({breaker.reason})" if breaker.reason else "")
 
     def _first_token(self, model: str, started: float) -> None:
         self.metrics.first_token(model, trio.current_time() - started)
@@ -354,7 +434,11 @@ class Gateway:
         elif not route.balancer.endpoints:
             message, detail = f"no ready replica of {route.name}", self.not_ready_reason(route.name)
         else:
-            message, detail = f"every engine of {route.name} is failing", "circuit breakers open"
+            message = f"every engine of {route.name} is failing"
+            detail = "; ".join(f"{st.endpoint} failing its health checks ({st.health_reason})" if not st.healthy
+                               else f"{st.endpoint} circuit breaker {st.breaker}"
+                               + (f" ({st.breaker_reason})" if st.breaker_reason else "")
+                               for st in route.balancer.status())
         log.log(logging.WARNING if last_error else logging.INFO, "request %s: 503 for model %s: %s%s",
                 rid.decode("latin-1"), route.name, message, f" ({detail})" if detail else "")
         await responder.respond(503, [JSON, (b"x-request-id", rid), (b"retry-after", b"5")], openai_error(
@@ -373,6 +457,69 @@ class Gateway:
             "Incorrect or missing API key: send `Authorization: Bearer <key>`", "invalid_request_error", "invalid_api_key"))
 
     # -- scraping ----------------------------------------------------------------------------------
+
+    async def run_health_checks(self) -> None:
+        """Active health (issue 9: a SIGSTOPped engine stayed in rotation ~11 minutes): every
+        health_interval, GET health_path on every endpoint in rotation, at most one check in
+        flight per endpoint, each bounded by health_timeout. See `_health_result`."""
+        async with trio.open_nursery() as nursery:
+            next_round = trio.current_time()
+            while True:
+                interval = float(self.settings.health_interval)
+                if interval > 0:
+                    for ep in sorted({ep for route in self.routes.values() for ep in route.balancer.endpoints}):
+                        if ep not in self._checking:
+                            self._checking.add(ep)
+                            nursery.start_soon(self._check_health, ep)
+                next_round = max(next_round + (interval or 1.0), trio.current_time())
+                await trio.sleep_until(next_round)
+
+    async def _check_health(self, endpoint: str) -> None:
+        path = self.settings.health_path.encode()
+        timeout = float(self.settings.health_timeout)
+        ok, reason = False, ""
+        try:
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    response = await self.upstream(endpoint).request(b"GET", path, [], b"", head_timeout=timeout)
+                    try:
+                        await response.read(timeout)
+                    finally:
+                        await response.aclose()
+                    ok = response.status < 500  # any answer but a server error: alive
+                    reason = "" if ok else f"{path.decode()} answered {response.status}"
+                except UpstreamError as exc:
+                    reason = f"{path.decode()}: {exc}"
+            if scope.cancelled_caught:
+                reason = f"no answer to {path.decode()} within {timeout:g}s"
+        except ValueError as exc:  # not a usable URL (left out of rotation elsewhere)
+            reason = str(exc)
+        finally:
+            self._checking.discard(endpoint)
+        self._health_result(endpoint, ok, reason)
+
+    def _health_result(self, endpoint: str, ok: bool, reason: str) -> None:
+        """Feed a health check (or a metrics scrape that got no answer) to every balancer that
+        has the endpoint; when it goes out of rotation, the requests waiting on it are moved
+        (those that sent nothing to their client) or cut (streams already relaying)."""
+        now = trio.current_time()
+        for route in self.routes.values():
+            if endpoint not in route.balancer:
+                continue
+            breaker = route.balancer.breaker(endpoint)
+            before = breaker.state
+            change = route.balancer.health(endpoint, now, ok, reason)
+            if breaker.state != before:
+                self._log_breaker(route.name, endpoint, before, breaker)
+            if change == "down":
+                attempts = list(self._attempts.get(endpoint, ()))
+                for attempt in attempts:
+                    attempt.evict(f"out of rotation: {reason}")
+                log.warning("model %s: endpoint %s out of rotation: %d health checks failed in a row, last: %s; "
+                            "%d request(s) in flight on it moved or cut", route.name, endpoint,
+                            route.balancer.health_failures, reason, len(attempts))
+            elif change == "up":
+                log.info("model %s: endpoint %s back in rotation (health check passed)", route.name, endpoint)
 
     async def run_scraper(self) -> None:
         """Every scrape_interval: each engine's /metrics, for load-aware balancing and violations."""
@@ -397,6 +544,7 @@ class Gateway:
     async def _scrape_one(self, endpoint: str) -> None:
         load = None
         error = ""
+        answered = False
         with trio.move_on_after(float(self.settings.scrape_timeout)):
             try:
                 response = await self.upstream(endpoint).request(b"GET", b"/metrics", [], b"", head_timeout=float(self.settings.scrape_timeout))
@@ -404,6 +552,7 @@ class Gateway:
                     body = await response.read(float(self.settings.scrape_timeout))
                 finally:
                     await response.aclose()
+                answered = True
                 if response.status == 200:
                     load = parse_engine_metrics(body.decode("utf-8", "replace"))
                 else:
@@ -421,6 +570,8 @@ class Gateway:
             else:
                 log.info("engine %s metrics: not answering yet (%s)", endpoint, error)
         self.engine_up[endpoint] = up
+        if not answered and self.settings.health_interval > 0:
+            self._health_result(endpoint, False, f"metrics scrape: {error}")
         for route in self.routes.values():
             if endpoint in route.balancer:
                 route.balancer.update_load(endpoint, load)

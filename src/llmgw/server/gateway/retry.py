@@ -19,7 +19,9 @@ from typing import Literal
 
 import msgspec
 
-FailureKind = Literal["connect", "reset", "status", "timeout", "other"]
+# "no_head": a streamed request whose response head did not come within stream_head_timeout
+# (vLLM and SGLang send a stream's head at once, so the engine is not working on it: retried).
+FailureKind = Literal["connect", "reset", "no_head", "status", "timeout", "other"]
 RETRYABLE_STATUS = frozenset({502, 503})
 
 
@@ -100,7 +102,7 @@ class RetryBudget:
 
 def is_retryable(failure: FailureKind, status: int | None = None) -> bool:
     """Whether this kind of failure is worth another engine at all (ignoring limits)."""
-    if failure in ("connect", "reset"):
+    if failure in ("connect", "reset", "no_head"):
         return True
     return failure == "status" and status in RETRYABLE_STATUS
 
