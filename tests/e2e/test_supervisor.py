@@ -23,6 +23,8 @@ import trio
 
 from llmgw.agent import procs
 from llmgw.agent.supervisor import Supervisor
+from llmgw.catalog.schema import EngineHealth
+from llmgw.catalog.units import Duration
 from llmgw.wire import messages as m
 from tests.e2e.harness import DEFAULT_DEADLINE, free_port, pid_alive
 
@@ -39,9 +41,9 @@ def spec(shard: str, engine: str = "sim", **kw: Any) -> m.ShardSpec:
 class Node:
     """A supervisor on a 4-GPU node, and every status it sends to the server."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, health: EngineHealth | None = None) -> None:
         self.work = work
-        self.supervisor = Supervisor(str(work), gpu_indexes=lambda: {0, 1, 2, 3})
+        self.supervisor = Supervisor(str(work), gpu_indexes=lambda: {0, 1, 2, 3}, health=health)
         self.sent: list[m.ShardStatus] = []
         self.supervisor.attach(self.sent.append)  # type: ignore[arg-type]
 
@@ -50,10 +52,10 @@ class Node:
 
 
 @asynccontextmanager
-async def node(work: Path, stop_engines: bool = True) -> AsyncIterator[Node]:
+async def node(work: Path, stop_engines: bool = True, health: EngineHealth | None = None) -> AsyncIterator[Node]:
     """A running supervisor; on the way out it stops its engines, or (stop_engines=False)
     goes away leaving them running, as an agent that is killed does."""
-    n = Node(work)
+    n = Node(work, health)
     async with trio.open_nursery() as nursery:
         await nursery.start(n.supervisor.run)
         try:
@@ -288,3 +290,24 @@ async def test_an_adopted_engine_that_was_ready_is_ready_at_once_even_if_busy(tm
     finally:
         if pid_alive(pid):
             os.killpg(pid, signal.SIGKILL)
+
+
+async def test_a_ready_engine_that_hangs_is_reported_unhealthy_then_ready_again(tmp_path: Path) -> None:
+    """Issue 9: a SIGSTOPped engine stayed `ready`. The supervisor keeps health-checking ready
+    engines: failures in a row report it `unhealthy` with since when, a pass reports it ready."""
+    s = spec("hung")
+    fast = EngineHealth(interval=Duration(0.2), timeout=Duration(0.3), failures=2)
+    async with node(tmp_path / "work", health=fast) as n:
+        n.supervisor.start(s)
+        ready = await until(lambda: n.status(s.shard_id, "ready"), "the engine to be ready")
+        os.kill(ready.pid, signal.SIGSTOP)
+        try:
+            sick = await until(lambda: n.status(s.shard_id, "unhealthy"), "the hung engine reported unhealthy")
+            assert sick.reason.startswith("unhealthy since ") and "2 health checks" in sick.reason, sick.reason
+            assert n.supervisor.runs[s.shard_id].state == "unhealthy"
+            state = json.loads((tmp_path / "work" / "shards" / f"{s.shard_id}.json").read_text())
+            assert state["ready"] is True  # an agent restarted now adopts it as having been ready
+        finally:
+            os.kill(ready.pid, signal.SIGCONT)
+        await until(lambda: [x.state for x in n.sent if x.shard_id == s.shard_id][-1] == "ready", "ready again")
+        assert n.supervisor.runs[s.shard_id].reason == ""

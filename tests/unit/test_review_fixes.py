@@ -128,3 +128,19 @@ def test_adopting_a_replica_while_its_failed_twin_is_still_stopping_keeps_both()
     actions = rec.reconcile([n1, n2], 13)
     assert second.spec.shard_id in [a.shard_id for a in actions if isinstance(a, StopShard)]
     assert not [a for a in actions if isinstance(a, StartShard)]
+
+
+def test_an_unhealthy_shard_keeps_its_gpus_and_its_replica_ready_with_the_reason() -> None:
+    """Issue 9: agents report a hung engine `unhealthy`; the replica stays (the gateway's own
+    health checks take the endpoint out of rotation) and its GPUs stay taken."""
+    rec = _rec()
+    fleet = [NodeInfo(node_id="n1", state="ready", gpus=_gpus(), features=FEATURES)]
+    [start] = [a for a in rec.reconcile(fleet, 0) if isinstance(a, StartShard)]
+    sid, rid = start.spec.shard_id, start.spec.replica_id
+    rec.on_shard_status("n1", m.ShardStatus(shard_id=sid, replica_id=rid, state="ready"), 1)
+    rec.on_shard_status("n1", m.ShardStatus(shard_id=sid, replica_id=rid, state="unhealthy", reason="unhealthy since T"), 2)
+    replica = rec.replicas[rid]
+    assert replica.state == "ready" and replica.reason == "n1: unhealthy since T"
+    assert not [a for a in rec.reconcile(fleet, 3) if isinstance(a, StartShard)]  # nothing placed twice
+    rec.on_shard_status("n1", m.ShardStatus(shard_id=sid, replica_id=rid, state="ready"), 4)
+    assert replica.state == "ready" and replica.reason == ""

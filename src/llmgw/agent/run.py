@@ -57,6 +57,7 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
         bind_host=cfg.bind_host,
         advertise_host=cfg.advertise_host,
         gpu_indexes=hardware.gpu_indexes,
+        health=cfg.engine_health,
     )
     agent = Agent(
         cfg,

@@ -25,6 +25,7 @@ import trio
 
 from llmgw.agent import procs
 from llmgw.agent.engines import LaunchError, adapter_for
+from llmgw.catalog.schema import EngineHealth
 from llmgw.catalog.units import format_duration
 from llmgw.fsutil import atomic_write
 from llmgw.netaddr import url_host
@@ -38,6 +39,7 @@ HEALTH_PERIOD = 0.5
 ADOPTED_POLL = 0.5
 TERMINAL = frozenset({"failed", "exited", "stopped"})
 MAX_FINISHED = 64  # finished shards remembered for the next Register
+HEALTHY_OR_NOT = frozenset({"ready", "unhealthy"})  # answered its health check once
 
 
 class StateFile(msgspec.Struct, kw_only=True):
@@ -119,6 +121,7 @@ class Supervisor:
         bind_host: str = "127.0.0.1",
         advertise_host: str = "127.0.0.1",
         gpu_indexes: Callable[[], set[int] | None] = lambda: None,
+        health: EngineHealth | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
         self.state_dir = self.work_dir / "shards"
@@ -126,6 +129,7 @@ class Supervisor:
         self.bind_host = bind_host
         self.advertise_host = advertise_host
         self.gpu_indexes = gpu_indexes
+        self.health = health or EngineHealth()
         self.runs: dict[str, ShardRun] = {}
         self._send: Send | None = None
         self._nursery: trio.Nursery | None = None
@@ -209,7 +213,7 @@ class Supervisor:
                 started_at=run.started_at,
                 log_path=run.log_path,
                 endpoint=run.endpoint,
-                ready=run.state == "ready",
+                ready=run.state in HEALTHY_OR_NOT,
             )
         )
         try:
@@ -313,7 +317,7 @@ class Supervisor:
 
     async def _watch(self, run: ShardRun) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._until_healthy, run)
+            nursery.start_soon(self._check_health, run)
             code = await self._wait_exit(run)
             nursery.cancel_scope.cancel()
         self._on_exit(run, code)
@@ -337,6 +341,47 @@ class Supervisor:
             if pidfd >= 0:
                 os.close(pidfd)
 
+    async def _check_health(self, run: ShardRun) -> None:
+        await self._until_healthy(run)
+        if run.state in HEALTHY_OR_NOT:
+            await self._while_ready(run)
+
+    def _health_url(self, run: ShardRun) -> str:
+        return f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
+
+    async def _while_ready(self, run: ShardRun) -> None:
+        """Keep checking a ready engine (issue 9: a SIGSTOPped engine stayed `ready`): after
+        `failures` checks in a row without an answer it is reported `unhealthy` with since
+        when (the first of those failures); the next check that passes reports it ready."""
+        url = self._health_url(run)
+        health = self.health
+        failures = 0
+        first_failure = 0.0
+        while True:
+            await trio.sleep(float(health.interval))
+            if run.stop_requested or run.state not in HEALTHY_OR_NOT:
+                return
+            ok = await self._probe(url, float(health.timeout))
+            if run.stop_requested or run.state not in HEALTHY_OR_NOT:
+                return
+            if ok:
+                failures = 0
+                if run.state == "unhealthy":
+                    run.state, run.reason = "ready", ""
+                    log.info("shard %s healthy again at %s", run.spec.shard_id, run.endpoint)
+                    self._emit(run)
+                continue
+            failures += 1
+            if failures == 1:
+                first_failure = time.time()
+            if failures >= health.failures and run.state == "ready":
+                run.state = "unhealthy"
+                since = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(first_failure))
+                run.reason = (f"unhealthy since {since}: {failures} health checks of {url} in a row failed or "
+                              f"got no answer within {float(health.timeout):g}s")
+                log.warning("shard %s %s", run.spec.shard_id, run.reason)
+                self._emit(run)
+
     async def _until_healthy(self, run: ShardRun) -> None:
         if run.state != "starting":
             return
@@ -359,10 +404,10 @@ class Supervisor:
         log.warning("shard %s: %s", run.spec.shard_id, run.failed_reason)
         await self._terminate(run, run.spec.stop_grace)
 
-    async def _probe(self, url: str) -> bool:
+    async def _probe(self, url: str, within: float | None = None) -> bool:
         assert self._http is not None
         try:
-            response = await self._http.get(url)
+            response = await (self._http.get(url) if within is None else self._http.get(url, timeout=within))
         except (httpx.HTTPError, httpx.InvalidURL):
             return False
         return response.status_code == 200

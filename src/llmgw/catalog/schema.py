@@ -242,6 +242,16 @@ class FabricDecl(_Config):
         return WireFabricDecl(name=self.name, kind=self.kind, devices=list(self.devices))
 
 
+class EngineHealth(_Config):
+    """How the agent keeps checking an engine that is ready: `failures` health checks in a row
+    that fail or get no answer within `timeout` report it `unhealthy` (with since when); one
+    that passes reports it ready again."""
+
+    interval: Duration = Duration(5)
+    timeout: Duration = Duration(2)
+    failures: Positive = 3
+
+
 class AgentConfig(_Config):
     server: str = ""  # https://control:8443 (or http:// with --insecure)
     node_id: str = ""  # default: the host name
@@ -254,3 +264,4 @@ class AgentConfig(_Config):
     # Where engines listen: the address the gateway reaches them on.
     advertise_host: str = "127.0.0.1"
     bind_host: str = "127.0.0.1"
+    engine_health: EngineHealth = msgspec.field(default_factory=EngineHealth)

@@ -21,7 +21,10 @@ from llmgw.placement import NodeCapacity, NoFit, Request, place
 from llmgw.wire import messages as m
 
 ReplicaState = Literal["pending", "starting", "ready", "failed", "stopping"]
-HOLDING = frozenset({"starting", "ready", "stopping"})  # shard states that hold GPUs and a port
+# Shard states that hold GPUs and a port. "unhealthy": ready once, its agent's health checks now
+# fail (a hung engine); the gateway's own health checks decide whether it gets traffic.
+HOLDING = frozenset({"starting", "ready", "unhealthy", "stopping"})
+SERVING = frozenset({"ready", "unhealthy"})
 GONE = frozenset({"stopped", "failed", "exited", "lost"})
 _SURPLUS_ORDER = {"pending": 0, "failed": 1, "starting": 2, "ready": 3, "stopping": 4}
 
@@ -405,10 +408,11 @@ class Reconciler:
         if replica.state in ("stopping", "failed") or not replica.shards:
             return
         states = {s.state for s in replica.shards}
-        if states == {"ready"}:
+        if states <= SERVING:
             if replica.state != "ready":
                 self.log.append(f"replica {replica.id} ready")
-            replica.set_state("ready", now)
+            # An unhealthy shard's reason (since when) shows on the replica (`ctl replicas`).
+            replica.set_state("ready", now, next((f"{s.node}: {s.reason}" for s in replica.shards if s.state == "unhealthy"), ""))
             replica.failures = 0
             replica.tail = []
         else:
