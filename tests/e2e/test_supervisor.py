@@ -311,3 +311,20 @@ async def test_a_ready_engine_that_hangs_is_reported_unhealthy_then_ready_again(
             os.kill(ready.pid, signal.SIGCONT)
         await until(lambda: [x.state for x in n.sent if x.shard_id == s.shard_id][-1] == "ready", "ready again")
         assert n.supervisor.runs[s.shard_id].reason == ""
+
+
+async def test_no_engine_starts_once_the_agent_is_stopping_its_engines(tmp_path: Path) -> None:
+    """While an agent stops its engines on exit it is still connected, and the server replaces
+    the stopped ones, possibly on this very node: such a start must be refused, or the engine
+    outlives the agent (found by the fault suite's leftover check)."""
+    first, late = spec("first"), spec("late", gpus=[2])
+    async with node(tmp_path / "work") as n:
+        n.supervisor.start(first)
+        await until(lambda: n.status(first.shard_id, "ready"), "the engine to be ready")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(n.supervisor.stop_all, "agent stopping")
+            await until(lambda: n.status(first.shard_id, "stopping"), "stopping")
+            n.supervisor.start(late)
+        refused = n.status(late.shard_id, "failed")
+        assert refused is not None and refused.reason == "not started: the agent is stopping its engines"
+        assert n.status(first.shard_id, "stopped") is not None

@@ -130,6 +130,7 @@ class Supervisor:
         self.advertise_host = advertise_host
         self.gpu_indexes = gpu_indexes
         self.health = health or EngineHealth()
+        self.stopping_all = False  # stop_all began: no new engine may start (it would outlive us)
         self.runs: dict[str, ShardRun] = {}
         self._send: Send | None = None
         self._nursery: trio.Nursery | None = None
@@ -248,6 +249,11 @@ class Supervisor:
         endpoint = f"http://{url_host(self.advertise_host)}:{spec.port}"
         run = ShardRun(spec, str(log_path), endpoint)
         self.runs[spec.shard_id] = run
+        if self.stopping_all:
+            # The server replaces the engines we are stopping, here too while we are still
+            # connected: an engine started now would be left running after the agent exits.
+            self._refuse(run, "the agent is stopping its engines")
+            return
         try:
             self._check(spec, host)
             adapter = adapter_for(spec.engine)
@@ -470,6 +476,7 @@ class Supervisor:
             log.warning("shard %s did not stop within %gs: killed its process group", run.spec.shard_id, grace)
 
     async def stop_all(self, reason: str = "agent stopping") -> None:
+        self.stopping_all = True
         for run in list(self.runs.values()):
             if run.state not in TERMINAL:
                 self.stop(run.spec.shard_id, run.spec.stop_grace, reason)

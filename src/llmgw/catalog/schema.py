@@ -141,6 +141,13 @@ class ApiSettings(_Config):
 
 
 class GatewaySettings(_Config):
+    # Open connections on the public port at most (0 = no cap). At the cap, or when accept fails
+    # for want of file descriptors (EMFILE), accept pauses (new clients wait in the listen
+    # backlog) and one line a second says so. Keep it under the fd limit (LimitNOFILE) minus
+    # what engines and agents need (~2 per engine, 1 per node). A restart applies a change.
+    max_connections: NonNegative = 10000
+    # SIGTERM: stop accepting, let requests in flight finish for up to this long, exit 0.
+    shutdown_grace: Duration = Duration(30)
     max_body: ByteSize = ByteSize(1024 * 1024)
     # The whole request body must arrive within this (a slow drip is cut off with 408).
     body_timeout: Duration = Duration(30)

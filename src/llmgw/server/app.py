@@ -116,6 +116,7 @@ class ControlPlane:
         self.gateway.configure(cfg.models, cfg.endpoints)
         self.controller.on_pass = self._sync_gateway
         self.controller.on_refused = self.metrics.count_refused
+        self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
         self.shutdown_event = trio.Event()
         if cfg.tls is None and not insecure:
             raise UsageError(
@@ -173,6 +174,14 @@ class ControlPlane:
             self.auth.announce()
             task_status.started(bound)
             await self.shutdown_event.wait()
+            grace = float(self.cfg.gateway.shutdown_grace)
+            log.info("shutting down: public port closed; %d request(s) in flight get up to %gs to finish",
+                     sum(h.active_requests for h in self.http_servers), grace)
+            async with trio.open_nursery() as draining:
+                for http in self.http_servers:
+                    draining.start_soon(http.drain, grace)
+            if left := sum(h.active_requests for h in self.http_servers):
+                log.warning("shutting down: %d request(s) still in flight after %gs (shutdown_grace) are cut", left, grace)
             log.info("shutting down: closing %d fleet streams", len(self.fleet.sessions))
             with trio.move_on_after(3):
                 await self.fleet.shutdown()
@@ -266,20 +275,25 @@ class ControlPlane:
         self.controller.wake()
         return ""
 
-    async def _serve_public(self, sock: socket.socket, handler: PublicHandler, *, task_status: trio.TaskStatus[None]) -> None:
+    def _http_server(self, handler: PublicHandler) -> HttpServer:
         ssl_context = None
         public_tls = self.cfg.public_tls
         if public_tls is not None and public_tls.cert:
             ssl_context = server_context(public_tls.cert, public_tls.key, public_tls.ca or None,
                                          require_client_cert=False, alpn=("http/1.1",))
         gw = self.cfg.gateway
-        server = HttpServer(
+        return HttpServer(
             handler,
-            limits=Limits(max_body=int(gw.max_body), body_timeout=float(gw.body_timeout)),
+            limits=Limits(max_body=int(gw.max_body), body_timeout=float(gw.body_timeout),
+                          max_connections=int(gw.max_connections)),
             ssl_context=ssl_context,
         )
+
+    async def _serve_public(self, sock: socket.socket, handler: PublicHandler, *, task_status: trio.TaskStatus[None]) -> None:
+        http = self._http_server(handler)
+        self.http_servers.append(http)
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-        await server.serve([listener], task_status=task_status)
+        await http.serve([listener], task_status=task_status)
 
 
 async def run_server(cfg: ServerConfig, *, insecure: bool = False, config_path: str | None = None,

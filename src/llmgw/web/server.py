@@ -8,6 +8,7 @@ request whose client left is cancelled at once instead of running to the end.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import ssl
@@ -38,7 +39,16 @@ log = logging.getLogger("llmgw.http")
 READ_SIZE = 65536
 
 
+# accept() errors that mean "no resources for another connection right now" (trio's own accept
+# loop logs each with a traceback, 10 a second: 1,778 lines in 20 s at the fd limit, issue 9).
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_RETRY = 0.1  # seconds between accept attempts while out of file descriptors
+
+
 class Limits(msgspec.Struct, kw_only=True):
+    # Open connections at most (0: no cap). At the cap accept pauses (new clients wait in the
+    # kernel's listen backlog) until one closes, as at EMFILE; either is logged once a second.
+    max_connections: int = 0
     max_body: int = 1024 * 1024
     header_timeout: float = 30.0  # a new connection must send its first request head in time
     keepalive_timeout: float = 75.0
@@ -218,6 +228,29 @@ class _Connection:
             await self.watch_done.wait()
 
 
+class LogThrottle:
+    """At most one line per `interval` seconds for a condition that can repeat thousands of
+    times a second; the lines it held back are counted in the next one."""
+
+    __slots__ = ("_next", "interval", "suppressed")
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self._next = float("-inf")
+        self.suppressed = 0
+
+    def __call__(self, level: int, message: str, *args: object) -> None:
+        now = trio.current_time()
+        if now < self._next:
+            self.suppressed += 1
+            return
+        self._next = now + self.interval
+        if self.suppressed:
+            message += f" ({self.suppressed} more like this since the last line)"
+            self.suppressed = 0
+        log.log(level, message, *args)
+
+
 class HttpServer:
     def __init__(self, handler: Handler, *, limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.handler = handler
@@ -225,9 +258,73 @@ class HttpServer:
         self.ssl_context = ssl_context
         self.connections = 0
         self.head_bytes_scanned = 0  # work spent finding request heads (bounded by bytes received)
+        self.draining = False
+        self._room = trio.Event()  # set when a connection closes (accept may go on)
+        self._accepting: trio.CancelScope | None = None
+        self._active: set[Responder] = set()  # requests in a handler
+        self._quiet = trio.Event()  # set when the last active request ends
+        self._waiting: set[trio.CancelScope] = set()  # connections waiting for a request head
+        self._throttle_cap = LogThrottle()
+        self._throttle_accept = LogThrottle()
+
+    @property
+    def active_requests(self) -> int:
+        return len(self._active)
 
     async def serve(self, listeners: list[trio.SocketListener], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        await trio.serve_listeners(self._serve_one, listeners, task_status=task_status)
+        """Accept on every listener until `drain` (or a cancel); returns when the connections
+        it accepted have ended too."""
+        async with trio.open_nursery() as connections:
+            try:
+                async with trio.open_nursery() as accepting:
+                    self._accepting = accepting.cancel_scope
+                    if self.draining:
+                        accepting.cancel_scope.cancel()
+                    for listener in listeners:
+                        accepting.start_soon(self._accept_loop, listener, connections)
+                    task_status.started()
+            finally:
+                with trio.CancelScope(shield=True):
+                    for listener in listeners:
+                        await listener.aclose()
+
+    async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+        while True:
+            cap = self.limits.max_connections
+            while cap and self.connections >= cap:
+                self._throttle_cap(logging.WARNING, "public port at its cap of %d connections (max_connections): "
+                                   "not accepting until one closes", cap)
+                self._room = trio.Event()
+                await self._room.wait()
+            try:
+                tcp = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                self._throttle_accept(logging.WARNING, "public port: accept failed with %s (%d connections open): "
+                                      "pausing accepts; raise the file descriptor limit (LimitNOFILE) or lower "
+                                      "max_connections", errno.errorcode.get(exc.errno or 0, str(exc)), self.connections)
+                await trio.sleep(ACCEPT_RETRY)
+                continue
+            self.connections += 1
+            connections.start_soon(self._serve_one, tcp)
+
+    async def drain(self, grace: float) -> None:
+        """Graceful stop: accept no more connections, close those waiting for a request, let
+        requests in flight finish (answers say `connection: close`) for up to `grace` seconds.
+        The caller then cancels `serve` to cut whatever is left."""
+        self.draining = True
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for responder in self._active:
+            if not responder.started:
+                responder.close = True
+        for scope in self._waiting:
+            scope.cancel()
+        with trio.move_on_after(grace):
+            while self._active:
+                self._quiet = trio.Event()
+                await self._quiet.wait()
 
     async def _serve_one(self, tcp: trio.SocketStream) -> None:
         peer = peer_name(tcp)
@@ -235,7 +332,6 @@ class HttpServer:
             tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        self.connections += 1
         stream: trio.abc.Stream = tcp
         tls: trio.SSLStream | None = None
         try:
@@ -258,15 +354,22 @@ class HttpServer:
             log.exception("connection from %s failed", peer)
         finally:
             self.connections -= 1
+            self._room.set()
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
 
     async def _read_head(self, conn: _Connection, first: bool) -> RequestHead | None:
+        if self.draining:
+            return None
         scanned = conn.head_scan.scanned
-        try:
-            return await self._read_head_in(conn, first)
-        finally:
-            self.head_bytes_scanned += conn.head_scan.scanned - scanned
+        with trio.CancelScope() as waiting:  # drain() closes connections waiting for a request
+            self._waiting.add(waiting)
+            try:
+                return await self._read_head_in(conn, first)
+            finally:
+                self._waiting.discard(waiting)
+                self.head_bytes_scanned += conn.head_scan.scanned - scanned
+        return None
 
     async def _read_head_in(self, conn: _Connection, first: bool) -> RequestHead | None:
         timeout = self.limits.header_timeout if first else self.limits.keepalive_timeout
@@ -327,7 +430,8 @@ class HttpServer:
                 return
             first = False
             request = Request(head, body, conn.peer, conn.tls)
-            responder = Responder(conn, close=head.close, http10=head.http10, head_only=head.method == b"HEAD")
+            responder = Responder(conn, close=head.close or self.draining, http10=head.http10, head_only=head.method == b"HEAD")
+            self._active.add(responder)
             try:
                 with trio.CancelScope() as scope:
                     conn.handler_scope = scope
@@ -343,9 +447,12 @@ class HttpServer:
                     await _error(conn, HttpError(500, "internal error; see the server log"))
                 return
             finally:
+                self._active.discard(responder)
+                if not self._active:
+                    self._quiet.set()
                 conn.handler_scope = None
                 await conn.stop_watch()
-            if scope.cancelled_caught or conn.eof:
+            if scope.cancelled_caught or conn.eof or self.draining:
                 return
             if not responder.started:
                 await _error(conn, HttpError(500, "no response"))
