@@ -9,8 +9,10 @@ instead of the defaults' few seconds (see FAULT_GATEWAY); everything else is the
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,15 +86,18 @@ class Fleet:
     """A server and two nodes of one GPU each (so the two replicas are on different nodes); a
     test that needs room for a replacement adds a node with `add_node`."""
 
-    def __init__(self, tmp: Path, procs: list[Proc], extra_config: str = "", fleet_url: str | None = None) -> None:
+    def __init__(self, tmp: Path, procs: list[Proc], extra_config: str = "",
+                 fleet_via: Callable[[int], str] | None = None) -> None:
+        """`fleet_via(fleet_port)`: the URL agents dial instead of the server's (a proxy)."""
         self.tmp = tmp
         self.procs = procs
         self.server = Server(tmp, FAULT_FLEET + FAULT_GATEWAY + extra_config + CATALOG)
         procs.append(self.server.start())
         self.agents: dict[str, Proc] = {}
         self.agent_configs: dict[str, Path] = {}
+        fleet_url = fleet_via(self.server.fleet_port) if fleet_via else self.server.fleet_url
         for node in ("gpu-01", "gpu-02"):
-            cfg = make_sim_node(tmp, node, fleet_url or self.server.fleet_url, FAULT_AGENT, "--gpus", "1")
+            cfg = make_sim_node(tmp, node, fleet_url, FAULT_AGENT, "--gpus", "1")
             self.agent_configs[node] = cfg
             self.start_agent(node)
         self.wait_ready(2, "two replicas ready")
@@ -127,6 +132,90 @@ class Fleet:
             return ready if ok else None
 
         return wait_until(check, what, deadline=deadline, procs=[p for p in self.procs if p is self.server.proc])
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()))
+
+
+def engine_pids(tmp: Path) -> set[int]:
+    """Simulated engines running for this test (they run in their agent's work dir)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            cwd = os.readlink(entry / "cwd")
+            alive = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            continue
+        if alive and b"sim\0engine" in cmdline and cwd.startswith(str(tmp)):
+            pids.add(int(entry.name))
+    return pids
+
+
+class CutProxy:
+    """A TCP relay between agents and the server's fleet port that can cut every connection in
+    the middle of the next bytes an agent sends (half of them go through, then both sides are
+    closed): a fleet connection lost mid-message."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target = 0
+        self._cut = threading.Event()
+        self.cuts = 0  # connections cut mid-message
+        self.conns: list[tuple[socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+
+    def start(self, target_port: int) -> str:
+        self.target = target_port
+        threading.Thread(target=self._accept, daemon=True).start()
+        return f"http://127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    def close(self) -> None:
+        self.listener.close()
+        with self._lock:
+            for a, b in self.conns:
+                for sock in (a, b):
+                    sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self._cut.is_set():
+                self._cut.clear()  # connections made after a cut go through
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self._lock:
+                self.conns.append((client, upstream))
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, from_agent: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if from_agent and self._cut.is_set() and len(data) > 1:
+                    dst.sendall(data[: len(data) // 2])
+                    self.cuts += 1
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
 
 
 def engine_counter(endpoint: str, name: str) -> float:
