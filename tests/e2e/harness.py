@@ -41,7 +41,8 @@ def llmgw_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class Proc:
     """A real `llmgw …` process in its own session (so its children die with it)."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.name = name
         self.args = args
         self.log_path = log_dir / f"{name}.log"
@@ -52,6 +53,7 @@ class Proc:
             stderr=subprocess.STDOUT,
             env=llmgw_env(env),
             start_new_session=True,
+            preexec_fn=preexec_fn,
         )
 
     @property

@@ -149,6 +149,8 @@ class GatewaySettings(_Config):
     # SIGTERM: stop accepting, let requests in flight finish for up to this long, exit 0.
     shutdown_grace: Duration = Duration(30)
     max_body: ByteSize = ByteSize(1024 * 1024)
+    # A new connection's first request head must arrive within this (slowloris: 408).
+    header_timeout: Duration = Duration(30)
     # The whole request body must arrive within this (a slow drip is cut off with 408).
     body_timeout: Duration = Duration(30)
     # API keys for /v1/*, as "sha256:<hex>"; empty = open.

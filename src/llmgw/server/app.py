@@ -285,7 +285,7 @@ class ControlPlane:
         return HttpServer(
             handler,
             limits=Limits(max_body=int(gw.max_body), body_timeout=float(gw.body_timeout),
-                          max_connections=int(gw.max_connections)),
+                          header_timeout=float(gw.header_timeout), max_connections=int(gw.max_connections)),
             ssl_context=ssl_context,
         )
 
