@@ -165,6 +165,7 @@ class ControlPlane:
                 await nursery.start(self._serve_public, admin_sock, PublicHandler(self, clients=False))
             nursery.start_soon(self.gateway.run_scraper)
             nursery.start_soon(self.gateway.run_health_checks)
+            nursery.start_soon(self.gateway.run_disconnect_watchdog)
             nursery.start_soon(self.gateway.run_relay_hub)
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.controller.run)
