@@ -301,8 +301,8 @@ class Gateway:
         if accept:
             headers.append((b"accept", accept))
         target = request.head.target
-        # A stream's head comes at once from vLLM and SGLang; a non-streamed answer's head only
-        # after the whole generation, so only upstream_timeout bounds it.
+        # A stream's head comes at once or with its first token; a non-streamed answer's head
+        # only after the whole generation, so only upstream_timeout bounds it.
         head_timeout = float(settings.upstream_timeout)
         if streaming and settings.stream_head_timeout > 0:
             head_timeout = min(head_timeout, float(settings.stream_head_timeout))
