@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.e2e.harness import Proc, pid_alive, wait_until
-from tests.faults.fleet import Fleet, Load, engine_counter
+from tests.faults.fleet import Fleet, Load, engine_counter, metric
 
 # How long the engine stays hung. The probe held it 60 s; past detection (~1.5 s) and a
 # few rounds of failed health probes nothing new happens, so the test holds it long enough for
@@ -37,6 +37,7 @@ def test_engine_hung_by_sigstop(tmp_path: Path, procs: list[Proc]) -> None:
                              deadline=30)
             detected = time.monotonic() - hung_at
             assert "no answer" in out[endpoint]["health_reason"], out[endpoint]
+            assert metric(fleet.url, "llmgw_endpoint_healthy", endpoint=endpoint) == 0
             # Its agent sees the hang too and says since when; the replica stays (no restart storm).
             sick = wait_until(lambda: next((r for r in fleet.ready() if r["id"] == victim["id"]
                                             and r["shards"][0]["state"] == "unhealthy"), None),

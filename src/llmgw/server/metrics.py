@@ -73,6 +73,8 @@ class _GatewayState(Collector):
             "Circuit breaker per endpoint: 0 closed, 1 open, 2 half-open.",
             labels=["model", "endpoint"],
         )
+        healthy = GaugeMetricFamily("llmgw_endpoint_healthy", "1 while the endpoint passes its active health checks "
+                                    "(0: out of rotation).", labels=["model", "endpoint"])
         up = GaugeMetricFamily("llmgw_engine_up", "1 when the engine's /metrics answered on the last scrape.", labels=["model", "endpoint"])
         depth = GaugeMetricFamily("llmgw_admission_queue_depth", "Requests waiting for an admission slot.", labels=["model"])
         in_flight = GaugeMetricFamily("llmgw_requests_in_flight", "Requests admitted and not finished.", labels=["model"])
@@ -82,8 +84,10 @@ class _GatewayState(Collector):
                 in_flight.add_metric([name], route.gate.in_flight)
                 for status in route.balancer.status():
                     breaker.add_metric([name, status.endpoint], status.breaker_state)
+                    healthy.add_metric([name, status.endpoint], 1.0 if status.healthy else 0.0)
                     up.add_metric([name, status.endpoint], 1.0 if gw.engine_up.get(status.endpoint, False) else 0.0)
         yield breaker
+        yield healthy
         yield up
         yield depth
         yield in_flight
