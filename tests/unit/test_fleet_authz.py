@@ -156,3 +156,37 @@ def test_endpoint_host_advertised_or_peer() -> None:
     for bad in ("evil.com/x", "a b", "h\nINFO forged", "10.0.0.1:80", "-x"):
         host, why = decide_endpoint_host("advertised", bad, "10.0.0.99")
         assert host == "" and "\n" not in why, bad
+
+
+def test_a_reused_replica_id_never_displaces_a_replica_that_is_still_starting() -> None:
+    rec = make(catalog(small=1, big=0))
+    fleet = nodes(OWNER, THIEF)
+    [s] = starts(rec.reconcile(fleet[:1], 100))  # placed on gpu-01, still starting
+    legit = rec.replicas[s.spec.replica_id]
+    spec = m.ShardSpec(shard_id="evil.1", replica_id=legit.id, model="small", profile="tp1", engine="sim", gpus=[0], port=20500)
+    report = m.ShardReport(spec=spec, state="ready", pid=7, started_at=1.0, endpoint=f"http://{THIEF}:20500")
+    assert rec.on_register(THIEF, [report], 200, wall_now=2_000_000_000.0, endpoint_host=THIEF) == []
+    [stop] = stops(rec.reconcile(fleet, 201))
+    assert (stop.node, stop.shard_id) == (THIEF, "evil.1")
+    assert legit.state == "starting" and rec.replicas[legit.id] is legit
+
+
+async def test_the_server_sends_a_node_requests_only_for_its_own_shards() -> None:
+    from llmgw.catalog.schema import ReconcileSettings
+    from llmgw.server.control import Controller
+    from llmgw.server.fleet_service import FleetService, Session
+    from llmgw.server.metrics import ServerMetrics
+    from llmgw.server.reconcile import StopShard
+    from llmgw.server.registry import NodeRegistry
+
+    registry = NodeRegistry(1.0)
+    controller = Controller(catalog(small=1, big=0), ReconcileSettings(), registry)
+    controller.fleet = FleetService(registry, ServerMetrics(lambda: {}), register_timeout=1, require_identity=False)
+    sessions = {n: Session(n, i, None, [m.FEATURE_START, m.FEATURE_STOP]) for i, n in enumerate((OWNER, THIEF))}  # type: ignore[arg-type]
+    controller.fleet.sessions.update(sessions)
+    [s] = bring_up(controller.reconciler, nodes(OWNER))
+    controller._send(StopShard(THIEF, s.spec.shard_id, 1.0, "a decision that mixed nodes up"))
+    controller._send(StartShard(THIEF, s.spec))
+    assert sessions[THIEF]._outbox == []
+    controller._send(StopShard(OWNER, s.spec.shard_id, 1.0, "surplus"))
+    assert [m.decode_server_message(p) for p in sessions[OWNER]._outbox] == [m.Stop(shard_id=s.spec.shard_id, grace=1.0, reason="surplus")]

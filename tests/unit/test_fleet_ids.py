@@ -223,3 +223,23 @@ def test_the_catalog_refuses_names_the_agents_would_refuse() -> None:
         with pytest.raises(UsageError) as info:
             parse_config(text, ServerConfig, "server.yaml")
         assert what in str(info.value) and "server.yaml:" in str(info.value)
+
+
+async def test_peer_mode_refuses_a_node_that_advertises_another_address() -> None:
+    from llmgw.fleet import ChannelClosed
+
+    registry = NodeRegistry(1.0)
+    fleet = FleetService(registry, ServerMetrics(lambda: {}), register_timeout=DEADLINE, require_identity=False,
+                         endpoint_host="peer")
+    async with fleet_port(fleet.handle) as (_, url):
+        async with dial(url, ssl_context=None, insecure=True, max_message=MAX) as client:
+            await client.send(m.encode(m.Register(node_id="gpu-01", version="1", advertise_host="10.9.9.9")))
+            with trio.fail_after(DEADLINE), pytest.raises(ChannelClosed) as info:
+                await client.receive()
+        assert "advertises 10.9.9.9" in info.value.reason and "127.0.0.1" in info.value.reason
+        assert "gpu-01" not in registry.nodes
+        async with dial(url, ssl_context=None, insecure=True, max_message=MAX) as client:
+            await client.send(m.encode(m.Register(node_id="gpu-01", version="1", advertise_host="127.0.0.1")))
+            with trio.fail_after(DEADLINE):
+                assert isinstance(m.decode_server_message(await client.receive()), m.Welcome)
+            assert registry.nodes["gpu-01"].endpoint_host == "127.0.0.1"

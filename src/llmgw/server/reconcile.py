@@ -62,6 +62,9 @@ class Replica(msgspec.Struct, kw_only=True):
     failures: int = 0
     next_attempt_at: float = 0.0
     adopted: bool = False
+    # Adopted under a new id because the reported replica id was another replica's: this
+    # replica exists only because a node said so, and goes first when there is a surplus.
+    claimed: bool = False
     shards: list[Shard] = []
     # Shards of earlier attempts: shard id -> (node, seen_at), the last few. A node that
     # comes back reporting one of them is that replica's own engine returning, not a stranger.
@@ -283,6 +286,7 @@ class Reconciler:
         rid = spec.replica_id
         existing = self.replicas.get(rid)
         seen_at = now
+        claimed = False
         if existing is not None:
             past = existing.past.get(spec.shard_id)
             returning = past is not None and past[0] == node_id  # its own earlier engine, back
@@ -295,6 +299,7 @@ class Reconciler:
                 # what this server saw, never by a claimed start time. A replica of another
                 # node is never superseded by this node's report (issue 19).
                 rid = self._new_id(spec.model)
+                claimed = not returning
             else:
                 # The one we knew here is failed or pending: the reported engine supersedes it.
                 for shard in existing.shards:
@@ -323,6 +328,7 @@ class Reconciler:
             created_at=started,
             state_since=now,
             adopted=True,
+            claimed=claimed,
             shards=[shard],
         )
         self.replicas[rid] = replica
@@ -483,7 +489,9 @@ class Reconciler:
                 self.replicas[rid] = Replica(id=rid, model=model.name, created_at=now, state_since=now)
                 self.log.append(f"new replica {rid} for {model.name}")
             if len(active) > model.replicas:
-                active.sort(key=lambda r: (_SURPLUS_ORDER[r.state], -r.seen_at, r.id))
+                # Stopped first: a replica that exists only because a node reused another's id,
+                # then by state, then the one this server saw last (never a claimed start time).
+                active.sort(key=lambda r: (not r.claimed, _SURPLUS_ORDER[r.state], -r.seen_at, r.id))
                 for replica in active[: len(active) - model.replicas]:
                     if replica.state == "pending" or all(s.state in GONE for s in replica.shards):
                         self.replicas.pop(replica.id, None)
