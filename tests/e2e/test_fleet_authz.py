@@ -229,10 +229,17 @@ async def test_a_node_cannot_take_another_nodes_traffic(tmp_path: Path, procs: l
     evil = m.ShardSpec(shard_id="evil-1.1", replica_id=legit["id"], model="alpha", profile="tp1", engine="sim",
                        gpus=[0], port=forged_port)
     report = m.ShardReport(spec=evil, state="ready", pid=1, started_at=1.0, endpoint=f"http://127.0.0.1:{forged_port}")
+    # And one whose replica id is a path (issue 21, finding 1): were it adopted, a re-placement
+    # would have another node's agent write `<replica>.<attempt>.log` and `.json` there.
+    owned = tmp_path / "x" / "owned"
+    path_id = m.ShardReport(spec=m.ShardSpec(shard_id=f"{owned}.1", replica_id=str(owned), model="alpha", profile="tp1",
+                                             engine="sim", gpus=[0], port=forged_port + 1), state="failed")
     thief = Thief(server, cadir)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(count_connections, forged, reached)
-        await nursery.start(thief.session, thief.register([report]))
+        await nursery.start(thief.session, thief.register([report, path_id]))
+        await wait_until_async(lambda: metric(server, "bad id") >= 1, "the path-shaped id refused", procs=live)
+        assert not any("owned" in r["id"] for r in replicas(server))
         await wait_until_async(
             lambda: any(isinstance(x, m.Stop) and x.shard_id == "evil-1.1" for x in thief.received),
             "the surplus rule to stop the adopted impostor", procs=live)
@@ -245,6 +252,7 @@ async def test_a_node_cannot_take_another_nodes_traffic(tmp_path: Path, procs: l
     listed = await trio.to_thread.run_sync(ctl_json, server.url, "endpoints")
     assert [(e["model"], e["endpoint"]) for e in listed] == legit_endpoints
 
+    assert not (tmp_path / "x").exists()
     # The version's newline was quoted: no forged line of its own in the server's log.
     log = server.proc.log()
     assert "0.1.0\\n2026-12-01" in log

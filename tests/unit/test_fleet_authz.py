@@ -7,12 +7,16 @@ cannot arrive without its ownership check.
 
 from __future__ import annotations
 
+import logging
 import typing
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
+from llmgw.agent.supervisor import Supervisor
 from llmgw.server.fleet_service import decide_endpoint_host
 from llmgw.server.reconcile import (
     REFUSED_ENDPOINT,
@@ -190,3 +194,21 @@ async def test_the_server_sends_a_node_requests_only_for_its_own_shards() -> Non
     assert sessions[THIEF]._outbox == []
     controller._send(StopShard(OWNER, s.spec.shard_id, 1.0, "surplus"))
     assert [m.decode_server_message(p) for p in sessions[OWNER]._outbox] == [m.Stop(shard_id=s.spec.shard_id, grace=1.0, reason="surplus")]
+
+
+async def test_the_agent_refuses_a_stop_or_drain_for_a_shard_it_does_not_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from tests.unit.test_fleet_ids import files, supervised
+
+    caplog.set_level(logging.INFO)
+
+    async def body(supervisor: Supervisor, sent: list[Any]) -> None:
+        before = files(tmp_path)
+        await supervisor.handle(m.Stop(shard_id="small-other.1", reason="for gpu-02"), sent.append)
+        await supervisor.handle(m.Drain(shard_id="small-other.1"), sent.append)
+        assert files(tmp_path) == before and supervisor.runs == {}
+        # The only answer: "not here", so the server can let it go.
+        assert sent == [m.ShardStatus(shard_id="small-other.1", replica_id="", state="stopped", reason="not running here")]
+
+    await supervised(tmp_path / "work", body)
+    refusals = [r.getMessage() for r in caplog.records if "refusing" in r.getMessage()]
+    assert len(refusals) == 2 and all("does not run on this node" in line for line in refusals)
