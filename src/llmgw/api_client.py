@@ -11,6 +11,7 @@ import httpx
 import msgspec
 
 from llmgw.errors import LlmgwError, Unreachable, UsageError
+from llmgw.safetext import terminal_text
 from llmgw.tls.context import check_key_pair, client_context
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"  # also in llmgw.cli.ctl (kept light to import)
@@ -170,6 +171,11 @@ def _reason(exc: Exception) -> str:
 
 
 def _error_message(response: httpx.Response) -> str:
+    """The server's explanation of a refusal, as one line of plain text (it reaches a terminal)."""
+    return terminal_text(_raw_error_message(response))
+
+
+def _raw_error_message(response: httpx.Response) -> str:
     try:
         data = response.json()
     except ValueError:

@@ -7,12 +7,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.markup import escape
 
-from llmgw.cli.render import console, make_table, output_option, print_json
+from llmgw.cli.render import console, make_table, output_option, print_json, say, text
 from llmgw.tls.defaults import CA_DAYS, DEFAULT_CA_NAME, DEFAULT_KEY_TYPE, KEY_TYPES, LEAF_DAYS
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from llmgw.tls.ca import Issued
     from llmgw.tls.info import CertInfo
 
@@ -77,12 +78,11 @@ def _force_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[...
     return click.option("--force", is_flag=True, help=help_text)
 
 
-def _status(status: str) -> str:
-    style = _STATUS_STYLE.get(status)
-    return f"[{style}]{escape(status)}[/{style}]" if style else escape(status)
+def _status(status: str) -> Text:
+    return text(status, _STATUS_STYLE.get(status, ""))
 
 
-def _detail_rows(info: CertInfo) -> list[tuple[str, str]]:
+def _detail_rows(info: CertInfo) -> list[tuple[str, str | Text]]:
     rows = [
         ("file", info.path),
         ("kind", info.kind),
@@ -99,7 +99,7 @@ def _detail_rows(info: CertInfo) -> list[tuple[str, str]]:
     ]
     if info.key:
         rows.insert(1, ("key", info.key))
-    return [(name, escape(value)) for name, value in rows] + [("status", _status(info.status))]
+    return [*rows, ("status", _status(info.status))]
 
 
 def _print_detail(info: CertInfo) -> None:
@@ -109,15 +109,12 @@ def _print_detail(info: CertInfo) -> None:
 def _print_issued(issued: Issued, output: str, what: str) -> None:
     info = issued.info
     if issued.clamped:
-        console(stderr=True).print(
-            f"note: validity cut to the CA's own expiry ({info.not_after}); no certificate may outlive its CA"
-        )
+        say(f"note: validity cut to the CA's own expiry ({info.not_after}); no certificate may outlive its CA", stderr=True)
     if output == "json":
         print_json(info)
         return
-    out = console()
     if info.key:
-        out.print(f"wrote {escape(what)} {escape(info.path)} and its key {escape(info.key)} (mode 0600)")
+        say(f"wrote {what} {info.path} and its key {info.key} (mode 0600)")
     _print_detail(info)
 
 
@@ -241,15 +238,15 @@ def list_(ca_dir: str, output: str) -> None:
         return
     rows = [
         (
-            escape(i.kind),
-            escape(i.common_name or i.subject),
-            escape(", ".join(i.sans) or "-"),
-            escape(", ".join(u for u in i.usages if u in ("serverAuth", "clientAuth", "keyCertSign")) or "-"),
-            escape(i.serial[:16]),
-            escape(i.not_after[:10]),
+            i.kind,
+            i.common_name or i.subject,
+            ", ".join(i.sans) or "-",
+            ", ".join(u for u in i.usages if u in ("serverAuth", "clientAuth", "keyCertSign")) or "-",
+            i.serial[:16],
+            i.not_after[:10],
             f"{i.days_left:.0f}",
             _status(i.status),
-            escape(i.path),
+            i.path,
         )
         for i in infos
     ]

@@ -8,7 +8,7 @@ import click
 
 from llmgw.catalog.units import format_duration
 from llmgw.cli.cert import cert
-from llmgw.cli.render import console, make_table, output_option, print_json, styled_state
+from llmgw.cli.render import console, make_table, output_option, print_json, say, styled_state, text
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -89,11 +89,10 @@ def nodes(ctx: click.Context, output: str) -> None:
             n.get("version", ""),
             _node_note(n),
         ))
-    out = console()
     if not rows:
-        out.print("no nodes have registered yet")
+        say("no nodes have registered yet")
         return
-    out.print(make_table(["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "AGENT", "NOTE"], rows))
+    console().print(make_table(["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "AGENT", "NOTE"], rows))
 
 
 def _replica_rows(data: list[dict]) -> list[tuple]:
@@ -118,16 +117,18 @@ def _replicas_view(data: list[dict], tail: int) -> Group:
 
     parts: list = []
     if not data:
-        parts.append(Text("no replicas (is a model with replicas > 0 in the catalog?)"))
+        parts.append(text("no replicas (is a model with replicas > 0 in the catalog?)"))
     else:
         parts.append(make_table(["REPLICA", "MODEL", "PROFILE", "STATE", "NODE", "GPUS", "ENDPOINT", "AGE", "REASON"],
                                 _replica_rows(data)))
     for r in data:
         lines = (r.get("tail") or [])[-tail:] if tail else []
         if lines and r["state"] in ("failed", "pending"):
-            parts.append(Text(f"\n{r['id']} — last output:", style="bold"))
+            parts.append(Text(""))
+            parts.append(text(f"{r['id']} — last output:", "bold"))
             for line in lines:
-                parts.append(Text(f"  │ {line}"))
+                # An engine's own output: what was removed is shown (␛[2J), not silently dropped.
+                parts.append(text(f"  │ {line}", show_removed=True))
     return Group(*parts)
 
 
@@ -179,7 +180,10 @@ def models(ctx: click.Context, output: str) -> None:
         print_json(data)
         return
     rows = [(d["name"], f"{d['ready']}/{d['replicas']}", ",".join(d["profiles"]) or "-", d["balancer"], d["source"]) for d in data]
-    console().print(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE"], rows) if rows else "no models in the catalog")
+    if not rows:
+        say("no models in the catalog")
+        return
+    console().print(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE"], rows))
 
 
 @ctl.command()
@@ -201,8 +205,10 @@ def endpoints(ctx: click.Context, output: str) -> None:
             f"{load.get('running', '-')}/{load.get('waiting', '-')}", "-" if kv is None else f"{kv:.0%}",
             e.get("health_reason") or ", ".join(e.get("violations") or []) or e.get("breaker_reason", ""),
         ))
-    console().print(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows)
-                    if rows else "no endpoints in rotation")
+    if not rows:
+        say("no endpoints in rotation")
+        return
+    console().print(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows))
 
 
 @ctl.command()
@@ -213,7 +219,7 @@ def reload(ctx: click.Context) -> None:
     Needs an operator credential (--token or an operator certificate).
     """
     result = api(ctx).request("POST", "/api/v1/reload")
-    console().print(result.get("message", "reloaded"))
+    say(result.get("message", "reloaded"))
 
 
 @ctl.command()
@@ -222,7 +228,7 @@ def reload(ctx: click.Context) -> None:
 def forget(ctx: click.Context, node_id: str) -> None:
     """Forget a node that is gone for good (it must be disconnected)."""
     api(ctx).request("DELETE", f"/api/v1/nodes/{node_id}")
-    console().print(f"forgot node {node_id}")
+    say(f"forgot node {node_id}")
 
 
 @ctl.command()
@@ -231,7 +237,7 @@ def forget(ctx: click.Context, node_id: str) -> None:
 def restart(ctx: click.Context, replica_id: str) -> None:
     """Stop a replica; the reconciler places a new one in its stead."""
     api(ctx).request("POST", f"/api/v1/replicas/{replica_id}/restart")
-    console().print(f"restarting {replica_id}: it is stopped and a new replica is placed")
+    say(f"restarting {replica_id}: it is stopped and a new replica is placed")
 
 
 @ctl.command("hash-secret")

@@ -1,4 +1,10 @@
-"""Output for people (rich tables, colour only on a TTY, NO_COLOR honoured) and machines (JSON)."""
+"""Output for people (rich tables, colour only on a TTY, NO_COLOR honoured) and machines (JSON).
+
+Everything printed here is text, never Rich markup: a string a server, a node or a certificate
+supplied goes through `terminal_text` (no control characters) and into a `rich.text.Text`, so
+`0.1.0[/x]` is printed as is instead of crashing the table, and an ESC sequence never reaches
+the terminal. Styling is applied by the code (`styled_state`), never parsed from data.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,10 @@ import click
 import msgspec
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from llmgw.catalog.units import enc_hook
+from llmgw.safetext import json_text, terminal_text
 
 OUTPUT_CHOICE = click.Choice(["table", "json"])
 
@@ -46,9 +54,21 @@ def console(stderr: bool = False) -> Console:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(msgspec.json.format(msgspec.json.encode(data, enc_hook=enc_hook), indent=2).decode())
+    encoded = msgspec.json.format(msgspec.json.encode(data, enc_hook=enc_hook), indent=2).decode()
+    sys.stdout.write(json_text(encoded))
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def text(value: object, style: str = "", *, show_removed: bool = False) -> Text:
+    """Data as a printable `Text`: control characters removed (or shown, see `terminal_text`),
+    brackets printed as brackets."""
+    return Text(terminal_text(value, show_removed=show_removed), style=style)
+
+
+def say(value: object, *, stderr: bool = False) -> None:
+    """Print one line of text that may hold data from a peer (a server message, a node id)."""
+    console(stderr=stderr).print(text(value))
 
 
 def make_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Table:
@@ -58,8 +78,16 @@ def make_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str
         # of a long reason squeezing the id and state columns out of the table.
         table.add_column(name, no_wrap=i < len(columns) - 1, overflow="fold")
     for row in rows:
-        table.add_row(*("" if cell is None else str(cell) if not hasattr(cell, "__rich__") else cell for cell in row))
+        table.add_row(*(_cell(cell) for cell in row))
     return table
+
+
+def _cell(cell: Any) -> Any:
+    if cell is None:
+        return ""
+    if isinstance(cell, Text) or hasattr(cell, "__rich__") or hasattr(cell, "__rich_console__"):
+        return cell  # built by our code (a styled state), not parsed
+    return text(cell)
 
 
 STATE_STYLES = {
@@ -73,6 +101,5 @@ STATE_STYLES = {
 }
 
 
-def styled_state(state: str) -> str:
-    style = STATE_STYLES.get(state)
-    return f"[{style}]{state}[/{style}]" if style else state
+def styled_state(state: object) -> Text:
+    return text(state, STATE_STYLES.get(str(state), ""))
