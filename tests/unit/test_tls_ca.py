@@ -163,3 +163,40 @@ def test_cert_not_after_and_days_left(ca_dir: Path) -> None:
     assert days_left(path, NOW + 11 * 86400) == -1.0
     with pytest.raises(UsageError, match="does not exist"):
         cert_not_after(str(ca_dir / "missing.crt"))
+
+
+# -- directory and key modes (issue 21 item 10). Mode bits only: these hold when run as root. --
+
+
+def test_init_tightens_a_loose_directory(tmp_path: Path) -> None:
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    directory.chmod(0o777)
+    store.init_ca(directory, now=NOW)
+    assert _mode(directory) == 0o700
+
+
+def test_init_refuses_a_directory_it_cannot_tighten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = tmp_path / "theirs"
+    directory.mkdir()
+    directory.chmod(0o755)
+
+    def not_owner(path: object, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(store.os, "chmod", not_owner)
+    with pytest.raises(LlmgwError) as err:
+        store.init_ca(directory, now=NOW)
+    assert f"{directory} is mode 0755" in str(err.value) and f"chmod 700 {directory}" in str(err.value)
+    assert not (directory / "ca.key").exists()
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620])
+def test_a_ca_key_others_can_access_is_refused(ca_dir: Path, mode: int) -> None:
+    (ca_dir / "ca.key").chmod(mode)
+    with pytest.raises(UsageError) as err:
+        store.issue_node(ca_dir, "gpu-01", now=NOW)
+    assert f"key file {ca_dir / 'ca.key'} is mode {mode:04o}" in str(err.value)
+    assert f"chmod 600 {ca_dir / 'ca.key'}" in str(err.value)
+    (ca_dir / "ca.key").chmod(0o400)
+    store.issue_node(ca_dir, "gpu-01", now=NOW)

@@ -105,3 +105,19 @@ def test_unreadable_key(pki: Path, tmp_path: Path) -> None:
     key.write_bytes((pki / "server.key").read_bytes())
     key.chmod(0)
     assert "permission denied" in _usage_error(server_context, str(pki / "server.crt"), str(key))
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o606])
+def test_a_key_others_can_read_is_refused(pki: Path, tmp_path: Path, mode: int) -> None:
+    """Independent of the uid: root (CI) is refused a loose key as much as anyone."""
+    key = tmp_path / "loose.key"
+    key.write_bytes((pki / "server.key").read_bytes())
+    key.chmod(mode)
+    message = _usage_error(server_context, str(pki / "server.crt"), str(key))
+    assert f"key file {key} is mode {mode:04o}" in message and f"chmod 600 {key}" in message
+    node_key = tmp_path / "node.key"
+    node_key.write_bytes((pki / "node-gpu-01.key").read_bytes())
+    node_key.chmod(mode)
+    assert f"chmod 600 {node_key}" in _usage_error(client_context, str(pki / "ca.crt"), str(pki / "node-gpu-01.crt"), str(node_key))
+    node_key.chmod(0o600)
+    client_context(str(pki / "ca.crt"), str(pki / "node-gpu-01.crt"), str(node_key))

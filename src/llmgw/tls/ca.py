@@ -10,6 +10,8 @@ One record file per certificate keeps issuing atomic without a shared index to r
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from llmgw.tls.build import (
     validate_node_id,
     validate_operator_name,
 )
+from llmgw.tls.context import check_key_mode
 from llmgw.tls.info import CertInfo, describe
 
 CA_CERT = "ca.crt"
@@ -100,7 +103,7 @@ def init_ca(
 ) -> CertInfo:
     """Create the CA key and self-signed certificate; refuse to replace one unless `force`."""
     validate_common_name(name, "CA name")
-    root = ensure_dir(directory)
+    root = private_dir(directory)
     cert_path, key_path = root / CA_CERT, root / CA_KEY
     existing = [p for p in (cert_path, key_path) if p.exists()]
     if existing and not force:
@@ -115,6 +118,22 @@ def init_ca(
     return describe(cert, str(cert_path), now, key=str(key_path))
 
 
+def private_dir(directory: str | Path) -> Path:
+    """The CA directory, created with mode 0700 or tightened to it: ca.key and every issued key
+    live there. LlmgwError when a looser directory cannot be tightened (not its owner)."""
+    root = ensure_dir(directory, mode=0o700)
+    mode = stat.S_IMODE(root.stat().st_mode)
+    if mode & 0o077:
+        try:
+            os.chmod(root, 0o700)
+        except OSError as exc:
+            raise LlmgwError(
+                f"CA directory {root} is mode {mode:04o} (others could read or replace its keys) and cannot be "
+                f"made 0700: {exc.strerror or exc}; as its owner run `chmod 700 {root}`, or use another --dir"
+            ) from None
+    return root
+
+
 def load_ca(directory: str | Path) -> Ca:
     root = Path(directory)
     cert_path, key_path = root / CA_CERT, root / CA_KEY
@@ -127,6 +146,7 @@ def load_ca(directory: str | Path) -> Ca:
         raise LlmgwError(f"the CA in {root} is incomplete: {exc.filename} is missing")
     except PermissionError as exc:
         raise LlmgwError(f"cannot read {exc.filename}: permission denied (run as the CA's owner)")
+    check_key_mode(key_path)
     try:
         cert = x509.load_pem_x509_certificate(cert_data)
     except ValueError:

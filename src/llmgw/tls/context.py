@@ -6,7 +6,9 @@ key or a key from another pair is reported as one line naming the file, not "[SS
 
 from __future__ import annotations
 
+import os
 import ssl
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,8 +33,24 @@ def _read(path: str, what: str) -> bytes:
         raise UsageError(f"cannot read {what} file {path}: permission denied")
 
 
+def check_key_mode(key: str | os.PathLike[str]) -> None:
+    """UsageError when group or others may access a private key file (mode & 0o077), as ssh
+    refuses such keys: whoever else can read it can be this node, operator or server. Checked
+    from the mode bits alone, so it holds for root too."""
+    try:
+        mode = stat.S_IMODE(os.stat(key).st_mode)
+    except OSError:
+        return  # reading it names the problem
+    if mode & 0o077:
+        raise UsageError(
+            f"key file {key} is mode {mode:04o}: group or others can access it, so llmgw refuses it; "
+            f"fix: chmod 600 {key}"
+        )
+
+
 def check_key_pair(cert: str, key: str) -> None:
-    """UsageError naming the file when the pair cannot be used: missing, encrypted, mismatched."""
+    """UsageError naming the file when the pair cannot be used: missing, readable by others,
+    encrypted, mismatched."""
     certs = load_certificates(cert)
     data = _read(key, "key")
     try:
@@ -48,6 +66,7 @@ def check_key_pair(cert: str, key: str) -> None:
         raise UsageError(f"key file {key} holds no private key (expected PEM: -----BEGIN PRIVATE KEY-----)")
     except Exception as exc:  # cryptography raises UnsupportedAlgorithm for exotic keys
         raise UsageError(f"key file {key} cannot be used: {exc}")
+    check_key_mode(key)
     spki = serialization.PublicFormat.SubjectPublicKeyInfo
     der = serialization.Encoding.DER
     if certs[0].public_key().public_bytes(der, spki) != private.public_key().public_bytes(der, spki):
