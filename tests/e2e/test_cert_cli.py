@@ -187,7 +187,8 @@ def test_out_prefix_and_force(cluster: Path, tmp_path: Path) -> None:
     assert again["serial"] != written["serial"]
     listed = json.loads(ok("list", "--dir", str(cluster), "-o", "json").stdout)
     statuses = {i["serial"]: i["status"] for i in listed}
-    assert statuses[written["serial"]] == "superseded" and statuses[again["serial"]] == "ok"
+    # The replaced node certificate is denied, not merely superseded: its key must stop working.
+    assert statuses[written["serial"]] == "revoked" and statuses[again["serial"]] == "ok"
 
 
 async def test_files_from_the_cli_make_a_working_mutual_tls_connection(cluster: Path) -> None:

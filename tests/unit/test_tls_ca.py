@@ -138,16 +138,18 @@ def test_list_shows_ca_then_issued_with_status(tmp_path: Path, ca_dir: Path) -> 
     store.issue_node(ca_dir, "gpu-01", now=NOW + 2, force=True)
     store.issue_operator(ca_dir, "alice", now=NOW + 3)
     store.issue_node(ca_dir, "old", now=NOW + 4, not_after=NOW - 86400)
+    store.issue_server(ca_dir, hosts=["ctrl"], ips=["127.0.0.1"], now=NOW + 4.5, force=True)
     infos = store.list_certificates(ca_dir, now=NOW + 5)
     assert [(i.kind, i.common_name, i.status) for i in infos] == [
         ("ca", "llmgw CA", "ok"),
+        ("server", "ctrl", "superseded"),  # a server certificate is not a client identity: not denied
         ("server", "ctrl", "ok"),
-        ("node", "gpu-01", "superseded"),
+        ("node", "gpu-01", "revoked"),  # replaced with --force: its key must stop working
         ("node", "gpu-01", "ok"),
         ("node", "old", "expired"),
         ("operator", "alice", "ok"),
     ]
-    server = infos[1]
+    server = infos[2]
     assert server.sans == ["DNS:ctrl", "IP:127.0.0.1"] and "serverAuth" in server.usages
     # After re-creating the CA, what the old one issued is flagged.
     store.init_ca(ca_dir, now=NOW + 6, force=True)
@@ -200,3 +202,65 @@ def test_a_ca_key_others_can_access_is_refused(ca_dir: Path, mode: int) -> None:
     assert f"chmod 600 {ca_dir / 'ca.key'}" in str(err.value)
     (ca_dir / "ca.key").chmod(0o400)
     store.issue_node(ca_dir, "gpu-01", now=NOW)
+
+
+# -- kinds and revocation (issue 21 items 3 and 4, issue 20's viewer kind) --
+
+
+def test_viewer_kind(ca_dir: Path) -> None:
+    issued = store.issue_viewer(ca_dir, "grafana", now=NOW)
+    assert issued.info.kind == "viewer" and "OU=viewers" in issued.info.subject
+    assert issued.info.path.endswith("viewer-grafana.crt") and "clientAuth" in issued.info.usages
+    with pytest.raises(UsageError, match="invalid operator name"):
+        store.issue_viewer(ca_dir, "bad name", now=NOW)
+
+
+def test_one_name_holds_one_client_kind(ca_dir: Path) -> None:
+    store.issue_node(ca_dir, "gpu-01", now=NOW)
+    for issue in (store.issue_operator, store.issue_viewer):
+        for force in (False, True):
+            with pytest.raises(LlmgwError, match="'gpu-01' already has a node certificate"):
+                issue(ca_dir, "gpu-01", now=NOW, force=force, out=str(ca_dir / f"x-{force}"))
+    store.issue_node(ca_dir, "gpu-01", now=NOW + 1, force=True)  # the same kind, replaced
+    # A server certificate is no client identity; an expired or revoked one frees the name.
+    store.issue_server(ca_dir, hosts=["gpu-01"], ips=[], now=NOW)
+    store.issue_operator(ca_dir, "old", now=NOW, not_after=NOW - 86400)
+    store.issue_node(ca_dir, "old", now=NOW)
+    store.revoke(ca_dir, "gpu-01", now=NOW + 2)
+    store.issue_operator(ca_dir, "gpu-01", now=NOW + 3)
+
+
+def test_force_reissue_denies_the_replaced_certificate(ca_dir: Path) -> None:
+    first = store.issue_node(ca_dir, "gpu-01", now=NOW)
+    second = store.issue_node(ca_dir, "gpu-01", now=NOW + 1, force=True)
+    assert second.revoked == first.info.serial
+    deny = store.deny_list(ca_dir)
+    assert [(r.serial, r.common_name, r.kind) for r in deny.revoked] == [(first.info.serial, "gpu-01", "node")]
+    assert deny.revoked[0].reason == f"superseded by {second.info.serial}"
+    assert _mode(ca_dir / "revoked.json") == 0o644 and not list(ca_dir.glob(".*tmp"))
+
+
+def test_revoke_by_serial_prefix_or_name(ca_dir: Path) -> None:
+    assert store.deny_list(ca_dir).revoked == []  # init wrote an empty list
+    a = store.issue_node(ca_dir, "gpu-01", now=NOW).info.serial
+    b = store.issue_operator(ca_dir, "alice", now=NOW).info.serial
+    result = store.revoke(ca_dir, a[:10].upper(), now=NOW, reason="stolen")
+    assert [r.serial for r in result.revoked] == [a] and result.already == []
+    assert store.revoke(ca_dir, a, now=NOW).already == [a]
+    assert [r.serial for r in store.revoke(ca_dir, "alice", now=NOW).revoked] == [b]
+    assert store.deny_list(ca_dir).serials() == {int(a, 16), int(b, 16)}
+    statuses = {i.common_name: i.status for i in store.list_certificates(ca_dir, now=NOW)}
+    assert statuses == {"llmgw CA": "ok", "gpu-01": "revoked", "alice": "revoked"}
+    with pytest.raises(UsageError, match="no certificate with serial or name 'nobody'"):
+        store.revoke(ca_dir, "nobody", now=NOW)
+
+
+def test_a_damaged_deny_list_is_one_line(ca_dir: Path) -> None:
+    from llmgw.tls.revocation import Revocations, read_deny_list
+
+    path = ca_dir / "revoked.json"
+    path.write_text('{"revoked": [{"serial": "zz"}]}')
+    with pytest.raises(UsageError, match=f"deny list {path} is not a deny list"):
+        read_deny_list(path)
+    with pytest.raises(UsageError, match="does not exist"):
+        Revocations(str(ca_dir / "missing.json"))

@@ -87,6 +87,10 @@ class TlsServer(_Config):
     cert: str = ""
     key: str = ""
     require_identity: bool = True
+    # Revoked certificate serials (`llmgw ctl cert revoke` writes DIR/revoked.json); re-read on
+    # SIGHUP and `llmgw ctl reload`, checked at every fleet handshake and for operator/viewer
+    # certificates on the public port.
+    deny_list: str = ""
 
 
 class TlsPublic(_Config):

@@ -29,6 +29,7 @@ _STATUS_STYLE = {
     "expired": "red",
     "other CA": "red",
     "superseded": "dim",
+    "revoked": "red",
 }
 
 
@@ -108,6 +109,10 @@ def _print_detail(info: CertInfo) -> None:
 
 def _print_issued(issued: Issued, output: str, what: str) -> None:
     info = issued.info
+    if issued.revoked:
+        say(f"note: the certificate this one replaces (serial {issued.revoked}) is now on the deny list "
+            "(revoked.json in the CA directory): give the server the updated list (tls.deny_list, then `kill -HUP` or "
+            "`llmgw ctl reload`) once the new pair is in place, and the old key stops working", stderr=True)
     if issued.clamped:
         say(f"note: validity cut to the CA's own expiry ({info.not_after}); no certificate may outlive its CA", stderr=True)
     if output == "json":
@@ -127,7 +132,9 @@ def cert() -> None:
     llmgw ctl cert server --dir ./ca --host ctrl.example.com --ip 10.0.0.5
     llmgw ctl cert node gpu-01 --dir ./ca
     llmgw ctl cert operator alice --dir ./ca
+    llmgw ctl cert viewer grafana --dir ./ca
     llmgw ctl cert list --dir ./ca
+    llmgw ctl cert revoke gpu-01 --dir ./ca
     """
 
 
@@ -223,6 +230,54 @@ def operator(ca_dir: str, name: str, out: str | None, days: int, key_type: str, 
 
     issued = ca_store.issue_operator(ca_dir, name, now=time.time(), days=days, out=out, key_type=key_type, force=force)
     _print_issued(issued, output, "operator certificate")
+
+
+@cert.command()
+@click.argument("name")
+@_dir_option
+@_out_option
+@_days_option(LEAF_DAYS)
+@_key_type_option
+@_force_option("Replace existing certificate and key files at the output prefix.")
+@output_option
+def viewer(ca_dir: str, name: str, out: str | None, days: int, key_type: str, force: bool, output: str) -> None:
+    """Issue a viewer certificate (clientAuth, OU=viewers) for dashboards and scripts.
+
+    A viewer may read /api/v1, /admin and /metrics but never mutate; it is neither an operator
+    nor a node. Default files: DIR/viewer-NAME.crt, DIR/viewer-NAME.key.
+    """
+    from llmgw.tls import ca as ca_store
+
+    issued = ca_store.issue_viewer(ca_dir, name, now=time.time(), days=days, out=out, key_type=key_type, force=force)
+    _print_issued(issued, output, "viewer certificate")
+
+
+@cert.command()
+@click.argument("target", metavar="NAME|SERIAL")
+@_dir_option
+@click.option("--reason", default="", help="Why, kept in the deny list.")
+@output_option
+def revoke(ca_dir: str, target: str, reason: str, output: str) -> None:
+    """Put certificates on the deny list DIR/revoked.json: by SERIAL (hex, as `cert list` shows it;
+    8 or more leading digits will do) or every certificate whose name is NAME.
+
+    The server refuses them once it has the list: point tls.deny_list at a copy of the file,
+    then `kill -HUP` the server or run `llmgw ctl reload`; live fleet streams of revoked node
+    certificates end then.
+    """
+    from llmgw.tls import ca as ca_store
+
+    result = ca_store.revoke(ca_dir, target, now=time.time(), reason=reason)
+    if output == "json":
+        print_json(result)
+        return
+    for r in result.revoked:
+        say(f"revoked {r.kind} {r.common_name} (serial {r.serial})")
+    for serial in result.already:
+        say(f"serial {serial} was already revoked")
+    if result.revoked:
+        say(f"deny list: {result.deny_list}; give the server the updated list (tls.deny_list), then `kill -HUP` "
+            "it or run `llmgw ctl reload`")
 
 
 @cert.command(name="list")

@@ -68,7 +68,7 @@ def text(value: object, style: str = "", *, show_removed: bool = False) -> Text:
 
 def say(value: object, *, stderr: bool = False) -> None:
     """Print one line of text that may hold data from a peer (a server message, a node id)."""
-    console(stderr=stderr).print(text(value))
+    console(stderr=stderr).print(text(value), soft_wrap=True)
 
 
 def make_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Table:

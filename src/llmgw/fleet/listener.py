@@ -30,6 +30,8 @@ class StreamRefused(Exception):
 
 StreamHandler = Callable[[FleetChannel], Awaitable[None]]
 RefusalHook = Callable[[str], None]
+# Whether a verified peer certificate may use the fleet port: None, or (metric reason, message).
+PeerCheck = Callable[[trio.SSLStream[trio.SocketStream]], "tuple[str, str] | None"]
 
 
 class FleetListener:
@@ -44,6 +46,7 @@ class FleetListener:
         handshake_timeout: float = 10.0,
         idle_timeout: float | None = None,
         on_refused: RefusalHook | None = None,
+        peer_check: PeerCheck | None = None,
     ) -> None:
         self.handler = handler
         self.ssl_context = ssl_context
@@ -51,7 +54,10 @@ class FleetListener:
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.on_refused = on_refused or (lambda reason: None)
+        self.peer_check = peer_check or (lambda peer: None)
         self.connections = 0
+        # Live TLS connections, so that a certificate revoked meanwhile can be cut off (recheck).
+        self._live: dict[trio.SSLStream[trio.SocketStream], trio.CancelScope] = {}
         self._idle = trio.Event()
 
     async def wait_idle(self) -> None:
@@ -67,6 +73,19 @@ class FleetListener:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         await trio.serve_listeners(self._serve_one, listeners, task_status=task_status)
+
+    def recheck(self) -> int:
+        """Apply `peer_check` again to every live connection (the deny list was reloaded) and end
+        those it now refuses; the agent's reconnect is then refused at the handshake with the
+        reason. Returns how many were ended."""
+        ended = 0
+        for ssl_stream, scope in list(self._live.items()):
+            refusal = self.peer_check(ssl_stream)
+            if refusal is not None:
+                log.warning("fleet connection from %s ended: %s", peer_name(ssl_stream.transport_stream), refusal[1])
+                scope.cancel()
+                ended += 1
+        return ended
 
     def _refuse(self, peer: str, reason: str, detail: str) -> None:
         log.warning("fleet connection from %s refused: %s", peer, detail)
@@ -96,7 +115,15 @@ class FleetListener:
                     return
                 identity = peer_common_name(ssl_stream)
                 stream = ssl_stream
-            await self._serve_h2(stream, peer, identity)
+                refusal = self.peer_check(ssl_stream)
+                with trio.CancelScope() as scope:
+                    self._live[ssl_stream] = scope
+                    try:
+                        await self._serve_h2(stream, peer, identity, refusal)
+                    finally:
+                        del self._live[ssl_stream]
+            else:
+                await self._serve_h2(stream, peer, identity)
         except Exception as exc:
             # A bug in one stream's handling must never take down the listener.
             log.exception("fleet connection from %s failed: %s", peer, exc)
@@ -108,7 +135,9 @@ class FleetListener:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
 
-    async def _serve_h2(self, stream: trio.abc.Stream, peer: str, identity: str | None) -> None:
+    async def _serve_h2(
+        self, stream: trio.abc.Stream, peer: str, identity: str | None, refusal: tuple[str, str] | None = None
+    ) -> None:
         conn = H2Connection(
             stream,
             client_side=False,
@@ -154,11 +183,16 @@ class FleetListener:
                 nursery.cancel_scope.cancel()
                 return
             error: StreamRefused | None = None
-            try:
-                await self.handler(channel)
-            except* StreamRefused as group:
-                error = _leaf(group)
-                self.on_refused(error.code)
+            if refusal is not None:
+                # Refused on the stream rather than in the handshake, so the agent can say why.
+                error = StreamRefused(*refusal)
+                self._refuse(peer, error.code, error.message)
+            else:
+                try:
+                    await self.handler(channel)
+                except* StreamRefused as group:
+                    error = _leaf(group)
+                    self.on_refused(error.code)
             if error is not None:
                 await conn.end_channel(channel, error.message, error.code)
             else:

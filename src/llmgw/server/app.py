@@ -26,6 +26,7 @@ from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics
 from llmgw.server.registry import NodeRegistry
 from llmgw.tls import server_context
+from llmgw.tls.revocation import Revocations, fleet_refusal
 from llmgw.web.server import HttpServer, Limits
 
 log = logging.getLogger("llmgw.server")
@@ -125,6 +126,8 @@ class ControlPlane:
             )
         if cfg.tls is not None and (not cfg.tls.cert or not cfg.tls.key):
             raise UsageError("tls: both tls.cert and tls.key are needed for the fleet port")
+        self.revocations = Revocations(cfg.tls.deny_list if cfg.tls else "")
+        self._fleet_listener: FleetListener | None = None
 
     async def run(
         self,
@@ -150,7 +153,9 @@ class ControlPlane:
             # register timeout alone governs a connection that has not registered yet.
             idle_timeout=2 * silence + self.cfg.fleet.register_timeout,
             on_refused=self.metrics.count_refused,
+            peer_check=lambda peer: fleet_refusal(peer, self.revocations, require_node=self.fleet.require_identity),
         )
+        self._fleet_listener = listener
         public_scheme = "https" if self.cfg.public_tls else "http"
         bound = Bound(
             public_url=_url(public_scheme, public_sock),
@@ -193,7 +198,9 @@ class ControlPlane:
 
     def reload(self) -> ReloadResult:
         """Re-read the config file; the catalog (models, static endpoints, gateway settings)
-        takes effect at once, listener and TLS settings need a restart."""
+        takes effect at once, listener and TLS settings need a restart. The deny list
+        (tls.deny_list) is re-read too, and fleet streams of certificates it now names end."""
+        self._reload_deny_list()
         if not self.config_path:
             log.warning("reload: no config file to reload (the server was started without --config)")
             return ReloadResult(ok=False, message="the server was started without --config")
@@ -212,6 +219,13 @@ class ControlPlane:
         self.controller.set_catalog(cfg.models)
         note = f"; restart needed for {', '.join(changed)}" if changed else ""
         return ReloadResult(ok=True, message=f"reloaded {self.config_path}{note}", models=[m.name for m in cfg.models])
+
+    def _reload_deny_list(self) -> None:
+        if not self.revocations.reload():
+            return
+        ended = self._fleet_listener.recheck() if self._fleet_listener is not None else 0
+        if ended:
+            log.warning("deny list: ended %d fleet connections whose certificate is now revoked", ended)
 
     async def _reload_on_sighup(self) -> None:
         with trio.open_signal_receiver(signal.SIGHUP) as signals:

@@ -21,13 +21,16 @@ from llmgw.errors import UsageError
 from llmgw.tls.defaults import CA_DAYS, DEFAULT_KEY_TYPE, KEY_TYPES, LEAF_DAYS, KeyType  # noqa: F401 - re-exported
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
-Kind = Literal["ca", "server", "node", "operator"]
+Kind = Literal["ca", "server", "node", "operator", "viewer"]
 
 ORGANIZATION = "llmgw"
-# The organizational unit is how a server tells the two kinds of client certificate apart:
-# only `llmgw ctl cert operator` writes OU=operators.
+# The organizational unit is how a server tells the kinds of client certificate apart: only
+# `llmgw ctl cert operator` writes OU=operators, `cert viewer` OU=viewers, `cert node` OU=nodes
+# (the only kind the fleet port accepts).
 OPERATOR_OU = "operators"
+VIEWER_OU = "viewers"
 NODE_OU = "nodes"
+CLIENT_OUS = {NODE_OU: "node", OPERATOR_OU: "operator", VIEWER_OU: "viewer"}
 
 # Certificates start a little in the past so a peer whose clock is slightly behind accepts them.
 BACKDATE_SECONDS = 300
@@ -207,13 +210,15 @@ def build_leaf(
     ips: Sequence[ipaddress.IPv4Address | ipaddress.IPv6Address] = (),
     not_after: float | None = None,
 ) -> tuple[x509.Certificate, bool]:
-    """A server, node or operator certificate signed by the CA; returns (cert, clamped)."""
+    """A server, node, operator or viewer certificate signed by the CA; returns (cert, clamped)."""
     if kind == "server":
         unit, usage = None, ExtendedKeyUsageOID.SERVER_AUTH
     elif kind == "node":
         unit, usage = NODE_OU, ExtendedKeyUsageOID.CLIENT_AUTH
     elif kind == "operator":
         unit, usage = OPERATOR_OU, ExtendedKeyUsageOID.CLIENT_AUTH
+    elif kind == "viewer":
+        unit, usage = VIEWER_OU, ExtendedKeyUsageOID.CLIENT_AUTH
     else:
         raise ValueError(f"not a leaf kind: {kind!r}")
     validate_common_name(common_name)

@@ -1,10 +1,12 @@
 """The cluster CA on disk: create it, issue certificates from it, and record what it issued.
 
-Layout of a CA directory:
+Layout of a CA directory (mode 0700):
     ca.crt, ca.key (0600)       the CA
     issued/<serial>.json        one record per issued certificate (its PEM, kind, where written)
+    revoked.json                the deny list: revoked serials (`cert revoke`, `--force` reissues)
     <prefix>.crt, <prefix>.key  issued certificates, unless --out puts them elsewhere
-One record file per certificate keeps issuing atomic without a shared index to rewrite.
+One record file per certificate keeps issuing atomic without a shared index to rewrite; the deny
+list is rewritten whole (atomically) on each revocation.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from llmgw.errors import LlmgwError
+from llmgw.errors import LlmgwError, UsageError
 from llmgw.fsutil import ensure_dir, write_atomic
 from llmgw.tls.build import (
     CA_DAYS,
@@ -38,13 +40,16 @@ from llmgw.tls.build import (
 )
 from llmgw.tls.context import check_key_mode
 from llmgw.tls.info import CertInfo, describe
+from llmgw.tls.revocation import DENY_LIST, DenyList, Revoked, read_deny_list
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 ISSUED_DIR = "issued"
 from llmgw.tls.defaults import DEFAULT_CA_NAME  # noqa: E402 - re-exported
 
-_KIND_ORDER = {"ca": 0, "server": 1, "node": 2, "operator": 3}
+_KIND_ORDER = {"ca": 0, "server": 1, "node": 2, "operator": 3, "viewer": 4}
+# Kinds that identify a client: one name holds one of them, so a name always means one thing.
+CLIENT_KINDS = ("node", "operator", "viewer")
 
 
 class IssuedRecord(msgspec.Struct, kw_only=True):
@@ -63,6 +68,8 @@ class Issued(msgspec.Struct, kw_only=True):
     info: CertInfo
     # The requested validity ran past the CA's own expiry and was cut to it.
     clamped: bool = False
+    # The serial of the certificate a --force reissue replaced, now on the deny list.
+    revoked: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +122,9 @@ def init_ca(
     cert = build_ca(key, name, now, days)
     write_atomic(key_path, _key_pem(key), mode=0o600, replace=force)
     write_atomic(cert_path, _cert_pem(cert), mode=0o644, replace=force)
+    # An empty deny list from the start, so a server's tls.deny_list can point at it before the
+    # first revocation (the server refuses to start with a deny list that does not exist).
+    _write_deny_list(root, DenyList())
     return describe(cert, str(cert_path), now, key=str(key_path))
 
 
@@ -196,6 +206,10 @@ def _issue(
         for path in (cert_path, key_path):
             if path.exists():
                 raise LlmgwError(f"{path} already exists; pass --force to replace it, or --out another prefix")
+    replaced = None
+    if kind in CLIENT_KINDS:
+        _refuse_second_kind(ca, kind, common_name, now)
+        replaced = _replaced_serial(ca, cert_path, kind)
     key = generate_key(key_type)
     cert, clamped = build_leaf(
         ca_cert=ca.cert,
@@ -224,7 +238,96 @@ def _issue(
     )
     issued_dir = ensure_dir(ca.directory / ISSUED_DIR, mode=0o755)
     write_atomic(issued_dir / f"{serial}.json", msgspec.json.encode(record), mode=0o644)
-    return Issued(info=describe(cert, str(cert_path), now, key=str(key_path)), clamped=clamped)
+    if replaced is not None:
+        _deny(ca.directory, [Revoked(serial=replaced, common_name=common_name, kind=kind, revoked_at=now,
+                                     reason=f"superseded by {serial}")])
+    return Issued(info=describe(cert, str(cert_path), now, key=str(key_path)), clamped=clamped, revoked=replaced)
+
+
+def _record_cert(ca: Ca, rec: IssuedRecord) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(rec.pem.encode())
+    except ValueError:
+        raise LlmgwError(f"issue record {ca.directory / ISSUED_DIR / rec.serial}.json holds no certificate") from None
+
+
+def _refuse_second_kind(ca: Ca, kind: str, common_name: str, now: float) -> None:
+    """One name, one kind: an operator certificate named gpu-01 beside node gpu-01's would make
+    the name mean two things. Revoked and expired certificates do not count."""
+    denied = deny_list(ca.directory).serials()
+    for rec in read_records(ca.directory):
+        if rec.common_name != common_name or rec.kind == kind or rec.kind not in CLIENT_KINDS:
+            continue
+        if int(rec.serial, 16) in denied or _record_cert(ca, rec).not_valid_after_utc.timestamp() <= now:
+            continue
+        raise LlmgwError(
+            f"{common_name!r} already has {'an' if rec.kind == 'operator' else 'a'} {rec.kind} certificate (serial {rec.serial}, {rec.cert}); one name "
+            f"holds one kind: choose another name for the {kind}, or revoke that one first "
+            f"(`llmgw ctl cert revoke {rec.serial}`)"
+        )
+
+
+def _replaced_serial(ca: Ca, cert_path: Path, kind: str) -> str | None:
+    """The serial of the certificate this --force reissue overwrites, when this CA issued it as the
+    same kind: it is denied once the new one is written (a replaced key must stop working)."""
+    if not cert_path.exists():
+        return None
+    try:
+        old = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    serial = format(old.serial_number, "x")
+    if not any(rec.serial == serial and rec.kind == kind for rec in read_records(ca.directory)):
+        return None
+    return None if int(serial, 16) in deny_list(ca.directory).serials() else serial
+
+
+def deny_list(directory: str | Path) -> DenyList:
+    """The CA directory's deny list (empty when nothing was ever revoked)."""
+    return read_deny_list(Path(directory) / DENY_LIST, missing_ok=True)
+
+
+def _deny(directory: Path, entries: list[Revoked]) -> Path:
+    current = deny_list(directory)
+    known = {r.serial for r in current.revoked}
+    current.revoked.extend(e for e in entries if e.serial not in known)
+    return _write_deny_list(directory, current)
+
+
+def _write_deny_list(directory: Path, deny: DenyList) -> Path:
+    path = directory / DENY_LIST
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(deny), indent=2) + b"\n", mode=0o644, replace=True)
+    return path
+
+
+class Revocation(msgspec.Struct, kw_only=True):
+    """What `ctl cert revoke` did."""
+
+    deny_list: str
+    revoked: list[Revoked]
+    already: list[str] = []  # serials that were on the list before
+
+
+def revoke(directory: str | Path, target: str, *, now: float, reason: str = "") -> Revocation:
+    """Put a certificate on the deny list by serial (hex, as `cert list` shows it; a unique
+    prefix of 8 or more digits will do) or every certificate with that common name."""
+    ca = load_ca(directory)
+    records = read_records(ca.directory)
+    wanted = target.strip().lower().removeprefix("0x").replace(":", "")
+    chosen = [r for r in records if r.serial == wanted]
+    if not chosen and len(wanted) >= 8:
+        chosen = [r for r in records if r.serial.startswith(wanted)]
+        if len(chosen) > 1:
+            raise UsageError(f"serial prefix {target!r} matches {len(chosen)} certificates; give more digits")
+    if not chosen:
+        chosen = [r for r in records if r.common_name == target]
+    if not chosen:
+        raise UsageError(f"no certificate with serial or name {target!r} in {ca.directory} (see `llmgw ctl cert list`)")
+    denied = {r.serial for r in deny_list(ca.directory).revoked}
+    fresh = [Revoked(serial=r.serial, common_name=r.common_name, kind=r.kind, revoked_at=now, reason=reason)
+             for r in chosen if r.serial not in denied]
+    path = _deny(ca.directory, fresh) if fresh else ca.directory / DENY_LIST
+    return Revocation(deny_list=str(path.resolve()), revoked=fresh, already=[r.serial for r in chosen if r.serial in denied])
 
 
 def issue_server(
@@ -294,6 +397,23 @@ def issue_node(
                          not_after=not_after)
 
 
+def issue_viewer(
+    directory: str | Path,
+    name: str,
+    *,
+    now: float,
+    days: int = LEAF_DAYS,
+    out: str | None = None,
+    key_type: str = DEFAULT_KEY_TYPE,
+    force: bool = False,
+    not_after: float | None = None,
+) -> Issued:
+    """A clientAuth certificate with OU=viewers: reads the API, /admin and /metrics, never mutates."""
+    validate_operator_name(name)
+    return _issue_client(directory, "viewer", name, now=now, days=days, out=out, key_type=key_type, force=force,
+                         not_after=not_after)
+
+
 def issue_operator(
     directory: str | Path,
     name: str,
@@ -335,23 +455,24 @@ def read_records(directory: str | Path) -> list[IssuedRecord]:
 def list_certificates(directory: str | Path, now: float) -> list[CertInfo]:
     """The CA and every certificate it issued, oldest first, with a status each.
 
-    A record whose file was later replaced by a reissue is "superseded"; one that the current
-    CA did not sign (the CA was re-created with --force) is "other CA".
+    A record whose file was later replaced by a reissue is "superseded"; one on the deny list is
+    "revoked"; one that the current CA did not sign (the CA was re-created with --force) is
+    "other CA".
     """
     ca = load_ca(directory)
     records = read_records(ca.directory)
+    denied = deny_list(ca.directory).serials()
     latest: dict[str, float] = {}
     for rec in records:
         latest[rec.cert] = max(latest.get(rec.cert, rec.issued_at), rec.issued_at)
     rows: list[tuple[int, float, CertInfo]] = [(0, 0.0, describe(ca.cert, str(ca.cert_path.resolve()), now, key=str(ca.key_path.resolve())))]
     for rec in records:
-        try:
-            cert = x509.load_pem_x509_certificate(rec.pem.encode())
-        except ValueError:
-            raise LlmgwError(f"issue record {ca.directory / ISSUED_DIR / rec.serial}.json holds no certificate")
+        cert = _record_cert(ca, rec)
         info = describe(cert, rec.cert, now, key=rec.key)
         if not _issued_by(cert, ca.cert):
             info.status = "other CA"
+        elif cert.serial_number in denied:
+            info.status = "revoked"
         elif rec.issued_at < latest[rec.cert]:
             info.status = "superseded"
         rows.append((_KIND_ORDER.get(info.kind, 9), rec.issued_at, info))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from llmgw.tls.build import OPERATOR_OU
+from llmgw.tls.build import CLIENT_OUS, OPERATOR_OU
 
 # `llmgw ctl cert viewer` writes OU=viewers: a certificate that may read the fleet, not change it.
 VIEWER_OU = "viewers"
@@ -46,3 +46,18 @@ def peer_is_operator(ssl_object: HasPeerCert) -> bool:
     certificates (OU=nodes) and connections without a certificate are not operators."""
     values = _subject_values(ssl_object, "organizationalUnitName")
     return bool(values) and OPERATOR_OU in values
+
+
+def peer_kind(ssl_object: HasPeerCert) -> str | None:
+    """"node", "operator" or "viewer" for a verified certificate from `llmgw ctl cert` (by its
+    OU); None without a certificate, for one of no llmgw kind, or for one claiming two kinds."""
+    values = _subject_values(ssl_object, "organizationalUnitName")
+    kinds = {CLIENT_OUS[v] for v in values or () if v in CLIENT_OUS}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def peer_serial(ssl_object: HasPeerCert) -> int | None:
+    """The verified peer certificate's serial number (what a deny list names), None without one."""
+    cert = ssl_object.getpeercert()
+    serial = cert.get("serialNumber") if cert else None
+    return int(serial, 16) if serial else None

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw.errors import UsageError
-from llmgw.tls.build import OPERATOR_OU, describe_key
+from llmgw.tls.build import CLIENT_OUS, describe_key
 
 # A certificate this close to expiry is flagged in listings.
 EXPIRES_SOON_DAYS = 30
@@ -128,16 +128,20 @@ def is_ca(cert: x509.Certificate) -> bool:
         return False
 
 
-def is_operator_name(name: x509.Name) -> bool:
-    return any(a.value == OPERATOR_OU for a in name.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME))
+def client_kind(name: x509.Name) -> str | None:
+    """"node", "operator" or "viewer" from the subject's OU (None: none of ours, or several)."""
+    kinds = {CLIENT_OUS[str(a.value)] for a in name.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+             if a.value in CLIENT_OUS}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def kind_of(cert: x509.Certificate) -> str:
     if is_ca(cert):
         return "ca"
     usages = usages_of(cert)
-    if is_operator_name(cert.subject):
-        return "operator"
+    kind = client_kind(cert.subject)
+    if kind is not None:
+        return kind
     if "serverAuth" in usages:
         return "server"
     if "clientAuth" in usages:
