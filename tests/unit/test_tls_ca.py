@@ -264,3 +264,17 @@ def test_a_damaged_deny_list_is_one_line(ca_dir: Path) -> None:
         read_deny_list(path)
     with pytest.raises(UsageError, match="does not exist"):
         Revocations(str(ca_dir / "missing.json"))
+
+
+def test_the_server_keeps_its_deny_list_when_the_new_file_is_bad(ca_dir: Path) -> None:
+    from llmgw.tls.revocation import Revocations
+
+    serial = store.issue_node(ca_dir, "gpu-01", now=NOW).info.serial
+    revocations = Revocations(str(ca_dir / "revoked.json"))
+    assert revocations.denied == frozenset()
+    store.revoke(ca_dir, serial, now=NOW)
+    assert revocations.reload() == "deny list: 1 revoked serial(s)"
+    assert revocations.denied == {int(serial, 16)}
+    (ca_dir / "revoked.json").write_text("{not json")
+    assert revocations.reload().startswith("deny list not reloaded")
+    assert revocations.denied == {int(serial, 16)}

@@ -54,6 +54,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     store.issue_node(pki.root, "gpu-old", now=now, not_after=now - 86400)
     store.issue_node(pki.other, "intruder", now=now)
     store.issue_operator(pki.root, "alice", now=now)
+    store.issue_viewer(pki.root, "grafana", now=now)
     for key_type in ("rsa-3072", "ed25519"):
         store.init_ca(root / key_type, now=now, key_type=key_type)
         store.issue_server(root / key_type, hosts=["ctrl"], ips=["127.0.0.1"], now=now, key_type=key_type)
@@ -66,6 +67,11 @@ class Accepted:
     common_name: str | None
     is_operator: bool
     alpn: str | None
+    # What the server's getpeercert() returned, for the checks made from it (kinds, revocation).
+    peercert: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    def getpeercert(self, binary_form: bool = False) -> dict:
+        return self.peercert
 
 
 @dataclasses.dataclass
@@ -101,7 +107,8 @@ async def tls_server(ctx: ssl.SSLContext, *, send_alerts: bool = True) -> AsyncI
             await send.send(Refused(exc))
             await tcp.aclose()
             return
-        await send.send(Accepted(peer_common_name(stream), peer_is_operator(stream), stream.selected_alpn_protocol()))
+        await send.send(Accepted(peer_common_name(stream), peer_is_operator(stream), stream.selected_alpn_protocol(),
+                                 stream.getpeercert() or {}))
         try:
             await stream.send_all(b"hello")
             await stream.aclose()
@@ -302,3 +309,31 @@ async def test_connection_refused_is_explained() -> None:
         await trio.open_tcp_stream("127.0.0.1", port)
     assert "connection refused" in explain_tls_error(err.value, "127.0.0.1")
     assert await net.fetch_server_certificate("127.0.0.1", port) is None
+
+
+async def test_fleet_port_takes_only_node_certificates_and_no_revoked_serial(pki: Pki) -> None:
+    """peer_kind/peer_serial read what a real handshake verified; fleet_refusal decides from them."""
+    from llmgw.tls.identity import peer_kind, peer_serial
+    from llmgw.tls.info import load_certificate
+    from llmgw.tls.revocation import Revocations, fleet_refusal
+
+    cert, key = pki.pair("server")
+    seen: dict[str, Accepted] = {}
+    async with tls_server(server_context(cert, key, pki.ca(), require_client_cert=True)) as server:
+        for name in ("node-gpu-01", "operator-alice", "viewer-grafana"):
+            await dial(server.port, client_context(pki.ca(), *pki.pair(name)))
+            outcome = await server.next()
+            assert isinstance(outcome, Accepted)
+            seen[name] = outcome
+    assert {name: peer_kind(a) for name, a in seen.items()} == {
+        "node-gpu-01": "node", "operator-alice": "operator", "viewer-grafana": "viewer"}
+    node_serial = load_certificate(pki.pair("node-gpu-01")[0]).serial_number
+    assert peer_serial(seen["node-gpu-01"]) == node_serial
+    revocations = Revocations()
+    assert fleet_refusal(seen["node-gpu-01"], revocations, require_node=True) is None
+    reason, message = fleet_refusal(seen["operator-alice"], revocations, require_node=True) or ("", "")
+    assert reason == "not_node" and "'alice' is an operator certificate, not a node certificate" in message
+    assert fleet_refusal(seen["operator-alice"], revocations, require_node=False) is None
+    revocations.denied = frozenset({node_serial})
+    reason, message = fleet_refusal(seen["node-gpu-01"], revocations, require_node=True) or ("", "")
+    assert reason == "revoked" and f"(serial {node_serial:x}) is revoked" in message

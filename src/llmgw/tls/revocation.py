@@ -76,8 +76,8 @@ class Revocations:
             return f"deny list not reloaded: {exc}"
         added = len(denied - self.denied)
         self.denied = denied
-        log.info("deny list %s: %d revoked serials (%d new)", self.path, len(denied), added)
-        return f"deny list: {len(denied)} revoked serials"
+        log.info("deny list %s: %d revoked serial(s) (%d new)", self.path, len(denied), added)
+        return f"deny list: {len(denied)} revoked serial(s)"
 
     def refuses(self, peer: HasPeerCert) -> bool:
         serial = peer_serial(peer)
