@@ -18,13 +18,14 @@ from tests.e2e.harness import (
     FAST_FLEET,
     Proc,
     Server,
+    bearer,
     ctl,
     make_sim_node,
+    one_error_line,
     run_llmgw,
     tls_agent_config,
     wait_until,
 )
-from tests.e2e.test_fleet_tls import refused
 
 TOKEN = "op-token-for-reload"
 
@@ -42,13 +43,23 @@ def serial_of(cadir: Path, name: str) -> str:
     return next(i["serial"] for i in reversed(listing) if i["common_name"] == name and i["status"] == "ok")
 
 
+def refused(server: Server, reason: str) -> float:
+    import httpx
+
+    metrics = httpx.get(f"{server.url}/metrics", timeout=5, headers=bearer(server.token)).text
+    for line in metrics.splitlines():
+        if line.startswith(f'llmgw_fleet_refused_total{{reason="{reason}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def start_server(tmp_path: Path, cadir: Path, procs: list[Proc]) -> Server:
     config = FAST_FLEET + (
         f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / 'server.crt'}\n  key: {cadir / 'server.key'}\n"
         f"  deny_list: {cadir / 'revoked.json'}\n"
         f'api:\n  operator_tokens: ["sha256:{hashlib.sha256(TOKEN.encode()).hexdigest()}"]\n'
     )
-    server = Server(tmp_path, config, insecure=False)
+    server = Server(tmp_path, config, insecure=False, token=TOKEN)
     procs.append(server.start())
     return server
 
@@ -135,3 +146,34 @@ def test_revoked_and_replaced_node_certificates_are_refused(tmp_path: Path, proc
     wait_until(lambda: refused(server, "revoked") >= 2, "counted", procs=[server.proc])
     assert "gpu-02" not in server.nodes()
     assert server.nodes()["gpu-01"]["state"] == "ready" and new.alive()
+
+
+def test_revoked_operator_and_viewer_certificates_on_the_public_port(tmp_path: Path, procs: list[Proc]) -> None:
+    cadir = tmp_path / "ca"
+    cert(cadir, "init")
+    cert(cadir, "server", "--ip", "127.0.0.1")
+    cert(cadir, "operator", "alice")
+    cert(cadir, "viewer", "grafana")
+    config = FAST_FLEET + (
+        f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / 'server.crt'}\n  key: {cadir / 'server.key'}\n"
+        f"  deny_list: {cadir / 'revoked.json'}\n"
+        f"public_tls:\n  cert: {cadir / 'server.crt'}\n  key: {cadir / 'server.key'}\n  ca: {cadir / 'ca.crt'}\n"
+    )
+    server = Server(tmp_path, config, insecure=False, public_ca=cadir / "ca.crt")
+    procs.append(server.start())
+
+    def as_(name: str, *args: str):  # type: ignore[no-untyped-def]
+        kind = "operator" if name == "alice" else "viewer"
+        return ctl(server.url, "--ca", str(cadir / "ca.crt"), "--cert", str(cadir / f"{kind}-{name}.crt"),
+                   "--key", str(cadir / f"{kind}-{name}.key"), *args)
+
+    assert as_("grafana", "nodes").returncode == 0
+    assert as_("alice", "reload").returncode == 0
+    cert(cadir, "revoke", "grafana")
+    assert as_("alice", "reload").returncode == 0  # the server re-reads the deny list
+    denied = as_("grafana", "nodes")
+    assert denied.returncode == 1 and "'grafana' is revoked" in one_error_line(denied)
+    cert(cadir, "revoke", "alice")
+    server.proc.signal(signal.SIGHUP)
+    wait_until(lambda: "'alice' is revoked" in as_("alice", "reload").stderr, "alice refused after SIGHUP",
+               procs=[server.proc])

@@ -95,7 +95,8 @@ class ControlPlane:
         fleet = cfg.fleet
         self.registry = NodeRegistry(fleet.heartbeat_interval, fleet.unreachable_after, fleet.lost_after)
         self.metrics = ServerMetrics(self.registry.counts)
-        self.auth = Auth(cfg, insecure=insecure, count=self.metrics.count_auth_failure)
+        self.auth = Auth(cfg, insecure=insecure, count=self.metrics.count_auth_failure,
+                         revoked=lambda peer: self.revocations.refuses(peer))
         require_identity = bool(cfg.tls and cfg.tls.require_identity)
         self.known_nodes = KnownNodes(cfg.state_dir)
         self.controller = Controller(cfg.models, cfg.reconcile, self.registry, self.known_nodes)

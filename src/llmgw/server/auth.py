@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from llmgw.catalog.schema import ServerConfig, sha256_digest
-from llmgw.tls.build import OPERATOR_OU
-from llmgw.tls.identity import VIEWER_OU, peer_common_name, peer_units
+from llmgw.tls.build import OPERATOR_OU, VIEWER_OU
+from llmgw.tls.identity import HasPeerCert, peer_common_name, peer_units
 from llmgw.web.server import Request
 
 log = logging.getLogger("llmgw.auth")
@@ -129,8 +129,10 @@ class Auth:
     """The public port's credential checks: one place, one digest check, one set of hints."""
 
     def __init__(self, cfg: ServerConfig, *, insecure: bool, count: Callable[[str], None] = lambda door: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 revoked: Callable[[HasPeerCert], bool] = lambda peer: False) -> None:
         self.insecure = insecure
+        self._revoked = revoked  # the deny list (tls.deny_list): a revoked certificate is nobody
         self._count = count
         self._clock = clock
         self._throttles = {door: _Throttle() for door in Door}
@@ -200,7 +202,9 @@ class Auth:
         if request.tls is not None and request.tls.getpeercert():
             name = peer_common_name(request.tls)
             units = peer_units(request.tls)
-            if OPERATOR_OU in units:
+            if self._revoked(request.tls):
+                cert = Identity(Role.NONE, f"certificate {name!r} (revoked)", "certificate")
+            elif OPERATOR_OU in units:
                 cert = Identity(Role.OPERATOR, f"operator certificate {name!r}", "certificate")
             elif VIEWER_OU in units:
                 cert = Identity(Role.VIEWER, f"viewer certificate {name!r}", "certificate")
@@ -273,6 +277,12 @@ class Auth:
                         "over the TLS public port")
         return ", or ".join(ways)
 
+    def _revoked_hint(self, request: Request) -> str:
+        if request.tls is None or not self._revoked(request.tls):
+            return ""
+        return (f"the client certificate {peer_common_name(request.tls)!r} is revoked (tls.deny_list); "
+                "ask for a new one (`llmgw ctl cert operator|viewer NAME`)")
+
     def _viewer_hint(self, ident: Identity, request: Request) -> str:
         creds = self.creds
         if not creds.readers:
@@ -284,6 +294,8 @@ class Auth:
         if ident.presented == "token":
             return ("the token was refused: its sha256 is in neither api.viewer_tokens nor api.operator_tokens "
                     "(hash it with `llmgw ctl hash-secret`)")
+        if ident.presented == "certificate" and (revoked := self._revoked_hint(request)):
+            return revoked
         if ident.presented == "certificate":
             return (f"the client {ident.who} is neither a viewer nor an operator certificate (a node's?); issue one "
                     "with `llmgw ctl cert viewer NAME` and pass it with --cert and --key")
@@ -301,6 +313,8 @@ class Auth:
         if ident.presented == "token":
             return ("the operator token was refused: its sha256 is not in api.operator_tokens "
                     "(hash it with `llmgw ctl hash-secret`)")
+        if ident.presented == "certificate" and (revoked := self._revoked_hint(request)):
+            return revoked
         if ident.presented == "certificate":
             name = peer_common_name(request.tls) if request.tls is not None else None
             return (f"the client certificate {name!r} is not an operator certificate (a node's?); "

@@ -11,9 +11,6 @@ from typing import Any, Protocol
 
 from llmgw.tls.build import CLIENT_OUS, OPERATOR_OU
 
-# `llmgw ctl cert viewer` writes OU=viewers: a certificate that may read the fleet, not change it.
-VIEWER_OU = "viewers"
-
 
 class HasPeerCert(Protocol):
     def getpeercert(self, binary_form: bool = ...) -> Any: ...
