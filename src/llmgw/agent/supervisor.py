@@ -27,7 +27,7 @@ from llmgw.agent import procs
 from llmgw.agent.engines import LaunchError, adapter_for
 from llmgw.catalog.schema import EngineHealth
 from llmgw.catalog.units import format_duration
-from llmgw.fsutil import atomic_write
+from llmgw.fsutil import atomic_write, ensure_dir
 from llmgw.netaddr import url_host
 from llmgw.wire import messages as m
 from llmgw.wire.ids import message_problems, printable, quote, spec_problems
@@ -180,8 +180,7 @@ class Supervisor:
     # -- running ----------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._private_dirs()
         async with httpx.AsyncClient(timeout=2.0, trust_env=False) as http, trio.open_nursery() as nursery:
             self._http = http
             self._nursery = nursery
@@ -197,6 +196,20 @@ class Supervisor:
         if not resolved.is_relative_to(root):
             raise PathRefused(f"{quote(str(path))} resolves to {quote(str(resolved))}, outside the work dir {root}")
         return resolved
+
+    def _private_dirs(self) -> None:
+        """The work dir 0700, state files 0600: a shard's state holds its profile's env (an
+        HF_TOKEN, say), and engine logs may echo it. Before issue 9 both were world-readable
+        (0755 dirs, 0644 files). A dir or file left wider by an older agent is tightened."""
+        for directory in (self.work_dir, self.state_dir, self.log_dir):
+            ensure_dir(directory, mode=0o700)
+            mode = directory.stat().st_mode & 0o777
+            if mode & 0o077:
+                os.chmod(directory, 0o700)
+                log.warning("%s was open to other users (mode %o); now 0700 (shard state holds engine env)", directory, mode)
+        for path in self.state_dir.glob("*.json"):
+            if path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
 
     def _state_path(self, shard_id: str) -> Path:
         return self._inside(self.state_dir / f"{shard_id}.json")
@@ -218,7 +231,7 @@ class Supervisor:
             )
         )
         try:
-            atomic_write(self._state_path(run.spec.shard_id), data)
+            atomic_write(self._state_path(run.spec.shard_id), data, mode=0o600)
         except PathRefused as exc:
             log.error("not writing the state file of shard %s: %s", run.spec.shard_id, exc)
 

@@ -5,6 +5,7 @@ Unknown keys are errors everywhere (`forbid_unknown_fields`): a typo must not pa
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Literal
 
 import msgspec
@@ -223,8 +224,8 @@ class ServerConfig(_Config):
     endpoints: list[StaticEndpoint] = []
 
     def __post_init__(self) -> None:
-        names = [m.name for m in self.models]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        names = Counter(m.name for m in self.models)  # not list.count: 3,000 models took 3 s that way
+        dupes = sorted(n for n, count in names.items() if count > 1)
         if dupes:
             raise ValueError(f"duplicate model name {dupes[0]!r}")
 

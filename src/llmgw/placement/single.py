@@ -6,15 +6,13 @@ When nothing fits, the answer says why for every node ("gpu-03: 2 of 4 GPUs free
 
 from __future__ import annotations
 
-import itertools
 import zlib
 from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from llmgw.placement.gpus import choose_gpus
 from llmgw.wire.messages import Gpu
-
-EXHAUSTIVE_LIMIT = 20_000  # combinations to score before falling back to greedy
 
 
 class NodeCapacity(msgspec.Struct, kw_only=True):
@@ -89,54 +87,6 @@ def _why_not(node: NodeCapacity, req: Request) -> str | None:
     if len(free) < req.gpus:
         return f"{node.node_id}: {len(free)} of {len(healthy)} GPUs free, {req.gpus} needed"
     return None
-
-
-def _links(a: Gpu, b: Gpu) -> int:
-    return max(a.nvlink.get(b.index, 0), b.nvlink.get(a.index, 0))
-
-
-def choose_gpus(free: Sequence[Gpu], n: int) -> tuple[int, ...]:
-    """Pick n GPUs: most NVLink links among them, then fewest links cut to the GPUs left free.
-
-    The second rule keeps well-connected groups intact for later, bigger replicas: a 1-GPU
-    replica takes the GPU that is least useful to a tensor-parallel group.
-    """
-    if n <= 0:
-        return ()
-    ordered = sorted(free, key=lambda g: g.index)
-    if n >= len(ordered):
-        return tuple(g.index for g in ordered)
-    if not any(g.nvlink for g in ordered):
-        return tuple(g.index for g in ordered[:n])
-
-    def score(group: Sequence[Gpu]) -> tuple[int, int]:
-        chosen = {g.index for g in group}
-        internal = sum(_links(a, b) for a, b in itertools.combinations(group, 2))
-        cut = sum(_links(a, b) for a in group for b in ordered if b.index not in chosen)
-        return internal, -cut
-
-    count = _combinations(len(ordered), n)
-    if count <= EXHAUSTIVE_LIMIT:
-        best = max(itertools.combinations(ordered, n), key=score)  # first max = lowest indexes
-        return tuple(g.index for g in best)
-    # Greedy for very large nodes: grow from each seed by the best-connected next GPU.
-    best_group: list[Gpu] = []
-    best_score = (-1, 0)
-    for seed in ordered:
-        group = [seed]
-        while len(group) < n:
-            rest = [g for g in ordered if g not in group]
-            group.append(max(rest, key=lambda g: (sum(_links(g, h) for h in group), -g.index)))
-        s = score(group)
-        if s > best_score:
-            best_group, best_score = group, s
-    return tuple(sorted(g.index for g in best_group))
-
-
-def _combinations(n: int, k: int) -> int:
-    from math import comb
-
-    return comb(n, k)
 
 
 def choose_port(replica_id: str, used: set[int], port_range: tuple[int, int]) -> int | None:

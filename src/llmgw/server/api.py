@@ -280,7 +280,7 @@ class PublicHandler:
     # -- changes (operator door) -------------------------------------------------------------------
 
     async def reload(self, call: Call) -> None:
-        result = self.plane.reload()
+        result = await self.plane.reload()
         log.info("reload requested by %s: %s", call.who, result)
         await send_json(call.responder, 200 if result.ok else 400, result)
 

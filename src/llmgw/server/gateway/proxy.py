@@ -146,8 +146,11 @@ class Gateway:
         if settings is not None:
             self.settings = settings
         wanted: dict[str, str] = {m.name: m.balancer for m in models}
+        by_name = {m.name: m for m in models}  # dicts, not scans: 3,000 models took 1.5 s scanned
+        static_of: dict[str, set[str]] = {}
         for ep in static:
             wanted.setdefault(ep.model, "least-outstanding")
+            static_of.setdefault(ep.model, set()).add(ep.url.rstrip("/"))
         for name in list(self.routes):
             if name not in wanted:
                 del self.routes[name]
@@ -156,11 +159,11 @@ class Gateway:
             if route is None:
                 route = self.routes[name] = Route(name, self.settings, policy, self.rng, self.metrics)
             route.balancer.policy = policy  # type: ignore[assignment]
-            model = next((m for m in models if m.name == name), None)
+            model = by_name.get(name)
             if model is not None:
                 adm = model.admission
                 route.gate.set_limits(limit=adm.max_in_flight, max_queue=adm.max_queue, max_wait=float(adm.max_wait))
-            route.static = {ep.url.rstrip("/") for ep in static if ep.model == name}
+            route.static = static_of.get(name, set())
             route.balancer.set_endpoints(route.static | route.dynamic)
         self._prune_upstreams()
 
