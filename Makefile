@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all demo test lint unit e2e bench-fleet bench-gateway bench-sim-engine docs clean
+.PHONY: all demo test lint unit e2e bench-fleet bench-gateway bench-sim-engine bench-reconcile docs clean
 
 all: test
 
@@ -41,6 +41,9 @@ bench-gateway: $(STAMP)
 
 bench-sim-engine: $(STAMP)
 	$(BIN)/python bench/bench_sim_engine.py $(BENCH_ARGS)
+
+bench-reconcile: $(STAMP)
+	$(BIN)/python bench/bench_reconcile.py $(BENCH_ARGS)
 
 docs: $(STAMP)
 	$(BIN)/python tools/gendocs.py

@@ -144,6 +144,8 @@ class Agent:
         self.max_message = max_message
         self.received: list[msgspec.Struct] = []
         self.closed: str | None = None
+        self.ack_starts = False  # answer each Start with a ShardStatus "starting", as an agent does
+        self._send_lock = trio.Lock()
 
     def context(self):  # type: ignore[no-untyped-def]
         crt, key = self.certs.node(self.node_id)
@@ -158,7 +160,8 @@ class Agent:
                     seq = 0
                     while not stop.is_set():
                         seq += 1
-                        await ch.send(m.encode(m.Heartbeat(seq=seq)))
+                        async with self._send_lock:
+                            await ch.send(m.encode(m.Heartbeat(seq=seq)))
                         with trio.move_on_after(heartbeat):
                             await stop.wait()
                     nursery.cancel_scope.cancel()
@@ -168,7 +171,12 @@ class Agent:
     async def _receive(self, ch, scope: trio.CancelScope) -> None:  # type: ignore[no-untyped-def]
         try:
             while True:
-                self.received.append(m.decode_server_message(await ch.receive()))
+                msg = m.decode_server_message(await ch.receive())
+                self.received.append(msg)
+                if self.ack_starts and isinstance(msg, m.Start):
+                    async with self._send_lock:
+                        await ch.send(m.encode(m.ShardStatus(shard_id=msg.spec.shard_id, replica_id=msg.spec.replica_id,
+                                                             state="starting", pid=1)))
         except ChannelClosed as exc:
             self.closed = exc.reason
             scope.cancel()

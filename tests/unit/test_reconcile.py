@@ -248,3 +248,70 @@ def test_engine_stopped_by_its_agent_is_placed_elsewhere() -> None:
     other = [n for n in fleet if n.node_id != s.node]
     [moved] = starts(rec.reconcile(other, 2))
     assert moved.node != s.node and moved.spec.replica_id == s.spec.replica_id
+
+
+# -- cost: indexed by model, node and shard; a pass in steps (issue 9: models × replicas per message)
+
+
+class CountingDict(dict):  # type: ignore[type-arg]
+    """A replicas dict that counts whole scans."""
+
+    scans = 0
+
+    def values(self):  # type: ignore[no-untyped-def, override]
+        CountingDict.scans += 1
+        return super().values()
+
+    def items(self):  # type: ignore[no-untyped-def, override]
+        CountingDict.scans += 1
+        return super().items()
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        CountingDict.scans += 1
+        return super().__iter__()
+
+
+def test_fleet_messages_touch_only_what_they_name() -> None:
+    models = [Model(name=f"m{i}", replicas=1, profiles=[Profile(name="tp1", engine="sim", gpus=1)]) for i in range(40)]
+    rec = make(models)
+    fleet = nodes("gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05")
+    placed = bring_up(rec, fleet)
+    assert len(placed) == 40
+    rec.replicas = CountingDict(rec.replicas)
+    CountingDict.scans = 0
+    one = placed[0]
+    status(rec, one, "ready")
+    rec.on_shard_status("gpu-01", m.ShardStatus(shard_id="nobody.1", replica_id="nobody", state="ready"), 0)
+    rec.on_node_state("gpu-09", "lost", 1)
+    rec.on_register("gpu-09", [], 1)
+    assert CountingDict.scans == 0
+    # And they still act on what they name: gpu-01 lost fails exactly its replicas.
+    on_01 = {s.spec.replica_id for s in placed if s.node == "gpu-01"}
+    rec.on_node_state("gpu-01", "lost", 2)
+    assert CountingDict.scans == 0
+    assert {r.id for r in rec.replicas.values() if r.state == "failed"} == on_01
+    assert rec.of_model("m0") and all(r.model == "m0" for r in rec.of_model("m0"))
+
+
+def test_a_pass_yields_after_each_placement_and_rechecks_between_steps() -> None:
+    models = [Model(name=f"m{i}", replicas=1, profiles=[Profile(name="tp1", engine="sim", gpus=1)]) for i in range(10)]
+    rec = make(models)
+    fleet = nodes("gpu-01", "gpu-02")
+    steps = rec.steps(fleet, 0)
+    first = next(steps)
+    assert isinstance(first, StartShard)
+    # Between two steps the operator restarts a pending replica and a node reports an engine
+    # on GPUs the pass has not seen: the pass neither places the stopped one nor reuses the GPU.
+    victim = next(r for r in rec.of_model("m9"))
+    rec.stop_replica(victim, 0, "operator")
+    adopted = m.ShardSpec(shard_id="other-aaaaa.1", replica_id="other-aaaaa", model="other", profile="p", engine="sim",
+                          gpus=[0, 1, 2, 3, 4, 5, 6, 7], port=20500)
+    rec.on_register("gpu-02", [m.ShardReport(spec=adopted, state="ready")], 0)
+    rest = [a for a in steps]
+    placed = [first, *starts([a for a in rest if a is not None])]
+    assert len(rest) >= 8  # one step per placement at least
+    assert victim.id not in {s.spec.replica_id for s in placed}
+    # gpu-01 holds 8 (the first included); gpu-02 is full with the adopted engine; one waits.
+    assert len(placed) == 8 and all(s.node == "gpu-01" for s in placed)
+    [waiting] = [r for r in rec.replicas.values() if r.state == "pending"]
+    assert "gpu-02: 0 of 8 GPUs free" in waiting.reason

@@ -7,7 +7,7 @@ When nothing fits, the answer says why for every node ("gpu-03: 2 of 4 GPUs free
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import msgspec
 
@@ -48,15 +48,6 @@ class NoFit(msgspec.Struct, frozen=True):
         if not self.reasons:
             return "no nodes have registered"
         return "; ".join(self.reasons)
-
-
-def _matching(gpus: Iterable[Gpu], req: Request) -> list[Gpu]:
-    kind = req.gpu_kind.lower()
-    return [
-        g
-        for g in gpus
-        if (not kind or kind in g.name.lower()) and g.memory_mib >= req.gpu_memory_mib and g.health == "ok"
-    ]
 
 
 def _why_not(node: NodeCapacity, req: Request) -> str | None:
@@ -104,25 +95,38 @@ def choose_port(replica_id: str, used: set[int], port_range: tuple[int, int]) ->
     return None
 
 
+def _free_for(node: NodeCapacity, req: Request) -> list[Gpu] | None:
+    """The node's free GPUs that suit `req`, or None when the node cannot host it: what
+    `_why_not` decides, in one loop and without the words (1,000 nodes per placement)."""
+    if node.state != "ready" or not node.can_start:
+        return None
+    kind = req.gpu_kind.lower()
+    free = [
+        g
+        for g in node.gpus
+        if g.health == "ok" and g.memory_mib >= req.gpu_memory_mib and g.index not in node.used_gpus
+        and (not kind or kind in g.name.lower())
+    ]
+    return free if len(free) >= req.gpus else None
+
+
 def place(req: Request, nodes: Sequence[NodeCapacity], port_range: tuple[int, int]) -> Placement | NoFit:
-    """Best fit with anti-affinity: spread a model's replicas over nodes, then pack GPUs tight."""
-    reasons: list[str] = []
+    """Best fit with anti-affinity: spread a model's replicas over nodes, then pack GPUs tight.
+
+    The reasons are worded only when nothing fits: a placement looks at every node once.
+    """
     candidates: list[tuple[tuple[int, int, str], NodeCapacity, list[Gpu]]] = []
-    for node in sorted(nodes, key=lambda n: n.node_id):
-        why = _why_not(node, req)
-        if why is not None:
-            reasons.append(why)
-            continue
-        free = [g for g in _matching(node.gpus, req) if g.index not in node.used_gpus]
-        left_after = len(free) - req.gpus
-        candidates.append(((node.replicas_of_model, left_after, node.node_id), node, free))
-    if not candidates:
-        return NoFit(tuple(reasons))
+    for node in nodes:
+        free = _free_for(node, req)
+        if free is not None:
+            candidates.append(((node.replicas_of_model, len(free) - req.gpus, node.node_id), node, free))
     candidates.sort(key=lambda c: c[0])
+    port_reasons: list[str] = []
     for _, node, free in candidates:
         port = choose_port(req.replica_id, node.used_ports, port_range)
         if port is None:
-            reasons.append(f"{node.node_id}: no free port in {port_range[0]}-{port_range[1]}")
+            port_reasons.append(f"{node.node_id}: no free port in {port_range[0]}-{port_range[1]}")
             continue
         return Placement(node.node_id, choose_gpus(free, req.gpus), port)
-    return NoFit(tuple(reasons))
+    reasons = [why for node in sorted(nodes, key=lambda n: n.node_id) if (why := _why_not(node, req)) is not None]
+    return NoFit(tuple(reasons + port_reasons))

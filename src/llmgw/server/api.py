@@ -267,7 +267,7 @@ class PublicHandler:
                 name=model.name,
                 source=model.source or model.name,
                 replicas=model.replicas,
-                ready=sum(1 for r in reconciler.replicas.values() if r.model == model.name and r.state == "ready"),
+                ready=sum(1 for r in reconciler.of_model(model.name) if r.state == "ready"),
                 profiles=[p.name for p in model.profiles],
                 balancer=model.balancer,
             )

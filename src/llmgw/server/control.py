@@ -25,6 +25,8 @@ from llmgw.wire.ids import printable
 
 log = logging.getLogger("llmgw.server.reconcile")
 
+STEP_BUDGET = 0.005  # seconds of reconcile work between two chances for everything else to run
+
 
 class Controller:
     def __init__(
@@ -102,6 +104,11 @@ class Controller:
         now = trio.current_time()
         for t in items:
             self.reconciler.on_node_state(t.node_id, t.new, now)
+            if t.new == "lost" and self.known is not None:
+                # A restarted server must not wait out its settle period for a node already
+                # lost (8 s of 503s with the default settle, issue 9); it is known again once
+                # it registers.
+                self.known.remove(t.node_id)
         self.wake()
 
     # -- driving -------------------------------------------------------------------------------------
@@ -130,6 +137,20 @@ class Controller:
             )
             for n in self.registry.nodes.values()
         ]
+
+    def settle_note(self) -> str:
+        """Why nothing new is placed yet, while the settle period holds placements; else ""."""
+        if self._settled:
+            return ""
+        left = float(self.settings.settle) - (trio.current_time() - self.started_at)
+        if left <= 0:
+            return ""
+        missing = sorted(self._expected - {n.id for n in self.registry.nodes.values() if n.connected})
+        if missing:
+            names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            return (f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for up to "
+                    f"{left:.0f}s more, until {names} re-register{'s' if len(missing) == 1 else ''}")
+        return f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for {left:.0f}s more"
 
     def _settle_left(self, now: float) -> float:
         """Seconds to wait before placing anything: the settle period, cut short once every
@@ -165,7 +186,11 @@ class Controller:
                     missing = self._expected - {n.id for n in self.registry.nodes.values() if n.connected}
                     if missing:
                         log.info("settle period over; not waiting for %s", ", ".join(sorted(missing)))
-                self.run_once()
+                await self.run_once()
+            elif self.on_pass is not None:
+                # Nothing is placed yet, but engines adopted from re-registered nodes serve at
+                # once: the gateway learns of every ready replica now, not after the settle.
+                self.on_pass()
             timeout = float(self.settings.tick)
             deadline = self.reconciler.next_deadline()
             if deadline is not None:
@@ -178,15 +203,26 @@ class Controller:
             # Let a burst of changes (a whole node registering) land before the next pass.
             await trio.lowlevel.checkpoint()
 
-    def run_once(self) -> None:
-        actions = self.reconciler.reconcile(self.nodes(), trio.current_time())
+    async def run_once(self) -> None:
+        """One pass, in steps: after any stretch of work longer than STEP_BUDGET the gateway,
+        the API and the fleet streams get their turn (a pass placing 1,000 replicas on 1,000
+        nodes takes seconds of CPU; it must never arrive as one block)."""
+        last = time.perf_counter()
+        for action in self.reconciler.steps(self.nodes(), trio.current_time()):
+            if action is not None:
+                self._send(action)
+            if time.perf_counter() - last > STEP_BUDGET:
+                self._log_decisions()  # a thousand placements are a thousand lines: in pieces too
+                await trio.lowlevel.checkpoint()
+                last = time.perf_counter()
         self.passes += 1
-        for line in self.reconciler.drain_log():
-            log.info("%s", printable(line))  # lines carry engine exit reasons a node sent
-        for action in actions:
-            self._send(action)
+        self._log_decisions()
         if self.on_pass is not None:
             self.on_pass()
+
+    def _log_decisions(self) -> None:
+        for line in self.reconciler.drain_log():
+            log.info("%s", printable(line))  # lines carry engine exit reasons a node sent
 
     def _send(self, action: StartShard | StopShard) -> None:
         sessions = self.fleet.sessions if self.fleet is not None else {}

@@ -4,13 +4,20 @@ Level-triggered: `reconcile(nodes, now)` looks at the whole picture every time a
 the Start/Stop messages to send; the server calls it on every change and on a tick. The
 fleet is the source of truth (DESIGN.md): replicas are rebuilt from agents' reports after a
 server restart (adoption) and forgotten when no agent reports them (disown).
+
+Cost: replicas are indexed by model, by node and by shard id, so a message costs what it
+touches, not models × replicas (10,000 models once meant 23 s stalls on every pass, issue 9);
+a pass computes GPU and port usage once, not once per pending replica. A pass is a generator
+(`steps`): it yields after each placement, and the driver lets the event loop run between
+steps, so a pass placing a thousand replicas never holds the gateway or heartbeats. Anything
+may change between two steps; every step re-checks what it acts on.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
 import msgspec
@@ -131,6 +138,46 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     endpoint_host: str = ""
 
 
+class _Usage:
+    """GPU and port usage of every node, computed once per pass and kept current as the pass
+    places replicas; recomputed when something outside the pass changed the picture."""
+
+    def __init__(self, nodes: Sequence[NodeInfo], replicas: Iterable[Replica], generation: int) -> None:
+        self.generation = generation
+        self.of_model: dict[str, dict[str, int]] = {}
+        self.capacities: list[NodeCapacity] = [
+            NodeCapacity(
+                node_id=n.node_id,
+                state=n.state if n.connected or n.state != "ready" else "unreachable",
+                gpus=n.gpus,
+                used_gpus=set(),
+                used_ports=set(),
+                can_start=m.FEATURE_START in n.features,
+                version=n.version,
+            )
+            for n in sorted(nodes, key=lambda n: n.node_id)
+        ]
+        self.by_node = {c.node_id: c for c in self.capacities}
+        for replica in replicas:
+            for shard in replica.shards:
+                if shard.state in HOLDING:
+                    self.hold(replica.model, shard.node, shard.gpus, shard.port)
+
+    def hold(self, model: str, node_id: str, gpus: Iterable[int], port: int) -> None:
+        capacity = self.by_node.get(node_id)
+        if capacity is not None:
+            capacity.used_gpus.update(gpus)
+            capacity.used_ports.add(port)
+        per_node = self.of_model.setdefault(model, {})
+        per_node[node_id] = per_node.get(node_id, 0) + 1
+
+    def for_model(self, model: str) -> list[NodeCapacity]:
+        counts = self.of_model.get(model, {})
+        for capacity in self.capacities:
+            capacity.replicas_of_model = counts.get(capacity.node_id, 0)
+        return self.capacities
+
+
 class Settings(msgspec.Struct, kw_only=True):
     backoff_initial: float = 2.0
     backoff_max: float = 300.0
@@ -147,14 +194,66 @@ class Reconciler:
         self.settings = settings
         self.rng = rng or random.Random()
         self.models: dict[str, Model] = {}
+        # Change replicas only through _put/_pop/_set_shards: they keep the indexes.
         self.replicas: dict[str, Replica] = {}
+        self._of_model: dict[str, set[str]] = {}  # model → replica ids
+        self._on_node: dict[str, set[str]] = {}  # node → ids of replicas with a shard there
+        self._owner: dict[str, str] = {}  # shard id → replica id
+        self.generation = 0  # bumped by every input: a pass in progress re-reads usage
         self.log: list[str] = []  # human-readable decisions since the last drain_log()
         self.endpoint_hosts: dict[str, str] = {}  # node -> the host its engines are reached on
         self.set_catalog(models)
 
+    # -- indexes ---------------------------------------------------------------------------------
+
+    def _put(self, replica: Replica) -> None:
+        self.replicas[replica.id] = replica
+        self._of_model.setdefault(replica.model, set()).add(replica.id)
+        self._index_shards(replica)
+
+    def _pop(self, replica_id: str) -> Replica | None:
+        replica = self.replicas.pop(replica_id, None)
+        if replica is not None:
+            ids = self._of_model.get(replica.model)
+            if ids is not None:
+                ids.discard(replica_id)
+                if not ids:
+                    del self._of_model[replica.model]
+            self._unindex_shards(replica)
+        return replica
+
+    def _index_shards(self, replica: Replica) -> None:
+        for shard in replica.shards:
+            self._owner[shard.shard_id] = replica.id
+            self._on_node.setdefault(shard.node, set()).add(replica.id)
+
+    def _unindex_shards(self, replica: Replica) -> None:
+        for shard in replica.shards:
+            if self._owner.get(shard.shard_id) == replica.id:
+                del self._owner[shard.shard_id]
+            ids = self._on_node.get(shard.node)
+            if ids is not None:
+                ids.discard(replica.id)
+                if not ids:
+                    del self._on_node[shard.node]
+
+    def _set_shards(self, replica: Replica, shards: list[Shard]) -> None:
+        self._unindex_shards(replica)
+        replica.shards = shards
+        self._index_shards(replica)
+
+    def of_model(self, model: str) -> list[Replica]:
+        """The replicas of one model (for the API and the gateway's 503 text), oldest first."""
+        found = [self.replicas[rid] for rid in self._of_model.get(model, ()) if rid in self.replicas]
+        return sorted(found, key=lambda r: (r.created_at, r.id))
+
+    def _on(self, node_id: str) -> list[Replica]:
+        return [self.replicas[rid] for rid in sorted(self._on_node.get(node_id, ())) if rid in self.replicas]
+
     # -- inputs -------------------------------------------------------------------------------
 
     def set_catalog(self, models: Sequence[Model]) -> None:
+        self.generation += 1
         self.models = {model.name: model for model in models}
 
     def _new_id(self, model: str) -> str:
@@ -165,10 +264,12 @@ class Reconciler:
                 return rid
 
     def _find_shard(self, shard_id: str) -> tuple[Replica, Shard] | None:
-        for replica in self.replicas.values():
-            for shard in replica.shards:
-                if shard.shard_id == shard_id:
-                    return replica, shard
+        replica = self.replicas.get(self._owner.get(shard_id, ""))
+        if replica is None:
+            return None
+        for shard in replica.shards:
+            if shard.shard_id == shard_id:
+                return replica, shard
         return None
 
     def endpoint_for(self, node_id: str, port: int) -> str:
@@ -217,6 +318,7 @@ class Reconciler:
         if endpoint_host is not None:
             self.endpoint_hosts[node_id] = endpoint_host
         refused: list[Refusal] = []
+        self.generation += 1
         reported: set[str] = set()
         for report in reports:
             spec = report.spec
@@ -259,7 +361,7 @@ class Reconciler:
                 continue
             age = max(0.0, wall_now - report.started_at) if wall_now and report.started_at else 0.0
             self._adopt(node_id, report, now, now - age)
-        for replica in list(self.replicas.values()):
+        for replica in self._on(node_id):
             for shard in replica.shards:
                 if shard.node != node_id or shard.shard_id in reported or shard.state in GONE:
                     continue
@@ -305,7 +407,7 @@ class Reconciler:
                 for shard in existing.shards:
                     if shard.state in HOLDING:
                         self._stop(existing, shard, "superseded by an adopted engine")
-                del self.replicas[rid]
+                self._pop(rid)
         shard = Shard(
             shard_id=spec.shard_id,
             node=node_id,
@@ -331,11 +433,12 @@ class Reconciler:
             claimed=claimed,
             shards=[shard],
         )
-        self.replicas[rid] = replica
+        self._put(replica)
         self.log.append(f"adopted {spec.shard_id} ({spec.model}, {report.state}) running on {node_id} as replica {rid}")
         self._derive(replica, now)
 
     def on_shard_status(self, node_id: str, msg: m.ShardStatus, now: float) -> list[Refusal]:
+        self.generation += 1
         found = self._find_shard(msg.shard_id)
         if found is None:
             return []
@@ -399,7 +502,8 @@ class Reconciler:
     def on_node_state(self, node_id: str, state: str, now: float) -> None:
         if state != "lost":
             return  # unreachable: engines may well still serve; never stop them for that
-        for replica in list(self.replicas.values()):
+        self.generation += 1
+        for replica in self._on(node_id):
             for shard in replica.shards:
                 if shard.node == node_id and shard.state not in GONE:
                     shard.state = "lost"
@@ -442,7 +546,7 @@ class Reconciler:
 
     def _maybe_forget(self, replica: Replica) -> None:
         if all(s.state in GONE for s in replica.shards):
-            self.replicas.pop(replica.id, None)
+            self._pop(replica.id)
             self.log.append(f"replica {replica.id} stopped")
 
     def _stop(self, replica: Replica, shard: Shard, reason: str) -> None:
@@ -453,6 +557,7 @@ class Reconciler:
         shard.reason = reason
 
     def stop_replica(self, replica: Replica, now: float, reason: str) -> None:
+        self.generation += 1
         replica.set_state("stopping", now, reason)
         for shard in replica.shards:
             self._stop(replica, shard, reason)
@@ -462,6 +567,12 @@ class Reconciler:
     # -- the loop body -------------------------------------------------------------------------
 
     def reconcile(self, nodes: Sequence[NodeInfo], now: float) -> list[Action]:
+        """One whole pass at once (tests, tools): the actions `steps` yields."""
+        return [action for action in self.steps(nodes, now) if action is not None]
+
+    def steps(self, nodes: Sequence[NodeInfo], now: float) -> Iterator[Action | None]:
+        """One pass as a generator of actions; `None` marks a unit of work done, where the
+        driver may let others run (and change the picture) before it asks for the next."""
         by_id = {n.node_id: n for n in nodes}
         for n in nodes:
             if n.endpoint_host:
@@ -483,10 +594,11 @@ class Reconciler:
                 self.stop_replica(replica, now, f"profile {replica.profile} left model {replica.model}")
         # Counts: add missing replicas, stop surplus ones.
         for model in self.models.values():
-            active = [r for r in self.replicas.values() if r.model == model.name and r.state != "stopping"]
+            ids = self._of_model.get(model.name, ())
+            active = [r for r in map(self.replicas.__getitem__, ids) if r.state != "stopping"]
             for _ in range(model.replicas - len(active)):
                 rid = self._new_id(model.name)
-                self.replicas[rid] = Replica(id=rid, model=model.name, created_at=now, state_since=now)
+                self._put(Replica(id=rid, model=model.name, created_at=now, state_since=now))
                 self.log.append(f"new replica {rid} for {model.name}")
             if len(active) > model.replicas:
                 # Stopped first: a replica that exists only because a node reused another's id,
@@ -494,17 +606,20 @@ class Reconciler:
                 active.sort(key=lambda r: (not r.claimed, _SURPLUS_ORDER[r.state], -r.seen_at, r.id))
                 for replica in active[: len(active) - model.replicas]:
                     if replica.state == "pending" or all(s.state in GONE for s in replica.shards):
-                        self.replicas.pop(replica.id, None)
+                        self._pop(replica.id)
                         self.log.append(f"dropped surplus replica {replica.id}")
                     else:
                         self.stop_replica(replica, now, f"surplus: {model.name} wants {model.replicas}")
-        actions: list[Action] = []
-        # Place pending replicas, oldest first.
-        for replica in sorted(self.replicas.values(), key=lambda r: (r.created_at, r.id)):
-            if replica.state == "pending" and replica.model in self.models:
-                start = self._place(replica, nodes, now)
-                if start is not None:
-                    actions.append(start)
+        # Place pending replicas, oldest first; one step each.
+        pending = sorted((r for r in self.replicas.values() if r.state == "pending"), key=lambda r: (r.created_at, r.id))
+        usage: _Usage | None = None
+        for replica in pending:
+            if replica.state != "pending" or self.replicas.get(replica.id) is not replica or replica.model not in self.models:
+                continue  # changed while the pass let others run
+            if usage is None or usage.generation != self.generation:
+                usage = _Usage(nodes, self.replicas.values(), self.generation)
+            start = self._place(replica, usage, now)
+            yield start
         # Send stops that are due: a shard marked stopping on a connected node.
         for replica in list(self.replicas.values()):
             for shard in replica.shards:
@@ -512,46 +627,20 @@ class Reconciler:
                     node = by_id.get(shard.node)
                     if node is not None and node.connected and node.state == "ready":
                         grace = shard.spec.stop_grace if shard.spec else 5.0
-                        actions.append(StopShard(shard.node, shard.shard_id, grace, shard.reason))
                         shard.stop_sent = True
+                        yield StopShard(shard.node, shard.shard_id, grace, shard.reason)
                     elif node is None or node.state == "lost":
                         shard.state = "lost"
                         self._maybe_forget(replica)
             if replica.state == "stopping":
                 self._maybe_forget(replica)
-        return actions
 
-    def _capacities(self, nodes: Sequence[NodeInfo], model: str) -> list[NodeCapacity]:
-        used_gpus: dict[str, set[int]] = {}
-        used_ports: dict[str, set[int]] = {}
-        of_model: dict[str, int] = {}
-        for replica in self.replicas.values():
-            for shard in replica.shards:
-                if shard.state in HOLDING:
-                    used_gpus.setdefault(shard.node, set()).update(shard.gpus)
-                    used_ports.setdefault(shard.node, set()).add(shard.port)
-                    if replica.model == model:
-                        of_model[shard.node] = of_model.get(shard.node, 0) + 1
-        return [
-            NodeCapacity(
-                node_id=n.node_id,
-                state=n.state if n.connected or n.state != "ready" else "unreachable",
-                gpus=n.gpus,
-                used_gpus=used_gpus.get(n.node_id, set()),
-                used_ports=used_ports.get(n.node_id, set()),
-                replicas_of_model=of_model.get(n.node_id, 0),
-                can_start=m.FEATURE_START in n.features,
-                version=n.version,
-            )
-            for n in nodes
-        ]
-
-    def _place(self, replica: Replica, nodes: Sequence[NodeInfo], now: float) -> StartShard | None:
+    def _place(self, replica: Replica, usage: _Usage, now: float) -> StartShard | None:
         model = self.models[replica.model]
         if not model.profiles:
             replica.reason = f"model {model.name} has no profiles"
             return None
-        capacities = self._capacities(nodes, model.name)
+        capacities = usage.for_model(model.name)
         reasons: list[str] = []
         attempt = replica.attempt + 1
         for profile in model.profiles:
@@ -572,7 +661,7 @@ class Reconciler:
                 replica.past[old.shard_id] = (old.node, old.seen_at)
             for stale in list(replica.past)[: max(0, len(replica.past) - PAST_SHARDS)]:
                 del replica.past[stale]
-            replica.shards = [
+            self._set_shards(replica, [
                 Shard(
                     shard_id=shard_id,
                     node=result.node_id,
@@ -582,7 +671,8 @@ class Reconciler:
                     seen_at=now,
                     spec=spec,
                 )
-            ]
+            ])
+            usage.hold(model.name, result.node_id, result.gpus, result.port)
             replica.set_state("starting", now, "")
             self.log.append(f"placed {shard_id} ({model.name}/{profile.name}) on {result.node_id} GPUs {list(result.gpus)} port {result.port}")
             return StartShard(result.node_id, spec)
