@@ -165,8 +165,8 @@ class Agent:
                         with trio.move_on_after(heartbeat):
                             await stop.wait()
                     nursery.cancel_scope.cancel()
-        except ChannelClosed as exc:
-            self.closed = exc.reason
+        except* ChannelClosed as group:
+            self.closed = "; ".join(e.reason for e in group.exceptions if isinstance(e, ChannelClosed))
 
     async def _receive(self, ch, scope: trio.CancelScope) -> None:  # type: ignore[no-untyped-def]
         try:
@@ -189,3 +189,14 @@ def clique(n: int, links: int = 18) -> list[m.Gpu]:
     """n GPUs, every one NVLinked to every other (an NVSwitch box)."""
     return [m.Gpu(index=i, name="NVIDIA H100 80GB HBM3", memory_mib=81559,
                   nvlink={j: links for j in range(n) if j != i}) for i in range(n)]
+
+
+def metric(server_url: str, name: str, labels: str = "") -> float:
+    """One sample of the server's /metrics (0 when absent)."""
+    import httpx
+
+    prefix = f"{name}{{{labels}}}" if labels else name
+    for line in httpx.get(f"{server_url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(prefix + " "):
+            return float(line.split()[-1])
+    return 0.0

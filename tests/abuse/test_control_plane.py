@@ -196,3 +196,183 @@ async def test_a_thousand_model_catalog_is_placed_without_stalling(tmp_path: Pat
         report("reconcile, 1,000 models x 1 replica on 8 nodes x 125 GPUs", f"placed in {took:.1f} s", served)
         stop.set()
         nursery.cancel_scope.cancel()
+
+
+def test_a_restart_does_not_wait_for_nodes_already_lost(tmp_path: Path, procs: list[Proc]) -> None:
+    """known-nodes.json kept lost nodes: a restarted server waited out its settle period for
+    them, 503ing with 'no ready replica: small-k94f5 ready; small-cd96h ready'."""
+    import json
+    import re
+
+    import httpx
+
+    from tests.e2e.harness import engines_config, make_sim_node, replicas, start_agent, wait_until
+
+    catalog = """\
+models:
+  - name: small
+    replicas: 2
+    profiles: [{name: tp1, engine: sim, gpus: 1}]
+"""
+    server = Server(tmp_path, engines_config(catalog))
+    procs.append(server.start())
+    agents = {}
+    for node in ("gpu-01", "gpu-02"):
+        config = make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT_FOR_RESTART, "--gpus", "2")
+        agents[node] = start_agent(tmp_path, node, config, "--stop-engines-on-exit")
+        procs.append(agents[node])
+    wait_until(lambda: len([r for r in replicas(server) if r["state"] == "ready"]) == 2, "two ready replicas",
+               procs=[server.proc, *agents.values()])
+
+    # gpu-01 goes away for good: lost; its replica moves to gpu-02.
+    agents["gpu-01"].stop()
+    wait_until(lambda: server.nodes()["gpu-01"]["state"] == "lost", "gpu-01 lost", procs=[server.proc])
+    wait_until(lambda: [r["shards"][0]["node"] for r in replicas(server) if r["state"] == "ready"] == ["gpu-02", "gpu-02"],
+               "both replicas on gpu-02", procs=[server.proc, agents["gpu-02"]])
+    known = json.loads((server.state_dir / "known-nodes.json").read_text())
+    assert known == ["gpu-02"], known
+
+    # Restart with a long settle period: gpu-02 re-registers and its engines serve at once.
+    server.proc.stop()
+    server.config.write_text(server.config.read_text().replace("settle: 0.5s", "settle: 60s"))
+    t0 = time.monotonic()
+    procs.append(server.start())
+    listening = time.monotonic() - t0
+    refusals: list[str] = []
+
+    def served() -> bool:
+        response = httpx.post(f"{server.url}/v1/chat/completions", timeout=5,
+                              json={"model": "small", "messages": [{"role": "user", "content": "hi"}]})
+        if response.status_code == 503:
+            refusals.append(response.json()["error"]["message"])
+        return response.status_code == 200
+
+    wait_until(served, "a chat answer after the restart", deadline=20, procs=[server.proc, agents["gpu-02"]])
+    took = time.monotonic() - t0 - listening
+    contradictions = [t for t in refusals if re.search(r"-[a-z0-9]{5} ready(;|$)", t)]
+    assert not contradictions, contradictions
+    assert took < 15, took
+    line = refusals[-1] if refusals else "no 503 at all"
+    report("restart with a lost node in known-nodes.json (settle 60 s)",
+           f"served {took:.1f} s after listening; {len(refusals)} 503s, last: {line}", "gpu-01 not waited for")
+
+
+FAST_AGENT_FOR_RESTART = """\
+backoff:
+  initial: 0.2s
+  max: 1s
+"""
+
+
+BIG_MESSAGES = FAST_FLEET.replace("max_message: 256KiB", "max_message: 4MiB")
+
+
+async def test_a_register_with_100000_gpus_is_refused(tmp_path: Path, procs: list[Proc]) -> None:
+    from llmgw import __version__
+    from llmgw.wire import messages as m
+    from tests.abuse.door import metric
+
+    certs = make_ca(tmp_path / "ca")
+    server = Server(tmp_path, BIG_MESSAGES + certs.server_tls_yaml(), insecure=False)
+    procs.append(await trio.to_thread.run_sync(server.start))
+    liar = Agent(server.fleet_url, certs, "liar-01", m.Register(
+        node_id="liar-01", version=__version__, features=[m.FEATURE_START],
+        inventory=m.Inventory(gpus=[m.Gpu(index=i) for i in range(100_000)])))
+    probe = Probe(server.public_port)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(probe.run)
+        mark = probe.mark()
+        with trio.fail_after(30):
+            await liar.run(stop)
+        served = assert_served(probe, mark, "a 100,000-GPU Register")
+        nursery.cancel_scope.cancel()
+    assert liar.closed is not None and "100,000 GPUs (fleet.max_gpus is 256)" in liar.closed, liar.closed
+    assert "liar-01" not in server.nodes()
+    assert metric(server.url, "llmgw_fleet_refused_total", 'reason="too_big"') == 1
+    lines = [line for line in server.proc.log().splitlines() if "100,000 GPUs" in line]
+    assert len(lines) == 1, lines
+    report("Register with 100,000 GPUs", f"refused: {liar.closed}", served)
+
+
+async def test_a_heartbeat_flood_is_cut_off(tmp_path: Path, procs: list[Proc]) -> None:
+    """One node heartbeating 6,169 times a second took 60 % of a core."""
+    from llmgw import __version__
+    from llmgw.agent.procs import cpu_seconds
+    from llmgw.fleet import dial
+    from llmgw.wire import messages as m
+    from tests.abuse.door import metric
+
+    certs = make_ca(tmp_path / "ca")
+    server = Server(tmp_path, FAST_FLEET + certs.server_tls_yaml(), insecure=False)
+    procs.append(await trio.to_thread.run_sync(server.start))
+    steady = Agent(server.fleet_url, certs, "steady-01")
+    flooder = Agent(server.fleet_url, certs, "flood-01")
+    probe = Probe(server.public_port)
+    stop = trio.Event()
+    sent = 0
+    closed = ""
+
+    async def flood() -> None:
+        nonlocal sent, closed
+        from llmgw.fleet import ChannelClosed
+
+        async with dial(server.fleet_url, ssl_context=flooder.context(), max_message=1 << 20) as ch:
+            await ch.send(m.encode(m.Register(node_id="flood-01", version=__version__)))
+            beat = m.encode(m.Heartbeat(seq=1))
+            try:
+                with trio.move_on_after(5):
+                    while True:
+                        await ch.send(beat)
+                        sent += 1
+                        if sent % 50 == 0:
+                            await trio.lowlevel.checkpoint()
+                while True:  # the server's answer, if it had one
+                    await ch.receive()
+            except ChannelClosed as exc:
+                closed = exc.reason
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(probe.run)
+        nursery.start_soon(steady.run, stop)
+        await wait_until_async(lambda: server.nodes().get("steady-01", {}).get("state") == "ready", "steady-01 ready",
+                               procs=[server.proc])
+        mark = probe.mark()
+        cpu0, t0 = cpu_seconds(server.proc.pid), time.monotonic()
+        await flood()
+        wall = time.monotonic() - t0
+        cpu = cpu_seconds(server.proc.pid) - cpu0
+        served = assert_served(probe, mark, "a heartbeat flood")
+        assert server.nodes()["steady-01"]["state"] == "ready"
+        stop.set()
+        nursery.cancel_scope.cancel()
+    assert "far over the limit of 10/s (fleet.max_heartbeat_rate)" in closed, closed
+    assert metric(server.url, "llmgw_fleet_refused_total", 'reason="heartbeat_rate"') == 1
+    assert metric(server.url, "llmgw_fleet_dropped_total", 'reason="heartbeat_rate"') >= 20
+    share = cpu / wall
+    assert share < 0.5, f"the server spent {cpu:.2f} CPU-s in {wall:.2f} s of flood"
+    report("heartbeat flood from one node", f"{sent} heartbeats sent, stream closed after {wall:.2f} s: {closed}; "
+           f"server CPU {share:.0%} of a core meanwhile", served)
+
+
+async def test_stalled_tls_handshakes_do_not_flood_the_log(tmp_path: Path, procs: list[Proc]) -> None:
+    """One WARNING line per stalled, unauthenticated TLS handshake: anyone could fill the log."""
+    from tests.abuse.door import metric
+
+    certs = make_ca(tmp_path / "ca")
+    server = Server(tmp_path, FAST_FLEET + certs.server_tls_yaml(), insecure=False)
+    procs.append(await trio.to_thread.run_sync(server.start))
+    probe = Probe(server.public_port)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(probe.run)
+        mark = probe.mark()
+        silent = [await trio.open_tcp_stream("127.0.0.1", server.fleet_port) for _ in range(60)]
+        await wait_until_async(lambda: metric(server.url, "llmgw_fleet_refused_total", 'reason="tls_timeout"') >= 60,
+                               "60 handshake timeouts counted", procs=[server.proc])
+        served = assert_served(probe, mark, "60 stalled TLS handshakes")
+        for stream in silent:
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+    lines = [line for line in server.proc.log().splitlines() if "no TLS handshake within" in line]
+    assert 1 <= len(lines) <= 2, lines
+    report("60 stalled TLS handshakes", f"all 60 counted, {len(lines)} log line(s): {lines[0].split(': ', 1)[-1]}", served)

@@ -111,6 +111,15 @@ class FleetSettings(_Config):
     # (`advertise_host` in its config) or the address its fleet stream comes from ("peer":
     # a node advertising another address is refused). The port is always the shard's own.
     endpoint_host: Literal["advertised", "peer"] = "advertised"
+    # The most one node may report; a Register over any is refused with the numbers.
+    max_gpus: Positive = 256
+    max_ports: Positive = 256
+    max_shards: Positive = 1024
+    # Heartbeats per second one node may send (bursts of twice that); beyond it they are
+    # dropped and counted, and a flood (2 bursts in a row dropped) ends the stream. 0 = no limit.
+    max_heartbeat_rate: float = 10.0
+    # At most one log line per refusal reason and peer host this often (all are counted).
+    refusal_log_interval: Duration = Duration(10)
 
 
 def sha256_digest(value: str) -> str | None:

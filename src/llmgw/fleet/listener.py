@@ -11,6 +11,7 @@ import h2.exceptions
 import trio
 
 from llmgw.fleet.h2conn import ChannelClosed, FleetChannel, H2Connection
+from llmgw.fleet.limits import RefusalLog
 from llmgw.netaddr import peer_name
 from llmgw.tls import explain_tls_error, peer_common_name
 from llmgw.tls.net import handshake as tls_handshake
@@ -47,8 +48,12 @@ class FleetListener:
         idle_timeout: float | None = None,
         on_refused: RefusalHook | None = None,
         peer_check: PeerCheck | None = None,
+        refusal_log: RefusalLog | None = None,
     ) -> None:
         self.handler = handler
+        # One line per reason and peer host every 10 s: a stalled, unauthenticated TLS
+        # handshake is free to repeat, and wrote one WARNING each (issue 9).
+        self.refusal_log = refusal_log or RefusalLog(log)
         self.ssl_context = ssl_context
         self.max_message = max_message
         self.handshake_timeout = handshake_timeout
@@ -88,7 +93,8 @@ class FleetListener:
         return ended
 
     def _refuse(self, peer: str, reason: str, detail: str) -> None:
-        log.warning("fleet connection from %s refused: %s", peer, detail)
+        host = peer.rsplit(":", 1)[0]
+        self.refusal_log.warning(trio.current_time(), reason, host, "fleet connection from %s refused: %s", peer, detail)
         self.on_refused(reason)
 
     async def _serve_one(self, tcp: trio.SocketStream) -> None:

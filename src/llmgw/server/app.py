@@ -17,6 +17,7 @@ from llmgw.catalog import load_server_config, override
 from llmgw.catalog.schema import ServerConfig
 from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
+from llmgw.fleet.limits import Caps, RefusalLog
 from llmgw.netaddr import hostport
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
@@ -101,6 +102,7 @@ class ControlPlane:
         require_identity = bool(cfg.tls and cfg.tls.require_identity)
         self.known_nodes = KnownNodes(cfg.state_dir)
         self.controller = Controller(cfg.models, cfg.reconcile, self.registry, self.known_nodes)
+        self.refusal_log = RefusalLog(logging.getLogger("llmgw.fleet"), every=float(fleet.refusal_log_interval))
         self.fleet = FleetService(
             self.registry,
             self.metrics,
@@ -108,6 +110,9 @@ class ControlPlane:
             require_identity=require_identity,
             endpoint_host=fleet.endpoint_host,
             observer=self.controller,
+            caps=Caps(gpus=fleet.max_gpus, ports=fleet.max_ports, shards=fleet.max_shards),
+            heartbeat_rate=float(fleet.max_heartbeat_rate),
+            refusal_log=self.refusal_log,
         )
         self.controller.fleet = self.fleet
         self.gateway = Gateway(
@@ -157,6 +162,7 @@ class ControlPlane:
             idle_timeout=2 * silence + self.cfg.fleet.register_timeout,
             on_refused=self.metrics.count_refused,
             peer_check=lambda peer: fleet_refusal(peer, self.revocations, require_node=self.fleet.require_identity),
+            refusal_log=self.refusal_log,
         )
         self._fleet_listener = listener
         public_scheme = "https" if self.cfg.public_tls else "http"

@@ -42,6 +42,12 @@ class ServerMetrics:
             ["door"],
             registry=self.registry,
         )
+        self.fleet_dropped = Counter(
+            "llmgw_fleet_dropped",
+            "Fleet messages dropped unprocessed (over a rate limit), by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
         self._message_children: dict[str, Counter] = {}
 
     def count_message(self, kind: str) -> None:
@@ -55,6 +61,9 @@ class ServerMetrics:
 
     def count_auth_failure(self, door: str) -> None:
         self.auth_failures.labels(door).inc()
+
+    def count_dropped(self, reason: str) -> None:
+        self.fleet_dropped.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
