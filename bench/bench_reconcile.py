@@ -24,6 +24,7 @@ import random
 import time
 
 from llmgw.catalog.schema import Model, Profile
+from llmgw.server.app import settle_garbage_collector
 from llmgw.server.reconcile import NodeInfo, Reconciler, Settings, StartShard
 from llmgw.wire import messages as m
 
@@ -68,6 +69,7 @@ def main() -> None:
 
     nodes = fleet(args.nodes, args.gpus)
     rec = Reconciler(catalog(args.models), Settings(port_range=(20000, 29999)), random.Random(1))
+    settle_garbage_collector()  # as the server does once it is configured
     print(f"reconcile: {args.nodes:,} nodes × {args.gpus} GPUs × {args.models:,} models (1 replica each)")
 
     # The placing pass, step by step, as the server's driver runs it.

@@ -358,14 +358,14 @@ async def run_server(cfg: ServerConfig, *, insecure: bool = False, config_path: 
         for sock in socks:
             sock.close()
         raise
-    _settle_garbage_collector()
+    settle_garbage_collector()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signals, plane.shutdown_event)
         await plane.run(public_sock=socks[0], fleet_sock=socks[1], admin_sock=socks[2] if cfg.admin_listen else None)
         nursery.cancel_scope.cancel()
 
 
-def _settle_garbage_collector() -> None:
+def settle_garbage_collector() -> None:
     """Keep full garbage collections short: they stop the whole event loop. With a 1,000-model
     catalog and 1,000 replicas a full collection took 0.25-0.46 s on the 2-core development
     machine (issue 9's abuse tests saw it as /healthz stalls). What exists once the server is

@@ -592,8 +592,10 @@ class Reconciler:
                 self.stop_replica(replica, now, f"model {replica.model} left the catalog")
             elif replica.profile and replica.state != "pending" and replica.profile not in {p.name for p in model.profiles}:
                 self.stop_replica(replica, now, f"profile {replica.profile} left model {replica.model}")
-        # Counts: add missing replicas, stop surplus ones.
-        for model in self.models.values():
+        # Counts: add missing replicas, stop surplus ones (a step every 100 models).
+        for i, model in enumerate(list(self.models.values())):
+            if i % 100 == 99:
+                yield None
             ids = self._of_model.get(model.name, ())
             active = [r for r in map(self.replicas.__getitem__, ids) if r.state != "stopping"]
             for _ in range(model.replicas - len(active)):
