@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from llmgw.catalog.schema import Model, Profile
 from llmgw.server.reconcile import NodeInfo, Reconciler, Settings, StartShard, StopShard
 from llmgw.wire import messages as m
@@ -315,3 +317,58 @@ def test_a_pass_yields_after_each_placement_and_rechecks_between_steps() -> None
     assert len(placed) == 8 and all(s.node == "gpu-01" for s in placed)
     [waiting] = [r for r in rec.replicas.values() if r.state == "pending"]
     assert "gpu-02: 0 of 8 GPUs free" in waiting.reason
+
+
+def _surplus_fleet(wanted: int) -> Reconciler:
+    """Seven replicas of `small`, one per state the surplus rule ranks, two starting and two
+    ready ones with different start times, built as a restarted server would see them."""
+    from llmgw.server.reconcile import Replica, Shard
+
+    rec = make(catalog(small=wanted, big=0))
+
+    def replica(rid: str, state: str, started: float, shard_state: str | None, node: str = "gpu-01") -> None:
+        shards = [] if shard_state is None else [
+            Shard(shard_id=f"{rid}.1", node=node, gpus=[len(rec.replicas)], port=20000 + len(rec.replicas),
+                  state=shard_state, started_at=started, acked=True)
+        ]
+        rec.replicas[rid] = Replica(id=rid, model="small", profile="tp1", state=state, created_at=started,  # type: ignore[arg-type]
+                                    state_since=started, next_attempt_at=1000.0, shards=shards)
+
+    replica("r-pending", "pending", 5.0, None)
+    replica("r-failed", "failed", 6.0, "failed")
+    replica("r-starting-old", "starting", 1.0, "starting")
+    replica("r-starting-new", "starting", 3.0, "starting", node="gpu-02")
+    replica("r-ready-old", "ready", 0.0, "ready")
+    replica("r-ready-new", "ready", 2.0, "ready", node="gpu-02")
+    replica("r-stopping", "stopping", 4.0, "stopping")  # already going: never counted, never picked
+    return rec
+
+
+# Which replicas the surplus rule takes away, written out (not computed with the code's sort key):
+# pending first, then failed, then starting, then ready; within a state the newest goes first.
+SURPLUS_CASES = [
+    (6, []),
+    (5, ["r-pending"]),
+    (4, ["r-pending", "r-failed"]),
+    (3, ["r-pending", "r-failed", "r-starting-new"]),
+    (2, ["r-pending", "r-failed", "r-starting-new", "r-starting-old"]),
+    (1, ["r-pending", "r-failed", "r-starting-new", "r-starting-old", "r-ready-new"]),
+]
+
+
+@pytest.mark.parametrize(("wanted", "victims"), SURPLUS_CASES)
+def test_surplus_priority_over_every_state_and_start_time(wanted: int, victims: list[str]) -> None:
+    rec = _surplus_fleet(wanted)
+    before = set(rec.replicas)
+    actions = rec.reconcile(nodes("gpu-01", "gpu-02"), 10)
+    assert not starts(actions)
+    # Pending and failed ones hold nothing: they are dropped. The others are stopped, once each.
+    gone = sorted(before - set(rec.replicas))
+    stopping = sorted(r.id for r in rec.replicas.values() if r.state == "stopping" and r.id != "r-stopping")
+    assert gone == sorted(v for v in victims if v in ("r-pending", "r-failed"))
+    assert stopping == sorted(v for v in victims if v not in ("r-pending", "r-failed"))
+    assert sorted(s.shard_id for s in stops(actions)) == sorted(
+        [f"{v}.1" for v in victims if v not in ("r-pending", "r-failed")] + ["r-stopping.1"])
+    kept = {r.id for r in rec.replicas.values() if r.state != "stopping"}
+    assert len(kept) == wanted
+    assert rec.reconcile(nodes("gpu-01", "gpu-02"), 11) == []  # level-triggered: decided once

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import ssl
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,15 +100,43 @@ def test_half_a_client_pair_and_client_certs_without_ca(pki: Path) -> None:
     )
 
 
-def test_unreadable_key(pki: Path, tmp_path: Path) -> None:
-    import os
-
+def _unprivileged(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run Python code in a process that file permissions apply to. As root (CI runs as root,
+    and root reads files whatever their mode) util-linux's setpriv, which every Debian has,
+    first drops every capability, CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH among them: the
+    process keeps uid 0, so it still reaches a checkout under /root (which `nobody` could not),
+    but it can no longer read what a file's mode forbids."""
+    cmd = [sys.executable, "-c", code, *args]
     if os.geteuid() == 0:
-        pytest.skip("root reads files whatever their mode")
+        setpriv = shutil.which("setpriv")
+        assert setpriv, "this test needs setpriv (util-linux) to drop root's capabilities"
+        cmd = [setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+SERVER_CONTEXT = """\
+import sys
+from llmgw.errors import UsageError
+from llmgw.tls import server_context
+try:
+    server_context(sys.argv[1], sys.argv[2])
+except UsageError as exc:
+    print(exc)
+    sys.exit(2)
+"""
+
+
+def test_unreadable_key(pki: Path, tmp_path: Path) -> None:
+    """Not skipped as root: run where the file's mode applies, as root or not."""
     key = tmp_path / "locked.key"
     key.write_bytes((pki / "server.key").read_bytes())
+    key.chmod(0o600)
+    readable = _unprivileged(SERVER_CONTEXT, str(pki / "server.crt"), str(key))
+    assert readable.returncode == 0, (readable.stdout, readable.stderr)  # the same process reads it while it may
     key.chmod(0)
-    assert "permission denied" in _usage_error(server_context, str(pki / "server.crt"), str(key))
+    result = _unprivileged(SERVER_CONTEXT, str(pki / "server.crt"), str(key))
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert result.stdout == f"cannot read key file {key}: permission denied\n"
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o606])

@@ -296,19 +296,20 @@ async def test_a_head_that_never_completes_is_408_and_silence_is_a_quiet_close(
 
 
 @pytest.mark.parametrize(
-    ("raw", "status"),
+    ("raw", "status", "reason"),
     [
-        (b"GARBAGE\r\n\r\n", 400),
-        (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", 400),
-        (b"GET / HTTP/1.1\r\nx: a\x00b\r\n\r\n", 400),
-        (b"GET / HTTP/3.0\r\n\r\n", 505),
-        (b"POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n", 501),
-        (b"POST / HTTP/1.1\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n", 400),
-        (b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", 400),
-        (b"GET / HTTP/1.1\r\n" + b"x: y\r\n" * 20000, 431),
+        (b"GARBAGE\r\n\r\n", 400, "malformed request line"),
+        (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", 400, "malformed header line"),
+        (b"GET / HTTP/1.1\r\nx: a\x00b\r\n\r\n", 400, "control character in a header line"),
+        (b"GET / HTTP/3.0\r\n\r\n", 505, "HTTP version not supported"),
+        (b"POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n", 501, "only chunked transfer coding is supported"),
+        # A smuggling attempt: refused for having both, not for what the body then looks like.
+        (b"POST / HTTP/1.1\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n", 400, "both Content-Length and Transfer-Encoding"),
+        (b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", 400, "bad chunk size line"),
+        (b"GET / HTTP/1.1\r\n" + b"x: y\r\n" * 20000, 431, "request head too large"),
     ],
 )
-async def test_malformed_requests_get_an_error_and_the_connection_closes(raw: bytes, status: int) -> None:
+async def test_malformed_requests_get_an_error_and_the_connection_closes(raw: bytes, status: int, reason: str) -> None:
     app = App()
     async with serving(app) as (_, port):
         c = await Client.open(port)
@@ -316,7 +317,8 @@ async def test_malformed_requests_get_an_error_and_the_connection_closes(raw: by
         assert (await c.response())[0].status == 200
         head, body = await c.response()
         assert head.status == status and head.close
-        assert msgspec.json.decode(body)["error"]["code"] == status
+        error = msgspec.json.decode(body)["error"]
+        assert error["code"] == status and error["message"] == reason, error
         assert await c.closed()
         assert app.calls == ["/first"]
 
