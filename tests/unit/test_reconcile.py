@@ -347,7 +347,6 @@ def _surplus_fleet(wanted: int) -> Reconciler:
 # Which replicas the surplus rule takes away, written out (not computed with the code's sort key):
 # pending first, then failed, then starting, then ready; within a state the newest goes first.
 SURPLUS_CASES = [
-    (6, []),
     (5, ["r-pending"]),
     (4, ["r-pending", "r-failed"]),
     (3, ["r-pending", "r-failed", "r-starting-new"]),
