@@ -1,0 +1,61 @@
+"""tools/mutants.py (`make mutants`) refuses a list that no longer matches the code, by name,
+instead of counting a mutant that was never applied as caught."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mutants() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutants", ROOT / "tools" / "mutants.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def test_a_mutant_whose_text_moved_fails_the_run_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    tool = _mutants()
+    (tmp_path / "core.py").write_text("x = 1\ny = 2\ny = 2\n")
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    moved = tool.Mutant("moved", "core.py", "z = 3", "z = 4", ("t.py",))
+    twice = tool.Mutant("twice", "core.py", "y = 2", "y = 3", ("t.py",))
+    gone = tool.Mutant("gone", "gone.py", "x", "y", ("t.py",))
+    fine = tool.Mutant("fine", "core.py", "x = 1", "x = 2", ("t.py",))
+    with pytest.raises(tool.ListError) as info:
+        tool.check_list((fine, moved, twice, gone))
+    message = str(info.value)
+    assert "moved: the text to mutate is no longer found in core.py: 'z = 3'" in message
+    assert "twice: the text to mutate occurs 2 times in core.py" in message
+    assert "gone: gone.py does not exist" in message
+    assert "fine" not in message.replace("fine:", "")
+    tool.check_list((fine,))  # a list that matches passes
+    # Through main: one clear line per problem, exit 2, nothing run.
+    monkeypatch.setattr(tool, "MUTANTS", (fine, moved))
+    assert tool.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mutants: the mutant list does not match the code") and "moved:" in err
+
+
+def test_the_list_names_the_bugs_issue_22_planted() -> None:
+    names = {m.name for m in _mutants().MUTANTS}
+    assert {
+        "surplus-ready-before-starting",
+        "register-node-id-unchecked",
+        "register-certificate-name-unchecked",
+        "gateway-outcome-always-success",
+        "http1-content-length-with-transfer-encoding",
+        "tls-unreadable-key-not-explained",
+    } <= names
