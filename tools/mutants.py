@@ -104,8 +104,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "surplus-oldest-first",
         "src/llmgw/server/reconcile.py",
-        "-r.started_at, r.id",
-        "r.started_at, r.id",
+        "-r.seen_at, r.id",
+        "r.seen_at, r.id",
         RECONCILE,
     ),
     Mutant(

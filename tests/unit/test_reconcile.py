@@ -321,7 +321,8 @@ def test_a_pass_yields_after_each_placement_and_rechecks_between_steps() -> None
 
 def _surplus_fleet(wanted: int) -> Reconciler:
     """Seven replicas of `small`, one per state the surplus rule ranks, two starting and two
-    ready ones with different start times, built as a restarted server would see them."""
+    ready ones that this server saw start at different times. Within a state the older one's id
+    sorts first, so the id (the last tie-break) cannot pass for the start time."""
     from llmgw.server.reconcile import Replica, Shard
 
     rec = make(catalog(small=wanted, big=0))
@@ -329,7 +330,7 @@ def _surplus_fleet(wanted: int) -> Reconciler:
     def replica(rid: str, state: str, started: float, shard_state: str | None, node: str = "gpu-01") -> None:
         shards = [] if shard_state is None else [
             Shard(shard_id=f"{rid}.1", node=node, gpus=[len(rec.replicas)], port=20000 + len(rec.replicas),
-                  state=shard_state, started_at=started, acked=True)
+                  state=shard_state, started_at=started, seen_at=started, acked=True)
         ]
         rec.replicas[rid] = Replica(id=rid, model="small", profile="tp1", state=state, created_at=started,  # type: ignore[arg-type]
                                     state_since=started, next_attempt_at=1000.0, shards=shards)
@@ -337,9 +338,9 @@ def _surplus_fleet(wanted: int) -> Reconciler:
     replica("r-pending", "pending", 5.0, None)
     replica("r-failed", "failed", 6.0, "failed")
     replica("r-starting-old", "starting", 1.0, "starting")
-    replica("r-starting-new", "starting", 3.0, "starting", node="gpu-02")
+    replica("r-starting-young", "starting", 3.0, "starting", node="gpu-02")
     replica("r-ready-old", "ready", 0.0, "ready")
-    replica("r-ready-new", "ready", 2.0, "ready", node="gpu-02")
+    replica("r-ready-young", "ready", 2.0, "ready", node="gpu-02")
     replica("r-stopping", "stopping", 4.0, "stopping")  # already going: never counted, never picked
     return rec
 
@@ -349,9 +350,9 @@ def _surplus_fleet(wanted: int) -> Reconciler:
 SURPLUS_CASES = [
     (5, ["r-pending"]),
     (4, ["r-pending", "r-failed"]),
-    (3, ["r-pending", "r-failed", "r-starting-new"]),
-    (2, ["r-pending", "r-failed", "r-starting-new", "r-starting-old"]),
-    (1, ["r-pending", "r-failed", "r-starting-new", "r-starting-old", "r-ready-new"]),
+    (3, ["r-pending", "r-failed", "r-starting-young"]),
+    (2, ["r-pending", "r-failed", "r-starting-young", "r-starting-old"]),
+    (1, ["r-pending", "r-failed", "r-starting-young", "r-starting-old", "r-ready-young"]),
 ]
 
 
