@@ -198,8 +198,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "breaker-probe-failure-no-backoff",
         "src/llmgw/server/gateway/breaker.py",
-        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)",
-        "self._cooldown = min(self._cooldown, self.max_cooldown)",
+        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, f\"probe failed",
+        "self._cooldown = min(self._cooldown, self.max_cooldown)\n            self._open(now, f\"probe failed",
+        BREAKER,
+    ),
+    Mutant(
+        "breaker-health-probe-failure-no-backoff",
+        "src/llmgw/server/gateway/breaker.py",
+        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, f\"health probe failed",
+        "self._cooldown = min(self._cooldown, self.max_cooldown)\n            self._open(now, f\"health probe failed",
         BREAKER,
     ),
     # -- retries and their budget -----------------------------------------------------------
