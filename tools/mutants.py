@@ -235,15 +235,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "placement-no-spread",
         "src/llmgw/placement/single.py",
-        "((node.replicas_of_model, left_after, node.node_id), node, free)",
-        "((0, left_after, node.node_id), node, free)",
+        "((node.replicas_of_model, len(free) - req.gpus, node.node_id), node, free)",
+        "((0, len(free) - req.gpus, node.node_id), node, free)",
         PLACEMENT,
     ),
     Mutant(
         "placement-reuses-busy-gpus",
         "src/llmgw/placement/single.py",
-        "free = [g for g in _matching(node.gpus, req) if g.index not in node.used_gpus]",
-        "free = _matching(node.gpus, req)",
+        "g.index not in node.used_gpus\n        and (not kind",
+        "True\n        and (not kind",
         PLACEMENT,
     ),
     Mutant(

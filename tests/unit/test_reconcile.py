@@ -332,8 +332,8 @@ def _surplus_fleet(wanted: int) -> Reconciler:
             Shard(shard_id=f"{rid}.1", node=node, gpus=[len(rec.replicas)], port=20000 + len(rec.replicas),
                   state=shard_state, started_at=started, seen_at=started, acked=True)
         ]
-        rec.replicas[rid] = Replica(id=rid, model="small", profile="tp1", state=state, created_at=started,  # type: ignore[arg-type]
-                                    state_since=started, next_attempt_at=1000.0, shards=shards)
+        rec._put(Replica(id=rid, model="small", profile="tp1", state=state, created_at=started,  # type: ignore[arg-type]
+                         state_since=started, next_attempt_at=1000.0, shards=shards))  # indexed as the reconciler does
 
     replica("r-pending", "pending", 5.0, None)
     replica("r-failed", "failed", 6.0, "failed")
