@@ -359,3 +359,17 @@ def test_an_open_breaker_is_probed_by_health_checks_not_clients() -> None:
     b.health("e0", 50.0, True)
     assert b.breaker("e0").state is BreakerState.CLOSED
     assert b.pick(50.0, exclude={"e1"}).endpoint == "e0"  # type: ignore[union-attr]
+
+
+def test_turning_active_health_off_puts_every_endpoint_back_and_lets_clients_probe() -> None:
+    b = make(1, health_failures=1, breaker_failures=1, breaker_cooldown=1.0, health_probes=True)
+    assert b.health("e0", 0.0, False, "no answer") == "down"
+    p = b.pick(0.0)
+    assert p is None
+    b.set_health_policy(3, probes=False)  # a reload with health_interval: 0
+    assert b.healthy("e0")
+    p = b.pick(0.0)
+    assert p is not None
+    b.release(p, 0.0, ok=False)
+    assert b.breaker("e0").state is BreakerState.OPEN
+    assert b.pick(2.0) is not None  # the cool-down is over: a client probes again

@@ -214,6 +214,18 @@ class Balancer:
             )
         )
 
+    def set_health_policy(self, failures: int, probes: bool) -> None:
+        """A reload changed active health: with it off, nothing would ever put an endpoint
+        back in rotation or probe an open breaker, so none stays out for failed checks."""
+        self.health_failures = max(1, failures)
+        self.health_probes = probes
+        for ep in self._eps.values():
+            ep.breaker.health_probes = probes
+            if not probes:
+                ep.unhealthy_since = None
+                ep.health_failures = 0
+                ep.health_reason = ""
+
     def health(self, endpoint: str, now: float, ok: bool, reason: str = "") -> str | None:
         """One active health check of `endpoint` (or a metrics scrape that got no answer).
         `health_failures` failures in a row take it out of rotation; one pass puts it back.

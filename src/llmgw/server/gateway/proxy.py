@@ -159,6 +159,7 @@ class Gateway:
             if route is None:
                 route = self.routes[name] = Route(name, self.settings, policy, self.rng, self.metrics)
             route.balancer.policy = policy  # type: ignore[assignment]
+            route.balancer.set_health_policy(self.settings.health_failures, self.settings.health_interval > 0)
             model = by_name.get(name)
             if model is not None:
                 adm = model.admission
