@@ -301,6 +301,17 @@ def replicas(server: Server) -> list[dict[str, Any]]:
     return server.get("/api/v1/replicas")
 
 
+def engine_key(tmp: Path, shard_id: str) -> str:
+    """The engine API key of a shard, read where only the agent's user can: its state file
+    (the API never shows it). Tests that talk to an engine directly need it."""
+    [state] = list(tmp.glob(f"**/shards/{shard_id}.json"))
+    return json.loads(state.read_text())["spec"]["api_key"]
+
+
+def engine_auth(tmp: Path, shard_id: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {engine_key(tmp, shard_id)}"}
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

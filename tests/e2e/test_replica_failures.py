@@ -33,10 +33,10 @@ from tests.e2e.harness import (
 )
 
 
-def one_node(tmp_path: Path, procs: list[Proc], config: str, gpus: int = 4) -> tuple[Server, Proc, Path]:
+def one_node(tmp_path: Path, procs: list[Proc], config: str, gpus: int = 4, agent_extra: str = "") -> tuple[Server, Proc, Path]:
     server = Server(tmp_path, config)
     procs.append(server.start())
-    agent_config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", str(gpus))
+    agent_config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT + agent_extra, "--gpus", str(gpus))
     agent = start_agent(tmp_path, "gpu-01", agent_config, "--stop-engines-on-exit")
     procs.append(agent)
     return server, agent, agent_config
@@ -105,7 +105,10 @@ models:
         start_timeout: 2s
         stop_grace: 1s
 """
-    server, agent, _ = one_node(tmp_path, procs, engines_config(catalog))
+    # This node allows the command engine and that (missing) program: the refusal is the agent's
+    # own check that it exists, not its allowlist (test_agent_allowlist.py has those).
+    allow = "allow:\n  engines: [vllm, sglang, sim, command]\n  executables: [vllm, python3, llmgw-no-such-engine]\n"
+    server, agent, _ = one_node(tmp_path, procs, engines_config(catalog), agent_extra=allow)
     expected = {
         "nobin": "gpu-01: not started: command: executable 'llmgw-no-such-engine' not found on PATH",
         "badtp": "gpu-01: not started: vllm: profile args set tensor parallel size 4 but the shard has 2 GPU(s)",

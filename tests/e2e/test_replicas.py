@@ -13,6 +13,7 @@ from tests.e2e.harness import (
     Proc,
     Server,
     ctl_json,
+    engine_auth,
     engines_config,
     make_sim_node,
     pid_alive,
@@ -62,8 +63,10 @@ def pids(rs: list[dict[str, Any]]) -> dict[str, int]:
     return {r["id"]: r["shards"][0]["pid"] for r in rs}
 
 
-def chat(endpoint: str, model: str) -> str:
-    response = httpx.post(f"{endpoint}/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+def chat(endpoint: str, model: str, headers: dict[str, str]) -> str:
+    """Straight to the engine, with its key (the shard's, from the agent's state file)."""
+    response = httpx.post(f"{endpoint}/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+                          headers=headers, timeout=10)
     response.raise_for_status()
     return response.json()["choices"][0]["message"]["content"]
 
@@ -79,7 +82,7 @@ def test_replicas_ready_and_a_killed_engine_is_replaced(tmp_path: Path, procs: l
         assert {"id", "model", "state", "shards"} <= r.keys() and r["state"] == "ready"
         assert {"node", "gpus", "rank", "state", "endpoint"} <= shard.keys()
         assert len(shard["gpus"]) == (2 if r["model"] == "large" else 1)
-        assert chat(shard["endpoint"], r["model"])
+        assert chat(shard["endpoint"], r["model"], engine_auth(tmp_path, shard["shard_id"]))
     # No two engines share a GPU on a node.
     held = [(r["shards"][0]["node"], g) for r in listed for g in r["shards"][0]["gpus"]]
     assert len(held) == len(set(held))
@@ -96,7 +99,7 @@ def test_replicas_ready_and_a_killed_engine_is_replaced(tmp_path: Path, procs: l
                       and r["shards"][0]["pid"] != old_pid), None),
         "the killed engine's replica to be replaced", procs=procs)
     assert replaced["attempt"] == victim["attempt"] + 1
-    assert chat(replaced["shards"][0]["endpoint"], "small")
+    assert chat(replaced["shards"][0]["endpoint"], "small", engine_auth(tmp_path, replaced["shards"][0]["shard_id"]))
     assert "exited" in server.proc.log() or "killed" in server.proc.log()
 
 

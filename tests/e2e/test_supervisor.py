@@ -23,10 +23,14 @@ import trio
 
 from llmgw.agent import procs
 from llmgw.agent.supervisor import Supervisor
-from llmgw.catalog.schema import EngineHealth
+from llmgw.catalog.schema import EngineAllow, EngineHealth
 from llmgw.catalog.units import Duration
 from llmgw.wire import messages as m
 from tests.e2e.harness import DEFAULT_DEADLINE, free_port, pid_alive
+
+# These tests are about launching, not the allowlist (test_the_agents_allowlist_… is): every
+# engine, and any program at an absolute path.
+ALLOW_ALL = EngineAllow(engines=["vllm", "sglang", "command", "sim"], executables=["vllm", "python3", "llmgw-no-such-engine", "/*"])
 
 SIM_AS_COMMAND = [sys.executable, "-m", "llmgw", "sim", "engine", "--host", "{host}", "--port", "{port}", "--model", "{model}"]
 
@@ -41,9 +45,9 @@ def spec(shard: str, engine: str = "sim", **kw: Any) -> m.ShardSpec:
 class Node:
     """A supervisor on a 4-GPU node, and every status it sends to the server."""
 
-    def __init__(self, work: Path, health: EngineHealth | None = None) -> None:
+    def __init__(self, work: Path, health: EngineHealth | None = None, allow: EngineAllow = ALLOW_ALL) -> None:
         self.work = work
-        self.supervisor = Supervisor(str(work), gpu_indexes=lambda: {0, 1, 2, 3}, health=health)
+        self.supervisor = Supervisor(str(work), gpu_indexes=lambda: {0, 1, 2, 3}, health=health, allow=allow)
         self.sent: list[m.ShardStatus] = []
         self.supervisor.attach(self.sent.append)  # type: ignore[arg-type]
 
@@ -52,10 +56,11 @@ class Node:
 
 
 @asynccontextmanager
-async def node(work: Path, stop_engines: bool = True, health: EngineHealth | None = None) -> AsyncIterator[Node]:
+async def node(work: Path, stop_engines: bool = True, health: EngineHealth | None = None,
+               allow: EngineAllow = ALLOW_ALL) -> AsyncIterator[Node]:
     """A running supervisor; on the way out it stops its engines, or (stop_engines=False)
     goes away leaving them running, as an agent that is killed does."""
-    n = Node(work, health)
+    n = Node(work, health, allow)
     async with trio.open_nursery() as nursery:
         await nursery.start(n.supervisor.run)
         try:
@@ -152,6 +157,68 @@ async def test_shards_refused_before_anything_is_launched(tmp_path: Path, monkey
                 assert again.state == "failed" and again.reason.startswith(reason)
                 assert s.shard_id not in n.supervisor.runs
             assert [x.state for x in n.sent if x.shard_id == holder.shard_id] == ["starting"]
+
+
+async def test_the_agents_allowlist_refuses_before_anything_is_launched(tmp_path: Path) -> None:
+    """The agent's own config decides what runs, whatever the server sends (default allowlist:
+    vllm, sglang, sim; argv[0] vllm or python3; no PATH, LD_*, PYTHON* from a profile)."""
+    marker = tmp_path / "ran"
+    touch = ["/bin/sh", "-c", f"touch {marker}"]
+    with_command = EngineAllow(engines=["vllm", "sglang", "sim", "command"])
+    cases = {
+        "cmd": (EngineAllow(), spec("cmd", engine="command", command=touch),
+                "not started: engine 'command' is not allowed on this node (its agent config's allow.engines: vllm, sglang, sim)"),
+        "preload": (EngineAllow(), spec("preload", env={"LD_PRELOAD": str(tmp_path / "evil.so"), "HF_HOME": "/models"}),
+                    "not started: profile env sets LD_PRELOAD, which this node refuses (allow.refuse_env: PATH, LD_*, PYTHON*"),
+        "path": (EngineAllow(), spec("path", env={"PATH": str(tmp_path), "PYTHONPATH": str(tmp_path), "PYTHONUNBUFFERED": "1"}),
+                 "not started: profile env sets PATH, PYTHONPATH, which this node refuses"),
+        "exe": (with_command, spec("exe", engine="command", command=touch),
+                "not started: command: executable '/bin/sh' is not allowed on this node (its agent config's "
+                "allow.executables: vllm, python3)"),
+        "dotdot": (EngineAllow(engines=["command"], executables=["/usr/bin/*"]),
+                   spec("dotdot", engine="command", command=[f"/usr/bin/../..{tmp_path}/sh", "-c", f"touch {marker}"]),
+                   f"not started: command: executable '/usr/bin/../..{tmp_path}/sh' is not allowed"),
+        "relative": (EngineAllow(engines=["command"], executables=["*"]), spec("relative", engine="command", command=["./sh"]),
+                     "not started: command: executable './sh' is not allowed"),
+    }
+    for name, (allow, s, reason) in cases.items():
+        async with node(tmp_path / name, allow=allow) as n:
+            n.supervisor.start(s)
+            failed = n.status(s.shard_id, "failed")  # refused synchronously, before any await
+            assert failed is not None, name
+            assert failed.reason.startswith(reason), (name, failed.reason)
+            assert failed.pid == 0
+            assert not (tmp_path / name / "logs" / f"{s.shard_id}.log").exists(), f"{name}: something was launched"
+            assert not (tmp_path / name / "shards" / f"{s.shard_id}.json").exists()
+    assert not marker.exists()
+
+    # What the allowlist lets through runs: a key allowed by name, an executable by path.
+    allow = EngineAllow(engines=["command", "sim"], executables=[sys.executable], env=["PYTHONUNBUFFERED", "LD_BIND_NOW"])
+    async with node(tmp_path / "allowed", allow=allow) as n:
+        ok = spec("allowed", env={"LD_BIND_NOW": "1", "PYTHONUNBUFFERED": "1"})
+        n.supervisor.start(ok)
+        ready = await until(lambda: n.status(ok.shard_id, "ready"), "the allowed sim engine to be ready")
+        assert process_facts(ready.pid)[1]["LD_BIND_NOW"] == "1"
+        cmd = spec("allowedcmd", engine="command", command=SIM_AS_COMMAND, gpus=[2])
+        n.supervisor.start(cmd)
+        await until(lambda: n.status(cmd.shard_id, "ready"), "the allowed command engine to be ready")
+
+
+async def test_the_engine_key_reaches_the_engine_but_not_the_tail_or_the_start_line(tmp_path: Path) -> None:
+    """An engine that prints its key (SGLang prints its server args) and fails: the tail the
+    server gets, and the agent's own line in the log, show a placeholder instead."""
+    key = "k-0123456789abcdefghijklmnopqrstuvwxyzABCDEF"
+    blurt = [sys.executable, "-c", "import os, sys; print('env', os.environ['LLMGW_ENGINE_API_KEY']); "
+             "print('argv', sys.argv[1]); sys.exit(3)", "--key={api_key}"]
+    async with node(tmp_path / "work") as n:
+        s = spec("blurt", engine="command", command=blurt, api_key=key)
+        n.supervisor.start(s)
+        failed = await until(lambda: n.status(s.shard_id, "failed"), "the engine to fail")
+    assert failed.tail[0].startswith("=== llmgw: starting blurt.1")
+    assert "env <engine api key>" in failed.tail and "argv --key=<engine api key>" in failed.tail, failed.tail
+    assert not any(key in line for line in failed.tail)
+    start_line = (tmp_path / "work" / "logs" / f"{s.shard_id}.log").read_text().splitlines()[0]
+    assert key not in start_line and "--key=<engine api key>" in start_line
 
 
 async def test_a_program_that_cannot_be_executed_is_failed(tmp_path: Path) -> None:

@@ -106,10 +106,13 @@ def test_sglang_argv(monkeypatch: pytest.MonkeyPatch) -> None:
                     "--mem-fraction-static", "0.8"]
 
 
-def test_sglang_python_comes_from_the_profile_or_the_agent_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sglang_python_comes_from_the_agent_env_never_from_the_profile(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMGW_SGLANG_PYTHON", "/opt/sglang/bin/python")
     assert adapter_for("sglang").argv(spec("sglang"), "h", 1)[0] == "/opt/sglang/bin/python"
-    assert adapter_for("sglang").argv(spec("sglang", env={"LLMGW_PYTHON": "/venv/bin/python"}), "h", 1)[0] == "/venv/bin/python"
+    # A profile (the server) cannot pick the executable: LLMGW_PYTHON is just a variable now.
+    assert adapter_for("sglang").argv(spec("sglang", env={"LLMGW_PYTHON": "/tmp/evil"}), "h", 1)[0] == "/opt/sglang/bin/python"
+    monkeypatch.delenv("LLMGW_SGLANG_PYTHON")
+    assert adapter_for("sglang").argv(spec("sglang", env={"LLMGW_PYTHON": "/tmp/evil"}), "h", 1)[0] == "python3"
 
 
 @pytest.mark.parametrize("args", [["--tp", "4"], ["--tp-size", "4"], ["--tensor-parallel-size=4"]])
@@ -198,7 +201,7 @@ def test_a_shard_with_no_gpus_sees_none(monkeypatch: pytest.MonkeyPatch) -> None
     assert env["CUDA_VISIBLE_DEVICES"] == "3"
 
 
-def test_profile_env_can_override_pythonunbuffered() -> None:
+def test_profile_env_can_override_pythonunbuffered() -> None:  # (the agent's allowlist permits it by default)
     assert adapter_for("sim").env(spec("sim", env={"PYTHONUNBUFFERED": "0"}))["PYTHONUNBUFFERED"] == "0"
 
 
@@ -225,3 +228,46 @@ def test_the_spec_the_server_builds_from_a_catalog_gives_the_expected_argv() -> 
         "--tensor-parallel-size", "4", "--served-model-name", "llama", "--max-model-len", "8192"]
     env = adapter.env(s)
     assert env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7" and env["VLLM_ATTENTION_BACKEND"] == "FLASHINFER"
+
+
+# -- engine API keys ---------------------------------------------------------------------------
+
+KEY = "k3y-0123456789abcdef"
+
+
+def test_vllm_and_sim_get_the_key_in_their_environment_not_their_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM reads VLLM_API_KEY as it reads --api-key; argv is readable by every local user."""
+    monkeypatch.setenv("VLLM_API_KEY", "the-agents-own")
+    for engine in ("vllm", "sim"):
+        s = spec(engine, api_key=KEY)
+        assert not any(KEY in a for a in adapter_for(engine).argv(s, "127.0.0.1", 20001))
+        assert adapter_for(engine).env(s)["VLLM_API_KEY"] == KEY
+        # No key for the shard: none at all, not one the agent or a profile happens to have.
+        assert "VLLM_API_KEY" not in adapter_for(engine).env(spec(engine, env={"VLLM_API_KEY": "from-profile"}))
+        assert adapter_for(engine).env(spec(engine, api_key=KEY, env={"VLLM_API_KEY": "from-profile"}))["VLLM_API_KEY"] == KEY
+
+
+def test_sglang_gets_the_key_as_its_api_key_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LLMGW_SGLANG_PYTHON", raising=False)
+    argv = adapter_for("sglang").argv(spec("sglang", api_key=KEY), "127.0.0.1", 30000)
+    assert argv[argv.index("--api-key") + 1] == KEY and argv.count("--api-key") == 1
+    assert "--api-key" not in adapter_for("sglang").argv(spec("sglang"), "127.0.0.1", 30000)
+
+
+def test_command_gets_the_key_as_a_placeholder_and_in_its_environment() -> None:
+    s = spec("command", api_key=KEY, command=["/opt/serve", "--key={api_key}", "--port", "{port}"])
+    assert adapter_for("command").argv(s, "h", 1) == ["/opt/serve", f"--key={KEY}", "--port", "1"]
+    assert adapter_for("command").env(s)["LLMGW_ENGINE_API_KEY"] == KEY
+
+
+@pytest.mark.parametrize(("engine", "args"), [("vllm", ["--api-key", "mine"]), ("sglang", ["--api-key=mine"])])
+def test_a_profile_cannot_set_its_own_engine_key(engine: str, args: list[str]) -> None:
+    with pytest.raises(LaunchError, match=f"{engine}: profile args set --api-key, but the agent gives every engine its own key"):
+        adapter_for(engine).validate(spec(engine, api_key=KEY, args=args))
+
+
+def test_the_server_gives_every_shard_its_own_key() -> None:
+    from llmgw.server.reconcile import new_engine_key
+
+    keys = {new_engine_key() for _ in range(100)}
+    assert len(keys) == 100 and all(len(k) >= 43 for k in keys)

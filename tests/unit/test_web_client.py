@@ -232,6 +232,76 @@ async def test_a_bad_chunked_body_is_a_protocol_error_and_the_connection_is_drop
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
+async def test_a_body_over_the_limit_is_too_large_and_no_more_than_the_limit_is_held(framing: str) -> None:
+    """The engine offers 64 MiB (of which it declares all, or nothing); a 1 MiB limit stops
+    the read at once (declared) or within one read past the limit, and drops the connection."""
+    limit = 1 << 20
+    piece = b"x" * 65536
+    total = 64 << 20
+
+    async def engine(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        if framing == "length":
+            await stream.send_all(http1.response_head(200, content_length=total))
+        elif framing == "chunked":
+            await stream.send_all(http1.response_head(200, chunked=True))
+        else:
+            await stream.send_all(b"HTTP/1.0 200 OK\r\n\r\n")
+        try:
+            for _ in range(total // len(piece)):
+                await stream.send_all(http1.chunk(piece) if framing == "chunked" else piece)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        response = await up.request(b"GET", b"/", [], b"", head_timeout=DEADLINE)
+        conn = response._conn
+        raw = conn.raw
+
+        class CountingRaw:
+            """The socket as the response reads it, counting what it took in."""
+
+            async def recv(self) -> bytes:
+                nonlocal received
+                data = await raw.recv()
+                received += len(data)
+                return data
+
+        conn.raw = CountingRaw()  # type: ignore[assignment]
+        received = len(conn.buf)  # what came in with the head
+        with pytest.raises(UpstreamError) as info:
+            await response.read(DEADLINE, limit=limit)
+        assert info.value.kind == "too_large"
+        assert str(limit) in str(info.value)
+        if framing == "length":
+            assert received < 65536  # the declared length alone was enough: no read of the body
+            assert "declared 67108864" in str(info.value)
+        else:
+            # What was read from the socket: the limit, one read past it, chunk size lines.
+            assert limit < received <= limit + 2 * 65536 + 1024, received
+        assert up._idle == []  # the connection is dropped, not reused
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_body_within_the_limit_is_read_whole() -> None:
+    body = b"y" * 5000
+
+    async def engine(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        await stream.send_all(http1.response_head(200, chunked=True) + http1.chunk(body) + http1.LAST_CHUNK)
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        response = await up.request(b"GET", b"/", [], b"", head_timeout=DEADLINE)
+        assert await response.read(DEADLINE, limit=len(body)) == body
+        nursery.cancel_scope.cancel()
+
+
 # ---- relaying chunked streams ------------------------------------------------------------------
 
 

@@ -52,12 +52,17 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
         elif days < EXPIRY_WARNING_DAYS:
             log.warning("the node certificate %s expires in %.0f days; reissue it with `llmgw ctl cert node`", cfg.tls.cert, days)  # type: ignore[union-attr]
     hardware = DiscoveredHardware(cfg.discovery, server_host=host)
+    bind_host = cfg.bind_host or cfg.advertise_host
+    if bind_host in ("0.0.0.0", "::"):
+        log.warning("bind_host %s: engines listen on every interface of this node; bind them to the "
+                    "management address (advertise_host, the default) unless something else must reach them", bind_host)
     supervisor = Supervisor(
         cfg.work_dir,
-        bind_host=cfg.bind_host,
+        bind_host=bind_host,
         advertise_host=cfg.advertise_host,
         gpu_indexes=hardware.gpu_indexes,
         health=cfg.engine_health,
+        allow=cfg.allow,
     )
     agent = Agent(
         cfg,

@@ -25,7 +25,8 @@ import trio
 
 from llmgw.agent import procs
 from llmgw.agent.engines import LaunchError, adapter_for
-from llmgw.catalog.schema import EngineHealth
+from llmgw.agent.engines.policy import check_engine, check_env, check_executable
+from llmgw.catalog.schema import EngineAllow, EngineHealth
 from llmgw.catalog.units import format_duration
 from llmgw.fsutil import atomic_write, ensure_dir
 from llmgw.netaddr import url_host
@@ -122,8 +123,10 @@ class Supervisor:
         advertise_host: str = "127.0.0.1",
         gpu_indexes: Callable[[], set[int] | None] = lambda: None,
         health: EngineHealth | None = None,
+        allow: EngineAllow | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
+        self.allow = allow if allow is not None else EngineAllow()
         self.state_dir = self.work_dir / "shards"
         self.log_dir = self.work_dir / "logs"
         self.bind_host = bind_host
@@ -270,8 +273,12 @@ class Supervisor:
         try:
             self._check(spec, host)
             adapter = adapter_for(spec.engine)
-            adapter.validate(spec)
+            # This node's own allowlist before anything else about the profile.
+            check_engine(spec.engine, self.allow)
+            check_env(spec.env, self.allow)
             argv = adapter.argv(spec, host, spec.port)
+            check_executable(spec.engine, argv[0], self.allow)
+            adapter.validate(spec)
             env = adapter.env(spec)
         except LaunchError as exc:
             self._refuse(run, str(exc))
@@ -312,7 +319,8 @@ class Supervisor:
             self._stopped_before_launch(run)
             return
         with out:
-            out.write(f"=== llmgw: starting {spec.shard_id} ({spec.model}/{spec.profile}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {subprocess.list2cmdline(argv)}\n".encode())
+            shown = redact(subprocess.list2cmdline(argv), spec.api_key)
+            out.write(f"=== llmgw: starting {spec.shard_id} ({spec.model}/{spec.profile}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shown}\n".encode())
             out.flush()
             try:
                 process = await trio.lowlevel.open_process(
@@ -330,7 +338,8 @@ class Supervisor:
         if run.stop_requested:  # the Stop came while the process was being started
             assert self._nursery is not None
             self._nursery.start_soon(self._terminate, run, spec.stop_grace)
-        log.info("shard %s started: pid %d, %s, log %s", spec.shard_id, run.pid, subprocess.list2cmdline(argv[:3]) + " …", run.log_path)
+        log.info("shard %s started: pid %d, %s, log %s", spec.shard_id, run.pid,
+                 redact(subprocess.list2cmdline(argv[:3]), spec.api_key) + " …", run.log_path)
         self._emit(run)
         await self._watch(run)
 
@@ -380,7 +389,7 @@ class Supervisor:
             await trio.sleep(float(health.interval))
             if run.stop_requested or run.state not in HEALTHY_OR_NOT:
                 return
-            ok = await self._probe(url, float(health.timeout))
+            ok = await self._probe(url, float(health.timeout), api_key=run.spec.api_key)
             if run.stop_requested or run.state not in HEALTHY_OR_NOT:
                 return
             if ok:
@@ -410,7 +419,7 @@ class Supervisor:
             while True:
                 if run.stop_requested:
                     return  # a Stop came while it started: it is stopping, not ready
-                if await self._probe(url):
+                if await self._probe(url, api_key=run.spec.api_key):
                     if run.stop_requested:
                         return
                     run.state = "ready"
@@ -423,13 +432,21 @@ class Supervisor:
         log.warning("shard %s: %s", run.spec.shard_id, run.failed_reason)
         await self._terminate(run, run.spec.stop_grace)
 
-    async def _probe(self, url: str, within: float | None = None) -> bool:
+    async def _probe(self, url: str, within: float | None = None, api_key: str = "") -> bool:
+        """One health check. With the shard's key: vLLM leaves /health open, but an engine may
+        guard every path (older SGLang guards /metrics), and a key never hurts."""
         assert self._http is not None
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else None
         try:
-            response = await (self._http.get(url) if within is None else self._http.get(url, timeout=within))
+            response = await (self._http.get(url, headers=headers) if within is None
+                              else self._http.get(url, headers=headers, timeout=within))
         except (httpx.HTTPError, httpx.InvalidURL):
             return False
         return response.status_code == 200
+
+    @staticmethod
+    def _tail(run: ShardRun) -> list[str]:
+        return [redact(line, run.spec.api_key) for line in procs.tail_lines(run.log_path, TAIL_LINES)]
 
     def _on_exit(self, run: ShardRun, code: int | None) -> None:
         run.exit_code = code
@@ -440,7 +457,7 @@ class Supervisor:
             run.reason = run.stop_reason
             log.info("shard %s stopped (%s)", run.spec.shard_id, procs.describe_exit(code))
         else:
-            run.tail = procs.tail_lines(run.log_path, TAIL_LINES)
+            run.tail = self._tail(run)
             if run.failed_reason:
                 run.state, run.reason = "failed", run.failed_reason
             elif was == "starting":
@@ -543,7 +560,7 @@ class Supervisor:
             else:
                 path.unlink(missing_ok=True)
                 run.state = "exited"
-                run.tail = procs.tail_lines(run.log_path, TAIL_LINES)
+                run.tail = self._tail(run)
                 run.reason = "the engine exited while the agent was not running"
                 log.warning("shard %s: %s", state.spec.shard_id, run.reason)
 
@@ -551,7 +568,7 @@ class Supervisor:
         # One that was ready stays ready (as a launched one is never re-checked); one still
         # starting is probed, then held to what is left of its start timeout.
         if run.state == "starting" and await self._probe(
-            f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
+            f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}", api_key=run.spec.api_key
         ):
             run.state = "ready"
             log.info("adopted shard %s is ready at %s", run.spec.shard_id, run.endpoint)
@@ -575,6 +592,12 @@ class Supervisor:
 
 class PathRefused(Exception):
     """A path that would leave the agent's work dir."""
+
+
+def redact(text: str, secret: str) -> str:
+    """`text` with `secret` (a shard's engine API key) replaced: what reaches a log, the
+    server or a terminal never carries it (SGLang prints its server args, key included)."""
+    return text.replace(secret, "<engine api key>") if secret else text
 
 
 def _connect_host(host: str) -> str:

@@ -165,6 +165,12 @@ class GatewaySettings(_Config):
     max_body: ByteSize = ByteSize(1024 * 1024)
     # A new connection's first request head must arrive within this (slowloris: 408).
     header_timeout: Duration = Duration(30)
+    # The largest engine answer the gateway holds in memory (a non-streamed body; streamed
+    # answers are relayed as they arrive, never held): past it the client gets a 502. Without
+    # one, a 600 MB answer took a server from 51 MB to ~2 GB. 128 MiB: the largest answer the
+    # OpenAI API's own limits allow is an embeddings batch, 2,048 inputs x 3,072 floats, ~80 MB
+    # as JSON.
+    max_response: ByteSize = ByteSize(128 * 1024 * 1024)
     # The whole request body must arrive within this (a slow drip is cut off with 408).
     body_timeout: Duration = Duration(30)
     # API keys for /v1/*, as "sha256:<hex>"; empty = open.
@@ -275,6 +281,24 @@ class EngineHealth(_Config):
     failures: Positive = 3
 
 
+class EngineAllow(_Config):
+    """What this agent runs, whatever the server asks (the server is not trusted to be root on
+    every node). A Start outside it is a failed shard with the reason; nothing is launched."""
+
+    # Engines it runs. `command` runs any argv the server sends, so it is off unless listed.
+    engines: list[EngineKind] = msgspec.field(default_factory=lambda: ["vllm", "sglang", "sim"])
+    # What an engine's argv[0] may be (the command engine's, and vllm's and sglang's own, as
+    # resolved here): a bare name, looked up on the agent's own PATH (a profile cannot change
+    # PATH), or an absolute path (the same file, symlinks resolved); shell-style wildcards
+    # allowed ("/opt/engines/*"). The simulated engine (this agent's own Python) is always allowed.
+    executables: list[str] = msgspec.field(default_factory=lambda: ["vllm", "python3"])
+    # Environment keys a profile may not set: they change what runs (the dynamic loader, the
+    # search path, the interpreter). Wildcards allowed.
+    refuse_env: list[str] = msgspec.field(default_factory=lambda: ["PATH", "LD_*", "PYTHON*"])
+    # Keys allowed even though refuse_env matches them.
+    env: list[str] = msgspec.field(default_factory=lambda: ["PYTHONUNBUFFERED"])
+
+
 class AgentConfig(_Config):
     server: str = ""  # https://control:8443 (or http:// with --insecure)
     node_id: str = ""  # default: the host name
@@ -284,7 +308,10 @@ class AgentConfig(_Config):
     heartbeat_interval: Duration = Duration(5)
     backoff: Backoff = msgspec.field(default_factory=Backoff)
     discovery: Discovery = msgspec.field(default_factory=Discovery)
-    # Where engines listen: the address the gateway reaches them on.
+    allow: EngineAllow = msgspec.field(default_factory=EngineAllow)
+    # The address the gateway reaches engines on (the node's management address).
     advertise_host: str = "127.0.0.1"
-    bind_host: str = "127.0.0.1"
+    # Where engines listen; empty: advertise_host. Never every interface unless set so
+    # (0.0.0.0 is allowed, with a warning at start): an engine's port is not the gateway's.
+    bind_host: str = ""
     engine_health: EngineHealth = msgspec.field(default_factory=EngineHealth)

@@ -141,6 +141,14 @@ from llmgw.errors import LlmgwError
     show_default=True,
     help="Seconds requests get to finish on SIGTERM.",
 )
+@click.option(
+    "--api-key",
+    envvar="VLLM_API_KEY",
+    default="",
+    show_default=False,
+    help="Like vLLM: /v1/* answers 401 without `Authorization: Bearer KEY`; /health and /metrics stay open. "
+    "[env: VLLM_API_KEY]",
+)
 def engine(
     host: str,
     port: int,
@@ -167,6 +175,7 @@ def engine(
     access_log: bool,
     log_stats_interval: float,
     shutdown_grace: float,
+    api_key: str,
 ) -> None:
     """Run a simulated vLLM engine: OpenAI API, /health, /metrics, latency and failures.
 
@@ -206,6 +215,7 @@ def engine(
         access_log=access_log,
         log_stats_interval_s=log_stats_interval,
         shutdown_grace_s=shutdown_grace,
+        api_key=api_key,
     )
     import trio
 

@@ -256,13 +256,15 @@ class ControlPlane:
 
     def _sync_gateway(self) -> None:
         ready: dict[str, set[str]] = {}
+        keys: dict[str, str] = {}  # endpoint → the engine API key of the shard behind it
         for replica in self.controller.reconciler.replicas.values():
             if replica.state != "ready":
                 continue
             for shard in replica.shards:
                 if shard.rank == 0 and shard.endpoint:
                     ready.setdefault(replica.model, set()).add(shard.endpoint)
-        self.gateway.set_endpoints(ready)
+                    keys[shard.endpoint] = shard.spec.api_key if shard.spec is not None else ""
+        self.gateway.set_endpoints(ready, keys)
 
     def not_ready_reason(self, model: str) -> str:
         """Why the gateway has no endpoint for `model`, for its 503. It once said "no ready

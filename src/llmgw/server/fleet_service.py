@@ -22,6 +22,10 @@ REFUSED_BAD_ID = "bad id"
 
 log = logging.getLogger("llmgw.server.fleet")
 
+# Distinct unknown message types logged (once each); past this a peer is making them up, and
+# remembering more would let it grow the server's memory.
+MAX_UNKNOWN_LOGGED = 64
+
 
 class FleetObserver(Protocol):
     """What the control plane hears from the fleet (the reconciler implements it)."""
@@ -296,9 +300,13 @@ class FleetService:
                 raise StreamRefused("protocol", "Register sent twice on one stream")
             elif isinstance(msg, m.Unknown):
                 registry.seen(node_id, session.number, now)
-                if msg.type not in self._unknown_types_logged:
+                if msg.type not in self._unknown_types_logged and len(self._unknown_types_logged) <= MAX_UNKNOWN_LOGGED:
                     self._unknown_types_logged.add(msg.type)
-                    log.info("node %s sent a message of unknown type %r (newer agent?); skipping", node_id, msg.type)
+                    if len(self._unknown_types_logged) > MAX_UNKNOWN_LOGGED:
+                        log.warning("node %s: over %d unknown message types seen; no longer logging new ones",
+                                    node_id, MAX_UNKNOWN_LOGGED)
+                    else:
+                        log.info("node %s sent a message of unknown type %r (newer agent?); skipping", node_id, msg.type)
 
 
     def _bad_ids(self, node_id: str, msg: msgspec.Struct) -> bool:

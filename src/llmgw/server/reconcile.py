@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
 import msgspec
@@ -189,10 +190,17 @@ def _slug(name: str) -> str:
     return slug[:40] or "model"
 
 
+def new_engine_key() -> str:
+    """A shard's engine API key: 256 random bits, URL-safe (it travels in a header)."""
+    return secrets.token_urlsafe(32)
+
+
 class Reconciler:
-    def __init__(self, models: Sequence[Model], settings: Settings, rng: random.Random | None = None) -> None:
+    def __init__(self, models: Sequence[Model], settings: Settings, rng: random.Random | None = None,
+                 new_key: Callable[[], str] = new_engine_key) -> None:
         self.settings = settings
         self.rng = rng or random.Random()
+        self.new_key = new_key
         self.models: dict[str, Model] = {}
         # Change replicas only through _put/_pop/_set_shards: they keep the indexes.
         self.replicas: dict[str, Replica] = {}
@@ -656,7 +664,7 @@ class Reconciler:
                 prefix = f"profile {profile.name}: " if len(model.profiles) > 1 else ""
                 reasons.append(prefix + result.summary())
                 continue
-            spec = shard_spec(model, profile, replica.id, shard_id, list(result.gpus), result.port)
+            spec = shard_spec(model, profile, replica.id, shard_id, list(result.gpus), result.port, self.new_key())
             replica.attempt = attempt
             replica.profile = profile.name
             for old in replica.shards:
@@ -700,7 +708,8 @@ class Reconciler:
         return out
 
 
-def shard_spec(model: Model, profile: Profile, replica_id: str, shard_id: str, gpus: list[int], port: int) -> m.ShardSpec:
+def shard_spec(model: Model, profile: Profile, replica_id: str, shard_id: str, gpus: list[int], port: int,
+               api_key: str = "") -> m.ShardSpec:
     return m.ShardSpec(
         shard_id=shard_id,
         replica_id=replica_id,
@@ -720,4 +729,5 @@ def shard_spec(model: Model, profile: Profile, replica_id: str, shard_id: str, g
         start_timeout=float(profile.start_timeout),
         stop_grace=float(profile.stop_grace),
         served_name=model.name,
+        api_key=api_key,
     )

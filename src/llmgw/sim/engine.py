@@ -20,6 +20,7 @@ soon as it is bound (before the startup delay), so a parent process can read the
 from __future__ import annotations
 
 import errno
+import hmac
 import os
 import random
 import signal
@@ -75,6 +76,9 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     access_log: bool = False
     log_stats_interval_s: float = 10.0  # 0: never
     shutdown_grace_s: float = 2.0
+    # Like vLLM's --api-key (or VLLM_API_KEY): /v1/* answers 401 without
+    # `Authorization: Bearer <key>`; /health, /metrics, /version and /ping stay open.
+    api_key: str = ""
 
     @property
     def served_name(self) -> str:
@@ -246,6 +250,7 @@ INFERENCE_PATHS = (b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings
 GET_PATHS = (b"/health", b"/metrics", b"/v1/models", b"/version", b"/ping")
 NOT_FOUND = b'{"detail":"Not Found"}'
 NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
+UNAUTHORIZED = b'{"error":"Unauthorized"}'  # vLLM's answer to a missing or wrong key
 
 
 class _Connection:
@@ -319,6 +324,7 @@ class _Server:
         self._fixed_wire: dict[tuple[bytes, bool, bool], bytes] = {}
         self._fixed_date = b""
         self._last_stats = (0, 0)
+        self._expected_auth = b"Bearer " + options.api_key.encode() if options.api_key else b""
         self.handle: EngineHandle  # set by run() once bound
 
     # -- logging --------------------------------------------------------------------------
@@ -658,6 +664,11 @@ class _Server:
     async def _dispatch(self, c: _Connection, head: http1.RequestHead, body: bytes) -> None:
         path = head.path
         method = head.method
+        if self._expected_auth and path.startswith(b"/v1") and method != b"OPTIONS" and not hmac.compare_digest(
+            head.get(b"authorization") or b"", self._expected_auth
+        ):
+            await self._respond(c, head, 401, UNAUTHORIZED)
+            return
         if path in INFERENCE_PATHS:
             if method != b"POST":
                 await self._respond(c, head, 405, NOT_ALLOWED)

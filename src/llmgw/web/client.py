@@ -33,7 +33,8 @@ READ_SIZE = 65536
 
 
 class UpstreamError(Exception):
-    """`kind`: connect | reset (closed before any response byte) | timeout | protocol."""
+    """`kind`: connect | reset (closed before any response byte) | timeout | protocol |
+    too_large (a buffered body over its limit)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -81,27 +82,32 @@ class Response:
     def status(self) -> int:
         return self.head.status
 
-    async def read(self, within: float) -> bytes:
-        """The whole body (Content-Length, chunked, or until close). On an error the
-        connection is closed (it is in an unknown state)."""
+    async def read(self, within: float, limit: int | None = None) -> bytes:
+        """The whole body (Content-Length, chunked, or until close). A body over `limit`
+        bytes raises UpstreamError("too_large") as soon as that is known (a declared length
+        before any of it is read; otherwise once the decoded body passes the limit), so no
+        more than about `limit` + one read is ever held. On an error the connection is
+        closed (it is in an unknown state)."""
         try:
-            return await self._read(within)
+            return await self._read(within, limit)
         except BaseException:
             await self.aclose()
             raise
 
-    async def _read(self, within: float) -> bytes:
+    async def _read(self, within: float, limit: int | None) -> bytes:
         conn, head = self._conn, self.head
         if not head.has_body:  # 204, 304: nothing follows the head, whatever it says
             self._finish(reusable=not head.close and not conn.buf)
             return b""
         with trio.move_on_after(within):
             if head.chunked:
-                decoder = ChunkedDecoder(status=502)
+                decoder = ChunkedDecoder(limit, status=502)
                 while True:
                     try:
                         decoder.feed(conn.buf)
                     except HttpError as exc:
+                        if exc.status == 413:
+                            raise _too_large(limit) from None
                         raise UpstreamError("protocol", f"bad chunked body from engine: {exc}") from None
                     if decoder.done:
                         self._finish(reusable=not head.close and not conn.buf)
@@ -110,6 +116,8 @@ class Response:
                         raise UpstreamError("protocol", "engine closed the connection inside a chunked body")
             if head.content_length is not None:
                 need = head.content_length
+                if limit is not None and need > limit:
+                    raise _too_large(limit, need)
                 while len(conn.buf) < need:
                     if not await conn.receive():
                         raise UpstreamError("protocol", "engine closed the connection inside a body")
@@ -118,7 +126,8 @@ class Response:
                 self._finish(reusable=not head.close and not conn.buf)
                 return body
             while await conn.receive():
-                pass
+                if limit is not None and len(conn.buf) > limit:
+                    raise _too_large(limit)
             body = bytes(conn.buf)
             self._finish(reusable=False)
             return body
@@ -230,6 +239,11 @@ class Upstream:
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
         self.closed = False
+        self._auth: list[tuple[bytes, bytes]] = []
+
+    def set_api_key(self, key: str) -> None:
+        """The engine's API key, sent as `Authorization: Bearer` with every request ("" = none)."""
+        self._auth = [(b"authorization", b"Bearer " + key.encode())] if key else []
 
     def put(self, conn: _Conn, reusable: bool) -> None:
         if reusable and not self.closed and len(self._idle) < self.max_idle and not conn.buf:
@@ -264,7 +278,7 @@ class Upstream:
         """Send a request and wait for the response head. A reused connection the engine had
         closed meanwhile is retried once on a new one (it never saw the request): a new
         connection, not the next idle one, which is likely as stale (the engine restarted)."""
-        data = request_head(method, target, [(b"host", self.authority), *headers], len(body)) + body
+        data = request_head(method, target, [(b"host", self.authority), *self._auth, *headers], len(body)) + body
         conn = self._idle.pop() if self._idle else await self._connect()
         try:
             return await self._exchange(conn, data, head_timeout)
@@ -321,6 +335,11 @@ class Upstream:
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.close()
+
+
+def _too_large(limit: int | None, declared: int | None = None) -> UpstreamError:
+    said = f" (it declared {declared} bytes)" if declared is not None else ""
+    return UpstreamError("too_large", f"engine response body over the limit of {limit} bytes{said}")
 
 
 def _close_soon(conn: _Conn) -> None:

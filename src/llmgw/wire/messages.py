@@ -105,6 +105,9 @@ class ShardSpec(_Base):
     start_timeout: float = 1200.0
     stop_grace: float = 5.0
     served_name: str = ""
+    # The engine's own API key, made by the server for this shard: the engine refuses /v1/*
+    # without it, and only the gateway sends it. A secret: never shown by the API or logged.
+    api_key: str = ""
 
 
 class ShardReport(_Base):
@@ -230,8 +233,8 @@ _type_only = msgspec.json.Decoder(_TypeOnly)
 _encoder = msgspec.json.Encoder()
 _agent_decoder = msgspec.json.Decoder(AgentMessage)
 _server_decoder = msgspec.json.Decoder(ServerMessage)
-_AGENT_TAGS = frozenset(t.__struct_config__.tag for t in AgentMessage.__args__)
-_SERVER_TAGS = frozenset(t.__struct_config__.tag for t in ServerMessage.__args__)
+AGENT_TYPES: frozenset[str] = frozenset(t.__struct_config__.tag for t in AgentMessage.__args__)
+SERVER_TYPES: frozenset[str] = frozenset(t.__struct_config__.tag for t in ServerMessage.__args__)
 
 
 def encode(msg: msgspec.Struct) -> bytes:
@@ -252,11 +255,11 @@ def _decode(payload: bytes, decoder: msgspec.json.Decoder, tags: frozenset[str])
 
 
 def decode_agent_message(payload: bytes) -> AgentMessage | Unknown:
-    return _decode(payload, _agent_decoder, _AGENT_TAGS)
+    return _decode(payload, _agent_decoder, AGENT_TYPES)
 
 
 def decode_server_message(payload: bytes) -> ServerMessage | Unknown:
-    return _decode(payload, _server_decoder, _SERVER_TAGS)
+    return _decode(payload, _server_decoder, SERVER_TYPES)
 
 
 def message_type(msg: msgspec.Struct) -> str:

@@ -18,6 +18,10 @@ class Adapter:
     name = ""
     # Flags that set the tensor-parallel size, which must equal the shard's GPU count.
     tp_flags: tuple[str, ...] = ()
+    # Where the shard's engine API key goes: an environment variable (kept out of argv, which
+    # every local user can read in /proc), or else the engine's --api-key flag.
+    key_env = ""
+    key_flag = ""
 
     def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
         raise NotImplementedError
@@ -31,6 +35,11 @@ class Adapter:
         The profile's own mistakes first: a tensor size that contradicts the GPU count is
         wrong on every node, a missing binary only on this one.
         """
+        if spec.api_key and self.key_flag and any(a == self.key_flag or a.startswith(self.key_flag + "=") for a in spec.args):
+            raise LaunchError(
+                f"{self.name}: profile args set {self.key_flag}, but the agent gives every engine its own key "
+                "(the one the gateway sends); drop the flag"
+            )
         if self.tp_flags and spec.gpus:
             tp = tensor_parallel_arg(spec.args, self.tp_flags)
             if tp is not None and tp != len(spec.gpus):
@@ -50,6 +59,10 @@ class Adapter:
         if spec.gpus or "CUDA_VISIBLE_DEVICES" not in spec.env:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.key_env:
+            env.pop(self.key_env, None)  # only the shard's own key, never one the agent or a profile has
+            if spec.api_key:
+                env[self.key_env] = spec.api_key
         return env
 
 
@@ -81,6 +94,10 @@ class VllmAdapter(Adapter):
 
     name = "vllm"
     tp_flags = ("--tensor-parallel-size", "-tp")
+    # vLLM reads VLLM_API_KEY as it reads --api-key (`args.api_key or envs.VLLM_API_KEY`) and,
+    # from the environment, does not print it among its non-default args at start.
+    key_env = "VLLM_API_KEY"
+    key_flag = "--api-key"
 
     def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
         argv = ["vllm", "serve", spec.source or spec.model, "--host", host, "--port", str(port)]
@@ -96,11 +113,15 @@ class SglangAdapter(Adapter):
 
     name = "sglang"
     tp_flags = ("--tp", "--tp-size", "--tensor-parallel-size")
+    key_flag = "--api-key"  # SGLang reads it from no environment variable
 
     def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
-        python = spec.env.get("LLMGW_PYTHON") or os.environ.get("LLMGW_SGLANG_PYTHON") or "python3"
+        # The interpreter is the agent's choice (its own environment), never the server's.
+        python = os.environ.get("LLMGW_SGLANG_PYTHON") or "python3"
         argv = [python, "-m", "sglang.launch_server", "--model-path", spec.source or spec.model,
                 "--host", host, "--port", str(port)]
+        if spec.api_key:
+            argv += ["--api-key", spec.api_key]
         if tensor_parallel_arg(spec.args, self.tp_flags) is None and len(spec.gpus) > 1:
             argv += ["--tp", str(len(spec.gpus))]
         if spec.served_name and "--served-model-name" not in spec.args:
@@ -109,9 +130,11 @@ class SglangAdapter(Adapter):
 
 
 class CommandAdapter(Adapter):
-    """Any command: an argv template with {port} {host} {source} {model} {gpus} {tp} {rank} {world}."""
+    """Any command: an argv template with {port} {host} {source} {model} {gpus} {tp} {rank} {world}
+    {api_key}; the key is also in the environment as LLMGW_ENGINE_API_KEY."""
 
     name = "command"
+    key_env = "LLMGW_ENGINE_API_KEY"
 
     def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
         if not spec.command:
@@ -125,6 +148,7 @@ class CommandAdapter(Adapter):
             "tp": str(max(len(spec.gpus), 1)),
             "rank": str(spec.rank),
             "world": str(spec.world),
+            "api_key": spec.api_key,
         }
         out = []
         for part in list(spec.command) + list(spec.args):
@@ -146,6 +170,7 @@ class SimAdapter(Adapter):
     """The simulated engine (`llmgw sim engine`), in this agent's own Python."""
 
     name = "sim"
+    key_env = "VLLM_API_KEY"  # as vLLM
 
     def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
         return [sys.executable, "-m", "llmgw", "sim", "engine", "--host", host, "--port", str(port),

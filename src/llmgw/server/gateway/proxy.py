@@ -36,6 +36,9 @@ ROUTES = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
 WATCH_AFTER = 0.1  # seconds a plain request runs before a client hang-up is watched for
 JSON = (b"content-type", b"application/json")
 PASS_RESPONSE_HEADERS = {b"content-type", b"cache-control", b"x-accel-buffering"}
+# An engine's /metrics page, at most: vLLM v1's whole page is 46 KB idle (tests/fixtures/real/
+# vllm-metrics), SGLang's 10 KB; per-adapter or per-request labels multiply that, not by 100.
+SCRAPE_MAX = 4 * 1024 * 1024
 
 
 class _Peek(msgspec.Struct):
@@ -168,8 +171,12 @@ class Gateway:
             route.balancer.set_endpoints(route.static | route.dynamic)
         self._prune_upstreams()
 
-    def set_endpoints(self, ready: Mapping[str, Iterable[str]]) -> None:
-        """Endpoints of ready replicas, per model (rank 0 of each), as the control plane sees them."""
+    def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None) -> None:
+        """Endpoints of ready replicas, per model (rank 0 of each), as the control plane sees them,
+        and the engine API key of each (sent on every request, health check and scrape)."""
+        for endpoint, key in (keys or {}).items():
+            if self._usable(endpoint):
+                self.upstream(endpoint.rstrip("/")).set_api_key(key)
         changed = False
         for name, route in self.routes.items():
             dynamic = {e.rstrip("/") for e in ready.get(name, ()) if self._usable(e)}
@@ -393,7 +400,7 @@ class Gateway:
                         responder.close = True
                     return status
                 with guard.scope() as scope:
-                    body = await response.read(float(settings.upstream_timeout))
+                    body = await response.read(float(settings.upstream_timeout), limit=int(settings.max_response))
                 if scope.cancelled_caught:  # went out of rotation while generating: as above
                     outcome = False
                     last_error = f"{endpoint}: {guard.reason}"
@@ -404,8 +411,11 @@ class Gateway:
                 await responder.respond(status, relay, body)
                 return status
             except UpstreamError as exc:
-                outcome = False
+                # An answer too large to hold is the request's problem, not the engine's health.
+                outcome = None if exc.kind == "too_large" else False
                 if not responder.started:
+                    if exc.kind == "too_large":
+                        return await _too_large(responder, rid, route.name, int(settings.max_response), f"{endpoint}: {exc}")
                     return await _engine_failed(responder, rid, 502, route.name, f"{endpoint}: {exc}")
                 responder.close = True
                 return 502
@@ -578,7 +588,7 @@ class Gateway:
             try:
                 response = await self.upstream(endpoint).request(b"GET", b"/metrics", [], b"", head_timeout=float(self.settings.scrape_timeout))
                 try:
-                    body = await response.read(float(self.settings.scrape_timeout))
+                    body = await response.read(float(self.settings.scrape_timeout), limit=SCRAPE_MAX)
                 finally:
                     await response.aclose()
                 answered = True
@@ -617,6 +627,16 @@ async def _engine_failed(responder: Responder, rid: bytes, status: int, model: s
     await responder.respond(status, [JSON, (b"x-request-id", rid)], openai_error(
         f"the engine for {model} failed to answer (request id {request_id})", "server_error", "upstream_error"))
     return status
+
+
+async def _too_large(responder: Responder, rid: bytes, model: str, limit: int, detail: str) -> int:
+    """The client may know why (its request asked for too much); not which engine."""
+    request_id = rid.decode("latin-1")
+    log.warning("request %s: 502 for model %s: %s", request_id, model, detail)
+    await responder.respond(502, [JSON, (b"x-request-id", rid)], openai_error(
+        f"the answer for {model} is larger than this gateway passes on ({limit} bytes, gateway.max_response; "
+        f"request id {request_id})", "server_error", "response_too_large"))
+    return 502
 
 
 def _failure(kind: str) -> str:
