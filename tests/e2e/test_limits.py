@@ -48,7 +48,7 @@ class BigEngine:
                 return
             buf += data
         head = http1.parse_request_head(bytes(buf[:end]))
-        if head.method == "GET":  # the gateway's scrape of /metrics
+        if head.method != b"POST":  # the gateway's scrape of /metrics and its health checks
             await stream.send_all(http1.response_head(200, [(b"content-type", b"text/plain")], content_length=0))
             return
         if self.declare_length:

@@ -36,7 +36,7 @@ ROUTES = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
 WATCH_AFTER = 0.1  # seconds a plain request runs before a client hang-up is watched for
 JSON = (b"content-type", b"application/json")
 PASS_RESPONSE_HEADERS = {b"content-type", b"cache-control", b"x-accel-buffering"}
-# An engine's /metrics page, at most: vLLM v1's whole page is 46 KB idle (tests/fixtures/real/
+# An engine's /metrics page (or /health answer), at most: vLLM v1's whole page is 46 KB idle (tests/fixtures/real/
 # vllm-metrics), SGLang's 10 KB; per-adapter or per-request labels multiply that, not by 100.
 SCRAPE_MAX = 4 * 1024 * 1024
 
@@ -522,7 +522,7 @@ class Gateway:
                 try:
                     response = await self.upstream(endpoint).request(b"GET", path, [], b"", head_timeout=timeout)
                     try:
-                        await response.read(timeout)
+                        await response.read(timeout, limit=SCRAPE_MAX)
                     finally:
                         await response.aclose()
                     ok = response.status < 500  # any answer but a server error: alive
