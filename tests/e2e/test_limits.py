@@ -34,10 +34,12 @@ class BigEngine:
     """An engine that answers every POST with far more than the gateway's cap and counts what
     it managed to send before the gateway hung up."""
 
-    def __init__(self, total: int, declare_length: bool) -> None:
+    def __init__(self, total: int, declare_length: bool, huge_gets: bool = False) -> None:
         self.total = total
         self.declare_length = declare_length
+        self.huge_gets = huge_gets  # its /health and /metrics answers are endless too
         self.sent = 0
+        self.per_answer: list[int] = []  # what each finished answer got out
         self.hung_up = trio.Event()
 
     async def __call__(self, stream: trio.SocketStream) -> None:
@@ -48,20 +50,23 @@ class BigEngine:
                 return
             buf += data
         head = http1.parse_request_head(bytes(buf[:end]))
-        if head.method != b"POST":  # the gateway's scrape of /metrics and its health checks
+        if head.method != b"POST" and not self.huge_gets:  # the gateway's scrapes and health checks
             await stream.send_all(http1.response_head(200, [(b"content-type", b"text/plain")], content_length=0))
             return
         if self.declare_length:
             await stream.send_all(http1.response_head(200, [(b"content-type", b"application/json")], content_length=self.total))
         else:  # no length: the body ends when the connection does
             await stream.send_all(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n")
+        sent = 0
         try:
-            while self.sent < self.total:
+            while sent < self.total:
                 await stream.send_all(PIECE)
+                sent += len(PIECE)
                 self.sent += len(PIECE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            self.per_answer.append(sent)
             self.hung_up.set()
 
 
@@ -97,6 +102,31 @@ async def test_an_engine_answer_over_the_cap_is_a_502_and_is_not_read_past_it(tm
             # The gateway answered and is still fine: the engine was not blamed (no breaker).
             health = await client.get(f"{server.url}/healthz")
             assert health.status_code == 200
+        assert proc.alive()
+        nursery.cancel_scope.cancel()
+
+
+async def test_health_checks_and_scrapes_do_not_read_an_endless_answer(tmp_path: Path, procs: list[Proc]) -> None:
+    """The gateway's own GETs (health every second, metrics scrapes) hold at most 4 MiB of an
+    answer (SCRAPE_MAX), whatever the engine sends."""
+    from llmgw.server.gateway.proxy import SCRAPE_MAX
+
+    slack = _kernel_buffers()
+    total = SCRAPE_MAX + slack + (64 << 20)
+    engine = BigEngine(total, declare_length=False, huge_gets=True)
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        config = FAST_FLEET + (
+            "gateway:\n  scrape_interval: 60s\n  health_interval: 0.2s\n  health_timeout: 10s\n"
+            f"endpoints:\n  - {{model: chatty, url: 'http://127.0.0.1:{port}'}}\n"
+        )
+        server = Server(tmp_path, config)
+        proc = await trio.to_thread.run_sync(server.start)
+        procs.append(proc)
+        # One scrape at start, then a health check every 0.2 s: each is given up on early.
+        await wait_until_async(lambda: len(engine.per_answer) >= 4, "four GETs answered and given up on", procs=[proc])
+        assert max(engine.per_answer) < SCRAPE_MAX + slack, (engine.per_answer, slack)
+        await wait_until_async(lambda: "over the limit" in proc.log(), "a check refused for its size", procs=[proc])
         assert proc.alive()
         nursery.cancel_scope.cancel()
 
