@@ -78,6 +78,8 @@ def choose(free: Sequence[Gpu], n: int, exhaustive_limit: int = EXHAUSTIVE_LIMIT
         candidates.append(_within(component, n, adj, degree, counter))
     if len(holders) != 1 or len(components) > 1:  # one component holding everything: done above
         candidates.append(_combined(components, n, adj, degree, counter))
+        if len(components) <= SUBSET_COMPONENTS:
+            candidates.extend(_component_subsets(components, n, adj, degree, counter))
     scored = [_scored(tuple(sorted(c)), adj, counter) for c in candidates]
     best = max(scored, key=lambda c: (c.internal, -c.cut, [-i for i in c.gpus]))
     return Choice(best.gpus, best.internal, best.cut, counter.steps)
@@ -253,3 +255,31 @@ def _combined(components: list[list[int]], n: int, adj: Adjacency, degree: dict[
         if best_key is None or key > best_key:
             best, best_key = part, key
     return tuple(group) + best
+
+
+# A box has at most a handful of NVLink groups (8 or 16 GPUs in cliques of 2, 4 or 8): with this
+# many or fewer, every set of whole groups is tried with the rest taken from one other group, so
+# "4 + 3" beats the greedy "4 + 2 + 1" (16 GPUs in cliques of 4, two busy, 7 wanted).
+SUBSET_COMPONENTS = 8
+
+
+def _component_subsets(
+    components: list[list[int]], n: int, adj: Adjacency, degree: dict[int, int], counter: _Counter
+) -> list[tuple[int, ...]]:
+    found: list[tuple[int, ...]] = []
+    k = len(components)
+    for mask in range(1 << k):
+        counter.steps += 1
+        whole = [c for i, c in enumerate(components) if mask >> i & 1]
+        size = sum(len(c) for c in whole)
+        if size > n:
+            continue
+        if size == n:
+            found.append(tuple(i for c in whole for i in c))
+            continue
+        need = n - size
+        for i, partial in enumerate(components):
+            if not mask >> i & 1 and len(partial) > need:
+                part = _within(partial, need, adj, degree, counter)
+                found.append(tuple(g for c in whole for g in c) + part)
+    return found
