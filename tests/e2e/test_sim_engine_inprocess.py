@@ -322,7 +322,7 @@ async def test_crash_after_raises_in_process_after_answering() -> None:
 async def test_a_bug_in_a_handler_loses_one_connection_not_the_engine(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from llmgw.sim import engine as engine_mod
+    from llmgw.sim import openai_api
 
     def broken(*_a: object, **_k: object) -> bytes:
         raise RuntimeError("boom")
@@ -338,7 +338,7 @@ async def test_a_bug_in_a_handler_loses_one_connection_not_the_engine(
             )
         )
         await handle.ready.wait()
-        monkeypatch.setattr(engine_mod.api, "models_response", broken)
+        monkeypatch.setattr(openai_api, "models_response", broken)
         with trio.fail_after(DEADLINE):
             c = await Client.open(handle)
             await c.send("GET", "/v1/models")

@@ -4,12 +4,18 @@ client certificates, and a cancel when the client goes away mid-stream.
 One task per connection reads requests and runs the handler; a streaming handler may ask
 for a watcher that notices the client hanging up and cancels the handler, so an engine
 request whose client left is cancelled at once instead of running to the end.
+
+The simulated engine (llmgw.sim.engine) runs on this server too, through small hooks:
+`render_error` (how a protocol error is answered: vLLM's error shape there), `drain`,
+`respond_prepared` (a canned response) and the first and last bytes of a stream sent with
+its head and its end.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -56,7 +62,11 @@ class Limits(msgspec.Struct, kw_only=True):
     tls_handshake_timeout: float = 10.0
 
 
-class ClientGone(Exception):
+class DropConnection(Exception):
+    """Raised by a handler to close the connection without (more of) an answer."""
+
+
+class ClientGone(DropConnection):
     """The client closed the connection; nothing more can be sent."""
 
 
@@ -103,17 +113,28 @@ class Responder:
         data = response_head(status, headers, content_length=len(body), close=self.close)
         await self._conn.send(data if self.head_only else data + body)
 
-    async def start(self, status: int, headers: Headers) -> None:
-        """Begin a streamed (chunked) response; then `send`/`send_raw_chunked`, then `end`."""
+    async def respond_prepared(self, status: int, data: bytes) -> None:
+        """A whole response already framed, head and body (a canned answer). Only for a
+        keep-alive HTTP/1.1 exchange that is not HEAD: the caller checks `close`, `http10`
+        and `head_only` first."""
+        self.started = True
+        self.status = status
+        await self._conn.send(data)
+
+    async def start(self, status: int, headers: Headers, first: bytes = b"") -> None:
+        """Begin a streamed (chunked) response; then `send`/`send_raw_chunked`, then `end`.
+        `first` is the body's first bytes, sent in the same write as the head."""
         self.started = True
         self.streaming = True
         self.status = status
         if self.http10 or self.head_only:
             self.close = True
             self._dechunk = ChunkedDecoder()
-            await self._conn.send(response_head(status, headers, close=True))
+            head = response_head(status, headers, close=True)
+            await self._conn.send(head if self.head_only else head + first)
             return
-        await self._conn.send(response_head(status, headers, chunked=True, close=self.close))
+        head = response_head(status, headers, chunked=True, close=self.close)
+        await self._conn.send(head + chunk(first) if first else head)
 
     async def send(self, data: bytes) -> None:
         if not data or self.head_only:
@@ -146,9 +167,12 @@ class Responder:
         raw = self._conn.raw
         return raw.send_all if raw is not None and self._dechunk is None else self.send_raw_chunked
 
-    async def end(self) -> None:
+    async def end(self, last: bytes = b"") -> None:
+        """End a streamed response; `last` is sent in the same write as the end of the body."""
         if self._dechunk is None:
-            await self._conn.send(LAST_CHUNK)
+            await self._conn.send(chunk(last) + LAST_CHUNK)
+        elif last and not self.head_only:
+            await self._conn.send(last)
 
     def watch_disconnect(self) -> None:
         """Cancel this request's handler if the client hangs up before it is done."""
@@ -158,9 +182,12 @@ class Responder:
 Handler = Callable[[Request, Responder], Awaitable[None]]
 
 
+HEAD_LATE = HttpError(408, "request head not received in time")
+
+
 class _Connection:
-    __slots__ = ("buf", "eof", "handler_scope", "head_scan", "nursery", "peer", "raw", "stream", "tls", "watch_done",
-                 "watch_scope")
+    __slots__ = ("buf", "deadline", "eof", "expired", "handler_scope", "head_scan", "idle", "late", "nursery", "peer",
+                 "raw", "stream", "tls", "watch_done", "watch_scope")
 
     def __init__(self, stream: trio.abc.Stream, peer: str, tls: trio.SSLStream | None, nursery: trio.Nursery) -> None:
         self.stream = stream
@@ -171,6 +198,11 @@ class _Connection:
         self.buf = bytearray()
         self.head_scan = HeadScanner()
         self.eof = False
+        self.idle = True  # waiting for a request with nothing read of it: drain() closes it at once
+        # While a head or body is awaited: when it is due (trio time), and the answer if it is late.
+        self.deadline = math.inf
+        self.late = HEAD_LATE
+        self.expired = False
         self.nursery = nursery
         self.handler_scope: trio.CancelScope | None = None
         self.watch_scope: trio.CancelScope | None = None
@@ -198,7 +230,18 @@ class _Connection:
             self.eof = True
             return False
         self.buf += data
+        self.idle = False
         return True
+
+    def await_until(self, timeout: float, late: HttpError) -> None:
+        """A head or body must arrive within `timeout` seconds, or the connection ends (answering
+        `late` if a head was begun or a body is awaited); `deadline = inf` disarms it."""
+        self.deadline = trio.current_time() + timeout
+        self.late = late
+
+    def expire(self) -> None:
+        self.expired = True
+        self.nursery.cancel_scope.cancel()
 
     def start_watch(self) -> None:
         if self.watch_scope is not None or self.eof:
@@ -251,19 +294,32 @@ class LogThrottle:
         log.log(level, message, *args)
 
 
+ErrorRenderer = Callable[[HttpError], tuple[Headers, bytes]]
+
+
+def json_error(exc: HttpError) -> tuple[Headers, bytes]:
+    """The public port's answer to a protocol error: the OpenAI error shape."""
+    body = msgspec.json.encode({"error": {"message": str(exc), "type": "invalid_request_error" if exc.status < 500 else "server_error",
+                                          "code": exc.status}})
+    return [(b"content-type", b"application/json")], body
+
+
 class HttpServer:
-    def __init__(self, handler: Handler, *, limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, handler: Handler, *, limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None,
+                 render_error: ErrorRenderer = json_error) -> None:
         self.handler = handler
         self.limits = limits or Limits()
         self.ssl_context = ssl_context
+        self.render_error = render_error
         self.connections = 0
+        self._conns: set[_Connection] = set()  # past the TLS handshake: the expiry task watches them
+        self._body_late = HttpError(408, f"request body not received within {self.limits.body_timeout:g}s")
         self.head_bytes_scanned = 0  # work spent finding request heads (bounded by bytes received)
         self.draining = False
         self._room = trio.Event()  # set when a connection closes (accept may go on)
         self._accepting: trio.CancelScope | None = None
         self._active: set[Responder] = set()  # requests in a handler
         self._quiet = trio.Event()  # set when the last active request ends
-        self._waiting: set[trio.CancelScope] = set()  # connections waiting for a request head
         self._throttle_cap = LogThrottle()
         self._throttle_accept = LogThrottle()
 
@@ -275,6 +331,8 @@ class HttpServer:
         """Accept on every listener until `drain` (or a cancel); returns when the connections
         it accepted have ended too."""
         async with trio.open_nursery() as connections:
+            expiry = trio.CancelScope()
+            connections.start_soon(self._expire_loop, expiry)
             try:
                 async with trio.open_nursery() as accepting:
                     self._accepting = accepting.cancel_scope
@@ -287,6 +345,27 @@ class HttpServer:
                 with trio.CancelScope(shield=True):
                     for listener in listeners:
                         await listener.aclose()
+            while self.connections:
+                self._room = trio.Event()
+                await self._room.wait()
+            expiry.cancel()
+
+    async def _expire_loop(self, scope: trio.CancelScope) -> None:
+        """End the connections whose head or body is late. One task for all of them instead of a
+        timer per request: a CancelScope with a deadline per request cost the fixed-answer
+        engine ~30% more CPU per request (bench/bench_sim_engine.py)."""
+        lim = self.limits
+        longest = min(lim.header_timeout, lim.keepalive_timeout, lim.body_timeout)
+        with scope:
+            while True:
+                now = trio.current_time()
+                wake = now + longest  # a deadline set from now on is at least this far off
+                for conn in list(self._conns):
+                    if conn.deadline <= now:
+                        conn.expire()
+                    elif conn.deadline < wake:
+                        wake = conn.deadline
+                await trio.sleep_until(wake)
 
     async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
         while True:
@@ -319,8 +398,9 @@ class HttpServer:
         for responder in self._active:
             if not responder.started:
                 responder.close = True
-        for scope in self._waiting:
-            scope.cancel()
+        for conn in self._conns:
+            if conn.idle:
+                conn.nursery.cancel_scope.cancel()
         with trio.move_on_after(grace):
             while self._active:
                 self._quiet = trio.Event()
@@ -348,8 +428,14 @@ class HttpServer:
                 stream = tls
             async with trio.open_nursery() as nursery:
                 conn = _Connection(stream, peer, tls, nursery)
-                await self._serve_http1(conn)
+                self._conns.add(conn)
+                try:
+                    await self._serve_http1(conn)
+                finally:
+                    self._conns.discard(conn)
                 nursery.cancel_scope.cancel()
+            if conn.expired and (conn.buf or conn.late is not HEAD_LATE):
+                await self._error(conn, conn.late)  # else an idle keep-alive connection: close quietly
         except Exception:
             log.exception("connection from %s failed", peer)
         finally:
@@ -362,18 +448,8 @@ class HttpServer:
         if self.draining:
             return None
         scanned = conn.head_scan.scanned
-        with trio.CancelScope() as waiting:  # drain() closes connections waiting for a request
-            self._waiting.add(waiting)
-            try:
-                return await self._read_head_in(conn, first)
-            finally:
-                self._waiting.discard(waiting)
-                self.head_bytes_scanned += conn.head_scan.scanned - scanned
-        return None
-
-    async def _read_head_in(self, conn: _Connection, first: bool) -> RequestHead | None:
-        timeout = self.limits.header_timeout if first else self.limits.keepalive_timeout
-        with trio.move_on_after(timeout):
+        conn.await_until(self.limits.header_timeout if first else self.limits.keepalive_timeout, HEAD_LATE)
+        try:
             while True:
                 if first and conn.buf[:1] == b"\x16" and conn.tls is None:
                     # A TLS ClientHello (record type 22) on a plain port: answer at once in plain
@@ -389,9 +465,9 @@ class HttpServer:
                     if conn.buf.strip():
                         raise HttpError(400, "connection closed inside a request head")
                     return None
-        if conn.buf:
-            raise HttpError(408, "request head not received in time")
-        return None  # an idle keep-alive connection: close quietly
+        finally:
+            conn.deadline = math.inf
+            self.head_bytes_scanned += conn.head_scan.scanned - scanned
 
     async def _read_body(self, conn: _Connection, head: RequestHead) -> bytes:
         max_body = self.limits.max_body
@@ -399,7 +475,8 @@ class HttpServer:
             raise HttpError(413, f"request body of {head.content_length} bytes is over the limit of {max_body} bytes")
         if head.expect_continue:
             await conn.send(CONTINUE)
-        with trio.move_on_after(self.limits.body_timeout):
+        conn.await_until(self.limits.body_timeout, self._body_late)
+        try:
             if head.chunked:
                 decoder = ChunkedDecoder(limit=max_body)
                 while True:
@@ -415,28 +492,31 @@ class HttpServer:
             body = bytes(conn.buf[:need])
             del conn.buf[:need]
             return body
-        raise HttpError(408, f"request body not received within {self.limits.body_timeout:g}s")
+        finally:
+            conn.deadline = math.inf
 
     async def _serve_http1(self, conn: _Connection) -> None:
         first = True
         while True:
+            conn.idle = not conn.buf
             try:
                 head = await self._read_head(conn, first)
                 if head is None:
                     return
                 body = await self._read_body(conn, head)
             except HttpError as exc:
-                await _error(conn, exc)
+                await self._error(conn, exc)
                 return
             first = False
             request = Request(head, body, conn.peer, conn.tls)
             responder = Responder(conn, close=head.close or self.draining, http10=head.http10, head_only=head.method == b"HEAD")
             self._active.add(responder)
             try:
-                with trio.CancelScope() as scope:
-                    conn.handler_scope = scope
-                    await self.handler(request, responder)
-            except ClientGone:
+                # A client that hangs up mid-request ends the connection, handler and all: the
+                # connection's own scope serves (no scope per request, see _expire_loop).
+                conn.handler_scope = conn.nursery.cancel_scope
+                await self.handler(request, responder)
+            except DropConnection:
                 return
             except Exception:
                 # A bug in a handler costs this connection, not the server: answer 500 if
@@ -444,7 +524,7 @@ class HttpServer:
                 log.exception("handler failed on %s %s from %s", request.method, request.path, conn.peer)
                 await conn.stop_watch()
                 if not responder.started:
-                    await _error(conn, HttpError(500, "internal error; see the server log"))
+                    await self._error(conn, HttpError(500, "internal error; see the server log"))
                 return
             finally:
                 self._active.discard(responder)
@@ -452,28 +532,29 @@ class HttpServer:
                     self._quiet.set()
                 conn.handler_scope = None
                 await conn.stop_watch()
-            if scope.cancelled_caught or conn.eof or self.draining:
+            if conn.eof or self.draining:
                 return
             if not responder.started:
-                await _error(conn, HttpError(500, "no response"))
+                await self._error(conn, HttpError(500, "no response"))
                 return
             if responder.close:
                 return
+
+    async def _error(self, conn: _Connection, exc: HttpError) -> None:
+        headers, body = self.render_error(exc)
+        await _answer_and_linger(conn, response_head(exc.status, headers, content_length=len(body), close=True) + body)
 
 
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 4 * 1024 * 1024
 
 
-async def _error(conn: _Connection, exc: HttpError) -> None:
-    """Answer `exc.status` and prepare to close. On plain TCP the client may still be sending
+async def _answer_and_linger(conn: _Connection, data: bytes) -> None:
+    """Send `data` (a whole error response) and prepare to close. On plain TCP the client may still be sending
     a body nobody will read (a 413 is decided on Content-Length alone): closing with unread
     data sends a reset that can destroy the answer before the client reads it, so the
     write side is shut first and what still comes is read and dropped, for a bounded time
     and size (what nginx calls a lingering close)."""
-    body = msgspec.json.encode({"error": {"message": str(exc), "type": "invalid_request_error" if exc.status < 500 else "server_error",
-                                          "code": exc.status}})
-    data = response_head(exc.status, [(b"content-type", b"application/json")], content_length=len(body), close=True) + body
     try:
         with trio.move_on_after(5):
             await conn.send(data)
