@@ -1,8 +1,11 @@
-"""Addresses as people and URLs want them: IPv6 literals in brackets, peers as host:port."""
+"""Addresses as people and URLs want them: IPv6 literals in brackets, peers as host:port; and
+the one read size every socket reader in llmgw uses."""
 
 from __future__ import annotations
 
 import trio
+
+READ_SIZE = 65536  # bytes asked of one recv(): a TLS record is at most 16 KiB, an HTTP/2 frame 16 KiB by default
 
 
 def url_host(host: str) -> str:

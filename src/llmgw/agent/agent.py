@@ -16,6 +16,7 @@ import trio
 from llmgw import __version__
 from llmgw.agent.backoff import Backoff
 from llmgw.catalog.schema import AgentConfig
+from llmgw.errors import first_leaf
 from llmgw.fleet import ChannelClosed, DialError, FleetChannel, dial
 from llmgw.wire import messages as m
 from llmgw.wire.envelope import DEFAULT_MAX_MESSAGE
@@ -93,9 +94,9 @@ class Agent:
                 async with self.dialer() as channel:
                     await self._session(channel)
             except* DialError as group:
-                self._note_error(str(_first(group, DialError)))
+                self._note_error(str(first_leaf(group, DialError)))
             except* ChannelClosed as group:
-                exc = _first(group, ChannelClosed)
+                exc = first_leaf(group, ChannelClosed)
                 self._note_error(f"stream closed: {exc.reason}", warn=exc.error)
             except* Exception as group:
                 # A bug must not end the agent: engines depend on it. Log it and reconnect.
@@ -210,15 +211,6 @@ class Agent:
 
     def _readings(self) -> tuple[list[m.PortCounters], list[m.GpuHealth]]:
         return self.hardware.port_counters(), self.hardware.gpu_health()
-
-
-def _first(group: BaseExceptionGroup, kind: type[Exception]) -> Any:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first(exc, kind)
-        if isinstance(exc, kind):
-            return exc
-    raise AssertionError("no matching exception in group")
 
 
 def make_dialer(

@@ -8,7 +8,7 @@ import sys
 import click
 
 from llmgw import __version__
-from llmgw.errors import LlmgwError
+from llmgw.errors import LlmgwError, unwrap
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -47,29 +47,13 @@ def _debug_requested(argv: list[str]) -> bool:
     return "--debug" in argv or os.environ.get("LLMGW_DEBUG", "") not in ("", "0", "false")
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
-
-
-def _unwrap(group: BaseExceptionGroup) -> BaseException:
-    """An error raised inside a trio nursery arrives wrapped in an exception group: when every
-    leaf is an operator-facing error (or Ctrl-C), report it as if it had been raised alone."""
-    leaves = _leaves(group)
-    for kind in (KeyboardInterrupt, LlmgwError):
-        if all(isinstance(leaf, kind) for leaf in leaves):
-            return leaves[0]
-    return group
-
-
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         try:
             cli.main(args=args, prog_name="llmgw", standalone_mode=False)
         except BaseExceptionGroup as group:
-            raise _unwrap(group) from None
+            raise unwrap(group) from None
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

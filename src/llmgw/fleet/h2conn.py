@@ -23,6 +23,7 @@ import h2.settings
 import msgspec
 import trio
 
+from llmgw.netaddr import READ_SIZE
 from llmgw.wire.envelope import (
     FLAG_END_STREAM,
     HEADER_SIZE,
@@ -33,7 +34,6 @@ from llmgw.wire.envelope import (
 
 log = logging.getLogger("llmgw.fleet")
 
-READ_SIZE = 65536
 MAX_FRAME = 65536  # our SETTINGS_MAX_FRAME_SIZE: fewer frames for a big Register
 
 

@@ -10,6 +10,7 @@ import h2.errors
 import h2.exceptions
 import trio
 
+from llmgw.errors import first_leaf
 from llmgw.fleet.h2conn import ChannelClosed, FleetChannel, H2Connection
 from llmgw.fleet.limits import RefusalLog
 from llmgw.netaddr import peer_name
@@ -197,7 +198,7 @@ class FleetListener:
                 try:
                     await self.handler(channel)
                 except* StreamRefused as group:
-                    error = _leaf(group)
+                    error = first_leaf(group, StreamRefused)
                     self.on_refused(error.code)
             if error is not None:
                 await conn.end_channel(channel, error.message, error.code)
@@ -205,14 +206,6 @@ class FleetListener:
                 await conn.end_channel(channel)
             await conn.goaway()
             nursery.cancel_scope.cancel()
-
-
-def _leaf(group: BaseExceptionGroup) -> StreamRefused:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    assert isinstance(exc, StreamRefused)
-    return exc
 
 
 def _check_request(headers: dict[str, str]) -> tuple[int, str] | None:

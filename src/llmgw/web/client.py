@@ -29,8 +29,6 @@ from llmgw.web.http1 import (
 from llmgw.web.rawio import RawSocket
 from llmgw.web.relayhub import RelayError, RelayHub
 
-READ_SIZE = 65536
-
 
 class UpstreamError(Exception):
     """`kind`: connect | reset (closed before any response byte) | timeout | protocol |

@@ -16,7 +16,7 @@ import os
 
 import trio
 
-READ_SIZE = 65536
+from llmgw.netaddr import READ_SIZE
 
 
 class RawSocket:

@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import trio
 
+from llmgw.netaddr import READ_SIZE
 from llmgw.web.http1 import ChunkedScanner, HttpError
 
-READ_SIZE = 65536
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
 

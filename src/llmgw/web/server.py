@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 import trio
 
-from llmgw.netaddr import peer_name
+from llmgw.netaddr import READ_SIZE, peer_name
 from llmgw.tls.explain import explain_tls_error
 from llmgw.tls.net import handshake
 from llmgw.web.http1 import (
@@ -41,8 +41,6 @@ from llmgw.web.http1 import (
 from llmgw.web.rawio import RawSocket
 
 log = logging.getLogger("llmgw.http")
-
-READ_SIZE = 65536
 
 
 # accept() errors that mean "no resources for another connection right now" (trio's own accept

@@ -1,0 +1,139 @@
+"""The pure cores stay pure: no trio, no sockets, no filesystem, no clock (DESIGN.md, "Layout").
+
+Every module listed here is bytes or values in, values out, with time passed in as a number. Two
+checks, because each misses what the other sees: the module's own source (an `import os` or an
+`open(...)` anywhere in it, even in a branch no test runs), and what importing it really loads
+(a pure-looking import of an impure llmgw module). A new pure module belongs in PURE; a module
+that gains I/O fails here and should move its I/O to an edge (fleet, server, agent, cli).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PURE = [
+    "llmgw.errors",
+    "llmgw.wire",
+    "llmgw.wire.envelope",
+    "llmgw.wire.messages",
+    "llmgw.catalog",
+    "llmgw.catalog.load",
+    "llmgw.catalog.schema",
+    "llmgw.catalog.units",
+    "llmgw.fabric",
+    "llmgw.fabric.sysfs",
+    "llmgw.placement",
+    "llmgw.placement.single",
+    "llmgw.server.reconcile",
+    "llmgw.server.registry",
+    "llmgw.server.gateway.admission",
+    "llmgw.server.gateway.balance",
+    "llmgw.server.gateway.breaker",
+    "llmgw.server.gateway.enginemetrics",
+    "llmgw.server.gateway.retry",
+    "llmgw.web.http1",
+    "llmgw.sim.latency",
+    "llmgw.sim.metrics",
+    "llmgw.sim.openai_api",
+]
+
+# Top-level modules a pure module must not import: event loop, network, processes, files, clock.
+FORBIDDEN_IMPORTS = {
+    "trio", "anyio", "asyncio", "socket", "ssl", "select", "selectors", "subprocess", "threading",
+    "multiprocessing", "os", "pathlib", "shutil", "tempfile", "glob", "io", "fcntl", "mmap", "time",
+    "datetime", "h2", "h11", "httpx", "urllib", "http.client", "sqlite3", "logging",
+}
+FORBIDDEN_CALLS = {"open", "print", "input", "breakpoint"}
+# What importing a pure module must not load, checked in a fresh interpreter.
+FORBIDDEN_LOADED = ("trio", "socket", "ssl", "selectors", "subprocess", "asyncio", "h2", "httpx")
+
+# The few edges a pure package keeps, each named with its reason. Nothing else is allowed.
+ALLOWED = {
+    # load_config reads the one file named on the command line, then hands the text to the
+    # pure parse_config; every error it raises names that file.
+    ("llmgw.catalog.load", "open"),
+}
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PURE_PACKAGES = ("wire", "catalog", "fabric", "placement")  # every module in these is pure
+
+
+def _source(module: str) -> tuple[Path, ast.Module]:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, f"{module} not found"
+    path = Path(spec.origin)
+    return path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _impurities(module: str) -> list[str]:
+    path, tree = _source(module)
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            top = name.split(".")[0]
+            if top in FORBIDDEN_IMPORTS or name in FORBIDDEN_IMPORTS:
+                found.append(f"{path.name}:{node.lineno} imports {name}")
+            elif top == "llmgw" and name not in PURE:
+                found.append(f"{path.name}:{node.lineno} imports {name}, which is not in the pure list")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in FORBIDDEN_CALLS
+            and (module, node.func.id) not in ALLOWED
+        ):
+            found.append(f"{path.name}:{node.lineno} calls {node.func.id}()")
+    return found
+
+
+def test_every_pure_module_exists_under_src() -> None:
+    for module in PURE:
+        path, _ = _source(module)
+        assert SRC in path.parents, f"{module} resolves to {path}, not under {SRC}"
+
+
+def test_every_module_of_a_pure_package_is_listed() -> None:
+    for package in PURE_PACKAGES:
+        for path in sorted((SRC / "llmgw" / package).glob("*.py")):
+            name = f"llmgw.{package}" if path.stem == "__init__" else f"llmgw.{package}.{path.stem}"
+            assert name in PURE, f"{path} is in a pure package: list it in PURE"
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_a_pure_module_imports_no_io_and_calls_no_io(module: str) -> None:
+    assert _impurities(module) == []
+
+
+def test_importing_the_pure_modules_loads_no_event_loop_or_socket() -> None:
+    """Each module in its own fresh interpreter, all at once: sys.modules after importing just it."""
+    check = (
+        "import importlib, sys; importlib.import_module(sys.argv[1]); "
+        f"print(','.join(m for m in {FORBIDDEN_LOADED!r} if m in sys.modules))"
+    )
+    procs = {
+        module: subprocess.Popen([sys.executable, "-c", check, module], stdout=subprocess.PIPE, text=True)
+        for module in PURE
+    }
+    loaded = {}
+    for module, proc in procs.items():
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"importing {module} failed"
+        if out.strip():
+            loaded[module] = out.strip()
+    assert loaded == {}
+
+
+def test_the_check_catches_what_it_is_for() -> None:
+    """The AST check fails on an impure module (so a green run means something)."""
+    assert any("imports trio" in line for line in _impurities("llmgw.sim.engine"))
+    assert any("calls open()" in line or "imports os" in line for line in _impurities("llmgw.fsutil"))
