@@ -41,6 +41,7 @@ PURE = [
     "llmgw.sim.latency",
     "llmgw.sim.metrics",
     "llmgw.sim.openai_api",
+    "llmgw.sim.embeddings",
 ]
 
 # Top-level modules a pure module must not import: event loop, network, processes, files, clock.

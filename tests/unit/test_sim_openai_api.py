@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.sim import openai_api as api
+from llmgw.sim.embeddings import embeddings_response
 
 
 def _chat(body: dict[str, object], **kw: object) -> api.GenerationPlan:
@@ -182,7 +183,7 @@ def test_answers_are_deterministic_and_token_counted(text: str, seed: int) -> No
 
 def test_embeddings_are_deterministic_unit_vectors_in_float_and_base64() -> None:
     req = api.decode(b'{"input": ["a", "b", "a"], "model": "m"}', api.EmbeddingRequest)
-    body, tokens = api.embeddings_response(
+    body, tokens = embeddings_response(
         req, served_model="m", dim=8, max_model_len=100, request_id="e", created=1
     )
     doc = json.loads(body)
@@ -191,13 +192,13 @@ def test_embeddings_are_deterministic_unit_vectors_in_float_and_base64() -> None
     assert vecs[0] == vecs[2] and vecs[0] != vecs[1]
     assert all(abs(sum(v * v for v in vec) - 1.0) < 1e-9 for vec in vecs)
     req64 = api.decode(b'{"input": "a", "encoding_format": "base64"}', api.EmbeddingRequest)
-    body64, _ = api.embeddings_response(
+    body64, _ = embeddings_response(
         req64, served_model="m", dim=8, max_model_len=100, request_id="e", created=1
     )
     raw = base64.b64decode(json.loads(body64)["data"][0]["embedding"])
     assert struct.unpack("<8f", raw) == pytest.approx(vecs[0], abs=1e-6)
     short = api.decode(b'{"input": "a", "dimensions": 3}', api.EmbeddingRequest)
-    body3, _ = api.embeddings_response(
+    body3, _ = embeddings_response(
         short, served_model="m", dim=8, max_model_len=100, request_id="e", created=1
     )
     assert len(json.loads(body3)["data"][0]["embedding"]) == 3

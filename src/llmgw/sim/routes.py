@@ -14,6 +14,7 @@ from collections.abc import Callable
 import msgspec
 
 from llmgw.sim import openai_api as api
+from llmgw.sim.embeddings import embeddings_response
 from llmgw.sim.options import VLLM_VERSION, EngineOptions
 from llmgw.sim.scheduler import SimEngine
 from llmgw.sim.vllm_log import VllmLog
@@ -208,7 +209,7 @@ class EngineApp:
         e = self.engine
         o = self.options
         req = api.decode(request.body, api.EmbeddingRequest)
-        out, prompt_tokens = api.embeddings_response(
+        out, prompt_tokens = embeddings_response(
             req,
             served_model=e.served_model,
             dim=o.embedding_dim,
