@@ -3,7 +3,10 @@ the one read size every socket reader in llmgw uses."""
 
 from __future__ import annotations
 
-import trio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only a type here: importing this module loads no event loop (tests/unit/test_purity.py)
+    import trio
 
 READ_SIZE = 65536  # bytes asked of one recv(): a TLS record is at most 16 KiB, an HTTP/2 frame 16 KiB by default
 
