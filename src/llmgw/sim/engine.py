@@ -116,10 +116,9 @@ class _Lifecycle:
                         task_status.started(handle)
                         await self.stop.wait()
                         self.log.info("launcher.py:101", "Shutting down FastAPI HTTP server.")
-                        if o.hang:
-                            serving.cancel_scope.cancel()  # a hung engine has no request to finish
-                        else:
+                        if not o.hang:  # a hung engine has no request to finish
                             await self.http.drain(o.shutdown_grace_s)
+                        serving.cancel_scope.cancel()  # cut what outlived the grace
                     nursery.cancel_scope.cancel()
         finally:
             for listener in listeners:
