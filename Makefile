@@ -20,12 +20,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/llmgw demo $(DEMO_ARGS)
 
-test: $(STAMP)
-	$(BIN)/ruff check src tests bench
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy src
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -6,7 +6,7 @@ import logging
 import random
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -38,7 +38,10 @@ class NodeHardware(Protocol):
 class Engines(Protocol):
     """The supervisor, as the link sees it (issue: engines and replicas)."""
 
-    features: list[str]
+    @property
+    def features(self) -> Sequence[str]:
+        """The requests these engines answer (Register.features)."""
+        ...
 
     def reports(self) -> list[m.ShardReport]: ...
     async def handle(self, msg: Any, send: Callable[[msgspec.Struct], None]) -> None: ...

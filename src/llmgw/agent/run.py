@@ -33,7 +33,9 @@ def agent_ssl_context(cfg: AgentConfig) -> tuple[ssl.SSLContext | None, float]:
 
     if bool(cfg.tls.cert) != bool(cfg.tls.key):
         raise UsageError("tls: set both tls.cert and tls.key (the node certificate and its key), or neither")
-    ctx = client_context(cfg.tls.ca or None, cfg.tls.cert or None, cfg.tls.key or None, alpn=("h2",))
+    if not cfg.tls.ca:
+        raise UsageError("tls.ca: set the CA certificate that signed the server's certificate (ca.crt from `llmgw ctl cert init`)")
+    ctx = client_context(cfg.tls.ca, cfg.tls.cert or None, cfg.tls.key or None, alpn=("h2",))
     not_after = cert_not_after(cfg.tls.cert) if cfg.tls.cert else 0.0
     return ctx, not_after
 

@@ -131,7 +131,11 @@ def format_path(path: Path) -> str:
 
 def _lookup(data: Any, path: Path) -> Any:
     for part in path:
-        if (isinstance(part, int) and isinstance(data, list) and part < len(data)) or (isinstance(data, dict) and part in data):
+        if isinstance(data, dict):
+            if part not in data:
+                return None
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
             data = data[part]
         else:
             return None
@@ -267,8 +271,8 @@ def parse_config(text: str, kind: type[T], filename: str = "<config>") -> T:
         probe = path
         while probe not in lines and probe:
             probe = probe[:-1]
-        line = lines.get(probe, 1)
-        raise ConfigError(f"{name}:{line} {format_path(path)}: {message}") from None
+        lineno = lines.get(probe, 1)
+        raise ConfigError(f"{name}:{lineno} {format_path(path)}: {message}") from None
 
 
 def load_config(path: str, kind: type[T]) -> T:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Iterable
 
 import h2.config
 import h2.connection
@@ -316,9 +317,9 @@ class H2Connection:
     async def _receive(self) -> bytes | None:
         """Bytes from the peer; None when the idle timeout passed without any."""
         if self.idle_timeout is None:
-            return await self.stream.receive_some(READ_SIZE)
+            return bytes(await self.stream.receive_some(READ_SIZE))
         with trio.move_on_after(self.idle_timeout):
-            return await self.stream.receive_some(READ_SIZE)
+            return bytes(await self.stream.receive_some(READ_SIZE))
         return None
 
     async def reader(self) -> None:
@@ -370,10 +371,10 @@ class H2Connection:
         elif isinstance(event, h2.events.RequestReceived):
             self._on_request(event)
         elif isinstance(event, h2.events.ResponseReceived):
-            self._response_headers = dict(event.headers)
+            self._response_headers = _text_headers(event.headers)
             self._response_event.set()
         elif isinstance(event, h2.events.TrailersReceived):
-            headers = dict(event.headers)
+            headers = _text_headers(event.headers)
             channel = self.channels.get(event.stream_id)
             if channel is not None and headers.get("grpc-status", "0") not in ("", "0"):
                 channel._mark_closed(headers.get("grpc-message", "error"), error=True)
@@ -410,7 +411,7 @@ class H2Connection:
             self.h2.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         self._request_stream = event.stream_id
-        self._request_headers = dict(event.headers)
+        self._request_headers = _text_headers(event.headers)
         channel = FleetChannel(self, event.stream_id)
         self.channels[event.stream_id] = channel
         self._request_event.set()
@@ -505,3 +506,11 @@ class H2Connection:
             with trio.move_on_after(1):
                 await self.stream.aclose()
 
+
+def _text_headers(headers: Iterable[tuple[bytes | str, bytes | str]] | None) -> dict[str, str]:
+    """Headers as text. The connection decodes them (header_encoding="utf-8"), so they arrive as
+    str; h2's types allow bytes too, which are decoded here the same way."""
+    return {
+        (k if isinstance(k, str) else k.decode("utf-8", "replace")): (v if isinstance(v, str) else v.decode("utf-8", "replace"))
+        for k, v in headers or ()
+    }

@@ -76,7 +76,7 @@ class FleetListener:
         self,
         listeners: list[trio.SocketListener],
         *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         await trio.serve_listeners(self._serve_one, listeners, task_status=task_status)
 

@@ -102,7 +102,7 @@ def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
     inv = node.inventory
     names = sorted({g.name for g in inv.gpus if g.name})
     fabrics = [f.name for f in node.fabrics]
-    args = dict(
+    view = NodeView(
         id=node.id,
         state=node.state,
         reason=node.reason,
@@ -125,8 +125,8 @@ def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
         features=node.features,
     )
     if detail:
-        return NodeDetail(**args, inventory=inv)
-    return NodeView(**args)
+        return NodeDetail(**msgspec.structs.asdict(view), inventory=inv)
+    return view
 
 
 def replica_view(r: Any, now: float) -> ReplicaView:

@@ -45,7 +45,7 @@ class Controller:
             Settings(
                 backoff_initial=float(settings.backoff_initial),
                 backoff_max=float(settings.backoff_max),
-                port_range=tuple(settings.port_range),
+                port_range=settings.port_range,
             ),
             rng,
         )

@@ -9,13 +9,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from llmgw.server.registry import NodeState
 from llmgw.wire.messages import AGENT_TYPES
 
 
 class _NodeStates(Collector):
     """llmgw_nodes{state}: counted at scrape time, so heartbeats cost nothing here."""
 
-    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, counts: Callable[[], dict[NodeState, int]]) -> None:
         self._counts = counts
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -26,7 +27,7 @@ class _NodeStates(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, node_counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, node_counts: Callable[[], dict[NodeState, int]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_NodeStates(node_counts))
         self.fleet_messages = Counter(

@@ -374,7 +374,7 @@ def full_response(
         texts = [output_text(plan.seed, i, plan.output_tokens) for i in range(plan.choices)]
     completion_tokens = plan.output_tokens * plan.choices
     if plan.kind == "chat":
-        choices = [
+        choices: list[dict[str, Any]] = [
             {
                 "index": i,
                 "message": {

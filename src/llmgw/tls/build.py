@@ -64,7 +64,7 @@ def describe_key(public_key: object) -> str:
     return type(public_key).__name__
 
 
-def _signing_hash(key: PrivateKey) -> hashes.HashAlgorithm | None:
+def _signing_hash(key: PrivateKey) -> hashes.SHA256 | None:
     # Ed25519 signs the message itself; passing a hash is an error in cryptography.
     return None if isinstance(key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
 

@@ -7,13 +7,14 @@ ssl.SSLSocket and trio.SSLStream (which forwards getpeercert).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from llmgw.tls.build import CLIENT_OUS, OPERATOR_OU
 
 
 class HasPeerCert(Protocol):
-    def getpeercert(self, binary_form: bool = ...) -> Any: ...
+    def getpeercert(self) -> Mapping[str, Any] | None: ...
 
 
 def _subject_values(ssl_object: HasPeerCert, attribute: str) -> list[str] | None:
@@ -42,7 +43,7 @@ def peer_is_operator(ssl_object: HasPeerCert) -> bool:
     """True for a verified certificate issued by `llmgw ctl cert operator` (OU=operators); node
     certificates (OU=nodes) and connections without a certificate are not operators."""
     values = _subject_values(ssl_object, "organizationalUnitName")
-    return bool(values) and OPERATOR_OU in values
+    return values is not None and OPERATOR_OU in values
 
 
 def peer_kind(ssl_object: HasPeerCert) -> str | None:

@@ -221,7 +221,7 @@ class _Connection:
             if self.raw is not None:
                 data = await self.raw.recv()
             else:
-                data = await self.stream.receive_some(READ_SIZE)
+                data = bytes(await self.stream.receive_some(READ_SIZE))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             data = b""
         if not data:

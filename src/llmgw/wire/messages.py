@@ -265,4 +265,5 @@ def decode_server_message(payload: bytes) -> ServerMessage | Unknown:
 def message_type(msg: msgspec.Struct) -> str:
     if isinstance(msg, Unknown):
         return msg.type
-    return msg.__struct_config__.tag or type(msg).__name__
+    tag = msg.__struct_config__.tag
+    return str(tag) if tag is not None else type(msg).__name__

@@ -24,7 +24,7 @@ from llmgw.server.gateway.admission_gate import AdmissionGate, AdmissionRejected
 from llmgw.server.gateway.balance import Balancer, prompt_prefix
 from llmgw.server.gateway.breaker import Breaker, BreakerState
 from llmgw.server.gateway.enginemetrics import parse_engine_metrics
-from llmgw.server.gateway.retry import RetryBudget, should_retry
+from llmgw.server.gateway.retry import FailureKind, RetryBudget, should_retry
 from llmgw.server.metrics import GatewayMetrics
 from llmgw.web.client import Upstream, UpstreamError
 from llmgw.web.relayhub import RelayHub
@@ -639,6 +639,9 @@ async def _too_large(responder: Responder, rid: bytes, model: str, limit: int, d
     return 502
 
 
-def _failure(kind: str) -> str:
-    return {"connect": "connect", "reset": "reset", "timeout": "timeout"}.get(kind, "other")
+_FAILURES: dict[str, FailureKind] = {"connect": "connect", "reset": "reset", "timeout": "timeout"}
+
+
+def _failure(kind: str) -> FailureKind:
+    return _FAILURES.get(kind, "other")
 
