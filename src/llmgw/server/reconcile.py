@@ -399,8 +399,9 @@ class Reconciler:
         claimed = False
         if existing is not None:
             past = existing.past.get(spec.shard_id)
-            returning = past is not None and past[0] == node_id  # its own earlier engine, back
-            if returning:
+            returning = False
+            if past is not None and past[0] == node_id:  # its own earlier engine, back
+                returning = True
                 seen_at = past[1]  # as old as this server saw it to be, not as the report claims
             mine = returning or (bool(existing.shards) and all(s.node == node_id for s in existing.shards))
             alive = existing.state in ("ready", "starting", "stopping") or any(s.state in HOLDING for s in existing.shards)

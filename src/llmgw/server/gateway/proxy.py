@@ -51,6 +51,7 @@ class _Peek(msgspec.Struct):
 _peek = msgspec.json.Decoder(_Peek)
 # Everything msgspec's decoder raises on a body it refuses.
 JSON_REFUSED: tuple[type[Exception], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+PREFIX_REFUSED: tuple[type[Exception], ...] = (*JSON_REFUSED, TypeError, AttributeError)  # a body with no usable prompt
 
 
 def openai_error(message: str, kind: str, code: str | int | None = None) -> bytes:
@@ -305,7 +306,7 @@ class Gateway:
         if balancer.policy == "prefix-affinity":
             try:
                 key = prompt_prefix(msgspec.json.decode(request.body))
-            except (*JSON_REFUSED, TypeError, AttributeError):
+            except PREFIX_REFUSED:
                 key = None
         headers = [(b"content-type", b"application/json"), (b"x-request-id", rid)]
         accept = request.head.get(b"accept")
@@ -343,7 +344,7 @@ class Gateway:
                         failure = "no_head"
                         exc = UpstreamError("timeout", f"{exc} (stream_head_timeout)")
                     last_error = f"{endpoint}: {exc}"
-                    decision = should_retry(failure=failure, status=None, sent_to_client=False, attempt=attempt,  # type: ignore[arg-type]
+                    decision = should_retry(failure=failure, status=None, sent_to_client=False, attempt=attempt,
                                             max_attempts=settings.max_attempts, budget=route.budget, now=trio.current_time())
                     if decision.retry:
                         tried.add(endpoint)
