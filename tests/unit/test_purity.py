@@ -31,6 +31,7 @@ PURE = [
     "llmgw.fabric",
     "llmgw.fabric.sysfs",
     "llmgw.placement",
+    "llmgw.placement.gpus",
     "llmgw.placement.single",
     "llmgw.server.reconcile",
     "llmgw.server.registry",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 import yaml
@@ -40,17 +40,19 @@ class _AliasRefused(Exception):
 
 
 _CParser: type = getattr(yaml, "CParser", yaml.parser.Parser)
-if _CParser is yaml.parser.Parser:  # no libyaml: the pure-Python reader, scanner and parser
-    class _Events(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
+_Events: type  # libyaml's parser, or the pure-Python reader, scanner and parser without it
+if _CParser is yaml.parser.Parser:
+    class _PyEvents(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
         def __init__(self, stream: str) -> None:
             yaml.reader.Reader.__init__(self, stream)
             yaml.scanner.Scanner.__init__(self)
             yaml.parser.Parser.__init__(self)
+    _Events = _PyEvents
 else:
     _Events = _CParser
 
 
-class _Loader(yaml.composer.Composer, _Events, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):  # type: ignore[misc, valid-type]
+class _Loader(yaml.composer.Composer, _Events, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
     """Events from libyaml (the pure-Python parser took 17 s for a 3,000-model catalog on the
     2-core development machine), composed and constructed in Python: each event is one short
     call, so a reload parsed in a worker thread never holds the GIL for long (libyaml's own
@@ -63,7 +65,7 @@ class _Loader(yaml.composer.Composer, _Events, yaml.constructor.SafeConstructor,
     """
 
     def __init__(self, stream: str) -> None:
-        _Events.__init__(self, stream)
+        cast(Any, _Events).__init__(self, stream)  # a class chosen at import: libyaml's or Python's
         yaml.composer.Composer.__init__(self)
         yaml.constructor.SafeConstructor.__init__(self)
         yaml.resolver.Resolver.__init__(self)
@@ -72,7 +74,7 @@ class _Loader(yaml.composer.Composer, _Events, yaml.constructor.SafeConstructor,
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise _AliasRefused(event.start_mark.line + 1, str(event.anchor))
-        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        return super().compose_node(parent, index)
 
 
 def _compose(text: str) -> tuple[yaml.Node | None, Any]:
