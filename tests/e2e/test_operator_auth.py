@@ -40,6 +40,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     llmgw_ok("ctl", "cert", "init", "--dir", str(cadir), "--name", "test CA")
     llmgw_ok("ctl", "cert", "server", "--dir", str(cadir), "--host", "localhost", "--ip", "127.0.0.1")
     llmgw_ok("ctl", "cert", "operator", "alice", "--dir", str(cadir))
+    llmgw_ok("ctl", "cert", "viewer", "grafana", "--dir", str(cadir))
     llmgw_ok("ctl", "cert", "node", "gpu-01", "--dir", str(cadir))
     return cadir
 
@@ -112,6 +113,12 @@ def test_operator_credentials_on_the_tls_public_port(tmp_path: Path, procs: list
     line = refused(ctl(url, "--ca", ca, "nodes"))
     assert "viewer or operator credential" in line and "cert viewer" in line, line
     refused(ctl(url, "--ca", ca, *node, "nodes"))
+    # A viewer certificate (OU=viewers) reads, and is refused a change with 403.
+    viewer = ["--cert", str(pki / "viewer-grafana.crt"), "--key", str(pki / "viewer-grafana.key")]
+    listed = ctl(url, "--ca", ca, *viewer, "replicas", "-o", "json")
+    assert listed.returncode == 0 and listed.stdout.strip() == "[]", listed.stderr
+    line = refused(ctl(url, "--ca", ca, *viewer, "reload"), status=403)
+    assert "viewer certificate 'grafana' may read the fleet but not change it" in line, line
     listed = ctl(url, "--ca", ca, *operator, "nodes", "-o", "json")
     assert listed.returncode == 0 and listed.stdout.strip() == "[]", listed.stderr
     listed = ctl(url, "--ca", ca, "--token", TOKEN, "endpoints", "-o", "json")
