@@ -222,6 +222,9 @@ class BuggyEngines:
     def reports(self) -> list[m.ShardReport]:
         return []
 
+    def snapshot(self) -> list[m.ShardReport]:
+        return []
+
     async def handle(self, msg: Any, send: Callable[[msgspec.Struct], None]) -> None:
         raise KeyError("bug in the supervisor")
 

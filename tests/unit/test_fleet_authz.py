@@ -47,8 +47,14 @@ def _progress(rec: Reconciler, node: str, s: StartShard, endpoint: str) -> list[
     return rec.on_progress(node, m.Progress(shard_id=s.spec.shard_id, source="hf", done_bytes=1, total_bytes=2), 5)
 
 
+def _resync(rec: Reconciler, node: str, s: StartShard, endpoint: str) -> list[Refusal]:
+    report = m.ShardReport(spec=s.spec, state="failed", pid=4242, started_at=1.0, endpoint=endpoint, reason="forged")
+    refused, _ = rec.on_resync(node, [report], 5, wall_now=1_000_000.0)
+    return refused
+
+
 # One row per agent->server message kind that names a shard: how that kind reaches the reconciler.
-DOORS: dict[type, Send] = {m.Register: _register, m.ShardStatus: _status, m.Progress: _progress}
+DOORS: dict[type, Send] = {m.Register: _register, m.ShardStatus: _status, m.Progress: _progress, m.Heartbeat: _resync}
 
 
 def _mentions(tp: object, target: type) -> bool:

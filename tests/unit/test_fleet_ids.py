@@ -48,6 +48,8 @@ POSITIONS: dict[type, list[Build]] = {
         *[lambda v, f=f: m.Register(node_id="gpu-01", version="1", shards=[m.ShardReport(spec=spec(**{f: v}))])
           for f in ("shard_id", "replica_id", "model", "profile", "served_name")],
     ],
+    m.Heartbeat: [lambda v, f=f: m.Heartbeat(shards=[m.ShardReport(spec=spec(**{f: v}))])
+                  for f in ("shard_id", "replica_id", "model", "profile", "served_name")],
     m.ShardStatus: [lambda v: m.ShardStatus(shard_id=v, replica_id="r", state="ready"),
                     lambda v: m.ShardStatus(shard_id="r.1", replica_id=v, state="ready")],
     m.Progress: [lambda v: m.Progress(shard_id=v, source="hf")],

@@ -44,6 +44,10 @@ class Engines(Protocol):
         ...
 
     def reports(self) -> list[m.ShardReport]: ...
+    def snapshot(self) -> list[m.ShardReport]:
+        """Every shard as it stands, forgetting nothing (a heartbeat's resync; `reports` is the Register's)."""
+        ...
+
     async def handle(self, msg: Any, send: Callable[[msgspec.Struct], None]) -> None: ...
     def attach(self, send: Callable[[msgspec.Struct], None] | None) -> None: ...
 
@@ -54,6 +58,9 @@ class NoEngines:
         return []
 
     def reports(self) -> list[m.ShardReport]:
+        return []
+
+    def snapshot(self) -> list[m.ShardReport]:
         return []
 
     async def handle(self, msg: Any, send: Callable[[msgspec.Struct], None]) -> None:
@@ -201,11 +208,18 @@ class Agent:
     async def _heartbeats(self, channel: FleetChannel, send: Callable[[msgspec.Struct], None]) -> None:
         conn = channel.connection
         conn.last_received = trio.current_time()
+        resync_every = int(self.cfg.resync_every)
+        beats = 0
         while True:
             await trio.sleep(self.heartbeat_interval)
             ports, gpus = await trio.to_thread.run_sync(self._readings)
             self._seq += 1
-            send(m.Heartbeat(seq=self._seq, ports=ports, gpus=gpus))
+            beats += 1
+            # The shard list is taken here, in the task that queues the heartbeat: every status
+            # the supervisor queued before it is ahead of it on the stream, so the list never
+            # contradicts what the server has already been told.
+            shards = self.engines.snapshot() if resync_every and beats % resync_every == 0 else None
+            send(m.Heartbeat(seq=self._seq, ports=ports, gpus=gpus, shards=shards))
             silent = trio.current_time() - conn.last_received
             if silent > 6 * self.heartbeat_interval:
                 raise ChannelClosed(f"no answer from the server for {silent:.0f}s (half-open connection?)", error=True)

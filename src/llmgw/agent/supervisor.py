@@ -144,8 +144,11 @@ class Supervisor:
     def attach(self, send: Send | None) -> None:
         self._send = send
 
+    def snapshot(self) -> list[m.ShardReport]:
+        return [run.report() for run in self.runs.values()]
+
     def reports(self) -> list[m.ShardReport]:
-        out = [run.report() for run in self.runs.values()]
+        out = self.snapshot()
         # Terminal shards are told once, in this Register; then forgotten.
         for shard_id in [sid for sid, run in self.runs.items() if run.state in TERMINAL]:
             del self.runs[shard_id]

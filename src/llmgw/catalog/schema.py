@@ -306,6 +306,10 @@ class AgentConfig(_Config):
     fabrics: list[FabricDecl] = []
     work_dir: str = "./llmgw-agent"
     heartbeat_interval: Duration = Duration(5)
+    # Every this many heartbeats the agent lists every shard it runs, so that the server's view
+    # heals from a lost or misapplied status without a reconnect (0: never). 6 × 5 s: a
+    # divergence lives at most half a minute, for a few kB per node per 30 s.
+    resync_every: NonNegative = 6
     backoff: Backoff = msgspec.field(default_factory=Backoff)
     discovery: Discovery = msgspec.field(default_factory=Discovery)
     allow: EngineAllow = msgspec.field(default_factory=EngineAllow)

@@ -48,6 +48,8 @@ def heartbeat_problem(msg: m.Heartbeat, caps: Caps) -> str | None:
     if len(msg.gpus) > caps.gpus or len(msg.ports) > caps.ports:
         return (f"a Heartbeat with {len(msg.gpus):,} GPUs and {len(msg.ports):,} ports "
                 f"(fleet.max_gpus is {caps.gpus:,}, fleet.max_ports {caps.ports:,})")
+    if msg.shards is not None and len(msg.shards) > caps.shards:
+        return f"a Heartbeat listing {len(msg.shards):,} shards (fleet.max_shards is {caps.shards:,})"
     return None
 
 

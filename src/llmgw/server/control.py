@@ -88,9 +88,19 @@ class Controller:
     def progress(self, node_id: str, msg: m.Progress) -> None:
         self._refused(self.reconciler.on_progress(node_id, msg, trio.current_time()))
 
+    def shard_resync(self, node_id: str, shards: list[m.ShardReport]) -> None:
+        """A heartbeat's full shard list (level-triggered resync): a pass only when it changed something."""
+        refused, changed = self.reconciler.on_resync(node_id, shards, trio.current_time(), time.time())
+        self._refused(refused)
+        if changed:
+            log.info("node %s: resync found the server's view of its shards out of date; healed", node_id)
+            self.wake()
+
     def _refused(self, refusals: list[Refusal]) -> None:
         """Count every refusal; log the first of each kind per node (a hostile node must not
-        flood the log, and the count says how many followed)."""
+        flood the log, and the count says how many followed). Illegal state transitions the
+        reports asked for are logged here too."""
+        self._log_illegal()
         for refusal in refusals:
             if self.on_refused is not None:
                 self.on_refused(refusal.reason)
@@ -221,8 +231,13 @@ class Controller:
             self.on_pass()
 
     def _log_decisions(self) -> None:
+        self._log_illegal()
         for line in self.reconciler.drain_log():
             log.info("%s", printable(line))  # lines carry engine exit reasons a node sent
+
+    def _log_illegal(self) -> None:
+        for illegal in self.reconciler.drain_illegal():
+            log.warning("%s", printable(illegal.line()))  # states may be text a node sent
 
     def _send(self, action: StartShard | StopShard) -> None:
         sessions = self.fleet.sessions if self.fleet is not None else {}

@@ -34,6 +34,7 @@ class FleetObserver(Protocol):
     def node_disconnected(self, node_id: str) -> None: ...
     def shard_status(self, node_id: str, msg: m.ShardStatus) -> None: ...
     def progress(self, node_id: str, msg: m.Progress) -> None: ...
+    def shard_resync(self, node_id: str, shards: list[m.ShardReport]) -> None: ...
     def transitions(self, items: list[Transition]) -> None: ...
 
 
@@ -279,9 +280,14 @@ class FleetService:
             if isinstance(msg, m.Heartbeat):
                 if not self._heartbeat_allowed(session, msg, now):
                     continue
+                shards = msg.shards
+                if shards is not None:
+                    msg = msgspec.structs.replace(msg, shards=None)  # the registry keeps the readings only
                 t = registry.heartbeat(node_id, session.number, msg, now)
                 if t is not None:
                     self._notify([t])
+                if shards is not None and self.observer is not None:
+                    self.observer.shard_resync(node_id, self._good_reports(node_id, "Heartbeat", shards))
             elif isinstance(msg, m.ShardStatus):
                 registry.seen(node_id, session.number, now)
                 if self._bad_ids(node_id, msg):
@@ -325,14 +331,18 @@ class FleetService:
 
     def _drop_bad_reports(self, node_id: str, msg: m.Register) -> m.Register:
         """A Register's shard reports whose ids fail the pattern are left out (the node itself is fine)."""
+        good = self._good_reports(node_id, "Register", msg.shards)
+        return msg if len(good) == len(msg.shards) else msgspec.structs.replace(msg, shards=good)
+
+    def _good_reports(self, node_id: str, kind: str, reports: list[m.ShardReport]) -> list[m.ShardReport]:
         good = []
-        for report in msg.shards:
+        for report in reports:
             problems = list(spec_problems(report.spec))
             if problems:
-                self._refuse_ids(node_id, "Register", problems)
+                self._refuse_ids(node_id, kind, problems)
             else:
                 good.append(report)
-        return msg if len(good) == len(msg.shards) else msgspec.structs.replace(msg, shards=good)
+        return good
 
 
 def _peer_host(peer: str) -> str:

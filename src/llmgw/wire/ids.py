@@ -94,6 +94,9 @@ def message_problems(msg: msgspec.Struct) -> list[str]:
         check(msg.node_id, "node id")
         for report in msg.shards:
             out.extend(spec_problems(report.spec))
+    elif isinstance(msg, m.Heartbeat):
+        for report in msg.shards or ():
+            out.extend(spec_problems(report.spec))
     elif isinstance(msg, m.ShardStatus):
         check(msg.shard_id, "shard id")
         check(msg.replica_id, "replica id", optional=True)  # "" when the agent does not know the shard

@@ -164,6 +164,10 @@ class Heartbeat(_Base, tag="Heartbeat", tag_field="type"):
     sent_at: float = 0.0
     ports: list[PortCounters] = []
     gpus: list[GpuHealth] = []
+    # Every shard the agent runs, in full as in Register, on every `resync_every`-th heartbeat
+    # (None: not on this one; an older agent never sends it). The server compares it with what
+    # it believes, so a divergence heals without a reconnect (level-triggered resync).
+    shards: list[ShardReport] | None = None
 
 
 class ShardStatus(_Base, tag="ShardStatus", tag_field="type"):

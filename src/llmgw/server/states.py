@@ -1,0 +1,108 @@
+"""The states of shards and replicas as the server sees them: two enums, two transition tables. Pure.
+
+h11 keeps each side's state as an enum and one table, and an illegal event raises; here an illegal
+transition is *refused*: the state stays as it was and the reconciler reports an `Illegal` record,
+which its driver logs as a warning. A peer's message must never crash the control plane, and a
+refused transition is a sign of a lost or reordered message or a bug, which a person should read.
+
+A shard is one attempt to run one engine process: an attempt that ended (stopped, failed, exited)
+stays ended, and a new attempt gets a new shard id. "lost" is this server's verdict (the node went
+away, or stopped reporting the shard); the node's own later report of the same shard is the truth
+again (the fleet is the source of truth, DESIGN.md), so a lost shard may become anything an agent
+reports. States arriving from agents are text (`ShardStatus.state`, `ShardReport.state`): an
+unknown one is refused like an illegal transition.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import msgspec
+
+
+class ShardState(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    # Ready once; its agent's health checks now fail (a hung engine). The gateway's own health
+    # checks decide whether it gets traffic.
+    UNHEALTHY = "unhealthy"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    EXITED = "exited"
+    LOST = "lost"
+
+
+class ReplicaState(enum.StrEnum):
+    PENDING = "pending"  # wants a placement
+    STARTING = "starting"  # placed (or adopted), not every shard serves yet
+    READY = "ready"  # every shard serves
+    FAILED = "failed"  # a shard failed; waits out its backoff and its shards' stop, then pending
+    STOPPING = "stopping"  # on its way out (surplus, catalog change, restart); forgotten once its shards are gone
+
+
+S = ShardState
+R = ReplicaState
+
+# Shard states that hold GPUs and a port.
+HOLDING: frozenset[ShardState] = frozenset({S.STARTING, S.READY, S.UNHEALTHY, S.STOPPING})
+SERVING: frozenset[ShardState] = frozenset({S.READY, S.UNHEALTHY})
+GONE: frozenset[ShardState] = frozenset({S.STOPPED, S.FAILED, S.EXITED, S.LOST})
+ENDED: frozenset[ShardState] = frozenset({S.STOPPED, S.FAILED, S.EXITED})  # an attempt's end: final
+
+_AFTER_START = frozenset({S.STOPPING, S.STOPPED, S.FAILED, S.EXITED, S.LOST})
+
+# Every legal change of a shard's state (staying in a state is always legal and no change).
+SHARD_TRANSITIONS: Mapping[ShardState, frozenset[ShardState]] = {
+    S.STARTING: frozenset({S.READY, S.UNHEALTHY}) | _AFTER_START,
+    S.READY: frozenset({S.UNHEALTHY}) | _AFTER_START,  # an engine that served never starts again
+    S.UNHEALTHY: frozenset({S.READY}) | _AFTER_START,
+    S.STOPPING: frozenset({S.STOPPED, S.FAILED, S.EXITED, S.LOST}),
+    S.STOPPED: frozenset(),
+    S.FAILED: frozenset(),
+    S.EXITED: frozenset(),
+    # The node came back and reports the shard: its report is the truth again.
+    S.LOST: frozenset({S.STARTING, S.READY, S.UNHEALTHY, S.STOPPING, S.STOPPED, S.FAILED, S.EXITED}),
+}
+
+# Every legal change of a replica's state.
+REPLICA_TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
+    R.PENDING: frozenset({R.STARTING, R.STOPPING}),
+    R.STARTING: frozenset({R.READY, R.FAILED, R.STOPPING}),
+    R.READY: frozenset({R.FAILED, R.STOPPING}),
+    R.FAILED: frozenset({R.PENDING, R.STOPPING}),
+    R.STOPPING: frozenset(),
+}
+
+assert set(SHARD_TRANSITIONS) == set(ShardState) and set(REPLICA_TRANSITIONS) == set(ReplicaState)
+
+
+class Illegal(msgspec.Struct, frozen=True):
+    """A transition refused: what, from where to where, and what asked for it."""
+
+    kind: str  # "shard" or "replica"
+    id: str
+    old: str
+    new: str
+    cause: str  # "ShardStatus from gpu-01", "Register from gpu-01", "node lost", ...
+
+    def line(self) -> str:
+        return (f"{self.kind} {self.id}: {self.cause} asks {self.old} → {self.new}, which is not a legal transition; "
+                f"it stays {self.old}")
+
+
+def shard_state(text: str) -> ShardState | None:
+    """The state an agent reported, or None for one this server does not know."""
+    try:
+        return ShardState(text)
+    except ValueError:
+        return None
+
+
+def shard_may(old: ShardState, new: ShardState) -> bool:
+    return new == old or new in SHARD_TRANSITIONS[old]
+
+
+def replica_may(old: ReplicaState, new: ReplicaState) -> bool:
+    return new == old or new in REPLICA_TRANSITIONS[old]
