@@ -197,9 +197,9 @@ async def test_the_server_sends_a_node_requests_only_for_its_own_shards() -> Non
     [s] = bring_up(controller.reconciler, nodes(OWNER))
     controller._send(StopShard(THIEF, s.spec.shard_id, 1.0, "a decision that mixed nodes up"))
     controller._send(StartShard(THIEF, s.spec))
-    assert sessions[THIEF]._outbox == []
+    assert sessions[THIEF].outbox.take_queued() == []
     controller._send(StopShard(OWNER, s.spec.shard_id, 1.0, "surplus"))
-    assert [m.decode_server_message(p) for p in sessions[OWNER]._outbox] == [m.Stop(shard_id=s.spec.shard_id, grace=1.0, reason="surplus")]
+    assert [m.decode_server_message(p) for p in sessions[OWNER].outbox.take_queued()] == [m.Stop(shard_id=s.spec.shard_id, grace=1.0, reason="surplus")]
 
 
 async def test_the_agent_refuses_a_stop_or_drain_for_a_shard_it_does_not_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

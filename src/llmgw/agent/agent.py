@@ -18,6 +18,8 @@ from llmgw.agent.backoff import Backoff
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import first_leaf
 from llmgw.fleet import ChannelClosed, DialError, FleetChannel, dial
+from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
+from llmgw.fleet.outbox import Outbox
 from llmgw.wire import messages as m
 from llmgw.wire.envelope import DEFAULT_MAX_MESSAGE
 from llmgw.wire.ids import quote
@@ -80,6 +82,7 @@ class Agent:
         engines: Engines | None = None,
         rng: random.Random | None = None,
         cert_not_after: float = 0.0,
+        outbox_capacity: int = OUTBOX_CAPACITY,
     ) -> None:
         self.cfg = cfg
         self.node_id = cfg.node_id or socket.gethostname()
@@ -95,6 +98,7 @@ class Agent:
         self._last_error: str | None = None
         self._registered_at: float | None = None  # when the current stream registered
         self._unknown_logged: set[str] = set()
+        self.outbox_capacity = outbox_capacity
 
     async def run(self) -> None:
         """Connect, serve the stream, and on any end reconnect after a jittered backoff."""
@@ -133,13 +137,13 @@ class Agent:
 
     async def _session(self, channel: FleetChannel) -> None:
         inventory = await trio.to_thread.run_sync(self.hardware.inventory)
-        outbox: list[bytes] = []
-        wake = trio.Event()
+        # Heartbeats and progress are dropped when the queue is full (the next one replaces
+        # them); a shard status that finds it full ends the stream (see fleet/outbox.py).
+        outbox = Outbox(self.outbox_capacity, replaceable=(m.Heartbeat, m.Progress))
 
         def send(msg: msgspec.Struct) -> None:
-            nonlocal wake
-            outbox.append(m.encode(msg))
-            wake.set()
+            if not outbox.put(msg) and not outbox.overflow.is_set() and outbox.dropped == 1:
+                log.warning("the server is not reading this node's messages; dropping heartbeats until it does")
 
         register = m.Register(
             node_id=self.node_id,
@@ -156,13 +160,9 @@ class Agent:
         self.engines.attach(send)
         await channel.send(m.encode(register))
 
-        async def sender() -> None:
-            nonlocal wake
-            while True:
-                while outbox:
-                    await channel.send(outbox.pop(0))
-                wake = trio.Event()
-                await wake.wait()
+        async def overflowed() -> None:
+            await outbox.overflow.wait()
+            raise ChannelClosed(outbox.reason, error=True)
 
         async with trio.open_nursery() as nursery:
             first = await self._receive(channel)
@@ -180,7 +180,8 @@ class Agent:
             self._registered_at = trio.current_time()
             self.sessions += 1
             self.connected.set()
-            nursery.start_soon(sender)
+            nursery.start_soon(outbox.pump, channel)
+            nursery.start_soon(overflowed)
             nursery.start_soon(self._heartbeats, channel, send)
             if not isinstance(first, m.Welcome):
                 await self._dispatch(first, send)

@@ -13,6 +13,8 @@ import trio
 from llmgw import __version__
 from llmgw.fleet import ChannelClosed, FleetChannel, StreamRefused
 from llmgw.fleet.limits import Caps, HeartbeatRate, RefusalLog, heartbeat_problem, register_problem
+from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
+from llmgw.fleet.outbox import Outbox
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry, Transition
 from llmgw.wire import messages as m
@@ -41,7 +43,8 @@ class FleetObserver(Protocol):
 class Session:
     """One live stream to a node: how to send to it and how to end it."""
 
-    def __init__(self, node_id: str, number: int, channel: FleetChannel, features: list[str]) -> None:
+    def __init__(self, node_id: str, number: int, channel: FleetChannel, features: list[str],
+                 outbox_capacity: int = OUTBOX_CAPACITY) -> None:
         self.node_id = node_id
         self.number = number
         self.channel = channel
@@ -49,24 +52,20 @@ class Session:
         self.heartbeats: HeartbeatRate | None = None  # set by the service when rate-limited
         self.cancel_scope = trio.CancelScope()
         self.replaced_by: str | None = None
-        self._outbox: list[bytes] = []
-        self._outbox_event = trio.Event()
+        # Nothing the server sends may be dropped (Start, Stop): a full outbox ends the stream as
+        # a slow consumer, and the agent's next Register puts both views right (fleet/outbox.py).
+        self.outbox = Outbox(outbox_capacity)
 
     def send(self, msg: msgspec.Struct) -> None:
         """Queue a message; the session's sender task writes it (never blocks the caller)."""
-        self._outbox.append(m.encode(msg))
-        self._outbox_event.set()
+        if not self.outbox.put(msg):
+            self.cancel_scope.cancel()
 
     def supports(self, feature: str) -> bool:
         return feature in self.features
 
     async def sender(self) -> None:
-        while True:
-            while self._outbox:
-                payload = self._outbox.pop(0)
-                await self.channel.send(payload)
-            self._outbox_event = trio.Event()
-            await self._outbox_event.wait()
+        await self.outbox.pump(self.channel)
 
 
 class FleetService:
@@ -83,7 +82,9 @@ class FleetService:
         caps: Caps | None = None,
         heartbeat_rate: float = 0.0,
         refusal_log: RefusalLog | None = None,
+        outbox_capacity: int = OUTBOX_CAPACITY,
     ) -> None:
+        self.outbox_capacity = outbox_capacity
         self.caps = caps or Caps()
         self.heartbeat_rate = heartbeat_rate
         self.refusals = refusal_log or RefusalLog(log)
@@ -181,7 +182,7 @@ class FleetService:
         if self.shutting_down:
             raise StreamRefused("shutdown", "the server is shutting down")
         number = self.registry.new_session()
-        session = Session(node_id, number, channel, first.features)
+        session = Session(node_id, number, channel, first.features, self.outbox_capacity)
         if self.heartbeat_rate > 0:
             session.heartbeats = HeartbeatRate(self.heartbeat_rate, self.clock())
         old = self.sessions.get(node_id)
@@ -217,6 +218,9 @@ class FleetService:
         except* ChannelClosed as group:
             reason = "; ".join(e.reason for e in group.exceptions if isinstance(e, ChannelClosed)) or "closed"
         finally:
+            if session.outbox.overflow.is_set():
+                reason = session.outbox.reason
+                log.warning("node %s: closing its stream: %s; it re-registers", node_id, reason)
             if self.sessions.get(node_id) is session:
                 del self.sessions[node_id]
                 self._drained.set()
@@ -231,6 +235,8 @@ class FleetService:
             raise StreamRefused("shutdown", "the server is shutting down")
         if session.replaced_by is not None:
             raise StreamRefused("replaced", f"replaced by a newer stream for {node_id} from {session.replaced_by}")
+        if session.outbox.overflow.is_set():
+            raise StreamRefused("slow_consumer", session.outbox.reason)
 
     def _heartbeat_allowed(self, session: Session, msg: m.Heartbeat, now: float) -> bool:
         """Over-sized heartbeats end the stream; over-frequent ones are dropped and counted,
