@@ -17,6 +17,7 @@ from llmgw import __version__
 from llmgw.agent.backoff import Backoff
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import first_leaf
+from llmgw.fabric import declared
 from llmgw.fleet import ChannelClosed, DialError, FleetChannel, dial
 from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
 from llmgw.fleet.outbox import Outbox
@@ -99,6 +100,9 @@ class Agent:
         self._registered_at: float | None = None  # when the current stream registered
         self._unknown_logged: set[str] = set()
         self.outbox_capacity = outbox_capacity
+        self._fabric_key: list[tuple[Any, ...]] | None = None
+        self.fabrics_version = 0  # bumped when the declared fabrics' verdicts change
+        self.fabric_status: list[m.FabricStatus] = []  # the latest verdicts (the supervisor's launch env reads them)
 
     async def run(self) -> None:
         """Connect, serve the stream, and on any end reconnect after a jittered backoff."""
@@ -145,12 +149,15 @@ class Agent:
             if not outbox.put(msg) and not outbox.overflow.is_set() and outbox.dropped == 1:
                 log.warning("the server is not reading this node's messages; dropping heartbeats until it does")
 
+        statuses = self._check_fabrics(inventory.ports)
+        self.fabric_status = statuses
         register = m.Register(
             node_id=self.node_id,
             version=__version__,
             features=list(self.engines.features),
             inventory=inventory,
-            fabrics=[f.to_wire() for f in self.cfg.fabrics],
+            fabrics=declared.advertised(statuses),
+            fabric_status=statuses,
             shards=self.engines.reports(),
             cert_not_after=self.cert_not_after,
             advertise_host=self.cfg.advertise_host,
@@ -182,7 +189,7 @@ class Agent:
             self.connected.set()
             nursery.start_soon(outbox.pump, channel)
             nursery.start_soon(overflowed)
-            nursery.start_soon(self._heartbeats, channel, send)
+            nursery.start_soon(self._heartbeats, channel, send, inventory)
             if not isinstance(first, m.Welcome):
                 await self._dispatch(first, send)
             while True:
@@ -206,7 +213,24 @@ class Agent:
         else:
             await self.engines.handle(msg, send)
 
-    async def _heartbeats(self, channel: FleetChannel, send: Callable[[msgspec.Struct], None]) -> None:
+    def _check_fabrics(self, ports: list[m.Port]) -> list[m.FabricStatus]:
+        """The declared fabrics against these ports; a change from the last check is logged
+        once (a fabric left out says why: the node's log is where an operator looks first)."""
+        statuses = declared.check_fabrics([f.to_wire() for f in self.cfg.fabrics], ports)
+        key = [msgspec.structs.astuple(s) for s in statuses]
+        if key != self._fabric_key:
+            first = self._fabric_key is None
+            self._fabric_key = key
+            for status in statuses:
+                if not status.usable:
+                    log.warning("fabric %s", declared.describe(status))
+                elif status.problems or not first:
+                    log.info("fabric %s", declared.describe(status))
+            self.fabrics_version += 1
+        return statuses
+
+    async def _heartbeats(self, channel: FleetChannel, send: Callable[[msgspec.Struct], None],
+                          inventory: m.Inventory) -> None:
         conn = channel.connection
         conn.last_received = trio.current_time()
         resync_every = int(self.cfg.resync_every)
@@ -221,6 +245,12 @@ class Agent:
             # contradicts what the server has already been told.
             shards = self.engines.snapshot() if resync_every and beats % resync_every == 0 else None
             send(m.Heartbeat(seq=self._seq, ports=ports, gpus=gpus, shards=shards))
+            seen = self.fabrics_version
+            statuses = self._check_fabrics(declared.with_live(inventory.ports, ports))
+            if self.fabrics_version != seen:
+                # The usable set changed (a cable pulled, a subnet manager gone): said once.
+                send(m.Fabrics(fabrics=declared.advertised(statuses), fabric_status=statuses))
+            self.fabric_status = statuses
             silent = trio.current_time() - conn.last_received
             if silent > 6 * self.heartbeat_interval:
                 raise ChannelClosed(f"no answer from the server for {silent:.0f}s (half-open connection?)", error=True)

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from llmgw.agent import netif
 from llmgw.catalog.schema import Discovery
 from llmgw.fabric import sysfs
 from llmgw.wire.messages import Gpu, GpuHealth, Inventory, Port, PortCounters
@@ -147,12 +148,33 @@ def _netdev(cfg: Discovery, device: str, port: int, port_dir: str) -> str:
     return ""
 
 
+_ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def _gid_files(port_dir: str) -> dict[str, str]:
+    """`gids/N` and `gid_attrs/types/N` of the entries in use (a ConnectX port lists 255, most
+    of them zero; reading a zero entry's type fails with EINVAL, so it is not read)."""
+    files: dict[str, str] = {}
+    gids_dir = os.path.join(port_dir, "gids")
+    for name in sorted((n for n in _listdir(gids_dir) if n.isdigit()), key=int):
+        gid = _read(os.path.join(gids_dir, name))
+        if gid is None or sysfs.value(gid) in ("", _ZERO_GID):
+            continue
+        files[f"gids/{name}"] = gid
+        kind = _read(os.path.join(port_dir, "gid_attrs", "types", name))
+        if kind is not None:
+            files[f"gid_attrs/types/{name}"] = kind
+    return files
+
+
 def discover_ports(cfg: Discovery) -> list[Port]:
     ports: list[Port] = []
     for device, port, port_dir in _port_dirs(cfg):
         device_dir = os.path.join(_ib_root(cfg), device)
         node_guid = _read(os.path.join(device_dir, "node_guid")) or ""
         files = _read_files(port_dir, sysfs.PORT_FILES)
+        if sysfs.value(files.get("link_layer")) == "Ethernet":
+            files.update(_gid_files(port_dir))
         ports.append(
             sysfs.parse_port(
                 device,
@@ -167,10 +189,19 @@ def discover_ports(cfg: Discovery) -> list[Port]:
     return ports
 
 
+def _counter_files(port_dir: str) -> dict[str, str]:
+    files = _read_files(port_dir, sysfs.COUNTER_FILES)
+    for directory in sysfs.COUNTER_DIRS:
+        names = sorted(_listdir(os.path.join(port_dir, directory)))[: sysfs.MAX_COUNTERS]
+        files.update(_read_files(port_dir, (f"{directory}/{name}" for name in names)))
+    return files
+
+
 def read_port_counters(cfg: Discovery) -> list[PortCounters]:
-    """State, rate and error counters of every port, for heartbeats (a handful of reads per port)."""
+    """State, phys state, rate and every counter of every port, for heartbeats (about 35 small
+    reads per port: 8 ports every 5 s is nothing next to what the engines do)."""
     return [
-        sysfs.parse_port_counters(device, port, _read_files(port_dir, sysfs.COUNTER_FILES))
+        sysfs.parse_port_counters(device, port, _counter_files(port_dir))
         for device, port, port_dir in _port_dirs(cfg)
     ]
 
@@ -494,13 +525,17 @@ def discover(cfg: Discovery, server: str | None = None) -> Inventory:
             note = _nvml.reason or "NVML reports no GPUs"
         else:
             note = f"simulated GPU inventory {cfg.gpus} is missing or invalid"
+    mgmt_ip = management_ip(server)
+    interface, how = netif.management_interface(mgmt_ip)
     return Inventory(
         hostname=socket.gethostname(),
         gpus=gpus,
         ports=discover_ports(cfg),
         cpus=os.cpu_count() or 0,
         memory_mib=memory_mib(),
-        mgmt_ip=management_ip(server),
+        mgmt_ip=mgmt_ip,
         gpu_source=source,
         gpu_note=note,
+        mgmt_interface=interface,
+        mgmt_interface_source=how,
     )

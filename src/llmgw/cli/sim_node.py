@@ -1,4 +1,5 @@
-"""`llmgw sim node`: a fake sysfs tree and GPU inventory an agent can discover."""
+"""`llmgw sim node`: a fake sysfs tree and GPU inventory an agent can discover; `set-port`
+changes a port's state under a running agent."""
 
 from __future__ import annotations
 
@@ -6,14 +7,14 @@ import os
 
 import click
 
-from llmgw.cli.render import console, make_table, output_option, print_json
+from llmgw.cli.render import console, make_table, output_option, print_json, say
+from llmgw.sim.profiles import BASE, PROFILES
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option(
     "--dir",
     "directory",
-    required=True,
     type=click.Path(file_okay=False),
     help="Node directory to write (sys/, gpus.json, agent.yaml).",
 )
@@ -22,40 +23,23 @@ from llmgw.cli.render import console, make_table, output_option, print_json
     default="",
     help="Node id for agent.yaml and for the GUIDs/LIDs.  [default: the directory's name]",
 )
-@click.option("--gpus", default=8, show_default=True, type=int, help="Number of GPUs.")
 @click.option(
-    "--gpu-name",
-    default="NVIDIA H100 80GB HBM3",
-    show_default=True,
-    help="GPU name, as NVML reports it.",
+    "--profile",
+    type=click.Choice(sorted(PROFILES)),
+    help="A real box: GPUs, NVLink matrix, adapters and GID tables (flags below override it).",
 )
-@click.option(
-    "--gpu-memory-mib", default=81559, show_default=True, type=int, help="Memory per GPU in MiB."
-)
+@click.option("--gpus", type=int, help="Number of GPUs.  [default: 8]")
+@click.option("--gpu-name", help="GPU name, as NVML reports it.  [default: NVIDIA H100 80GB HBM3]")
+@click.option("--gpu-memory-mib", type=int, help="Memory per GPU in MiB.  [default: 81559]")
 @click.option(
     "--nvlink",
-    default="nv18",
-    show_default=True,
-    help="'nv<N>': every GPU pair joined by N NVLinks (NVSwitch); 'none'.",
+    help="'nv<N>': every GPU pair joined by N NVLinks (NVSwitch); 'pairs-nv<N>': bridges "
+    "joining GPUs 0-1, 2-3, ...; 'none'.  [default: nv18]",
 )
-@click.option(
-    "--ib-ports", default=4, show_default=True, type=int, help="InfiniBand HCAs (one port each)."
-)
-@click.option(
-    "--ib-rate",
-    default="400 Gb/sec (4X NDR)",
-    show_default=True,
-    help="InfiniBand port rate, as sysfs prints it.",
-)
-@click.option(
-    "--roce-ports", default=0, show_default=True, type=int, help="RoCE (Ethernet link layer) HCAs."
-)
-@click.option(
-    "--roce-rate",
-    default="200 Gb/sec (4X HDR)",
-    show_default=True,
-    help="RoCE port rate, as sysfs prints it.",
-)
+@click.option("--ib-ports", type=int, help="InfiniBand HCAs (one port each).  [default: 4]")
+@click.option("--ib-rate", help="InfiniBand port rate, as sysfs prints it.  [default: 400 Gb/sec (4X NDR)]")
+@click.option("--roce-ports", type=int, help="RoCE (Ethernet link layer) HCAs.  [default: 0]")
+@click.option("--roce-rate", help="RoCE port rate, as sysfs prints it.  [default: 200 Gb/sec (4X HDR)]")
 @click.option(
     "--degraded",
     default=0,
@@ -63,21 +47,42 @@ from llmgw.cli.render import console, make_table, output_option, print_json
     type=int,
     help="Make the last N InfiniBand ports degraded (1X width, error counters).",
 )
+@click.option(
+    "--absent-adapter",
+    "absent",
+    multiple=True,
+    help="Declare this adapter in the agent's fabric although the node has none (repeatable).",
+)
+@click.option(
+    "--init-port",
+    "init_ports",
+    multiple=True,
+    help="Leave this adapter's port in INIT, as without a subnet manager (repeatable).",
+)
+@click.option("--ib-fabric", default="ib", show_default=True, help="Name of the InfiniBand fabric agent.yaml declares.")
+@click.option("--roce-fabric", default="roce", show_default=True, help="Name of the RoCE fabric agent.yaml declares.")
 @click.option("--server", default="", help="Server URL to put in agent.yaml.")
 @click.option("--force", is_flag=True, help="Replace a simulated node already in --dir.")
 @output_option
+@click.pass_context
 def node(
-    directory: str,
+    ctx: click.Context,
+    directory: str | None,
     node_id: str,
-    gpus: int,
-    gpu_name: str,
-    gpu_memory_mib: int,
-    nvlink: str,
-    ib_ports: int,
-    ib_rate: str,
-    roce_ports: int,
-    roce_rate: str,
+    profile: str | None,
+    gpus: int | None,
+    gpu_name: str | None,
+    gpu_memory_mib: int | None,
+    nvlink: str | None,
+    ib_ports: int | None,
+    ib_rate: str | None,
+    roce_ports: int | None,
+    roce_rate: str | None,
     degraded: int,
+    absent: tuple[str, ...],
+    init_ports: tuple[str, ...],
+    ib_fabric: str,
+    roce_fabric: str,
     server: str,
     force: bool,
     output: str,
@@ -85,23 +90,29 @@ def node(
     """Write a simulated node: fake sysfs, GPU inventory and an agent config.
 
     \b
-    llmgw sim node --dir /tmp/node-1
+    llmgw sim node --dir /tmp/node-1 --profile dgx-h100
     llmgw agent --config /tmp/node-1/agent.yaml
+    llmgw sim node set-port /tmp/node-1 mlx5_2 1 down
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not directory:
+        raise click.UsageError("Missing option '--dir'.")
     from llmgw.sim.node import NodeSpec, write_node
 
+    chosen: dict[str, object] = {**BASE, **PROFILES.get(profile or "", {})}
+    given = {"gpus": gpus, "gpu_name": gpu_name, "gpu_memory_mib": gpu_memory_mib, "nvlink": nvlink,
+             "ib_ports": ib_ports, "ib_rate": ib_rate, "roce_ports": roce_ports, "roce_rate": roce_rate}
+    chosen.update({key: value for key, value in given.items() if value is not None})
     spec = NodeSpec(
         node_id=node_id or os.path.basename(os.path.abspath(directory)),
-        gpus=gpus,
-        gpu_name=gpu_name,
-        gpu_memory_mib=gpu_memory_mib,
-        nvlink=nvlink,
-        ib_ports=ib_ports,
-        ib_rate=ib_rate,
-        roce_ports=roce_ports,
-        roce_rate=roce_rate,
         degraded=degraded,
         server=server,
+        absent=list(absent),
+        init_ports=list(init_ports),
+        ib_fabric=ib_fabric,
+        roce_fabric=roce_fabric,
+        **chosen,  # type: ignore[arg-type]
     )
     result = write_node(directory, spec, force=force)
     if output == "json":
@@ -123,8 +134,28 @@ def node(
                 p.netdev,
                 p.lid or "-",
                 p.node_guid,
-                "degraded" if p.degraded else "",
+                "degraded" if p.degraded else ("INIT" if p.device in spec.init_ports else ""),
             )
             for p in result.ports
         ]
         out.print(make_table(("PORT", "LINK", "RATE", "NETDEV", "LID", "NODE GUID", ""), rows))
+    for name in spec.absent:
+        out.print(f"  {name} is declared in agent.yaml's fabrics but absent")
+
+
+@node.command("set-port")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("device")
+@click.argument("port", type=click.IntRange(min=1))
+@click.argument("state", type=click.Choice(["up", "down", "init", "polling", "armed", "active"]))
+def set_port_command(directory: str, device: str, port: int, state: str) -> None:
+    """Change a simulated port's state (the running agent notices on its next heartbeat).
+
+    \b
+    down: DOWN (Disabled), a port switched off; polling: DOWN (Polling), no cable;
+    init: INIT (LinkUp), no subnet manager; up/active: ACTIVE (LinkUp).
+    """
+    from llmgw.sim.node import set_port
+
+    line = set_port(directory, device, port, state)
+    say(f"{device}/{port} in {directory}: {line}")

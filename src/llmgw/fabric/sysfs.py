@@ -13,6 +13,7 @@ Formats (kernel drivers/infiniband/core/sysfs.c): `state` "4: ACTIVE", `phys_sta
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
@@ -31,14 +32,13 @@ PORT_FILES: tuple[str, ...] = (
     "gids/0",
     "gid_attrs/types/0",
 )
-COUNTER_FILES: tuple[str, ...] = (
-    "state",
-    "phys_state",
-    "rate",
-    "counters/symbol_error",
-    "counters/link_downed",
-    "counters/port_rcv_errors",
-)
+COUNTER_FILES: tuple[str, ...] = ("state", "phys_state", "rate")
+# Heartbeats also read every file in these port subdirectories (error and data counters;
+# counters_ext holds the 64-bit data counters of older HCAs).
+COUNTER_DIRS: tuple[str, ...] = ("counters", "counters_ext")
+# The most counters one port reports (mlx5 has ~30 across both dirs): a bound on what a node
+# can make the server keep and export.
+MAX_COUNTERS = 64
 DEVICE_FILES: tuple[str, ...] = ("node_guid", "hca_type", "fw_ver")
 
 # enum ib_port_state and enum ib_port_phys_state, as the kernel names them.
@@ -187,10 +187,11 @@ def parse_port(
     (it was always InfiniBand then), and RoCE ports have no meaningful lid.
     """
     rate = parse_rate(files.get("rate"))
+    link_layer = value(files.get("link_layer")) or "InfiniBand"
     return Port(
         device=device,
         port=port,
-        link_layer=value(files.get("link_layer")) or "InfiniBand",
+        link_layer=link_layer,
         state=parse_state(files.get("state")),
         phys_state=parse_phys_state(files.get("phys_state")),
         rate_gbps=rate.gbps,
@@ -204,21 +205,72 @@ def parse_port(
         netdev=netdev,
         hca_type=value(hca_type),
         fw_ver=value(fw_ver),
+        roce_v2_ipv4_gid_index=roce_v2_ipv4_gid_index(gid_table(files)) if link_layer == "Ethernet" else -1,
     )
 
 
+_COUNTER_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+
+
 def parse_port_counters(device: str, port: int, files: Mapping[str, str]) -> PortCounters:
-    """Heartbeat view of a port (see COUNTER_FILES). A counter the port cannot read is None."""
+    """Heartbeat view of a port: COUNTER_FILES plus every `counters/*` and `counters_ext/*` file.
+
+    A counter the port cannot read (`N/A (no PMA)`) is None: a value, not a zero and not an error.
+    Counters are keyed by file name; a name in both dirs keeps the counters_ext one (64 bits).
+    """
+    counters: dict[str, int | None] = {}
+    for directory in COUNTER_DIRS:
+        prefix = directory + "/"
+        for path in sorted(files):
+            name = path[len(prefix):] if path.startswith(prefix) else ""
+            if _COUNTER_NAME.match(name) and (name in counters or len(counters) < MAX_COUNTERS):
+                counters[name] = parse_counter(files[path])
     return PortCounters(
         device=device,
         port=port,
         state=parse_state(files.get("state")),
         phys_state=parse_phys_state(files.get("phys_state")),
         rate_gbps=parse_rate(files.get("rate")).gbps,
-        symbol_error=parse_counter(files.get("counters/symbol_error")),
-        link_downed=parse_counter(files.get("counters/link_downed")),
-        port_rcv_errors=parse_counter(files.get("counters/port_rcv_errors")),
+        symbol_error=counters.get("symbol_error"),
+        link_downed=counters.get("link_downed"),
+        port_rcv_errors=counters.get("port_rcv_errors"),
+        counters=counters,
     )
+
+
+def ipv4_mapped(gid: str) -> str:
+    """The IPv4 address inside an IPv4-mapped GID, in any spelling sysfs or ibv_devinfo uses
+    (`0000:0000:0000:0000:0000:ffff:8cdd:3c0b`, `::ffff:140.221.60.11`); "" if it is not one."""
+    try:
+        mapped = ipaddress.IPv6Address(gid.strip()).ipv4_mapped
+    except ValueError:
+        return ""
+    return str(mapped) if mapped is not None else ""
+
+
+def roce_v2_ipv4_gid_index(table: Mapping[int, tuple[str, str]]) -> int:
+    """The GID index NCCL_IB_GID_INDEX wants on RoCE: the lowest index whose type is `RoCE v2`
+    and whose GID holds an IPv4-mapped address; -1 if none.
+
+    `table` maps index → (GID, type) as `gids/N` and `gid_attrs/types/N` give them (or
+    `ibv_devinfo -v`'s `GID[  3]: ::ffff:10.0.0.1, RoCE v2`). On a ConnectX port with one IPv4
+    address the kernel fills 0: v1 link-local, 1: v2 link-local, 2: v1 IPv4, 3: v2 IPv4.
+    """
+    for index in sorted(table):
+        gid, kind = table[index]
+        if value(kind).lower() == "roce v2" and ipv4_mapped(value(gid)) not in ("", "0.0.0.0"):
+            return index
+    return -1
+
+
+def gid_table(files: Mapping[str, str]) -> dict[int, tuple[str, str]]:
+    """index → (GID, type) from a port's `gids/N` and `gid_attrs/types/N` files."""
+    table: dict[int, tuple[str, str]] = {}
+    for path, text in files.items():
+        if path.startswith("gids/") and path[5:].isdigit():
+            index = int(path[5:])
+            table[index] = (value(text), value(files.get(f"gid_attrs/types/{index}")))
+    return table
 
 
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:

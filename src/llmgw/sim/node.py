@@ -85,6 +85,12 @@ class NodeSpec(msgspec.Struct, kw_only=True):
     roce_rate: str = "200 Gb/sec (4X HDR)"
     degraded: int = 0  # the last N InfiniBand ports run width- (or speed-) degraded
     server: str = ""
+    # Adapters declared in the agent's fabrics but absent from sysfs, and devices whose port is
+    # left in INIT (no subnet manager): the doors `fabric/declared.py` must close.
+    absent: list[str] = []
+    init_ports: list[str] = []
+    ib_fabric: str = "ib"  # the fabric names agent.yaml declares (nodes sharing one name share the fabric)
+    roce_fabric: str = "roce"
 
 
 class WrittenPort(msgspec.Struct, kw_only=True):
@@ -182,12 +188,28 @@ def _check_rate(text: str, flag: str) -> sysfs.Rate:
 def _nvlink_count(text: str) -> int:
     if text == "none":
         return 0
-    match = re.fullmatch(r"nv(\d+)", text.lower())
+    match = re.fullmatch(r"(?:pairs-)?nv(\d+)", text.lower())
     if not match or not 1 <= int(match[1]) <= 18:
         raise UsageError(
-            f"--nvlink {text!r}: use 'none' or 'nv<N>' with N from 1 to 18 (nv18 = HGX H100)"
+            f"--nvlink {text!r}: use 'none', 'nv<N>' (every pair, NVSwitch) or 'pairs-nv<N>' "
+            "(NVLink bridges joining GPUs 0-1, 2-3, ...) with N from 1 to 18 (nv18 = HGX H100)"
         )
     return int(match[1])
+
+
+def nvlink_peers(text: str, gpus: int, index: int) -> dict[int, int]:
+    """GPU `index`'s NVLink peers: all others (NVSwitch), its bridge partner (pairs-), none."""
+    links = _nvlink_count(text)
+    if not links:
+        return {}
+    if text.lower().startswith("pairs-"):
+        partner = index ^ 1
+        return {partner: links} if partner < gpus else {}
+    return {j: links for j in range(gpus) if j != index}
+
+
+def rdma_devices(spec: NodeSpec) -> list[str]:
+    return [f"mlx5_{d}" for d in range(spec.ib_ports + spec.roce_ports)]
 
 
 def validate(spec: NodeSpec) -> None:
@@ -211,6 +233,15 @@ def validate(spec: NodeSpec) -> None:
     _check_rate(spec.ib_rate, "--ib-rate")
     _check_rate(spec.roce_rate, "--roce-rate")
     _nvlink_count(spec.nvlink)
+    present = rdma_devices(spec)
+    for name in spec.absent:
+        if name in present or not re.fullmatch(r"[A-Za-z0-9_]+", name):
+            raise UsageError(f"--absent-adapter {name!r}: name an adapter this node does not have ({', '.join(present)} exist)")
+    for name in spec.init_ports:
+        if name not in present:
+            raise UsageError(f"--init-port {name!r}: no such adapter ({', '.join(present) or 'none'})")
+    if spec.absent and not present:
+        raise UsageError("--absent-adapter needs a fabric to declare it in: add --ib-ports or --roce-ports")
 
 
 # ---- the plan (pure) -----------------------------------------------------------------------
@@ -236,6 +267,29 @@ def _ipoib_address(guid: int) -> str:
     """IPoIB's 20-byte hardware address: QPN flags, then the port GID (link-local prefix + GUID)."""
     raw = bytes.fromhex("00001087fe80000000000000") + guid.to_bytes(8, "big")
     return ":".join(f"{b:02x}" for b in raw)
+
+
+def roce_ipv4(node_id: str, device_index: int) -> str:
+    """The IPv4 address on a simulated RoCE netdev: 10.<device+1>.<two bytes of the node id's hash>."""
+    a, b = _digest("ipv4", node_id)[:2]
+    return f"10.{device_index + 1}.{a}.{b % 254 + 1}"
+
+
+def _ipv4_mapped_gid(address: str) -> str:
+    """10.1.2.3 → `0000:0000:0000:0000:0000:ffff:0a01:0203`, as sysfs prints an IPv4-mapped GID."""
+    a, b, c, d = (int(x) for x in address.split("."))
+    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+
+# state / phys_state file contents for `set-port` and INIT ports (kernel ib_port_state names).
+PORT_STATES = {
+    "active": ("4: ACTIVE", "5: LinkUp"),
+    "up": ("4: ACTIVE", "5: LinkUp"),
+    "init": ("2: INIT", "5: LinkUp"),
+    "armed": ("3: ARMED", "5: LinkUp"),
+    "down": ("1: DOWN", "3: Disabled"),
+    "polling": ("1: DOWN", "2: Polling"),
+}
 
 
 def _link_local_gid(mac: str) -> str:
@@ -281,22 +335,25 @@ def plan_node(spec: NodeSpec) -> NodePlan:
         links[f"{dev_dir}/device"] = f"../../../devices/pci0000:00/{pci}"
 
         port_dir = f"{dev_dir}/ports/1"
+        init = device in spec.init_ports
         if roce:
             gid = _link_local_gid(mac)
-            files[f"{port_dir}/gids/1"] = gid + "\n"
-            files[f"{port_dir}/gid_attrs/types/0"] = "IB/RoCE v1\n"
-            files[f"{port_dir}/gid_attrs/types/1"] = "RoCE v2\n"
-            files[f"{port_dir}/gid_attrs/ndevs/0"] = netdev + "\n"
-            files[f"{port_dir}/gid_attrs/ndevs/1"] = netdev + "\n"
+            mapped = _ipv4_mapped_gid(roce_ipv4(spec.node_id, d))
+            # As a ConnectX fills it for one IPv4 address: v1 and v2 link-local, v1 and v2 IPv4.
+            for index, (text, kind) in enumerate(((gid, "IB/RoCE v1"), (gid, "RoCE v2"), (mapped, "IB/RoCE v1"), (mapped, "RoCE v2"))):
+                files[f"{port_dir}/gids/{index}"] = text + "\n"
+                files[f"{port_dir}/gid_attrs/types/{index}"] = kind + "\n"
+                files[f"{port_dir}/gid_attrs/ndevs/{index}"] = netdev + "\n"
+            files[f"{port_dir}/gids/4"] = "0000:0000:0000:0000:0000:0000:0000:0000\n"  # unused entries read as zeros
         else:
             gid = "fe80:0000:0000:0000:" + sysfs_guid(guid)
         files[f"{port_dir}/gids/0"] = gid + "\n"
-        files[f"{port_dir}/state"] = "4: ACTIVE\n"
-        files[f"{port_dir}/phys_state"] = "5: LinkUp\n"
+        files[f"{port_dir}/state"] = PORT_STATES["init" if init else "active"][0] + "\n"
+        files[f"{port_dir}/phys_state"] = PORT_STATES["init" if init else "active"][1] + "\n"
         files[f"{port_dir}/rate"] = rate_text + "\n"
         files[f"{port_dir}/link_layer"] = ("Ethernet" if roce else "InfiniBand") + "\n"
-        files[f"{port_dir}/lid"] = f"0x{lid:x}\n"
-        files[f"{port_dir}/sm_lid"] = f"0x{0 if roce else SM_LID:x}\n"
+        files[f"{port_dir}/lid"] = f"0x{0 if init else lid:x}\n"
+        files[f"{port_dir}/sm_lid"] = f"0x{0 if roce or init else SM_LID:x}\n"
         files[f"{port_dir}/lid_mask_count"] = "0\n"
         files[f"{port_dir}/sm_sl"] = "0\n"
         for counter in COUNTERS:
@@ -324,7 +381,6 @@ def plan_node(spec: NodeSpec) -> NodePlan:
             )
         )
 
-    links_per_peer = _nvlink_count(spec.nvlink)
     plan.gpu_file = SimGpuFile(
         node_id=spec.node_id,
         gpus=[
@@ -334,9 +390,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
                 name=spec.gpu_name,
                 memory_mib=spec.gpu_memory_mib,
                 pci_bus_id=gpu_bus_id(i),
-                nvlink={j: links_per_peer for j in range(spec.gpus) if j != i}
-                if links_per_peer
-                else {},
+                nvlink=nvlink_peers(spec.nvlink, spec.gpus, i),
                 temperature_c=30 + i % 8,
                 utilization_pct=0,
                 memory_used_mib=0,
@@ -356,6 +410,17 @@ def agent_config_text(spec: NodeSpec, root: str) -> str:
         "sysfs_root": os.path.join(root, "sys"),
         "gpus": os.path.join(root, "gpus.json"),
     }
+    fabrics: list[dict[str, object]] = []
+    ib = [f"mlx5_{d}" for d in range(spec.ib_ports)]
+    roce = [f"mlx5_{d}" for d in range(spec.ib_ports, spec.ib_ports + spec.roce_ports)]
+    if ib:
+        fabrics.append({"name": spec.ib_fabric, "kind": "infiniband", "devices": ib})
+    if roce:
+        fabrics.append({"name": spec.roce_fabric, "kind": "roce", "devices": roce})
+    if fabrics and spec.absent:
+        fabrics[0]["devices"] = [*(ib or roce), *spec.absent]  # declared, not there
+    if fabrics:
+        data["fabrics"] = fabrics
     header = f"# Written by `llmgw sim node` for {spec.node_id}: run `llmgw agent --config {os.path.join(root, 'agent.yaml')}`.\n"
     text = header + yaml.safe_dump(data, sort_keys=False)
     parse_config(text, AgentConfig, "agent.yaml")  # what we write must load
@@ -454,3 +519,21 @@ def write_node(directory: str, spec: NodeSpec, force: bool = False) -> NodeResul
         nvlink=spec.nvlink,
         ports=plan.ports,
     )
+
+
+def set_port(directory: str, device: str, port: int, state: str) -> str:
+    """Change a simulated port's state the way the kernel would show it (cable pulled: down;
+    subnet manager gone: init; back: up). Atomic per file; the running agent reads it on its
+    next heartbeat. Returns the new `state` line."""
+    if state not in PORT_STATES:
+        raise UsageError(f"port state {state!r}: use one of {', '.join(PORT_STATES)}")
+    port_dir = os.path.join(os.path.abspath(directory), "sys", "class", "infiniband", device, "ports", str(port))
+    if not os.path.isdir(port_dir):
+        raise UsageError(f"no port {device}/{port} in the simulated node {directory} ({port_dir} is not there)")
+    state_line, phys_line = PORT_STATES[state]
+    try:
+        atomic_write(os.path.join(port_dir, "phys_state"), (phys_line + "\n").encode())
+        atomic_write(os.path.join(port_dir, "state"), (state_line + "\n").encode())
+    except OSError as exc:
+        raise UsageError(f"cannot change {port_dir}: {exc.strerror or exc}") from None
+    return state_line

@@ -58,6 +58,9 @@ class Port(_Base):
     netdev: str = ""
     hca_type: str = ""
     fw_ver: str = ""
+    # RoCE: the index of the RoCE v2 GID that holds an IPv4-mapped address (what NCCL_IB_GID_INDEX
+    # must be); -1 when there is none (InfiniBand ports, RoCE without an IPv4 address).
+    roce_v2_ipv4_gid_index: int = -1
 
 
 class Inventory(_Base):
@@ -71,6 +74,10 @@ class Inventory(_Base):
     gpu_source: str = ""
     # Why there are no GPUs when gpu_source is "none" (shown by `ctl nodes`).
     gpu_note: str = ""
+    # The interface holding mgmt_ip (engines' NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME), and how
+    # it was found: "address" (it holds mgmt_ip) or "fallback" (eth0, nothing held the address).
+    mgmt_interface: str = ""
+    mgmt_interface_source: str = ""
 
 
 class FabricDecl(_Base):
@@ -79,6 +86,23 @@ class FabricDecl(_Base):
     name: str
     kind: str = "infiniband"  # infiniband | roce | ethernet
     devices: list[str] = []
+
+
+class FabricStatus(_Base, omit_defaults=False):
+    """A declared fabric checked against the hardware: usable (advertised) or not, and why.
+
+    `ports` are the usable adapter ports as NCCL_IB_HCA names them (`mlx5_0:1`); `rate_gbps` is
+    the slowest of them (a collective runs at its slowest link); `problems` say, one line each,
+    why an adapter was left out (missing, no ACTIVE port, wrong link layer).
+    """
+
+    name: str
+    kind: str = "infiniband"
+    devices: list[str] = []
+    usable: bool = False
+    ports: list[str] = []
+    rate_gbps: float = 0.0
+    problems: list[str] = []
 
 
 # ---- shards -----------------------------------------------------------------------------
@@ -105,9 +129,21 @@ class ShardSpec(_Base):
     start_timeout: float = 1200.0
     stop_grace: float = 5.0
     served_name: str = ""
+    # The fabric the replica's ranks talk over (multi-node); "" = the node's first usable one.
+    fabric: str = ""
     # The engine's own API key, made by the server for this shard: the engine refuses /v1/*
     # without it, and only the gateway sends it. A secret: never shown by the API or logged.
     api_key: str = ""
+
+
+class EnvSetting(_Base, omit_defaults=False):
+    """One environment variable the agent derived for an engine (NCCL_IB_HCA, ...): its value,
+    and whether the profile's `env:` overrode it (then `value` is the profile's)."""
+
+    name: str
+    value: str
+    derived: str = ""  # what the agent would have set
+    overridden: bool = False
 
 
 class ShardReport(_Base):
@@ -121,6 +157,7 @@ class ShardReport(_Base):
     exit_code: int | None = None
     reason: str = ""
     tail: list[str] = []
+    launch_env: list[EnvSetting] = []
 
 
 # ---- agent → server ---------------------------------------------------------------------
@@ -131,7 +168,10 @@ class Register(_Base, tag="Register", tag_field="type"):
     version: str
     features: list[str] = []
     inventory: Inventory = msgspec.field(default_factory=Inventory)
+    # The usable fabrics only (declared, and checked against the hardware); fabric_status has
+    # every declared one with the reason it is or is not usable.
     fabrics: list[FabricDecl] = []
+    fabric_status: list[FabricStatus] = []
     shards: list[ShardReport] = []
     cert_not_after: float = 0.0
     # The address the node's engines are reached on (its agent's `advertise_host`); the server
@@ -149,6 +189,9 @@ class PortCounters(_Base):
     symbol_error: int | None = None
     link_downed: int | None = None
     port_rcv_errors: int | None = None
+    # Every counter under counters/ and counters_ext/ by file name (port_xmit_data,
+    # port_rcv_packets, port_xmit_data_64, ...); None: "N/A (no PMA)".
+    counters: dict[str, int | None] = {}
 
 
 class GpuHealth(_Base):
@@ -179,6 +222,15 @@ class ShardStatus(_Base, tag="ShardStatus", tag_field="type"):
     reason: str = ""
     tail: list[str] = []
     endpoint: str = ""
+    launch_env: list[EnvSetting] = []
+
+
+class Fabrics(_Base, tag="Fabrics", tag_field="type"):
+    """The usable fabrics changed at runtime (a cable pulled, a subnet manager gone): the
+    server replaces the node's fabrics with these. Sent once per change."""
+
+    fabrics: list[FabricDecl] = []
+    fabric_status: list[FabricStatus] = []
 
 
 class Progress(_Base, tag="Progress", tag_field="type"):
@@ -188,7 +240,7 @@ class Progress(_Base, tag="Progress", tag_field="type"):
     total_bytes: int = 0
 
 
-AgentMessage = Register | Heartbeat | ShardStatus | Progress
+AgentMessage = Register | Heartbeat | ShardStatus | Progress | Fabrics
 
 
 # ---- server → agent ---------------------------------------------------------------------
