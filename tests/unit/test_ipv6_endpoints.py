@@ -3,7 +3,7 @@ usable URL left out of the gateway's rotation instead of breaking it."""
 
 from __future__ import annotations
 
-from llmgw.agent.supervisor import _connect_host
+from llmgw.agent.shardfiles import connect_host as _connect_host
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics

@@ -15,6 +15,7 @@ import trio
 
 from llmgw.agent.agent import Agent, make_dialer
 from llmgw.agent.hardware import DiscoveredHardware
+from llmgw.agent.launch_env import LaunchFacts
 from llmgw.agent.supervisor import Supervisor
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import UsageError
@@ -65,6 +66,8 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
         gpu_indexes=hardware.gpu_indexes,
         health=cfg.engine_health,
         allow=cfg.allow,
+        launch_facts=lambda: LaunchFacts(agent.fabric_status, hardware.last.ports if hardware.last else [],
+                                         hardware.last.mgmt_interface if hardware.last else ""),
     )
     agent = Agent(
         cfg,

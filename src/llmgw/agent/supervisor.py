@@ -8,11 +8,9 @@ next agent adopt it: a pid alive with the same start time is the same process.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,9 +21,11 @@ import httpx
 import msgspec
 import trio
 
-from llmgw.agent import procs
+from llmgw.agent import launch_env, procs
 from llmgw.agent.engines import LaunchError, adapter_for
 from llmgw.agent.engines.policy import check_engine, check_env, check_executable
+from llmgw.agent.launch_env import LaunchFacts
+from llmgw.agent.shardfiles import PathRefused, PidOnly, StateFile, connect_host, port_free, redact
 from llmgw.catalog.schema import EngineAllow, EngineHealth
 from llmgw.catalog.units import format_duration
 from llmgw.fsutil import atomic_write, ensure_dir
@@ -41,27 +41,6 @@ ADOPTED_POLL = 0.5
 TERMINAL = frozenset({"failed", "exited", "stopped"})
 MAX_FINISHED = 64  # finished shards remembered for the next Register
 HEALTHY_OR_NOT = frozenset({"ready", "unhealthy"})  # answered its health check once
-
-
-class StateFile(msgspec.Struct, kw_only=True):
-    """What survives the agent: enough to find, identify and describe the engine."""
-
-    spec: m.ShardSpec
-    pid: int
-    pgid: int
-    start_ticks: int
-    started_at: float
-    log_path: str
-    endpoint: str
-    # It answered its health check once: an agent that adopts it need not wait for another
-    # (a busy engine may be slow to answer) and must not hold it to its start timeout.
-    ready: bool = False
-
-
-class _PidOnly(msgspec.Struct):
-    pid: int = 0
-    pgid: int = 0
-    start_ticks: int = 0
 
 
 class ShardRun:
@@ -82,6 +61,7 @@ class ShardRun:
         self.stop_requested = False
         self.stop_reason = ""
         self.failed_reason = ""  # set when we kill it ourselves for a reason (start timeout)
+        self.launch_env: list[m.EnvSetting] = []  # NCCL_* / GLOO_* it was given (launch_env.py)
         self.exited = trio.Event()
 
     def report(self) -> m.ShardReport:
@@ -94,6 +74,7 @@ class ShardRun:
             exit_code=self.exit_code,
             reason=self.reason,
             tail=self.tail,
+            launch_env=self.launch_env,
         )
 
     def status(self) -> m.ShardStatus:
@@ -106,6 +87,7 @@ class ShardRun:
             reason=self.reason,
             tail=self.tail if self.state in ("failed", "exited") else [],
             endpoint=self.endpoint,
+            launch_env=self.launch_env,
         )
 
 
@@ -124,6 +106,7 @@ class Supervisor:
         gpu_indexes: Callable[[], set[int] | None] = lambda: None,
         health: EngineHealth | None = None,
         allow: EngineAllow | None = None,
+        launch_facts: Callable[[], LaunchFacts] | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
         self.allow = allow if allow is not None else EngineAllow()
@@ -133,6 +116,7 @@ class Supervisor:
         self.advertise_host = advertise_host
         self.gpu_indexes = gpu_indexes
         self.health = health or EngineHealth()
+        self.launch_facts = launch_facts or LaunchFacts
         self.stopping_all = False  # stop_all began: no new engine may start (it would outlive us)
         self.runs: dict[str, ShardRun] = {}
         self._send: Send | None = None
@@ -283,7 +267,11 @@ class Supervisor:
             check_executable(spec.engine, argv[0], self.allow)
             adapter.validate(spec)
             env = adapter.env(spec)
-        except LaunchError as exc:
+            facts = self.launch_facts()
+            derived = launch_env.derive(launch_env.pick_fabric(spec.fabric, facts.fabrics), facts.ports, facts.interface)
+            launch_env.apply(env, derived, spec.env)
+            run.launch_env = launch_env.settings(derived, spec.env)
+        except (LaunchError, launch_env.LaunchError) as exc:
             self._refuse(run, str(exc))
             return
         assert self._nursery is not None
@@ -378,7 +366,7 @@ class Supervisor:
             await self._while_ready(run)
 
     def _health_url(self, run: ShardRun) -> str:
-        return f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
+        return f"http://{connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
 
     async def _while_ready(self, run: ShardRun) -> None:
         """Keep checking a ready engine (issue 9: a SIGSTOPped engine stayed `ready`): after
@@ -416,7 +404,7 @@ class Supervisor:
     async def _until_healthy(self, run: ShardRun) -> None:
         if run.state != "starting":
             return
-        url = f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
+        url = f"http://{connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
         timeout = float(run.spec.start_timeout) - (time.time() - run.started_at)
         with trio.move_on_after(max(timeout, 0.0)):
             while True:
@@ -571,7 +559,7 @@ class Supervisor:
         # One that was ready stays ready (as a launched one is never re-checked); one still
         # starting is probed, then held to what is left of its start timeout.
         if run.state == "starting" and await self._probe(
-            f"http://{_connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}", api_key=run.spec.api_key
+            f"http://{connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}", api_key=run.spec.api_key
         ):
             run.state = "ready"
             log.info("adopted shard %s is ready at %s", run.spec.shard_id, run.endpoint)
@@ -581,9 +569,9 @@ class Supervisor:
 
     def _stop_unidentified(self, path: Path, raw: bytes, why: str) -> None:
         try:
-            ids = msgspec.json.decode(raw, type=_PidOnly)
+            ids = msgspec.json.decode(raw, type=PidOnly)
         except msgspec.DecodeError:
-            ids = _PidOnly()
+            ids = PidOnly()
         if ids.pid and procs.alive(ids.pid, ids.start_ticks):
             log.warning("state file %s cannot be read (%s); stopping the engine it names (pid %d): nobody can describe it",
                         path, why, ids.pid)
@@ -591,31 +579,3 @@ class Supervisor:
         else:
             log.warning("state file %s cannot be read (%s); removing it", path, why)
         path.unlink(missing_ok=True)
-
-
-class PathRefused(Exception):
-    """A path that would leave the agent's work dir."""
-
-
-def redact(text: str, secret: str) -> str:
-    """`text` with `secret` (a shard's engine API key) replaced: what reaches a log, the
-    server or a terminal never carries it (SGLang prints its server args, key included)."""
-    return text.replace(secret, "<engine api key>") if secret else text
-
-
-def _connect_host(host: str) -> str:
-    """Where the agent reaches an engine bound to `host`, ready for a URL (IPv6 in brackets)."""
-    return "127.0.0.1" if host in ("", "0.0.0.0") else url_host("::1" if host == "::" else host)
-
-
-
-def port_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        # Like the engine will: connections of a previous engine in TIME_WAIT must not count.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host or "0.0.0.0", port))
-        except OSError as exc:
-            return exc.errno not in (errno.EADDRINUSE, errno.EACCES)
-    return True

@@ -64,6 +64,13 @@ def _node_note(n: dict) -> str:
         notes.append(f"certificate expired {-days:.0f} days ago" if days < 0 else f"certificate expires in {days:.0f} days")
     if not n.get("gpus") and n.get("gpu_note"):
         notes.append(n["gpu_note"])
+    for fabric in n.get("fabric_status") or []:
+        if not fabric.get("usable"):
+            notes.append(f"fabric {fabric.get('name')} not usable: {'; '.join(fabric.get('problems') or []) or 'no usable adapter'}")
+    down = [f"{p.get('port')} {p.get('state')}" + (f" ({p['phys_state']})" if p.get("phys_state") else "")
+            for p in n.get("port_states") or [] if str(p.get("state", "")).upper() != "ACTIVE"]
+    if down:
+        notes.append("ports not ACTIVE: " + ", ".join(down))
     return "; ".join(notes)
 
 
@@ -85,14 +92,15 @@ def nodes(ctx: click.Context, output: str) -> None:
             styled_state(n["state"]),
             "-" if age is None else format_duration(age) + " ago",
             gpus,
-            ",".join(n.get("fabrics") or []) or (f"{n.get('ports_active', 0)}/{n.get('ports', 0)} ports up" if n.get("ports") else "-"),
+            ",".join(n.get("fabrics") or []) or "-",
+            f"{n.get('ports_active', 0)}/{n.get('ports', 0)} up" if n.get("ports") else "-",
             n.get("version", ""),
             _node_note(n),
         ))
     if not rows:
         say("no nodes have registered yet")
         return
-    console().print(make_table(["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "AGENT", "NOTE"], rows))
+    console().print(make_table(["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "PORTS", "AGENT", "NOTE"], rows))
 
 
 def _replica_rows(data: list[dict]) -> list[tuple]:

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+
 import click
 
 from llmgw.errors import LlmgwError
+
+LAUNCH_PREFIX = "llmgw-sim-engine launch:"
+# The environment a launch record shows: what the agent derives and placement gives.
+LAUNCH_ENV = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "MASTER_", "VLLM_HOST_IP")
+
+
+def print_launch() -> None:
+    """One line with the argv and the collective-related environment this process got, so a
+    test (or an operator reading the engine's log) sees what each rank was really launched with."""
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(LAUNCH_ENV)}
+    print(LAUNCH_PREFIX, json.dumps({"argv": sys.argv[1:], "env": env}), flush=True)
+
 
 
 @click.command()
@@ -149,7 +165,16 @@ from llmgw.errors import LlmgwError
     help="Like vLLM: /v1/* answers 401 without `Authorization: Bearer KEY`; /health and /metrics stay open. "
     "[env: VLLM_API_KEY]",
 )
+@click.option(
+    "--fail-if-env-missing",
+    "required_env",
+    multiple=True,
+    metavar="NAME",
+    help="Exit 1 at start when this environment variable is not set (repeatable): a test's check "
+    "that the agent gave a rank its NCCL_* / GLOO_* environment.",
+)
 def engine(
+    required_env: tuple[str, ...],
     host: str,
     port: int,
     model: str,
@@ -182,6 +207,10 @@ def engine(
     \b
     SIGTERM or SIGINT stops it gracefully (exit 0); a second one stops it at once.
     """
+    print_launch()
+    missing = [name for name in required_env if name not in os.environ]
+    if missing:
+        raise LlmgwError(f"llmgw-sim-engine: {', '.join(missing)} not set in its environment (--fail-if-env-missing)")
     from llmgw.sim.engine import (
         EngineBindFailed,
         EngineOptions,

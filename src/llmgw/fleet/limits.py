@@ -39,9 +39,25 @@ def register_problem(msg: m.Register, caps: Caps) -> str | None:
         problems.append(f"{len(inventory.ports):,} ports (fleet.max_ports is {caps.ports:,})")
     if len(msg.shards) > caps.shards:
         problems.append(f"{len(msg.shards):,} shards (fleet.max_shards is {caps.shards:,})")
+    fabrics = fabrics_problem(msg.fabrics, msg.fabric_status, caps)
+    if fabrics is not None:
+        problems.append(fabrics)
     if not problems:
         return None
     return "the Register reports " + " and ".join(problems) + "; raise the limit in the server config if this is real"
+
+
+# Counters one port may report (sysfs.MAX_COUNTERS: mlx5 has ~30): each is a /metrics series.
+MAX_PORT_COUNTERS = 64
+
+
+def fabrics_problem(fabrics: list[m.FabricDecl], statuses: list[m.FabricStatus], caps: Caps) -> str | None:
+    """Fabrics are declared per adapter: more of them than ports (or lines of reasons) is made up."""
+    worst = max((len(s.problems) + len(s.ports) for s in statuses), default=0)
+    if max(len(fabrics), len(statuses)) > caps.ports or worst > 2 * caps.ports:
+        return (f"{max(len(fabrics), len(statuses)):,} fabrics with up to {worst:,} ports and reasons each "
+                f"(fleet.max_ports is {caps.ports:,})")
+    return None
 
 
 def heartbeat_problem(msg: m.Heartbeat, caps: Caps) -> str | None:
@@ -50,6 +66,9 @@ def heartbeat_problem(msg: m.Heartbeat, caps: Caps) -> str | None:
                 f"(fleet.max_gpus is {caps.gpus:,}, fleet.max_ports {caps.ports:,})")
     if msg.shards is not None and len(msg.shards) > caps.shards:
         return f"a Heartbeat listing {len(msg.shards):,} shards (fleet.max_shards is {caps.shards:,})"
+    counters = max((len(p.counters) for p in msg.ports), default=0)
+    if counters > MAX_PORT_COUNTERS:
+        return f"a Heartbeat with a port of {counters:,} counters (at most {MAX_PORT_COUNTERS})"
     return None
 
 

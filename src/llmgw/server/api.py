@@ -20,6 +20,7 @@ from llmgw.catalog.units import enc_hook
 from llmgw.server.auth import Door
 from llmgw.server.registry import Node
 from llmgw.web.server import Request, Responder
+from llmgw.wire.messages import EnvSetting, FabricStatus, PortCounters
 
 log = logging.getLogger("llmgw.api")
 
@@ -47,10 +48,24 @@ class NodeView(msgspec.Struct, kw_only=True):
     identity: str | None
     cert_days_left: float | None
     features: list[str]
+    # Every declared fabric's verdict (usable or not, and why), and each port's current state.
+    fabric_status: list[FabricStatus] = []
+    port_states: list[PortState] = []
+    mgmt_interface: str = ""
+    heartbeats: int = 0  # received from this node since the server started
+
+
+class PortState(msgspec.Struct, kw_only=True):
+    port: str  # "mlx5_0/1"
+    state: str
+    phys_state: str
+    rate_gbps: float
 
 
 class NodeDetail(NodeView, kw_only=True):
     inventory: Any = None
+    # The latest heartbeat's reading of each port, counters included (None: "N/A (no PMA)").
+    port_readings: list[PortCounters] = []
 
 
 class ShardView(msgspec.Struct, kw_only=True):
@@ -64,6 +79,7 @@ class ShardView(msgspec.Struct, kw_only=True):
     pid: int
     exit_code: int | None
     reason: str
+    launch_env: list[EnvSetting] = []
 
 
 class ReplicaView(msgspec.Struct, kw_only=True):
@@ -116,16 +132,21 @@ def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
         gpu_source=inv.gpu_source,
         gpu_note=inv.gpu_note,
         fabrics=fabrics,
-        ports=len(inv.ports),
-        ports_active=sum(1 for p in inv.ports if p.state.upper() == "ACTIVE"),
+        ports=len(node.ports),
+        ports_active=sum(1 for p in node.ports.values() if p.state.upper() == "ACTIVE"),
         identity=node.identity,
         cert_days_left=None
         if not node.cert_not_after
         else round((node.cert_not_after - time.time()) / 86400, 1),
         features=node.features,
+        fabric_status=node.fabric_status,
+        port_states=[PortState(port=key, state=p.state, phys_state=p.phys_state, rate_gbps=p.rate_gbps)
+                     for key, p in node.ports.items()],
+        mgmt_interface=inv.mgmt_interface,
+        heartbeats=node.heartbeats,
     )
     if detail:
-        return NodeDetail(**msgspec.structs.asdict(view), inventory=inv)
+        return NodeDetail(**msgspec.structs.asdict(view), inventory=inv, port_readings=list(node.ports.values()))
     return view
 
 
@@ -142,6 +163,7 @@ def replica_view(r: Any, now: float) -> ReplicaView:
             pid=sh.pid,
             exit_code=sh.exit_code,
             reason=sh.reason,
+            launch_env=list(sh.launch_env),
         )
         for sh in r.shards
     ]

@@ -96,7 +96,7 @@ class ControlPlane:
         self.insecure = insecure
         fleet = cfg.fleet
         self.registry = NodeRegistry(fleet.heartbeat_interval, fleet.unreachable_after, fleet.lost_after)
-        self.metrics = ServerMetrics(self.registry.counts)
+        self.metrics = ServerMetrics(self.registry.counts, nodes=lambda: self.registry.nodes.values())
         self.auth = Auth(cfg, insecure=insecure, count=self.metrics.count_auth_failure,
                          revoked=lambda peer: self.revocations.refuses(peer))
         require_identity = bool(cfg.tls and cfg.tls.require_identity)

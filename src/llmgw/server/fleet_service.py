@@ -12,13 +12,20 @@ import trio
 
 from llmgw import __version__
 from llmgw.fleet import ChannelClosed, FleetChannel, StreamRefused
-from llmgw.fleet.limits import Caps, HeartbeatRate, RefusalLog, heartbeat_problem, register_problem
+from llmgw.fleet.limits import (
+    Caps,
+    HeartbeatRate,
+    RefusalLog,
+    fabrics_problem,
+    heartbeat_problem,
+    register_problem,
+)
 from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
 from llmgw.fleet.outbox import Outbox
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry, Transition
 from llmgw.wire import messages as m
-from llmgw.wire.ids import message_problems, quote, spec_problems
+from llmgw.wire.ids import message_problems, printable, quote, spec_problems
 
 REFUSED_BAD_ID = "bad id"
 
@@ -307,6 +314,17 @@ class FleetService:
                     continue
                 if self.observer is not None:
                     self.observer.progress(node_id, msg)
+            elif isinstance(msg, m.Fabrics):
+                problem = fabrics_problem(msg.fabrics, msg.fabric_status, self.caps)
+                if problem is not None:
+                    raise StreamRefused("too_big", problem)
+                change = registry.fabrics_changed(node_id, session.number, msg, now)
+                if change is not None:
+                    before, after = change
+                    left = [f"{s.name} ({'; '.join(s.problems)})" for s in msg.fabric_status if not s.usable]
+                    log.warning("node %s: usable fabrics now %s (were %s)%s", node_id, ", ".join(after) or "none",
+                                ", ".join(before) or "none", f"; not usable: {printable(', '.join(left))}" if left else "")
+                    self.changed.set()
             elif isinstance(msg, m.Register):
                 log.warning("node %s: Register on an open stream; closing it", node_id)
                 raise StreamRefused("protocol", "Register sent twice on one stream")

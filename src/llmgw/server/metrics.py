@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from llmgw.server.registry import NodeState
+from llmgw.server.hwmetrics import HardwareCollector
+from llmgw.server.registry import Node, NodeState
 from llmgw.wire.messages import AGENT_TYPES
 
 
@@ -27,9 +28,12 @@ class _NodeStates(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, node_counts: Callable[[], dict[NodeState, int]]) -> None:
+    def __init__(self, node_counts: Callable[[], dict[NodeState, int]],
+                 nodes: Callable[[], Iterable[Node]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_NodeStates(node_counts))
+        if nodes is not None:
+            self.registry.register(HardwareCollector(nodes))
         self.fleet_messages = Counter(
             "llmgw_fleet_messages", "Fleet messages received, by type.", ["type"], registry=self.registry
         )

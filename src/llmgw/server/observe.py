@@ -115,6 +115,7 @@ class Observer(ReplicaBook):
                     refused.append(bad)
                     continue
                 shard.pid = report.pid or shard.pid
+                shard.launch_env = list(report.launch_env) or shard.launch_env
                 shard.acked = True
                 if report.endpoint:
                     shard.endpoint = self.endpoint_for(node_id, shard.port)
@@ -206,6 +207,7 @@ class Observer(ReplicaBook):
             seen_at=seen_at,
             acked=True,
             spec=spec,
+            launch_env=list(report.launch_env),
         )
         replica = Replica(
             id=rid,
@@ -238,6 +240,8 @@ class Observer(ReplicaBook):
         shard.acked = True
         if msg.pid:
             shard.pid = msg.pid
+        if msg.launch_env:
+            shard.launch_env = list(msg.launch_env)
         if msg.endpoint:
             shard.endpoint = self.endpoint_for(node_id, shard.port)
         self._apply_shard_state(replica, shard, msg.state, now, msg.reason, list(msg.tail), msg.exit_code,

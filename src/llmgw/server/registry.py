@@ -11,7 +11,15 @@ from typing import Literal
 
 import msgspec
 
-from llmgw.wire.messages import FabricDecl, Heartbeat, Inventory, Register
+from llmgw.wire.messages import (
+    FabricDecl,
+    Fabrics,
+    FabricStatus,
+    Heartbeat,
+    Inventory,
+    PortCounters,
+    Register,
+)
 
 NodeState = Literal["ready", "unreachable", "lost"]
 STATES: tuple[NodeState, ...] = ("ready", "unreachable", "lost")
@@ -25,7 +33,13 @@ class Node(msgspec.Struct, kw_only=True):
     version: str = ""
     features: list[str] = []
     inventory: Inventory = msgspec.field(default_factory=Inventory)
+    # The usable fabrics (what placement reads), replaced whenever the agent says they changed,
+    # and every declared fabric's verdict with its reasons (`ctl nodes`).
     fabrics: list[FabricDecl] = []
+    fabric_status: list[FabricStatus] = []
+    # Each port's latest reading ("mlx5_0/1" → state, rate, counters): from the Register's
+    # inventory, then from every heartbeat.
+    ports: dict[str, PortCounters] = {}
     address: str = ""
     # The host its engines are reached on, decided by the server (fleet.endpoint_host).
     endpoint_host: str = ""
@@ -38,6 +52,10 @@ class Node(msgspec.Struct, kw_only=True):
     connected: bool = False
     cert_not_after: float = 0.0
     heartbeat: Heartbeat | None = None
+
+
+def port_key(device: str, port: int) -> str:
+    return f"{device}/{port}"
 
 
 class Transition(msgspec.Struct, frozen=True):
@@ -84,6 +102,10 @@ class NodeRegistry:
             features=list(msg.features),
             inventory=msg.inventory,
             fabrics=list(msg.fabrics),
+            fabric_status=list(msg.fabric_status),
+            ports={port_key(p.device, p.port): PortCounters(device=p.device, port=p.port, state=p.state,
+                                                            phys_state=p.phys_state, rate_gbps=p.rate_gbps)
+                   for p in msg.inventory.ports},
             address=address,
             endpoint_host=endpoint_host,
             identity=identity,
@@ -109,11 +131,25 @@ class NodeRegistry:
         node.last_heartbeat = now
         node.heartbeats += 1
         node.heartbeat = msg
+        if msg.ports:
+            node.ports = {port_key(p.device, p.port): p for p in msg.ports}
         if node.state != "ready":
             old = node.state
             node.state, node.state_since, node.reason = "ready", now, ""
             return Transition(node_id, old, "ready", "heartbeat received")
         return None
+
+    def fabrics_changed(self, node_id: str, session: int, msg: Fabrics, now: float) -> tuple[list[str], list[str]] | None:
+        """The node's usable fabrics changed: replace them. Returns (before, after) names, or
+        None when the message is from a replaced stream."""
+        node = self.nodes.get(node_id)
+        if node is None or node.session != session:
+            return None
+        node.last_seen = now
+        before = [f.name for f in node.fabrics]
+        node.fabrics = list(msg.fabrics)
+        node.fabric_status = list(msg.fabric_status)
+        return before, [f.name for f in node.fabrics]
 
     def seen(self, node_id: str, session: int, now: float) -> None:
         node = self.nodes.get(node_id)

@@ -52,6 +52,7 @@ class Shard(msgspec.Struct, kw_only=True):
     acked: bool = False  # the agent has said something about this shard
     stop_sent: bool = False
     spec: m.ShardSpec | None = None
+    launch_env: list[m.EnvSetting] = []  # what the agent derived for NCCL/Gloo, and what the profile overrode
 
 
 class Replica(msgspec.Struct, kw_only=True):
