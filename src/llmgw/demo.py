@@ -101,10 +101,14 @@ models:
   - name: {LARGE_MODEL}
     replicas: 1
     profiles:
-      - name: tp4
+      # One replica on two nodes (4 GPUs on each, over their shared InfiniBand fabric): rank 0
+      # serves, rank 1 joins it headless; each gets NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...
+      - name: tp4-2nodes
         engine: sim
+        nodes: 2
         gpus: 4
-        args: ["--startup-delay", "2", "--ttft-ms", "120", "--itl-ms", "30"]
+        args: ["--startup-delay", "2", "--ttft-ms", "120", "--itl-ms", "30",
+               "--fail-if-env-missing", "NCCL_IB_HCA", "--fail-if-env-missing", "NCCL_SOCKET_IFNAME"]
         start_timeout: 2m
 """
 
@@ -268,7 +272,10 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             return ready if len(ready) == 3 and len(replicas) == 3 else None
 
         ready = await _wait_for(replicas_ready, "the replicas to become ready", fleet, opts.timeout)
-        summary = ", ".join(f"{r['model']} on {r['shards'][0]['node']} GPUs {r['shards'][0]['gpus']}" for r in ready)
+        summary = ", ".join(
+            f"{r['model']} on " + " + ".join(f"{sh['node']} GPUs {sh['gpus']}" for sh in sorted(r["shards"], key=lambda sh: sh["rank"]))
+            + (f" ({len(r['shards'])}-node replica)" if len(r["shards"]) > 1 else "")
+            for r in ready)
         say(f"  ✓ replicas: 3 of 3 ready ({summary})")
         cmd = llmgw_command()
         body = json.dumps({"model": SMALL_MODEL, "messages": [{"role": "user", "content": "Hello!"}]})

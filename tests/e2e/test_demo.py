@@ -45,6 +45,7 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         text = log.read_text()
         assert demo.poll() is None, text
         assert "✓ certificates" in text and text.count("✓ node") == 2 and "3 of 3 ready" in text
+        assert "llama-3.1-70b-instruct on gpu-0" in text and "(2-node replica)" in text, text  # one model spans both nodes
         # The printed curl, as printed, goes through the gateway (the public port).
         curl = next(line.strip() for line in text.splitlines() if line.strip().startswith("curl "))
         args = shlex.split(curl)
@@ -57,7 +58,7 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         server = re.search(r"--server (\S+)", ctl).group(1)  # type: ignore[union-attr]
         assert {r["state"] for r in ctl_json(server, "replicas")} == {"ready"}
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
-        assert len(processes_under(work)) >= 6  # server, 2 agents, 3 engines
+        assert len(processes_under(work)) >= 7  # server, 2 agents, 4 engines (the 2-node replica runs one per node)
     finally:
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C at the terminal does
         demo.wait(timeout=60)

@@ -38,6 +38,8 @@ PURE = [
     "llmgw.placement",
     "llmgw.placement.gpus",
     "llmgw.placement.single",
+    "llmgw.placement.multi",
+    "llmgw.agent.engines.multinode",
     "llmgw.server.observe",
     "llmgw.server.reconcile",
     "llmgw.server.replicas",

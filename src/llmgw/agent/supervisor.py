@@ -264,7 +264,8 @@ class Supervisor:
             check_engine(spec.engine, self.allow)
             check_env(spec.env, self.allow)
             argv = adapter.argv(spec, host, spec.port)
-            check_executable(spec.engine, argv[0], self.allow)
+            for exe in adapter.executables(spec, argv):
+                check_executable(spec.engine, exe, self.allow)
             adapter.validate(spec)
             env = adapter.env(spec)
             facts = self.launch_facts()
@@ -372,6 +373,8 @@ class Supervisor:
         """Keep checking a ready engine (issue 9: a SIGSTOPped engine stayed `ready`): after
         `failures` checks in a row without an answer it is reported `unhealthy` with since
         when (the first of those failures); the next check that passes reports it ready."""
+        if run.spec.rank > 0:
+            return  # nothing to check over HTTP; its exit is watched
         url = self._health_url(run)
         health = self.health
         failures = 0
@@ -403,6 +406,14 @@ class Supervisor:
 
     async def _until_healthy(self, run: ShardRun) -> None:
         if run.state != "starting":
+            return
+        if run.spec.rank > 0:
+            # A rank above 0 serves no HTTP (vLLM --headless): up is ready, and rank 0's health
+            # speaks for the replica (the server holds it to every shard being ready).
+            run.state = "ready"
+            log.info("shard %s (rank %d of %d) is up", run.spec.shard_id, run.spec.rank, run.spec.world)
+            self._write_state(run)
+            self._emit(run)
             return
         url = f"http://{connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
         timeout = float(run.spec.start_timeout) - (time.time() - run.started_at)

@@ -31,7 +31,11 @@ class Profile(_Config):
 
     name: str = "default"
     engine: EngineKind = "vllm"
-    gpus: NonNegative = 1
+    gpus: NonNegative = 1  # per node
+    # Nodes one replica spans (a shard per node, all on one usable fabric); gpus: is per node.
+    nodes: Positive = 1
+    # How a multi-node engine spans its nodes: its own multiprocessing ("native") or Ray (vLLM).
+    engine_mode: Literal["native", "ray"] = "native"
     # Substring of the GPU name this profile needs ("H100", "A100-SXM4-80GB"); empty = any.
     gpu_kind: str = ""
     # Minimum memory per GPU in MiB; 0 = any.
@@ -50,6 +54,10 @@ class Profile(_Config):
             raise ValueError(problem)
         if self.engine == "command" and not self.command:
             raise ValueError("engine 'command' needs a command: [argv, ...] template")
+        if self.engine_mode == "ray" and self.engine != "vllm":
+            raise ValueError(f"engine_mode ray is for vllm, not {self.engine}")
+        if self.nodes > 1 and self.gpus == 0:
+            raise ValueError("a replica on several nodes needs gpus: (per node) of 1 or more")
 
 
 class Admission(_Config):

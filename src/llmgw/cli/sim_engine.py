@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import click
@@ -173,7 +174,22 @@ def print_launch() -> None:
     help="Exit 1 at start when this environment variable is not set (repeatable): a test's check "
     "that the agent gave a rank its NCCL_* / GLOO_* environment.",
 )
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Nodes the replica spans (vLLM's flag): rank 0 is ready once the others have joined.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This process's rank.")
+@click.option("--master-addr", default="127.0.0.1", show_default=True, help="Rank 0's address.")
+@click.option("--master-port", type=click.IntRange(min=0, max=65535), default=0, show_default=True,
+              help="The port rank 0 listens on for the other ranks.")
+@click.option("--headless", is_flag=True, help="A rank above 0: serve no HTTP, join the master, run until stopped.")
+@click.option("--pipeline-parallel-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Accepted as vLLM takes it (the simulation has no pipeline).")
 def engine(
+    nnodes: int,
+    node_rank: int,
+    master_addr: str,
+    master_port: int,
+    headless: bool,
+    pipeline_parallel_size: int,
     required_env: tuple[str, ...],
     host: str,
     port: int,
@@ -211,6 +227,34 @@ def engine(
     missing = [name for name in required_env if name not in os.environ]
     if missing:
         raise LlmgwError(f"llmgw-sim-engine: {', '.join(missing)} not set in its environment (--fail-if-env-missing)")
+    if nnodes > 1 and not master_port:
+        raise click.UsageError("--nnodes above 1 needs --master-port")
+    if headless:
+        if node_rank == 0 or nnodes < 2:
+            raise click.UsageError("--headless is for ranks above 0 of a replica with --nnodes of 2 or more")
+        import trio
+
+        from llmgw.sim.multinode import run_headless
+
+        def say_line(line: str) -> None:
+            print(f"llmgw-sim-engine: {line}", flush=True)
+
+        async def headless_main() -> int:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async with trio.open_nursery() as nursery:
+                    code: list[int] = []
+
+                    async def join() -> None:
+                        code.append(await run_headless(master_addr, master_port, node_rank, say_line))
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(join)
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        break
+            return code[0] if code else 0
+
+        sys.exit(trio.run(headless_main))
     from llmgw.sim.engine import (
         EngineBindFailed,
         EngineOptions,
@@ -245,6 +289,10 @@ def engine(
         log_stats_interval_s=log_stats_interval,
         shutdown_grace_s=shutdown_grace,
         api_key=api_key,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
     )
     import trio
 

@@ -114,3 +114,25 @@ def describe(status: FabricStatus) -> str:
         left = f"; left out: {'; '.join(status.problems)}" if status.problems else ""
         return f"{status.name}: usable ({', '.join(status.ports) or 'sockets'}{rate}){left}"
     return f"{status.name}: not usable: {'; '.join(status.problems) or 'no usable adapter'}"
+
+
+def placement_view(fabrics: Sequence[FabricDecl], statuses: Sequence[FabricStatus],
+                   ports: Sequence[PortCounters]) -> tuple[list[str], dict[str, str]]:
+    """What multi-node placement may use on a node: the fabrics it advertises whose ports are
+    all ACTIVE in its latest heartbeat, and why each other declared fabric is not usable."""
+    live = {f"{p.device}:{p.port}": p for p in ports}
+    by_name = {s.name: s for s in statuses}
+    usable: list[str] = []
+    notes: dict[str, str] = {}
+    for status in statuses:
+        if not status.usable:
+            notes[status.name] = "; ".join(status.problems) or "no usable adapter"
+    for fabric in fabrics:
+        found = by_name.get(fabric.name)
+        names = found.ports if found is not None else []
+        down = [f"{n} {live[n].state}" for n in names if n in live and live[n].state.upper() != "ACTIVE"]
+        if down:
+            notes[fabric.name] = "ports not ACTIVE: " + ", ".join(down)
+        else:
+            usable.append(fabric.name)
+    return usable, notes

@@ -26,6 +26,11 @@ class NodeCapacity(msgspec.Struct, kw_only=True):
     replicas_of_model: int = 0  # replicas of the model being placed already on this node
     can_start: bool = True  # the agent answers Start
     version: str = ""
+    # Multi-node placement: the fabrics usable now (advertised, every port ACTIVE), why each
+    # other declared one is not, and the node's management address (a master address).
+    fabrics: list[str] = []
+    fabric_notes: dict[str, str] = {}
+    address: str = ""
 
 
 class Request(msgspec.Struct, kw_only=True):

@@ -16,6 +16,7 @@ import trio
 import trio.lowlevel
 
 from llmgw.catalog.schema import Model, ReconcileSettings
+from llmgw.fabric.declared import placement_view
 from llmgw.server.fleet_service import FleetService
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.reconcile import NodeInfo, Reconciler, Refusal, Settings, StartShard, StopShard
@@ -135,8 +136,10 @@ class Controller:
         self.wake()
 
     def nodes(self) -> list[NodeInfo]:
-        return [
-            NodeInfo(
+        out = []
+        for n in self.registry.nodes.values():
+            fabrics, notes = placement_view(n.fabrics, n.fabric_status, list(n.ports.values()))
+            out.append(NodeInfo(
                 node_id=n.id,
                 state=n.state,
                 connected=n.connected,
@@ -144,9 +147,11 @@ class Controller:
                 features=n.features,
                 version=n.version,
                 endpoint_host=n.endpoint_host,
-            )
-            for n in self.registry.nodes.values()
-        ]
+                fabrics=fabrics,
+                fabric_notes=notes,
+                address=n.inventory.mgmt_ip or n.endpoint_host,
+            ))
+        return out
 
     def settle_note(self) -> str:
         """Why nothing new is placed yet, while the settle period holds placements; else ""."""

@@ -173,6 +173,12 @@ class Observer(ReplicaBook):
         existing = self.replicas.get(rid)
         seen_at = now
         claimed = False
+        if existing is not None and existing.adopted and _same_attempt(existing, spec):
+            # Another rank of a multi-node replica adopted from another node: one replica again.
+            self._set_shards(existing, [*existing.shards, self._adopted_shard(node_id, report, started, seen_at)])
+            self.log.append(f"adopted {spec.shard_id} (rank {spec.rank} of {spec.world}) running on {node_id} into replica {rid}")
+            self._derive(existing, now)
+            return
         if existing is not None:
             past = existing.past.get(spec.shard_id)
             returning = False
@@ -194,21 +200,7 @@ class Observer(ReplicaBook):
                     if shard.state in HOLDING:
                         self._stop(existing, shard, "superseded by an adopted engine")
                 self._pop(rid)
-        shard = Shard(
-            shard_id=spec.shard_id,
-            node=node_id,
-            rank=spec.rank,
-            gpus=list(spec.gpus),
-            port=spec.port,
-            state=ShardState(report.state),
-            pid=report.pid,
-            endpoint=self.endpoint_for(node_id, spec.port) if report.endpoint else "",
-            started_at=started,
-            seen_at=seen_at,
-            acked=True,
-            spec=spec,
-            launch_env=list(report.launch_env),
-        )
+        shard = self._adopted_shard(node_id, report, started, seen_at)
         replica = Replica(
             id=rid,
             model=spec.model,
@@ -223,6 +215,24 @@ class Observer(ReplicaBook):
         self._put(replica)
         self.log.append(f"adopted {spec.shard_id} ({spec.model}, {report.state}) running on {node_id} as replica {rid}")
         self._derive(replica, now)
+
+    def _adopted_shard(self, node_id: str, report: m.ShardReport, started: float, seen_at: float) -> Shard:
+        spec = report.spec
+        return Shard(
+            shard_id=spec.shard_id,
+            node=node_id,
+            rank=spec.rank,
+            gpus=list(spec.gpus),
+            port=spec.port,
+            state=ShardState(report.state),
+            pid=report.pid,
+            endpoint=self.endpoint_for(node_id, spec.port) if report.endpoint else "",
+            started_at=started,
+            seen_at=seen_at,
+            acked=True,
+            spec=spec,
+            launch_env=list(report.launch_env),
+        )
 
     # -- events ------------------------------------------------------------------------------------
 
@@ -308,3 +318,12 @@ class Observer(ReplicaBook):
                         self._maybe_forget(replica)
                     else:
                         self._fail(replica, now, f"node {node_id} is lost", [], penalty=False)
+
+
+def _same_attempt(replica: Replica, spec: m.ShardSpec) -> bool:
+    """`spec` is a rank this replica lacks, of the same multi-node attempt (`<replica>.<attempt>.<rank>`)."""
+    if spec.world <= 1 or any(s.rank == spec.rank for s in replica.shards):
+        return False
+    attempt = spec.shard_id.rpartition(".")[0]
+    return all(s.spec is not None and s.spec.world == spec.world and s.shard_id.rpartition(".")[0] == attempt
+               for s in replica.shards)

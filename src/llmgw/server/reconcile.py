@@ -26,6 +26,7 @@ import msgspec
 
 from llmgw.catalog.schema import Model, Profile
 from llmgw.placement import NodeCapacity, NoFit, Request, place
+from llmgw.placement.multi import MultiPlacement, place_multi
 from llmgw.server.observe import Observer
 from llmgw.server.replicas import (
     PAST_SHARDS,
@@ -75,6 +76,11 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     version: str = ""
     # The host its engines are reached on (the server decides it: fleet.endpoint_host).
     endpoint_host: str = ""
+    # Multi-node placement: fabrics usable now, why the other declared ones are not, and the
+    # management address (rank 0's is a multi-node replica's master address).
+    fabrics: list[str] = []
+    fabric_notes: dict[str, str] = {}
+    address: str = ""
 
 
 class _Usage:
@@ -93,6 +99,9 @@ class _Usage:
                 used_ports=set(),
                 can_start=m.FEATURE_START in n.features,
                 version=n.version,
+                fabrics=list(n.fabrics),
+                fabric_notes=dict(n.fabric_notes),
+                address=n.address,
             )
             for n in sorted(nodes, key=lambda n: n.node_id)
         ]
@@ -101,6 +110,14 @@ class _Usage:
             for shard in replica.shards:
                 if shard.state in HOLDING:
                     self.hold(replica.model, shard.node, shard.gpus, shard.port)
+                    if shard.rank == 0 and shard.spec is not None and shard.spec.master_port:
+                        self.hold_port(shard.node, shard.spec.master_port)
+
+    def hold_port(self, node_id: str, port: int) -> None:
+        """A port taken besides a shard's own (rank 0's master port)."""
+        capacity = self.by_node.get(node_id)
+        if capacity is not None:
+            capacity.used_ports.add(port)
 
     def hold(self, model: str, node_id: str, gpus: Iterable[int], port: int) -> None:
         capacity = self.by_node.get(node_id)
@@ -184,6 +201,7 @@ class Reconciler(Observer):
                         self.log.append(f"dropped surplus replica {replica.id}")
                     else:
                         self.stop_replica(replica, now, f"surplus: {model.name} wants {model.replicas}")
+        self._multinode_checks(by_id, now)
         # Place pending replicas, oldest first; one step each.
         pending = sorted((r for r in self.replicas.values() if r.state == ReplicaState.PENDING), key=lambda r: (r.created_at, r.id))
         usage: _Usage | None = None
@@ -192,8 +210,10 @@ class Reconciler(Observer):
                 continue  # changed while the pass let others run
             if usage is None or usage.generation != self.generation:
                 usage = _Usage(nodes, self.replicas.values(), self.generation)
-            start = self._place(replica, usage, now)
-            yield start
+            starts = self._place(replica, usage, now)
+            if not starts:
+                yield None
+            yield from starts  # rank 0 first: every rank's spec already names its address
         # Send stops that are due: a shard marked stopping on a connected node.
         for replica in list(self.replicas.values()):
             for shard in replica.shards:
@@ -209,15 +229,48 @@ class Reconciler(Observer):
             if replica.state == ReplicaState.STOPPING:
                 self._maybe_forget(replica)
 
-    def _place(self, replica: Replica, usage: _Usage, now: float) -> StartShard | None:
+    def _multinode_checks(self, by_id: dict[str, NodeInfo], now: float) -> None:
+        """A multi-node replica whose fabric is no longer usable on one of its nodes (a cable
+        pulled, a subnet manager gone) would hang in its next collective: it fails and is placed
+        again where the fabric is whole. One adopted with ranks that no node reported (after the
+        settle period, when every node that was there has re-registered) fails too: a replica
+        missing a rank never serves."""
+        for replica in list(self.replicas.values()):
+            if replica.state not in (ReplicaState.STARTING, ReplicaState.READY):
+                continue
+            world = max((s.spec.world for s in replica.shards if s.spec is not None), default=1)
+            if world <= 1:
+                continue
+            missing = sorted(set(range(world)) - {s.rank for s in replica.shards})
+            if missing:
+                self._fail(replica, now, f"rank(s) {missing} of {world} not reported by any node", [], penalty=False)
+                continue
+            for shard in replica.shards:
+                fabric = shard.spec.fabric if shard.spec is not None else ""
+                node = by_id.get(shard.node)
+                if fabric and node is not None and node.connected and node.state == "ready" and fabric not in node.fabrics:
+                    why = node.fabric_notes.get(fabric, "no longer advertised")
+                    self._fail(replica, now, f"{shard.node}: fabric {fabric} is no longer usable ({why})", [], penalty=False)
+                    break
+
+    def _place(self, replica: Replica, usage: _Usage, now: float) -> list[StartShard]:
         model = self.models[replica.model]
         if not model.profiles:
             replica.reason = f"model {model.name} has no profiles"
-            return None
+            return []
         capacities = usage.for_model(model.name)
         reasons: list[str] = []
         attempt = replica.attempt + 1
         for profile in model.profiles:
+            if profile.nodes > 1:
+                multi = place_multi(Request(replica_id=f"{replica.id}.{attempt}", gpus=profile.gpus, gpu_kind=profile.gpu_kind,
+                                            gpu_memory_mib=profile.gpu_memory_mib),
+                                    profile.nodes, capacities, self.settings.port_range)
+                if isinstance(multi, NoFit):
+                    prefix = f"profile {profile.name}: " if len(model.profiles) > 1 else ""
+                    reasons.append(prefix + multi.summary())
+                    continue
+                return self._placed_multi(replica, model, profile, multi, attempt, usage, now)
             shard_id = f"{replica.id}.{attempt}"
             result = place(
                 Request(replica_id=shard_id, gpus=profile.gpus, gpu_kind=profile.gpu_kind, gpu_memory_mib=profile.gpu_memory_mib),
@@ -231,10 +284,7 @@ class Reconciler(Observer):
             spec = shard_spec(model, profile, replica.id, shard_id, list(result.gpus), result.port, self.new_key())
             replica.attempt = attempt
             replica.profile = profile.name
-            for old in replica.shards:
-                replica.past[old.shard_id] = (old.node, old.seen_at)
-            for stale in list(replica.past)[: max(0, len(replica.past) - PAST_SHARDS)]:
-                del replica.past[stale]
+            self._remember_past(replica)
             self._set_shards(replica, [
                 Shard(
                     shard_id=shard_id,
@@ -249,12 +299,44 @@ class Reconciler(Observer):
             usage.hold(model.name, result.node_id, result.gpus, result.port)
             self._replica_to(replica, ReplicaState.STARTING, now, "", "placed")
             self.log.append(f"placed {shard_id} ({model.name}/{profile.name}) on {result.node_id} GPUs {list(result.gpus)} port {result.port}")
-            return StartShard(result.node_id, spec)
+            return [StartShard(result.node_id, spec)]
         waiting = "; ".join(reasons)
         if replica.failures and replica.reason and not replica.reason.startswith("no placement"):
             waiting = f"{waiting} (last failure: {replica.reason})" if waiting else replica.reason
         self._replica_to(replica, ReplicaState.PENDING, now, f"no placement: {waiting}" if reasons else waiting, "no placement")
-        return None
+        return []
+
+    def _remember_past(self, replica: Replica) -> None:
+        for old in replica.shards:
+            replica.past[old.shard_id] = (old.node, old.seen_at)
+        for stale in list(replica.past)[: max(0, len(replica.past) - PAST_SHARDS)]:
+            del replica.past[stale]
+
+    def _placed_multi(self, replica: Replica, model: Model, profile: Profile, multi: MultiPlacement, attempt: int,
+                      usage: _Usage, now: float) -> list[StartShard]:
+        """A shard per node, rank 0 first; each spec carries the master address and port."""
+        world = len(multi.ranks)
+        shards: list[Shard] = []
+        for rank, placed in enumerate(multi.ranks):
+            shard_id = f"{replica.id}.{attempt}.{rank}"
+            spec = msgspec.structs.replace(
+                shard_spec(model, profile, replica.id, shard_id, list(placed.gpus), placed.port, self.new_key()),
+                rank=rank, world=world, master_addr=multi.master_addr, master_port=multi.master_port, fabric=multi.fabric,
+                engine_mode="ray" if profile.engine_mode == "ray" else "",
+            )
+            shards.append(Shard(shard_id=shard_id, node=placed.node_id, rank=rank, gpus=list(placed.gpus), port=placed.port,
+                                started_at=now, seen_at=now, spec=spec))
+            usage.hold(model.name, placed.node_id, placed.gpus, placed.port)
+        usage.hold_port(multi.ranks[0].node_id, multi.master_port)
+        replica.attempt = attempt
+        replica.profile = profile.name
+        self._remember_past(replica)
+        self._set_shards(replica, shards)
+        self._replica_to(replica, ReplicaState.STARTING, now, "", "placed")
+        where = ", ".join(f"rank {s.rank} {s.node} GPUs {s.gpus} port {s.port}" for s in shards)
+        self.log.append(f"placed {replica.id}.{attempt} ({model.name}/{profile.name}) on fabric {multi.fabric}: {where}; "
+                        f"master {multi.master_addr}:{multi.master_port}")
+        return [StartShard(s.node, s.spec) for s in shards if s.spec is not None]
 
     def next_deadline(self) -> float | None:
         """When a backoff expires next (the driver wakes then, besides its tick)."""

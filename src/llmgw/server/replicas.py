@@ -84,6 +84,11 @@ class Replica(msgspec.Struct, kw_only=True):
     def seen_at(self) -> float:
         return max((s.seen_at for s in self.shards), default=self.created_at)
 
+    def complete(self) -> bool:
+        """Every rank is there (a multi-node replica adopted from one node lacks the others')."""
+        world = max((s.spec.world for s in self.shards if s.spec is not None), default=1)
+        return {s.rank for s in self.shards} >= set(range(world))
+
     def gone(self) -> bool:
         """Every shard has ended (or there are none): nothing of this replica holds GPUs."""
         return all(s.state in GONE for s in self.shards)
@@ -226,7 +231,7 @@ class ReplicaBook:
         if replica.state in (ReplicaState.STOPPING, ReplicaState.FAILED) or not replica.shards:
             return
         states = {s.state for s in replica.shards}
-        if states <= SERVING:
+        if states <= SERVING and replica.complete():
             if replica.state != ReplicaState.READY:
                 self.log.append(f"replica {replica.id} ready")
             # An unhealthy shard's reason (since when) shows on the replica (`ctl replicas`).

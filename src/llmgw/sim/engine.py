@@ -32,6 +32,7 @@ from collections.abc import Callable
 import trio
 
 from llmgw.netaddr import url_host
+from llmgw.sim.multinode import WorkerGroup
 from llmgw.sim.options import (
     LISTENING_PREFIX,
     VLLM_VERSION,
@@ -155,7 +156,20 @@ class _Lifecycle:
             self.failure = f"simulated engine failed to load the weights of {o.model} (--fail-startup)"
             self._outer.cancel()
             return
-        self.log.loaded(o, handle.url)
+        if o.nnodes > 1:
+            group = WorkerGroup(o.nnodes - 1, lambda line: self.log.info("multiproc_executor.py:140", line))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(group.serve, o.master_addr, o.master_port)
+                self.log.info("multiproc_executor.py:120", f"waiting for {o.nnodes - 1} worker rank(s) on "
+                              f"{o.master_addr}:{o.master_port}")
+                await group.all_joined.wait()
+                self._ready(handle)
+                await trio.sleep_forever()  # the group keeps listening (a worker's loss is logged)
+        else:
+            self._ready(handle)
+
+    def _ready(self, handle: EngineHandle) -> None:
+        self.log.loaded(self.options, handle.url)
         self.app.ready = True
         handle.ready.set()
 

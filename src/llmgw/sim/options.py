@@ -41,6 +41,12 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     # Like vLLM's --api-key (or VLLM_API_KEY): /v1/* answers 401 without
     # `Authorization: Bearer <key>`; /health, /metrics, /version and /ping stay open.
     api_key: str = ""
+    # One rank of a multi-node replica, with vLLM's flags (sim/multinode.py): rank 0 waits for
+    # the other nnodes-1 to join on master_addr:master_port before /health answers 200.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
 
     @property
     def served_name(self) -> str:

@@ -131,6 +131,12 @@ class ShardSpec(_Base):
     served_name: str = ""
     # The fabric the replica's ranks talk over (multi-node); "" = the node's first usable one.
     fabric: str = ""
+    # Multi-node (world > 1): rank 0's address and the port every rank dials (vLLM
+    # --master-addr/--master-port, SGLang --dist-init-addr, the Ray head), and how the engine
+    # spans nodes: "" (its own multiprocessing) or "ray".
+    master_addr: str = ""
+    master_port: int = 0
+    engine_mode: str = ""
     # The engine's own API key, made by the server for this shard: the engine refuses /v1/*
     # without it, and only the gateway sends it. A secret: never shown by the API or logged.
     api_key: str = ""

@@ -7,6 +7,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
+from llmgw.agent.engines import multinode
 from llmgw.wire.messages import ShardSpec
 
 
@@ -29,6 +30,10 @@ class Adapter:
     def executable(self, spec: ShardSpec) -> str:
         return self.argv(spec, "127.0.0.1", spec.port or 1)[0]
 
+    def executables(self, spec: ShardSpec, argv: list[str]) -> list[str]:
+        """What the agent's allowlist must allow for this launch (argv[0], or what a wrapper runs)."""
+        return [argv[0]]
+
     def validate(self, spec: ShardSpec) -> None:
         """Raise LaunchError for what would fail minutes later (bad tensor size, missing binary).
 
@@ -40,16 +45,18 @@ class Adapter:
                 f"{self.name}: profile args set {self.key_flag}, but the agent gives every engine its own key "
                 "(the one the gateway sends); drop the flag"
             )
-        if self.tp_flags and spec.gpus:
+        if self.tp_flags and spec.gpus and not multinode.has_flag(spec.args, "--pipeline-parallel-size", "-pp"):
             tp = tensor_parallel_arg(spec.args, self.tp_flags)
-            if tp is not None and tp != len(spec.gpus):
+            want = multinode.tensor_parallel(spec, self.name)
+            if tp is not None and tp != want:
+                where = f"the replica has {want} GPU(s) on {spec.world} nodes" if want != len(spec.gpus) else \
+                    f"the shard has {len(spec.gpus)} GPU(s) {spec.gpus}"
                 raise LaunchError(
-                    f"{self.name}: profile args set tensor parallel size {tp} but the shard has "
-                    f"{len(spec.gpus)} GPU(s) {spec.gpus}; drop the flag or set gpus: {tp}"
+                    f"{self.name}: profile args set tensor parallel size {tp} but {where}; drop the flag or set gpus: {tp}"
                 )
-        exe = self.executable(spec)
-        if not _runnable(exe):
-            raise LaunchError(f"{self.name}: executable {exe!r} not found on PATH ({os.environ.get('PATH', '')})")
+        for exe in self.executables(spec, self.argv(spec, "127.0.0.1", spec.port or 1)):
+            if not _runnable(exe):
+                raise LaunchError(f"{self.name}: executable {exe!r} not found on PATH ({os.environ.get('PATH', '')})")
 
     def env(self, spec: ShardSpec) -> dict[str, str]:
         env = dict(os.environ)
@@ -105,7 +112,16 @@ class VllmAdapter(Adapter):
             argv += ["--tensor-parallel-size", str(len(spec.gpus))]
         if spec.served_name and "--served-model-name" not in spec.args:
             argv += ["--served-model-name", spec.served_name]
-        return argv + list(spec.args)
+        argv += multinode.vllm_flags(spec)
+        argv += list(spec.args)
+        if spec.world > 1 and spec.engine_mode == multinode.MODE_RAY:
+            return multinode.ray_argv(sys.executable, spec, argv)
+        return argv
+
+    def executables(self, spec: ShardSpec, argv: list[str]) -> list[str]:
+        if spec.world > 1 and spec.engine_mode == multinode.MODE_RAY:
+            return ["ray", "vllm"] if spec.rank == 0 else ["ray"]  # what the rayrank wrapper runs
+        return [argv[0]]
 
 
 class SglangAdapter(Adapter):
@@ -122,11 +138,12 @@ class SglangAdapter(Adapter):
                 "--host", host, "--port", str(port)]
         if spec.api_key:
             argv += ["--api-key", spec.api_key]
-        if tensor_parallel_arg(spec.args, self.tp_flags) is None and len(spec.gpus) > 1:
-            argv += ["--tp", str(len(spec.gpus))]
+        tp = multinode.tensor_parallel(spec, self.name)
+        if tensor_parallel_arg(spec.args, self.tp_flags) is None and tp > 1:
+            argv += ["--tp", str(tp)]
         if spec.served_name and "--served-model-name" not in spec.args:
             argv += ["--served-model-name", spec.served_name]
-        return argv + list(spec.args)
+        return argv + multinode.sglang_flags(spec) + list(spec.args)
 
 
 class CommandAdapter(Adapter):
@@ -173,8 +190,9 @@ class SimAdapter(Adapter):
     key_env = "VLLM_API_KEY"  # as vLLM
 
     def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
+        # The multi-node flags as vLLM takes them: the simulated engine's ranks join like vLLM's.
         return [sys.executable, "-m", "llmgw", "sim", "engine", "--host", host, "--port", str(port),
-                "--model", spec.served_name or spec.model, *spec.args]
+                "--model", spec.served_name or spec.model, *multinode.vllm_flags(spec), *spec.args]
 
 
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (VllmAdapter(), SglangAdapter(), CommandAdapter(), SimAdapter())}

@@ -1,0 +1,149 @@
+"""A replica spanning two simulated nodes, end to end: real server, real agents, simulated
+engines joining like vLLM's ranks (rank 0 waits for rank 1 before /health answers 200).
+
+Asserted on what each launched process received (its launch record: argv and environment),
+for InfiniBand and for RoCE with its GID index; ready only when both ranks are; replaced whole
+when rank 1 dies (rank 0 keeps answering /health, so only the control plane can take the
+half-alive replica out); stopped whole; and a port taken down under a running agent takes its
+node out of multi-node placement, with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.harness import (
+    FAST_AGENT,
+    Proc,
+    Server,
+    ctl,
+    engines_config,
+    make_sim_node,
+    pid_alive,
+    replicas,
+    run_llmgw,
+    start_agent,
+    wait_until,
+)
+
+TOKEN = "ops-5e1f2a"
+API = f'api:\n  operator_tokens: ["sha256:{hashlib.sha256(TOKEN.encode()).hexdigest()}"]\n'
+REQUIRED = ["NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"]
+
+
+def catalog(gpus: int, required: list[str]) -> str:
+    flags = ", ".join(f'"--fail-if-env-missing", "{name}"' for name in required)
+    return f"""\
+models:
+  - name: big
+    replicas: 1
+    profiles:
+      - name: two-nodes
+        engine: sim
+        nodes: 2
+        gpus: {gpus}
+        args: ["--startup-delay", "0.5", {flags}]
+"""
+
+
+def fleet(tmp_path: Path, procs: list[Proc], gpus: int, required: list[str], *node_args: str) -> Server:
+    server = Server(tmp_path, engines_config(catalog(gpus, required), API), token=TOKEN)
+    procs.append(server.start())
+    for node in ("gpu-01", "gpu-02"):
+        cfg = make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, *node_args)
+        procs.append(start_agent(tmp_path, node, cfg, "--stop-engines-on-exit"))
+    return server
+
+
+def launch_record(tmp_path: Path, shard_id: str) -> dict[str, Any]:
+    [log] = list(tmp_path.glob(f"**/logs/{shard_id}.log"))
+    for line in log.read_text().splitlines():
+        if line.startswith("llmgw-sim-engine launch: "):
+            return json.loads(line.split(": ", 1)[1])
+    raise AssertionError(f"no launch record in {log}:\n{log.read_text()}")
+
+
+def ready_replica(server: Server, seen: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The one replica once ready; every replica seen on the way is kept to check an invariant."""
+    rs = replicas(server)
+    seen.extend(rs)
+    return rs[0] if len(rs) == 1 and rs[0]["state"] == "ready" else None
+
+
+def never_ready_before_both(seen: list[dict[str, Any]]) -> None:
+    for r in seen:
+        if r["state"] == "ready":
+            assert len(r["shards"]) == 2 and all(s["state"] == "ready" for s in r["shards"]), r
+
+
+def arg(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_two_node_replica_ib_launch_ready_replace_stop(tmp_path: Path, procs: list[Proc]) -> None:
+    server = fleet(tmp_path, procs, 4, REQUIRED, "--gpus", "4", "--ib-ports", "4")
+    seen: list[dict[str, Any]] = []
+    replica = wait_until(lambda: ready_replica(server, seen), "the 2-node replica ready", procs=procs)
+    never_ready_before_both(seen)
+    rank0, rank1 = sorted(replica["shards"], key=lambda s: s["rank"])
+    assert (rank0["rank"], rank1["rank"]) == (0, 1) and {rank0["node"], rank1["node"]} == {"gpu-01", "gpu-02"}
+    assert replica["endpoint"] == rank0["endpoint"]  # only rank 0 serves
+
+    first, second = launch_record(tmp_path, rank0["shard_id"]), launch_record(tmp_path, rank1["shard_id"])
+    for record, rank in ((first, "0"), (second, "1")):
+        argv = record["argv"]
+        assert arg(argv, "--nnodes") == "2" and arg(argv, "--node-rank") == rank
+        assert arg(argv, "--master-addr") == "127.0.0.1"
+        assert arg(argv, "--master-port") == arg(first["argv"], "--master-port")
+        assert record["env"]["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
+        assert record["env"]["NCCL_SOCKET_IFNAME"] == "=lo" and record["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+        assert "NCCL_IB_GID_INDEX" not in record["env"]  # InfiniBand: none
+        assert len(record["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == 4
+    assert "--headless" in second["argv"] and "--headless" not in first["argv"]
+
+    # Rank 1 dies; rank 0 still answers /health. The whole replica goes, a new one comes.
+    old = {s["shard_id"]: s["pid"] for s in replica["shards"]}
+    os.kill(rank1["pid"], signal.SIGKILL)
+    fresh = wait_until(lambda: (r := ready_replica(server, seen)) and not set(s["shard_id"] for s in r["shards"]) & set(old) and r,
+                       "a new 2-node replica", procs=procs)
+    assert len(fresh["shards"]) == 2
+    wait_until(lambda: not pid_alive(old[rank0["shard_id"]]), "the old rank 0 stopped", procs=procs)
+    never_ready_before_both(seen)
+
+    # A stop stops every rank.
+    server.config.write_text(server.config.read_text().replace("replicas: 1", "replicas: 0"))
+    assert ctl(server.url, "reload", env={"LLMGW_TOKEN": TOKEN}).returncode == 0
+    wait_until(lambda: replicas(server) == [], "the replica gone", procs=procs)
+    for shard in fresh["shards"]:
+        wait_until(lambda shard=shard: not pid_alive(shard["pid"]), f"rank {shard['rank']} stopped", procs=procs)
+
+
+def test_two_node_replica_roce_gets_its_gid_index(tmp_path: Path, procs: list[Proc]) -> None:
+    server = fleet(tmp_path, procs, 8, [*REQUIRED, "NCCL_IB_GID_INDEX"], "--profile", "roce-8nic")
+    replica = wait_until(lambda: ready_replica(server, []), "the 2-node RoCE replica ready", procs=procs)
+    for shard in replica["shards"]:
+        record = launch_record(tmp_path, shard["shard_id"])
+        assert record["env"]["NCCL_IB_GID_INDEX"] == "3"
+        assert record["env"]["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}:1" for i in range(8))
+        env = {e["name"]: e["value"] for e in shard["launch_env"]}
+        assert env["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_port_down_takes_the_node_out_of_multinode_placement(tmp_path: Path, procs: list[Proc]) -> None:
+    server = fleet(tmp_path, procs, 2, REQUIRED, "--gpus", "2", "--ib-ports", "2")
+    replica = wait_until(lambda: ready_replica(server, []), "the 2-node replica ready", procs=procs)
+    result = run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-02"), "mlx5_1", "1", "down")
+    assert result.returncode == 0, result.stderr
+    pending = wait_until(lambda: (rs := replicas(server)) and rs[0]["state"] == "pending" and rs[0], "the replica pending",
+                         procs=procs)
+    assert "fabric ib: 1 of 2 nodes (gpu-01)" in pending["reason"], pending["reason"]
+    assert "gpu-02: fabric ib not usable (mlx5_1: no ACTIVE port (port 1 DOWN (Disabled)" in pending["reason"]
+    for shard in replica["shards"]:
+        wait_until(lambda shard=shard: not pid_alive(shard["pid"]), "the broken replica's ranks stopped", procs=procs)
+    assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-02"), "mlx5_1", "1", "up").returncode == 0
+    wait_until(lambda: ready_replica(server, []), "placed again once the port is up", procs=procs)
