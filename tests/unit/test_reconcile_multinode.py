@@ -66,8 +66,7 @@ def test_a_fabric_going_bad_fails_the_replica_and_placement_says_why():
     starts = [a for a in rec.reconcile(nodes, 0) if isinstance(a, StartShard)]
     for s in starts:
         report(rec, s, "ready")
-    broken = fleet("gpu-1") + [NodeInfo(node_id="gpu-2", state="ready", gpus=gpus(), features=FEATURES, address="10.0.0.2",
-                                        fabric_notes={"ib": "mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))"})]
+    broken = [*fleet("gpu-1"), NodeInfo(node_id="gpu-2", state="ready", gpus=gpus(), features=FEATURES, address="10.0.0.2", fabric_notes={"ib": "mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))"})]
     actions = rec.reconcile(broken, 1)
     [replica] = rec.replicas.values()
     assert replica.state == "failed"

@@ -296,7 +296,7 @@ class EngineAllow(_Config):
     # Engines it runs. `command` runs any argv the server sends, so it is off unless listed.
     engines: list[EngineKind] = msgspec.field(default_factory=lambda: ["vllm", "sglang", "sim"])
     # What an engine's argv[0] may be (the command engine's, and vllm's and sglang's own, as
-    # resolved here): a bare name, looked up on the agent's own PATH (a profile cannot change
+    # resolved here; a Ray-mode replica also needs `ray` listed): a bare name, looked up on the agent's own PATH (a profile cannot change
     # PATH), or an absolute path (the same file, symlinks resolved); shell-style wildcards
     # allowed ("/opt/engines/*"). The simulated engine (this agent's own Python) is always allowed.
     executables: list[str] = msgspec.field(default_factory=lambda: ["vllm", "python3"])

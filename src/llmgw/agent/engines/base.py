@@ -148,7 +148,7 @@ class SglangAdapter(Adapter):
 
 class CommandAdapter(Adapter):
     """Any command: an argv template with {port} {host} {source} {model} {gpus} {tp} {rank} {world}
-    {api_key}; the key is also in the environment as LLMGW_ENGINE_API_KEY."""
+    {master_addr} {master_port} {api_key}; the key is also in the environment as LLMGW_ENGINE_API_KEY."""
 
     name = "command"
     key_env = "LLMGW_ENGINE_API_KEY"
@@ -165,6 +165,8 @@ class CommandAdapter(Adapter):
             "tp": str(max(len(spec.gpus), 1)),
             "rank": str(spec.rank),
             "world": str(spec.world),
+            "master_addr": spec.master_addr,
+            "master_port": str(spec.master_port),
             "api_key": spec.api_key,
         }
         out = []
