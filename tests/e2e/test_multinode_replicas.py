@@ -17,10 +17,13 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tests.e2e.harness import (
     FAST_AGENT,
     Proc,
     Server,
+    bearer,
     ctl,
     engines_config,
     make_sim_node,
@@ -51,8 +54,9 @@ models:
 """
 
 
-def fleet(tmp_path: Path, procs: list[Proc], gpus: int, required: list[str], *node_args: str) -> Server:
-    server = Server(tmp_path, engines_config(catalog(gpus, required), API), token=TOKEN)
+def fleet(tmp_path: Path, procs: list[Proc], gpus: int, required: list[str], *node_args: str, heartbeat: str = "0.25s") -> Server:
+    config = engines_config(catalog(gpus, required), API).replace("heartbeat_interval: 0.25s", f"heartbeat_interval: {heartbeat}")
+    server = Server(tmp_path, config, token=TOKEN)
     procs.append(server.start())
     for node in ("gpu-01", "gpu-02"):
         cfg = make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, *node_args)
@@ -135,10 +139,16 @@ def test_two_node_replica_roce_gets_its_gid_index(tmp_path: Path, procs: list[Pr
 
 
 def test_port_down_takes_the_node_out_of_multinode_placement(tmp_path: Path, procs: list[Proc]) -> None:
-    server = fleet(tmp_path, procs, 2, REQUIRED, "--gpus", "2", "--ib-ports", "2")
+    # Half-second heartbeats, so "within two heartbeats" is measured, not raced by the polling.
+    server = fleet(tmp_path, procs, 2, REQUIRED, "--gpus", "2", "--ib-ports", "2", heartbeat="0.5s")
     replica = wait_until(lambda: ready_replica(server, []), "the 2-node replica ready", procs=procs)
+    before = server.get("/api/v1/nodes/gpu-02")["heartbeats"]
     result = run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-02"), "mlx5_1", "1", "down")
     assert result.returncode == 0, result.stderr
+    wait_until(lambda: replicas(server)[0]["state"] != "ready", "the replica out of rotation", procs=procs, interval=0.02)
+    assert server.get("/api/v1/nodes/gpu-02")["heartbeats"] - before <= 2
+    metrics = httpx.get(f"{server.url}/metrics", headers=bearer(TOKEN), timeout=5).text
+    assert 'llmgw_ib_port_active{device="mlx5_1",node="gpu-02",port="1"} 0.0' in metrics
     pending = wait_until(lambda: (rs := replicas(server)) and rs[0]["state"] == "pending" and rs[0], "the replica pending",
                          procs=procs)
     assert "fabric ib: 1 of 2 nodes (gpu-01)" in pending["reason"], pending["reason"]
