@@ -70,6 +70,7 @@ def test_declared_adapter_missing_is_not_advertised(tmp_path: Path, procs: list[
     assert detail["fabric_status"][0]["problems"] == ["mlx5_7: no such adapter on this node"]
     table = run_llmgw("ctl", "--server", server.url, "nodes", env={"COLUMNS": "300"})
     assert "fabric ib not usable: mlx5_7: no such adapter on this node" in table.stdout, table.stdout
+    assert "ib 400G" in table.stdout  # gpu-02's fabric, at its slowest link
     wait_until(lambda: "mlx5_7: no such adapter" in agent.log(), "the agent to log the reason", procs=procs)
     assert agent.log().count("mlx5_7: no such adapter") == 1
 

@@ -74,6 +74,12 @@ def _node_note(n: dict) -> str:
     return "; ".join(notes)
 
 
+def _fabrics(n: dict) -> str:
+    """The usable fabrics with their rate (the slowest active link): `ib 400G`."""
+    rates = {f.get("name"): f.get("rate_gbps") for f in n.get("fabric_status") or []}
+    return ",".join(f"{name} {rates[name]:g}G" if rates.get(name) else str(name) for name in n.get("fabrics") or []) or "-"
+
+
 @ctl.command()
 @output_option
 @click.pass_context
@@ -92,7 +98,7 @@ def nodes(ctx: click.Context, output: str) -> None:
             styled_state(n["state"]),
             "-" if age is None else format_duration(age) + " ago",
             gpus,
-            ",".join(n.get("fabrics") or []) or "-",
+            _fabrics(n),
             f"{n.get('ports_active', 0)}/{n.get('ports', 0)} up" if n.get("ports") else "-",
             n.get("version", ""),
             _node_note(n),
