@@ -145,8 +145,13 @@ def test_port_down_takes_the_node_out_of_multinode_placement(tmp_path: Path, pro
     before = server.get("/api/v1/nodes/gpu-02")["heartbeats"]
     result = run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-02"), "mlx5_1", "1", "down")
     assert result.returncode == 0, result.stderr
-    wait_until(lambda: replicas(server)[0]["state"] != "ready", "the replica out of rotation", procs=procs, interval=0.02)
-    assert server.get("/api/v1/nodes/gpu-02")["heartbeats"] - before <= 2
+
+    def out_of_rotation() -> int | None:
+        beats = int(server.get("/api/v1/nodes/gpu-02")["heartbeats"])  # read first: the count when the change was seen
+        return beats if replicas(server)[0]["state"] != "ready" else None
+
+    beats = wait_until(out_of_rotation, "the replica out of rotation", procs=procs, interval=0.02)
+    assert beats - before <= 2, (before, beats)
     metrics = httpx.get(f"{server.url}/metrics", headers=bearer(TOKEN), timeout=5).text
     assert 'llmgw_ib_port_active{device="mlx5_1",node="gpu-02",port="1"} 0.0' in metrics
     pending = wait_until(lambda: (rs := replicas(server)) and rs[0]["state"] == "pending" and rs[0], "the replica pending",

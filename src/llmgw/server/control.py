@@ -70,6 +70,11 @@ class Controller:
         self._refused(self.reconciler.on_register(node_id, msg.shards, trio.current_time(), time.time(), endpoint_host=host))
         self.wake()
 
+    def fabrics_changed(self, node_id: str) -> None:
+        """A node's usable fabrics changed: multi-node placement and the replicas on it are
+        re-decided now, not at the next tick."""
+        self.wake()
+
     def node_disconnected(self, node_id: str) -> None:
         self.wake()
 

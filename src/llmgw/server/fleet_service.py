@@ -44,6 +44,7 @@ class FleetObserver(Protocol):
     def shard_status(self, node_id: str, msg: m.ShardStatus) -> None: ...
     def progress(self, node_id: str, msg: m.Progress) -> None: ...
     def shard_resync(self, node_id: str, shards: list[m.ShardReport]) -> None: ...
+    def fabrics_changed(self, node_id: str) -> None: ...
     def transitions(self, items: list[Transition]) -> None: ...
 
 
@@ -324,6 +325,8 @@ class FleetService:
                     left = [f"{s.name} ({'; '.join(s.problems)})" for s in msg.fabric_status if not s.usable]
                     log.warning("node %s: usable fabrics now %s (were %s)%s", node_id, ", ".join(after) or "none",
                                 ", ".join(before) or "none", f"; not usable: {printable(', '.join(left))}" if left else "")
+                    if self.observer is not None:
+                        self.observer.fabrics_changed(node_id)  # placement and running replicas, now
                     self.changed.set()
             elif isinstance(msg, m.Register):
                 log.warning("node %s: Register on an open stream; closing it", node_id)
