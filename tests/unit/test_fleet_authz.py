@@ -183,17 +183,15 @@ def test_a_reused_replica_id_never_displaces_a_replica_that_is_still_starting() 
 
 async def test_the_server_sends_a_node_requests_only_for_its_own_shards() -> None:
     from llmgw.catalog.schema import ReconcileSettings
-    from llmgw.server.control import Controller
-    from llmgw.server.fleet_service import FleetService, Session
-    from llmgw.server.metrics import ServerMetrics
+    from llmgw.server.control import Controller, Settle, make_reconciler
+    from llmgw.server.fleet_service import Session
     from llmgw.server.reconcile import StopShard
     from llmgw.server.registry import NodeRegistry
 
     registry = NodeRegistry(1.0)
-    controller = Controller(catalog(small=1, big=0), ReconcileSettings(), registry)
-    controller.fleet = FleetService(registry, ServerMetrics(lambda: {}), register_timeout=1, require_identity=False)
     sessions = {n: Session(n, i, None, [m.FEATURE_START, m.FEATURE_STOP]) for i, n in enumerate((OWNER, THIEF))}  # type: ignore[arg-type]
-    controller.fleet.sessions.update(sessions)
+    controller = Controller(make_reconciler(catalog(small=1, big=0), ReconcileSettings()), registry,
+                            settle=Settle(ReconcileSettings(), registry), links=sessions)
     [s] = bring_up(controller.reconciler, nodes(OWNER))
     controller._send(StopShard(THIEF, s.spec.shard_id, 1.0, "a decision that mixed nodes up"))
     controller._send(StartShard(THIEF, s.spec))

@@ -17,7 +17,7 @@ def test_ipv6_hosts_are_bracketed() -> None:
 
 
 async def test_gateway_leaves_an_unusable_endpoint_out_of_rotation() -> None:
-    gw = Gateway(GatewaySettings(), GatewayMetrics(ServerMetrics(lambda: {}).registry, lambda: None),
+    gw = Gateway(GatewaySettings(), GatewayMetrics(ServerMetrics(lambda: {}).registry),
                  client_door=lambda request: True)
     gw.configure([Model(name="chat")], [StaticEndpoint(model="chat", url="http://127.0.0.1:9")])
     gw.set_endpoints({"chat": {"http://fd00::1:20001", "http://127.0.0.1:20002"}})  # the first is not a URL

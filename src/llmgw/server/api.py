@@ -3,193 +3,54 @@
 Every API route is one row of `API_ROUTES` with the door it stands behind (llmgw.server.auth):
 the dispatcher checks the door before any handler runs, so a route cannot be added without one
 (tests/e2e/test_doors.py walks the table).
+
+Handlers read through `ReadModel` (views.py) and change through `Actions` (operator.py); they
+hold no state and reach no object behind those. Where what comes next goes: fabric and doctor
+endpoints are rows here, reading new `ReadModel` methods (views.py) or, for fabric tests and
+drain/cordon, calling new `Actions` (operator.py); the admin pages get a handler of their own
+(server/admin.py) over the same two protocols, mounted under /admin/ beside /api/v1/ in
+`PublicHandler.__call__`, behind the viewer door.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import msgspec
 import trio
 
 from llmgw.catalog.units import enc_hook
-from llmgw.server.auth import Door
-from llmgw.server.registry import Node
+from llmgw.server.auth import Auth, Door
+from llmgw.server.operator import ReloadResult
+from llmgw.server.views import ReadModel
 from llmgw.web.server import Request, Responder
-from llmgw.wire.messages import EnvSetting, FabricStatus, PortCounters
 
 log = logging.getLogger("llmgw.api")
 
 _json = msgspec.json.Encoder(enc_hook=enc_hook)
 
 
-class NodeView(msgspec.Struct, kw_only=True):
-    """A node as `GET /api/v1/nodes` shows it."""
+class Actions(Protocol):
+    """The operator actions the mutating routes call (operator.py)."""
 
-    id: str
-    state: str
-    reason: str
-    state_since: float
-    connected: bool
-    address: str
-    version: str
-    last_heartbeat_age: float | None
-    gpus: int
-    gpu_name: str
-    gpu_source: str
-    gpu_note: str
-    fabrics: list[str]
-    ports: int
-    ports_active: int
-    identity: str | None
-    cert_days_left: float | None
-    features: list[str]
-    # Every declared fabric's verdict (usable or not, and why), and each port's current state.
-    fabric_status: list[FabricStatus] = []
-    port_states: list[PortState] = []
-    mgmt_interface: str = ""
-    heartbeats: int = 0  # received from this node since the server started
+    async def reload(self) -> ReloadResult: ...
+    def forget_node(self, node_id: str) -> str: ...
+    def restart_replica(self, replica_id: str, who: str) -> str: ...
 
 
-class PortState(msgspec.Struct, kw_only=True):
-    port: str  # "mlx5_0/1"
-    state: str
-    phys_state: str
-    rate_gbps: float
+class Clients(Protocol):
+    """Where /v1/* goes (the gateway)."""
 
-
-class NodeDetail(NodeView, kw_only=True):
-    inventory: Any = None
-    # The latest heartbeat's reading of each port, counters included (None: "N/A (no PMA)").
-    port_readings: list[PortCounters] = []
-
-
-class ShardView(msgspec.Struct, kw_only=True):
-    shard_id: str
-    node: str
-    rank: int
-    gpus: list[int]
-    port: int
-    state: str
-    endpoint: str
-    pid: int
-    exit_code: int | None
-    reason: str
-    launch_env: list[EnvSetting] = []
-
-
-class ReplicaView(msgspec.Struct, kw_only=True):
-    """A replica as `GET /api/v1/replicas` shows it."""
-
-    id: str
-    model: str
-    profile: str
-    state: str
-    reason: str
-    age: float
-    state_since: float
-    attempt: int
-    failures: int
-    retry_in: float | None
-    adopted: bool
-    endpoint: str
-    shards: list[ShardView]
-    tail: list[str]
-
-
-class ModelView(msgspec.Struct, kw_only=True):
-    name: str
-    source: str
-    replicas: int
-    ready: int
-    profiles: list[str]
-    balancer: str
-
-
-def _wall(now_mono: float, t: float) -> float:
-    return round(time.time() - (now_mono - t), 3)
-
-
-def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
-    inv = node.inventory
-    names = sorted({g.name for g in inv.gpus if g.name})
-    fabrics = [f.name for f in node.fabrics]
-    view = NodeView(
-        id=node.id,
-        state=node.state,
-        reason=node.reason,
-        state_since=_wall(now, node.state_since),
-        connected=node.connected,
-        address=node.address,
-        version=node.version,
-        last_heartbeat_age=None if node.last_heartbeat is None else round(now - node.last_heartbeat, 3),
-        gpus=len(inv.gpus),
-        gpu_name=", ".join(names),
-        gpu_source=inv.gpu_source,
-        gpu_note=inv.gpu_note,
-        fabrics=fabrics,
-        ports=len(node.ports),
-        ports_active=sum(1 for p in node.ports.values() if p.state.upper() == "ACTIVE"),
-        identity=node.identity,
-        cert_days_left=None
-        if not node.cert_not_after
-        else round((node.cert_not_after - time.time()) / 86400, 1),
-        features=node.features,
-        fabric_status=node.fabric_status,
-        port_states=[PortState(port=key, state=p.state, phys_state=p.phys_state, rate_gbps=p.rate_gbps)
-                     for key, p in node.ports.items()],
-        mgmt_interface=inv.mgmt_interface,
-        heartbeats=node.heartbeats,
-    )
-    if detail:
-        return NodeDetail(**msgspec.structs.asdict(view), inventory=inv, port_readings=list(node.ports.values()))
-    return view
-
-
-def replica_view(r: Any, now: float) -> ReplicaView:
-    shards = [
-        ShardView(
-            shard_id=sh.shard_id,
-            node=sh.node,
-            rank=sh.rank,
-            gpus=list(sh.gpus),
-            port=sh.port,
-            state=sh.state,
-            endpoint=sh.endpoint,
-            pid=sh.pid,
-            exit_code=sh.exit_code,
-            reason=sh.reason,
-            launch_env=list(sh.launch_env),
-        )
-        for sh in r.shards
-    ]
-    rank0 = next((sh for sh in r.shards if sh.rank == 0), None)
-    return ReplicaView(
-        id=r.id,
-        model=r.model,
-        profile=r.profile,
-        state=r.state,
-        reason=r.reason,
-        age=round(now - r.created_at, 3),
-        state_since=_wall(now, r.state_since),
-        attempt=r.attempt,
-        failures=r.failures,
-        retry_in=round(r.next_attempt_at - now, 3) if r.state == "failed" and r.next_attempt_at > now else None,
-        adopted=r.adopted,
-        endpoint=rank0.endpoint if rank0 is not None and r.state == "ready" else "",
-        shards=shards,
-        tail=list(r.tail),
-    )
+    async def handle(self, request: Request, responder: Responder) -> None: ...
 
 
 _JSON = (b"content-type", b"application/json")
 
 
-async def send_json(responder: Responder, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_json(responder: Responder, status: int, body: object, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     await responder.respond(status, [_JSON, *(headers or [])], _json.encode(body))
 
 
@@ -203,8 +64,13 @@ class PublicHandler:
     admin listener is configured, the operator door too (/api/v1/*, /metrics); the admin
     listener serves only the latter. /healthz is open on both and says only ok."""
 
-    def __init__(self, plane: Any, *, clients: bool = True, admin: bool = True) -> None:
-        self.plane = plane
+    def __init__(self, *, reads: ReadModel, actions: Actions, auth: Auth, gateway: Clients,
+                 render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True) -> None:
+        self.reads = reads
+        self.actions = actions
+        self.auth = auth
+        self.gateway = gateway
+        self.render_metrics = render_metrics
         self.clients = clients
         self.admin = admin
 
@@ -214,12 +80,12 @@ class PublicHandler:
             await send_json(responder, 200, {"status": "ok"})
             return
         if path.startswith("/v1/") and self.clients:
-            await self.plane.gateway.handle(request, responder)
+            await self.gateway.handle(request, responder)
             return
         if path == "/metrics" and self.admin:
-            if not self.plane.auth.metrics_open and not await self._pass(Door.VIEWER, request, responder):
+            if not self.auth.metrics_open and not await self._pass(Door.VIEWER, request, responder):
                 return
-            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], self.plane.metrics.render())
+            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], self.render_metrics())
             return
         if path.startswith("/api/v1/") and self.admin:
             await self.api(path[len("/api/v1/"):].rstrip("/"), request, responder)
@@ -232,7 +98,7 @@ class PublicHandler:
 
     async def _pass(self, door: Door, request: Request, responder: Responder) -> str | None:
         """Who passes `door` (for the logs), or None after answering the refusal."""
-        verdict = self.plane.auth.check(door, request)
+        verdict = self.auth.check(door, request)
         if verdict.ok:
             return verdict.who
         headers = [(b"www-authenticate", f'Bearer realm="llmgw {door.value}"'.encode())] if verdict.status == 401 else []
@@ -259,56 +125,43 @@ class PublicHandler:
     # -- reads -------------------------------------------------------------------------------------------
 
     async def list_nodes(self, call: Call) -> None:
-        nodes = sorted(self.plane.registry.nodes.values(), key=lambda n: n.id)
-        await send_json(call.responder, 200, [node_view(n, call.now) for n in nodes])
+        await send_json(call.responder, 200, self.reads.nodes(call.now))
 
     async def get_node(self, call: Call) -> None:
         node_id = call.params["node"]
-        node = self.plane.registry.get(node_id)
+        node = self.reads.node(node_id, call.now)
         if node is None:
             await send_error(call.responder, 404, f"no node {node_id!r}", "not_found")
         else:
-            await send_json(call.responder, 200, node_view(node, call.now, detail=True))
+            await send_json(call.responder, 200, node)
 
     async def list_replicas(self, call: Call) -> None:
-        replicas = sorted(self.plane.controller.reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
-        await send_json(call.responder, 200, [replica_view(r, call.now) for r in replicas])
+        await send_json(call.responder, 200, self.reads.replicas(call.now))
 
     async def get_replica(self, call: Call) -> None:
         replica_id = call.params["replica"]
-        replica = self.plane.controller.reconciler.replicas.get(replica_id)
+        replica = self.reads.replica(replica_id, call.now)
         if replica is None:
             await send_error(call.responder, 404, f"no replica {replica_id!r}", "not_found")
         else:
-            await send_json(call.responder, 200, replica_view(replica, call.now))
+            await send_json(call.responder, 200, replica)
 
     async def list_models(self, call: Call) -> None:
-        reconciler = self.plane.controller.reconciler
-        await send_json(call.responder, 200, [
-            ModelView(
-                name=model.name,
-                source=model.source or model.name,
-                replicas=model.replicas,
-                ready=sum(1 for r in reconciler.of_model(model.name) if r.state == "ready"),
-                profiles=[p.name for p in model.profiles],
-                balancer=model.balancer,
-            )
-            for model in reconciler.models.values()
-        ])
+        await send_json(call.responder, 200, self.reads.models())
 
     async def list_endpoints(self, call: Call) -> None:
-        await send_json(call.responder, 200, self.plane.gateway_endpoints())
+        await send_json(call.responder, 200, self.reads.endpoints())
 
     # -- changes (operator door) -------------------------------------------------------------------
 
     async def reload(self, call: Call) -> None:
-        result = await self.plane.reload()
+        result = await self.actions.reload()
         log.info("reload requested by %s: %s", call.who, result)
         await send_json(call.responder, 200 if result.ok else 400, result)
 
     async def forget_node(self, call: Call) -> None:
         node_id = call.params["node"]
-        problem = self.plane.forget_node(node_id)
+        problem = self.actions.forget_node(node_id)
         if problem:
             missing = problem == "not found"
             await send_error(call.responder, 404 if missing else 409, f"cannot forget {node_id}: {problem}",
@@ -319,7 +172,7 @@ class PublicHandler:
 
     async def restart_replica(self, call: Call) -> None:
         replica_id = call.params["replica"]
-        problem = self.plane.restart_replica(replica_id, call.who)
+        problem = self.actions.restart_replica(replica_id, call.who)
         if problem:
             await send_error(call.responder, 404, problem, "not_found")
         else:

@@ -76,6 +76,15 @@ def _known(digest: str, known: frozenset[str]) -> bool:
     return any(hmac.compare_digest(digest, k) for k in known)
 
 
+def bearer_digest(request: Request) -> str | None:
+    """The sha256 (hex) of the request's bearer token, or None without one: the one place a
+    presented secret is hashed; the config holds only digests (catalog.schema.sha256_digest)."""
+    auth = request.head.get(b"authorization") or b""
+    if auth[:7].lower() != b"bearer ":
+        return None
+    return hashlib.sha256(auth[7:].strip()).hexdigest()
+
+
 class Credentials(msgspec.Struct, frozen=True, kw_only=True):
     """The credentials a server config accepts."""
 
@@ -187,9 +196,8 @@ class Auth:
         """The strongest credential the request presents (a token, a client certificate, both)."""
         creds = self.creds
         best = Identity(Role.NONE, "anyone")
-        auth = request.head.get(b"authorization") or b""
-        if auth[:7].lower() == b"bearer ":
-            digest = hashlib.sha256(auth[7:].strip()).hexdigest()
+        digest = bearer_digest(request)
+        if digest is not None:
             tag = f"sha256:{digest[:8]}…"
             if _known(digest, creds.operator_tokens):
                 best = Identity(Role.OPERATOR, f"operator token {tag}", "token")
@@ -221,10 +229,11 @@ class Auth:
         """The gateway's door: an API key when keys are configured."""
         if not self.creds.api_keys:
             return True
-        auth = request.head.get(b"authorization") or b""
-        if auth[:7].lower() == b"bearer " and _known(hashlib.sha256(auth[7:].strip()).hexdigest(), self.creds.api_keys):
+        digest = bearer_digest(request)
+        if digest is not None and _known(digest, self.creds.api_keys):
             return True
-        self._refused(Door.CLIENT, request, "a token that is no API key" if auth else "no API key")
+        presented = request.head.get(b"authorization")
+        self._refused(Door.CLIENT, request, "a token that is no API key" if presented else "no API key")
         return False
 
     def check(self, door: Door, request: Request) -> Verdict:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
+import msgspec
 import trio
 import trio.lowlevel
 
 from llmgw.catalog.schema import Model, ReconcileSettings
 from llmgw.fabric.declared import placement_view
-from llmgw.server.fleet_service import FleetService
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.reconcile import NodeInfo, Reconciler, Refusal, Settings, StartShard, StopShard
 from llmgw.server.registry import NodeRegistry, Transition
@@ -29,35 +30,115 @@ log = logging.getLogger("llmgw.server.reconcile")
 STEP_BUDGET = 0.005  # seconds of reconcile work between two chances for everything else to run
 
 
+def make_reconciler(models: Sequence[Model], settings: ReconcileSettings, rng: random.Random | None = None) -> Reconciler:
+    """The reconciler for a catalog and the config's reconcile section."""
+    return Reconciler(
+        models,
+        Settings(
+            backoff_initial=float(settings.backoff_initial),
+            backoff_max=float(settings.backoff_max),
+            port_range=settings.port_range,
+        ),
+        rng,
+    )
+
+
+class Settle:
+    """The settle period after a start: nothing new is placed for `reconcile.settle`, or until
+    every node known before has registered again, whichever comes first."""
+
+    def __init__(self, settings: ReconcileSettings, registry: NodeRegistry, known: KnownNodes | None = None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.known = known
+        self.started_at = 0.0
+        self.settled = False
+        self.expected: set[str] = set()
+
+    def start(self, now: float) -> None:
+        self.started_at = now
+        self.settled = False
+        self.expected = set(self.known.ids) if self.known is not None else set()  # as of this start
+        if self.known is not None and self.known.ids and self.settings.settle > 0:
+            log.info("waiting up to %gs for %d known nodes to report their engines before placing replicas",
+                     self.settings.settle, len(self.known.ids))
+        elif self.settings.settle > 0:
+            log.info("first start: waiting %gs for nodes to register before placing replicas", self.settings.settle)
+
+    def _connected(self) -> set[str]:
+        return {n.id for n in self.registry.nodes.values() if n.connected}
+
+    def note(self, now: float) -> str:
+        """Why nothing new is placed yet, while the settle period holds placements; else ""."""
+        if self.settled:
+            return ""
+        left = float(self.settings.settle) - (now - self.started_at)
+        if left <= 0:
+            return ""
+        missing = sorted(self.expected - self._connected())
+        if missing:
+            names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            return (f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for up to "
+                    f"{left:.0f}s more, until {names} re-register{'s' if len(missing) == 1 else ''}")
+        return f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for {left:.0f}s more"
+
+    def left(self, now: float) -> float:
+        """Seconds to wait before placing anything: the settle period, cut short once every
+        node seen before has re-registered (a first start waits it out, so that the nodes
+        starting with it are there and replicas spread over them)."""
+        left = float(self.settings.settle) - (now - self.started_at)
+        if left <= 0 or self.settled:
+            if not self.settled:
+                self.settled = True
+                missing = self.expected - self._connected()
+                if missing:
+                    log.info("settle period over; not waiting for %s", ", ".join(sorted(missing)))
+            return 0.0
+        expected = self.expected
+        if expected and not expected - self._connected():
+            log.info("all %d known nodes have registered; placing replicas", len(expected))
+            self.settled = True
+            return 0.0
+        return left
+
+    def forget(self, node_id: str) -> None:
+        """The node is gone for good: this settle period does not wait for it."""
+        self.expected.discard(node_id)
+
+
+class Link(Protocol):
+    """A node's live stream, as the controller sends on it (fleet_service.Session)."""
+
+    def supports(self, feature: str) -> bool: ...
+    def send(self, msg: msgspec.Struct) -> None: ...
+
+
 class Controller:
+    """Built from its parts (composition root: server/app.py): the reconciler, the settle period,
+    the node registry, the live streams by node (shared with the fleet service, which fills
+    it), and what to call after every pass."""
+
     def __init__(
         self,
-        models: Sequence[Model],
-        settings: ReconcileSettings,
+        reconciler: Reconciler,
         registry: NodeRegistry,
+        *,
+        settle: Settle,
+        links: Mapping[str, Link],
         known: KnownNodes | None = None,
-        rng: random.Random | None = None,
+        on_pass: Callable[[], None] = lambda: None,  # after every pass (the gateway syncs endpoints)
+        on_refused: Callable[[str], None] = lambda reason: None,  # counts a refused message by reason (metrics)
     ) -> None:
         self.registry = registry
         self.known = known
-        self.settings = settings
-        self.reconciler = Reconciler(
-            models,
-            Settings(
-                backoff_initial=float(settings.backoff_initial),
-                backoff_max=float(settings.backoff_max),
-                port_range=settings.port_range,
-            ),
-            rng,
-        )
-        self.fleet: FleetService | None = None
-        self.on_pass: Callable[[], None] | None = None  # after every pass (the gateway syncs endpoints)
-        self.on_refused: Callable[[str], None] | None = None  # counts a refused message by reason (metrics)
+        self.settings = settle.settings
+        self.reconciler = reconciler
+        self.settle = settle
+        self.links = links
+        self.on_pass = on_pass
+        self.on_refused = on_refused
         self._refusals_logged: set[tuple[str, str]] = set()
         self._wake = trio.Event()
-        self.started_at = 0.0
-        self._settled = False
-        self._expected: set[str] = set()
         self.passes = 0
 
     # -- FleetObserver --------------------------------------------------------------------------
@@ -83,7 +164,7 @@ class Controller:
         settle period nor the next start waits for it."""
         if self.known is not None:
             self.known.remove(node_id)
-        self._expected.discard(node_id)
+        self.settle.forget(node_id)
         self.reconciler.on_node_state(node_id, "lost", trio.current_time())
         self.wake()
 
@@ -108,8 +189,7 @@ class Controller:
         reports asked for are logged here too."""
         self._log_illegal()
         for refusal in refusals:
-            if self.on_refused is not None:
-                self.on_refused(refusal.reason)
+            self.on_refused(refusal.reason)
             key = (refusal.node, refusal.reason)
             if key not in self._refusals_logged:
                 self._refusals_logged.add(key)
@@ -158,56 +238,14 @@ class Controller:
             ))
         return out
 
-    def settle_note(self) -> str:
-        """Why nothing new is placed yet, while the settle period holds placements; else ""."""
-        if self._settled:
-            return ""
-        left = float(self.settings.settle) - (trio.current_time() - self.started_at)
-        if left <= 0:
-            return ""
-        missing = sorted(self._expected - {n.id for n in self.registry.nodes.values() if n.connected})
-        if missing:
-            names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            return (f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for up to "
-                    f"{left:.0f}s more, until {names} re-register{'s' if len(missing) == 1 else ''}")
-        return f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for {left:.0f}s more"
-
-    def _settle_left(self, now: float) -> float:
-        """Seconds to wait before placing anything: the settle period, cut short once every
-        node seen before has re-registered (a first start waits it out, so that the nodes
-        starting with it are there and replicas spread over them)."""
-        left = float(self.settings.settle) - (now - self.started_at)
-        if left <= 0 or self._settled:
-            return 0.0
-        expected = self._expected
-        connected = {n.id for n in self.registry.nodes.values() if n.connected}
-        if expected and not expected - connected:
-            if expected:
-                log.info("all %d known nodes have registered; placing replicas", len(expected))
-            self._settled = True
-            return 0.0
-        return left
-
     async def run(self) -> None:
-        self.started_at = trio.current_time()
-        self._settled = False
-        self._expected = set(self.known.ids) if self.known is not None else set()  # as of this start
-        if self.known is not None and self.known.ids and self.settings.settle > 0:
-            log.info("waiting up to %gs for %d known nodes to report their engines before placing replicas",
-                     self.settings.settle, len(self.known.ids))
-        elif self.settings.settle > 0:
-            log.info("first start: waiting %gs for nodes to register before placing replicas", self.settings.settle)
+        self.settle.start(trio.current_time())
         while True:
             now = trio.current_time()
-            settle_left = self._settle_left(now)
+            settle_left = self.settle.left(now)
             if settle_left <= 0:
-                if not self._settled:
-                    self._settled = True
-                    missing = self._expected - {n.id for n in self.registry.nodes.values() if n.connected}
-                    if missing:
-                        log.info("settle period over; not waiting for %s", ", ".join(sorted(missing)))
                 await self.run_once()
-            elif self.on_pass is not None:
+            else:
                 # Nothing is placed yet, but engines adopted from re-registered nodes serve at
                 # once: the gateway learns of every ready replica now, not after the settle.
                 self.on_pass()
@@ -237,8 +275,7 @@ class Controller:
                 last = time.perf_counter()
         self.passes += 1
         self._log_decisions()
-        if self.on_pass is not None:
-            self.on_pass()
+        self.on_pass()
 
     def _log_decisions(self) -> None:
         self._log_illegal()
@@ -250,8 +287,7 @@ class Controller:
             log.warning("%s", printable(illegal.line()))  # states may be text a node sent
 
     def _send(self, action: StartShard | StopShard) -> None:
-        sessions = self.fleet.sessions if self.fleet is not None else {}
-        session = sessions.get(action.node)
+        session = self.links.get(action.node)
         if session is None:
             log.warning("cannot send to %s: no stream (it will be retried when the node registers)", action.node)
             return

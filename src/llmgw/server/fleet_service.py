@@ -91,6 +91,7 @@ class FleetService:
         heartbeat_rate: float = 0.0,
         refusal_log: RefusalLog | None = None,
         outbox_capacity: int = OUTBOX_CAPACITY,
+        sessions: dict[str, Session] | None = None,
     ) -> None:
         self.outbox_capacity = outbox_capacity
         self.caps = caps or Caps()
@@ -103,7 +104,9 @@ class FleetService:
         self.require_identity = require_identity
         self.observer = observer
         self.clock = clock
-        self.sessions: dict[str, Session] = {}
+        # The live stream of each node, by node id; the controller sends on them (shared, so it
+        # can be built before this service).
+        self.sessions: dict[str, Session] = sessions if sessions is not None else {}
         self._unknown_types_logged: set[str] = set()
         self._bad_ids_logged: set[str] = set()
         self.changed = trio.Event()  # set on every fleet change; the reconciler waits on it

@@ -117,9 +117,16 @@ class _GatewayState(Collector):
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
+def watch_gateway(registry: CollectorRegistry, gateway: object) -> None:
+    """Export the gateway's breaker, health and queue state at scrape time (registered once the
+    gateway exists: the gateway itself counts into GatewayMetrics, built before it)."""
+    registry.register(_GatewayState(lambda: gateway))
+
+
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry, gateway: Callable[[], object]) -> None:
-        registry.register(_GatewayState(gateway))
+    def __init__(self, registry: CollectorRegistry, gateway: Callable[[], object] | None = None) -> None:
+        if gateway is not None:
+            registry.register(_GatewayState(gateway))
         self.requests = Counter("llmgw_requests", "Gateway requests by model and HTTP status.", ["model", "code"], registry=registry)
         self.duration = Histogram("llmgw_request_duration_seconds", "Gateway request duration.", ["model"],
                                   buckets=LATENCY_BUCKETS, registry=registry)
