@@ -8,6 +8,7 @@ from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics
 from llmgw.web.client import Upstream
+from llmgw.web.relay import RelayHub
 
 
 def test_ipv6_hosts_are_bracketed() -> None:
@@ -18,7 +19,7 @@ def test_ipv6_hosts_are_bracketed() -> None:
 
 async def test_gateway_leaves_an_unusable_endpoint_out_of_rotation() -> None:
     gw = Gateway(GatewaySettings(), GatewayMetrics(ServerMetrics(lambda: {}).registry),
-                 client_door=lambda request: True)
+                 relay_hub=RelayHub(), client_door=lambda request: True)
     gw.configure([Model(name="chat")], [StaticEndpoint(model="chat", url="http://127.0.0.1:9")])
     gw.set_endpoints({"chat": {"http://fd00::1:20001", "http://127.0.0.1:20002"}})  # the first is not a URL
     assert sorted(gw.routes["chat"].balancer.endpoints) == ["http://127.0.0.1:20002", "http://127.0.0.1:9"]

@@ -399,7 +399,7 @@ async def test_http10_client_gets_a_stream_without_chunked_coding_then_close() -
 async def test_raw_chunked_bytes_are_unframed_for_an_http10_client() -> None:
     async def relay(request: Request, responder: Responder) -> None:
         await responder.start(200, [(b"content-type", b"text/event-stream")])
-        assert responder.client_fd is None  # the relay hub must not write framed bytes here
+        assert responder.chunked_body_sink().fd is None  # the relay hub must not write framed bytes here
         for piece in (b"7\r\ndata: a\r\n", b"7\r\ndata: b", b"\r\n0\r\n\r\n"):
             await responder.send_raw_chunked(piece)
         await responder.end()

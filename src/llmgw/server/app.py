@@ -43,6 +43,7 @@ from llmgw.server.registry import NodeRegistry
 from llmgw.server.views import FleetReads, GatewayFeed
 from llmgw.tls import server_context
 from llmgw.tls.revocation import Revocations, fleet_refusal
+from llmgw.web.relay import RelayHub
 from llmgw.web.server import HttpServer, Limits
 
 log = logging.getLogger("llmgw.server")
@@ -119,8 +120,10 @@ class ControlPlane:
         reconciler = make_reconciler(cfg.models, cfg.reconcile)
         settle = Settle(cfg.reconcile, self.registry, self.known_nodes)
         feed = GatewayFeed(reconciler, settle, trio.current_time)
-        gateway = Gateway(cfg.gateway, GatewayMetrics(self.metrics.registry), client_door=self.auth.client,
-                          not_ready_reason=feed.not_ready_reason)
+        # Relays every streamed answer; its task starts (nursery.start) before the public port opens.
+        self.relay_hub = RelayHub(coalesce=float(cfg.gateway.stream_coalesce))
+        gateway = Gateway(cfg.gateway, GatewayMetrics(self.metrics.registry), relay_hub=self.relay_hub,
+                          client_door=self.auth.client, not_ready_reason=feed.not_ready_reason)
         watch_gateway(self.metrics.registry, gateway)
         gateway.configure(cfg.models, cfg.endpoints)
         self.gateway = gateway
@@ -197,13 +200,13 @@ class ControlPlane:
         async with trio.open_nursery() as nursery:
             fleet_listener = trio.SocketListener(trio.socket.from_stdlib_socket(fleet_sock))
             await nursery.start(self.fleet_listener.serve, [fleet_listener])
+            await nursery.start(self.relay_hub.run)
             await nursery.start(self._serve_public, public_sock, self.handler(admin=admin_sock is None))
             if admin_sock is not None:
                 await nursery.start(self._serve_public, admin_sock, self.handler(clients=False))
             nursery.start_soon(self.gateway.run_scraper)
             nursery.start_soon(self.gateway.run_health_checks)
             nursery.start_soon(self.gateway.run_disconnect_watchdog)
-            nursery.start_soon(self.gateway.run_relay_hub)
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.controller.run)
             nursery.start_soon(self.operator.reload_on_sighup)

@@ -3,14 +3,14 @@
 Why not httpx: its connection pool is a known hot spot under concurrency (the gateway issue
 measured a hypercorn + httpx proxy at ~900 µs of CPU per request against a 300 µs budget).
 This pool does only what the gateway needs: reuse idle connections LIFO, frame requests
-and responses with llmgw.web.http1, relay chunked bodies untouched, and tell a failure to
-connect from a connection reset before any response byte (both retryable elsewhere).
+and responses with llmgw.web.http1, hand a chunked body to llmgw.web.relay (which relays it
+untouched), and tell a failure to connect from a connection reset before any response byte
+(both retryable elsewhere).
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import trio
@@ -18,7 +18,6 @@ import trio
 from llmgw.netaddr import hostport
 from llmgw.web.http1 import (
     ChunkedDecoder,
-    ChunkedScanner,
     Headers,
     HttpError,
     ResponseHead,
@@ -27,7 +26,6 @@ from llmgw.web.http1 import (
     request_head,
 )
 from llmgw.web.rawio import RawSocket
-from llmgw.web.relayhub import RelayError, RelayHub
 
 
 class UpstreamError(Exception):
@@ -131,82 +129,16 @@ class Response:
             return body
         raise UpstreamError("timeout", f"engine sent no body within {within:g}s")
 
-    async def relay_chunked(self, send: Callable[[bytes], Awaitable[None]], idle_timeout: float,
-                            on_first: Callable[[], None] | None = None) -> None:
-        """Pass a chunked body on byte for byte, as it arrives (SSE: event by event).
-        Raises UpstreamError, or trio.BrokenResourceError when the client went away or
-        took `idle_timeout` to accept one chunk. On an error the connection is closed.
-
-        Hot loop (one pass per token): one read, a scan of the chunk framing, one write. The
-        idle timeout is one cancel scope whose deadline moves only when it fires too early,
-        not a new scope per read (a scope costs ~5 µs). The scope also covers the write: if
-        it fires there, the client sat on one chunk for the whole idle timeout (the write
-        starts just after the read that set the deadline), and as the write's progress is
-        lost with it the response is cut, never resumed."""
-        try:
-            await self._relay_chunked(send, idle_timeout, on_first)
-        except BaseException:
-            await self.aclose()
-            raise
-
-    async def _relay_chunked(self, send: Callable[[bytes], Awaitable[None]], idle_timeout: float,
-                             on_first: Callable[[], None] | None) -> None:
-        conn = self._conn
-        scanner = ChunkedScanner()
-        first = on_first is not None
-        data = bytes(conn.buf)
-        conn.buf.clear()
-        last = trio.current_time()
-        sending = False
-        while True:
-            with trio.CancelScope(deadline=last + idle_timeout) as scope:
-                while True:
-                    if data:
-                        try:
-                            used = scanner.scan(data)
-                        except HttpError as exc:
-                            raise UpstreamError("protocol", f"bad chunked stream from engine: {exc}") from None
-                        if used < len(data):
-                            conn.buf += data[used:]
-                            data = data[:used]
-                        if first and scanner.first_data:
-                            on_first()  # type: ignore[misc]
-                            first = False
-                        sending = True
-                        await send(data)
-                        sending = False
-                        if scanner.done:
-                            self.chunks = scanner.chunks
-                            self._finish(reusable=not self.head.close and not conn.buf)
-                            return
-                    data = await conn.raw.recv()
-                    if not data:
-                        raise UpstreamError("protocol", "engine closed the connection mid-stream")
-                    last = trio.current_time()
-            if sending:
-                raise trio.BrokenResourceError(f"client read nothing for {idle_timeout:g}s mid-stream")
-            if scope.cancelled_caught and trio.current_time() - last >= idle_timeout:
-                raise UpstreamError("timeout", f"engine sent nothing for {idle_timeout:g}s mid-stream")
-            data = b""
-
-    async def relay_via_hub(self, hub: RelayHub, client_fd: int, idle_timeout: float,
-                            on_first: Callable[[], None] | None = None) -> None:
-        """Like relay_chunked, through the shared RelayHub (writes straight to the client fd).
-        Raises UpstreamError, or trio.BrokenResourceError when the client went away; on an
-        error (or a cancel) the connection is closed."""
+    def take_body(self) -> tuple[RawSocket, bytes]:
+        """For a relay (llmgw.web.relay.relay_body, the only caller): the engine connection and
+        the body bytes already read with the head. Then `relayed`, or `aclose` on an error."""
         conn = self._conn
         initial = bytes(conn.buf)
         conn.buf.clear()
-        try:
-            chunks, leftover = await hub.relay(conn.raw.fd, client_fd, initial, idle_timeout, on_first)
-        except RelayError as exc:
-            await self.aclose()
-            if exc.kind == "client":
-                raise trio.BrokenResourceError(str(exc)) from None
-            raise UpstreamError("timeout" if exc.timeout else "protocol", str(exc)) from None
-        except BaseException:
-            await self.aclose()
-            raise
+        return conn.raw, initial
+
+    def relayed(self, chunks: int, leftover: bytes) -> None:
+        """The body went through to its end; bytes past it (a misbehaving engine) cost the connection."""
         self.chunks = chunks
         self._finish(reusable=not self.head.close and not leftover)
 

@@ -1,4 +1,9 @@
-"""Reads and writes on a plain TCP socket's file descriptor, waiting for readiness through trio.
+"""One stream interface over plain sockets and TLS: `ByteStream` (recv, send_all, fd).
+
+A plain TCP socket is read and written through its file descriptor (`RawSocket`), waiting for
+readiness through trio; a TLS connection goes through trio.SSLStream (`TlsSocket`). `fd` says
+which: a plain socket's bytes may be written to the fd directly (the relay hub does, see
+llmgw.web.relay); a TLS stream has none.
 
 Why not trio.SocketStream here: relaying a token stream is one small read and one small write
 per token, and trio's high-level stream spends most of its time around the system calls
@@ -7,16 +12,35 @@ managers). Measured on the gateway's streaming benchmark (200 streams × 200 tok
 gateway CPU per relayed chunk through SocketStream, against the 20 µs bar; the figures with
 this module are in bench/bench_gateway.py's output. Waiting still goes through
 trio.lowlevel.wait_readable/wait_writable, so cancellation and timeouts work as usual.
-TLS connections keep using trio.SSLStream.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Protocol
 
 import trio
 
 from llmgw.netaddr import READ_SIZE
+
+
+class Sink(Protocol):
+    """Where bytes go: `send_all` raises trio.BrokenResourceError (or ClosedResourceError, or
+    llmgw.web.server.ClientGone) when the peer is gone. `fd` is the plain socket's file
+    descriptor when the bytes may be written to it untouched, else None."""
+
+    @property
+    def fd(self) -> int | None: ...
+
+    async def send_all(self, data: bytes) -> None: ...
+
+
+class ByteStream(Sink, Protocol):
+    """A connection both ways: a plain socket (RawSocket) or TLS (TlsSocket)."""
+
+    async def recv(self) -> bytes:
+        """Some bytes, or b"" at EOF (a broken connection counts as EOF)."""
+        ...
 
 
 class RawSocket:
@@ -65,3 +89,23 @@ class RawSocket:
                     await trio.lowlevel.wait_writable(fd)
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
             raise trio.BrokenResourceError(f"socket write failed: {exc}") from exc
+
+
+class TlsSocket:
+    """A TLS connection behind the same interface as RawSocket; `fd` is None (the bytes on the
+    socket are records, not the stream's bytes)."""
+
+    __slots__ = ("stream",)
+    fd: None = None
+
+    def __init__(self, stream: trio.SSLStream) -> None:
+        self.stream = stream
+
+    async def recv(self) -> bytes:
+        try:
+            return bytes(await self.stream.receive_some(READ_SIZE))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+
+    async def send_all(self, data: bytes) -> None:
+        await self.stream.send_all(data)

@@ -12,6 +12,10 @@ The figures are in bench/bench_gateway.py's output.
 Each stream's own task (the request handler) waits on an event; cancelling it (the client
 went away, the server stops) takes the stream out of the hub at once. A client that reads
 slowly is handled by parking the stream until its socket is writable again.
+
+epoll is Linux's: elsewhere the hub is created and runs all the same but relays nothing
+(`splices` is False), and llmgw.web.relay, which alone chooses the path of each stream, relays
+every stream in its own task. Nothing here reads select's epoll names at import.
 """
 
 from __future__ import annotations
@@ -25,8 +29,7 @@ import trio
 from llmgw.netaddr import READ_SIZE
 from llmgw.web.http1 import ChunkedScanner, HttpError
 
-_IN = select.EPOLLIN
-_OUT = select.EPOLLOUT
+_epoll = getattr(select, "epoll", None)  # Linux only: see above
 
 
 class RelayError(Exception):
@@ -58,6 +61,10 @@ class _Stream:
 
 
 class RelayHub:
+    _ep: select.epoll  # only where `splices`
+    _in: int
+    _out: int
+
     def __init__(self, coalesce: float = 0.0, busy_rate: float = 2000.0, rate_window: float = 0.05) -> None:
         # Under load (more than `busy_rate` tokens a second through the hub), passes are
         # `coalesce` seconds apart so that one wake-up serves many tokens; below it, every
@@ -73,20 +80,37 @@ class RelayHub:
         self.rate = 0.0  # tokens per second over about the last rate_window
         self.passes = 0  # passes served (for tests and metrics)
         self.gaps = 0  # coalescing gaps taken
+        self.streams = 0  # streams relayed (for tests and metrics)
         self._last_pass = 0.0
-        self._ep = select.epoll()
+        ep = _epoll() if _epoll is not None else None
+        self.splices = ep is not None  # False: every stream is relayed in its own task (llmgw.web.relay)
+        if ep is not None:
+            self._ep = ep
+            self._in, self._out = select.EPOLLIN, select.EPOLLOUT
         self._by_fd: dict[int, _Stream] = {}  # upstream fd (readable) or client fd (writable, when parked)
         self._wake = trio.Event()
 
     def close(self) -> None:
-        self._ep.close()
+        if self.splices:
+            self._ep.close()
 
-    async def run(self) -> None:
-        """The hub's task: serve ready streams whenever the epoll set is readable.
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The hub's task (`await nursery.start(hub.run)`: ready before the first request);
+        closes the hub when it ends."""
+        try:
+            task_status.started()
+            if not self.splices:
+                await trio.sleep_forever()
+            else:
+                await self._serve(self._ep)
+        finally:
+            self.close()
+
+    async def _serve(self, ep: select.epoll) -> None:
+        """Serve ready streams whenever the epoll set is readable.
 
         The loop body is the per-token hot path, kept flat on purpose (locals, no helper
         calls for the common case of one whole chunk read and written at once)."""
-        ep = self._ep
         ep_fd = ep.fileno()
         by_fd = self._by_fd
         read, write = os.read, os.write
@@ -157,14 +181,18 @@ class RelayHub:
                     on_first: Callable[[], None] | None = None) -> tuple[int, bytes]:
         """Relay a chunked body until its end; returns (chunks, bytes read past the end).
         Raises RelayError; cancellation removes the stream from the hub. The idle timeout
-        applies to the engine (nothing read) and to the client (a parked write not taken)."""
+        applies to the engine (nothing read) and to the client (a parked write not taken).
+        Only where `splices` (llmgw.web.relay checks)."""
+        if not self.splices:
+            raise RuntimeError("no epoll on this platform: relay the stream in its own task (llmgw.web.relay)")
+        self.streams += 1
         stream = _Stream(upstream_fd, client_fd, on_first, trio.current_time())
         try:
             if initial:
                 self._consume(stream, initial, stream.last)
             if not stream.done.is_set():
                 if not stream.pending:  # parked on the client already: _flush registers the engine
-                    self._register(stream, upstream_fd, _IN)
+                    self._register(stream, upstream_fd, self._in)
                 self._wake.set()
             while not stream.done.is_set():
                 with trio.move_on_at(stream.last + idle_timeout):
@@ -241,7 +269,7 @@ class RelayHub:
             except (OSError, ValueError):
                 pass
             del self._by_fd[stream.upstream_fd]
-        self._register(stream, stream.client_fd, _OUT)
+        self._register(stream, stream.client_fd, self._out)
 
     def _flush(self, stream: _Stream, now: float) -> None:
         data, stream.pending = stream.pending, b""
@@ -257,4 +285,4 @@ class RelayHub:
         if stream.scanner.done:
             self._finish(stream)
             return
-        self._register(stream, stream.upstream_fd, _IN)
+        self._register(stream, stream.upstream_fd, self._in)

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 import trio
 
-from llmgw.netaddr import READ_SIZE, peer_name
+from llmgw.netaddr import peer_name
 from llmgw.tls.explain import explain_tls_error
 from llmgw.tls.net import handshake
 from llmgw.web.http1 import (
@@ -38,7 +38,7 @@ from llmgw.web.http1 import (
     parse_request_head,
     response_head,
 )
-from llmgw.web.rawio import RawSocket
+from llmgw.web.rawio import ByteStream, RawSocket, Sink, TlsSocket
 
 log = logging.getLogger("llmgw.http")
 
@@ -152,18 +152,11 @@ class Responder:
         if body and not self.head_only:
             await self._conn.send(body)
 
-    @property
-    def client_fd(self) -> int | None:
-        """The client socket's fd when bytes may go to it untouched (plain TCP, HTTP/1.1):
-        the relay hub writes there. None over TLS or when the body must be re-framed."""
-        raw = self._conn.raw
-        return raw.fd if raw is not None and self._dechunk is None else None
-
-    def raw_chunked_sender(self) -> Callable[[bytes], Awaitable[None]]:
-        """The cheapest way to send already-chunked bytes: straight to the fd on plain TCP
-        (raises trio.BrokenResourceError when the client is gone), else send_raw_chunked."""
-        raw = self._conn.raw
-        return raw.send_all if raw is not None and self._dechunk is None else self.send_raw_chunked
+    def chunked_body_sink(self) -> Sink:
+        """Where a body already in chunked coding goes after `start` (see llmgw.web.relay): the
+        client connection itself when the bytes go untouched (HTTP/1.1; its `fd` is set on
+        plain TCP, None over TLS), else `send_raw_chunked`, which re-frames them (fd None)."""
+        return self._conn.io if self._dechunk is None else _Reframe(self)
 
     async def end(self, last: bytes = b"") -> None:
         """End a streamed response; `last` is sent in the same write as the end of the body."""
@@ -177,6 +170,16 @@ class Responder:
         self._conn.start_watch()
 
 
+class _Reframe:
+    """A Sink for an HTTP/1.0 client or a HEAD request: chunked bytes unframed by the responder."""
+
+    __slots__ = ("send_all",)
+    fd: None = None
+
+    def __init__(self, responder: Responder) -> None:
+        self.send_all = responder.send_raw_chunked
+
+
 Handler = Callable[[Request, Responder], Awaitable[None]]
 
 
@@ -184,15 +187,15 @@ HEAD_LATE = HttpError(408, "request head not received in time")
 
 
 class _Connection:
-    __slots__ = ("buf", "deadline", "eof", "expired", "handler_scope", "head_scan", "idle", "late", "nursery", "peer",
-                 "raw", "stream", "tls", "watch_done", "watch_scope")
+    __slots__ = ("buf", "deadline", "eof", "expired", "handler_scope", "head_scan", "idle", "io", "late", "nursery", "peer",
+                 "stream", "tls", "watch_done", "watch_scope")
 
-    def __init__(self, stream: trio.abc.Stream, peer: str, tls: trio.SSLStream | None, nursery: trio.Nursery) -> None:
-        self.stream = stream
+    def __init__(self, tcp: trio.SocketStream, peer: str, tls: trio.SSLStream | None, nursery: trio.Nursery) -> None:
+        self.stream: trio.abc.Stream = tcp if tls is None else tls
         self.peer = peer
         self.tls = tls
         # Plain TCP goes through the fd directly (see llmgw.web.rawio); TLS through SSLStream.
-        self.raw = RawSocket(stream.socket) if isinstance(stream, trio.SocketStream) else None
+        self.io: ByteStream = RawSocket(tcp.socket) if tls is None else TlsSocket(tls)
         self.buf = bytearray()
         self.head_scan = HeadScanner()
         self.eof = False
@@ -208,22 +211,13 @@ class _Connection:
 
     async def send(self, data: bytes) -> None:
         try:
-            if self.raw is not None:
-                await self.raw.send_all(data)
-            else:
-                await self.stream.send_all(data)
+            await self.io.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise ClientGone(f"client {self.peer} went away") from None
 
     async def receive(self) -> bool:
         """Read more into buf; False at EOF."""
-        try:
-            if self.raw is not None:
-                data = await self.raw.recv()
-            else:
-                data = bytes(await self.stream.receive_some(READ_SIZE))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
+        data = await self.io.recv()
         if not data:
             self.eof = True
             return False
@@ -425,7 +419,7 @@ class HttpServer:
                     return
                 stream = tls
             async with trio.open_nursery() as nursery:
-                conn = _Connection(stream, peer, tls, nursery)
+                conn = _Connection(tcp, peer, tls, nursery)
                 self._conns.add(conn)
                 try:
                     await self._serve_http1(conn)
@@ -558,8 +552,8 @@ async def _answer_and_linger(conn: _Connection, data: bytes) -> None:
             await conn.send(data)
     except ClientGone:
         return
-    stream = conn.stream
-    if conn.raw is None or conn.eof or not isinstance(stream, trio.SocketStream):
+    stream, raw = conn.stream, conn.io
+    if not isinstance(raw, RawSocket) or conn.eof or not isinstance(stream, trio.SocketStream):
         return
     with trio.move_on_after(LINGER_SECONDS):
         try:
@@ -568,7 +562,7 @@ async def _answer_and_linger(conn: _Connection, data: bytes) -> None:
             return
         dropped = 0
         while dropped < LINGER_BYTES:
-            data = await conn.raw.recv()
+            data = await raw.recv()
             if not data:
                 return
             dropped += len(data)

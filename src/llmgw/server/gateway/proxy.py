@@ -20,14 +20,14 @@ import msgspec
 import trio
 
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
-from llmgw.server.gateway.admission_gate import AdmissionGate, AdmissionRejected
-from llmgw.server.gateway.balance import Balancer, prompt_prefix
-from llmgw.server.gateway.breaker import Breaker, BreakerState
-from llmgw.server.gateway.enginemetrics import parse_engine_metrics
-from llmgw.server.gateway.retry import FailureKind, RetryBudget, should_retry
+from llmgw.server.gateway.admission_gate import AdmissionRejected
+from llmgw.server.gateway.balance import prompt_prefix
+from llmgw.server.gateway.probes import EngineProbes
+from llmgw.server.gateway.retry import FailureKind, should_retry
+from llmgw.server.gateway.routes import Route, RouteTable, log_breaker
 from llmgw.server.metrics import GatewayMetrics
-from llmgw.web.client import Upstream, UpstreamError
-from llmgw.web.relayhub import RelayHub
+from llmgw.web.client import Response, Upstream, UpstreamError
+from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import ClientGone, Request, Responder
 
 log = logging.getLogger("llmgw.gateway")
@@ -36,9 +36,6 @@ ROUTES = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
 WATCH_AFTER = 0.1  # seconds a plain request runs before a client hang-up is watched for
 JSON = (b"content-type", b"application/json")
 PASS_RESPONSE_HEADERS = {b"content-type", b"cache-control", b"x-accel-buffering"}
-# An engine's /metrics page (or /health answer), at most: vLLM v1's whole page is 46 KB idle (tests/fixtures/real/
-# vllm-metrics), SGLang's 10 KB; per-adapter or per-request labels multiply that, not by 100.
-SCRAPE_MAX = 4 * 1024 * 1024
 
 
 class _Peek(msgspec.Struct):
@@ -83,145 +80,65 @@ class _Attempt:
             self._scope.cancel()
 
 
-class Route:
-    """One model's balancing, retry budget and admission."""
-
-    def __init__(self, name: str, settings: GatewaySettings, policy: str, rng: random.Random, metrics: GatewayMetrics) -> None:
-        self.name = name
-        self.balancer = Balancer(
-            policy,  # type: ignore[arg-type]
-            rng=rng,
-            load_factor=settings.affinity_load_factor,
-            breaker_failures=settings.breaker_failures,
-            breaker_cooldown=float(settings.breaker_cooldown),
-            kv_cache_limit=settings.kv_cache_limit,
-            max_waiting=settings.max_waiting,
-            health_failures=settings.health_failures,
-            health_probes=settings.health_interval > 0,
-        )
-        self.budget = RetryBudget(settings.retry_budget)
-        self.gate = AdmissionGate(
-            on_admit=lambda wait: metrics.admitted(name, wait),
-            on_reject=lambda reason: metrics.rejected_for(name, reason),
-        )
-        self.static: set[str] = set()
-        self.dynamic: set[str] = set()
-
-
 class Gateway:
+    """Requests: admission, balancing, retries and the outcome of each attempt. The routing table
+    (llmgw.server.gateway.routes) and the engine probes (.probes) are its parts; the relay hub is
+    passed in, its task already running (llmgw.web.relay)."""
+
     def __init__(
         self,
         settings: GatewaySettings,
         metrics: GatewayMetrics,
         *,
+        relay_hub: RelayHub,
         client_door: Callable[[Request], bool],
         not_ready_reason: Callable[[str], str] = lambda model: "",
         rng: random.Random | None = None,
     ) -> None:
-        self.settings = settings
         self.metrics = metrics
         self.not_ready_reason = not_ready_reason
         self.rng = rng or random.Random()
-        self.routes: dict[str, Route] = {}
-        self.upstreams: dict[str, Upstream] = {}
-        self.engine_up: dict[str, bool] = {}
+        self.table = RouteTable(settings, metrics, self.rng)
+        self.routes = self.table.routes
+        self.engine_up = self.table.engine_up
+        self.probes = EngineProbes(self.table, evict=self._evict)
+        self.hub = relay_hub
         # The API key check (llmgw.server.auth): counts and logs its refusals itself.
         self._authorized = client_door
-        self._changed = trio.Event()
-        self.hub: RelayHub | None = None  # set while run_relay_hub runs
-        self._bad_endpoints: set[str] = set()
         self._attempts: dict[str, set[_Attempt]] = {}  # upstream attempts in flight, by endpoint
-        self._checking: set[str] = set()  # endpoints whose health check is in flight
         self._unwatched: dict[Responder, float] = {}  # plain requests in flight with no hang-up watcher yet
 
-    async def run_relay_hub(self) -> None:
-        """The task that relays every streamed answer (see llmgw.web.relayhub)."""
-        hub = RelayHub(coalesce=float(self.settings.stream_coalesce))
-        self.hub = hub
-        try:
-            await hub.run()
-        finally:
-            self.hub = None
-            hub.close()
+    # -- what the control plane tells us (llmgw.server.gateway.routes) -------------------------------
 
-    # -- what the control plane tells us ---------------------------------------------------------
+    @property
+    def settings(self) -> GatewaySettings:
+        return self.table.settings
 
     def configure(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings | None = None) -> None:
-        if settings is not None:
-            self.settings = settings
-        wanted: dict[str, str] = {m.name: m.balancer for m in models}
-        by_name = {m.name: m for m in models}  # dicts, not scans: 3,000 models took 1.5 s scanned
-        static_of: dict[str, set[str]] = {}
-        for ep in static:
-            wanted.setdefault(ep.model, "least-outstanding")
-            static_of.setdefault(ep.model, set()).add(ep.url.rstrip("/"))
-        for name in list(self.routes):
-            if name not in wanted:
-                del self.routes[name]
-        for name, policy in wanted.items():
-            route = self.routes.get(name)
-            if route is None:
-                route = self.routes[name] = Route(name, self.settings, policy, self.rng, self.metrics)
-            route.balancer.policy = policy  # type: ignore[assignment]
-            route.balancer.set_health_policy(self.settings.health_failures, self.settings.health_interval > 0)
-            model = by_name.get(name)
-            if model is not None:
-                adm = model.admission
-                route.gate.set_limits(limit=adm.max_in_flight, max_queue=adm.max_queue, max_wait=float(adm.max_wait))
-            route.static = static_of.get(name, set())
-            route.balancer.set_endpoints(route.static | route.dynamic)
-        self._prune_upstreams()
+        self.table.configure(models, static, settings)
 
     def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None) -> None:
-        """Endpoints of ready replicas, per model (rank 0 of each), as the control plane sees them,
-        and the engine API key of each (sent on every request, health check and scrape)."""
-        for endpoint, key in (keys or {}).items():
-            if self._usable(endpoint):
-                self.upstream(endpoint.rstrip("/")).set_api_key(key)
-        changed = False
-        for name, route in self.routes.items():
-            dynamic = {e.rstrip("/") for e in ready.get(name, ()) if self._usable(e)}
-            if dynamic != route.dynamic:
-                added, gone = dynamic - route.dynamic, route.dynamic - dynamic
-                route.dynamic = dynamic
-                route.balancer.set_endpoints(route.static | dynamic)
-                for ep in sorted(added):
-                    log.info("model %s: endpoint %s in rotation", name, ep)
-                for ep in sorted(gone):
-                    log.info("model %s: endpoint %s out of rotation", name, ep)
-                changed = True
-        if changed:
-            self._prune_upstreams()
-            self._changed.set()
-
-    def _usable(self, endpoint: str) -> bool:
-        """An endpoint an agent reported is not trusted blindly: one that is not a valid
-        http://host:port URL is left out of rotation (logged once) instead of failing requests."""
-        try:
-            self.upstream(endpoint.rstrip("/"))
-        except ValueError as exc:
-            if endpoint not in self._bad_endpoints:
-                self._bad_endpoints.add(endpoint)
-                log.warning("engine endpoint %r left out of rotation: %s", endpoint, exc)
-            return False
-        return True
-
-    def _prune_upstreams(self) -> None:
-        live = {ep for route in self.routes.values() for ep in route.balancer.endpoints}
-        for url in list(self.upstreams):
-            if url not in live:
-                upstream = self.upstreams.pop(url)
-                upstream.closed = True
-                self.engine_up.pop(url, None)
+        self.table.set_endpoints(ready, keys)
 
     def upstream(self, url: str) -> Upstream:
-        upstream = self.upstreams.get(url)
-        if upstream is None:
-            upstream = self.upstreams[url] = Upstream(url, connect_timeout=float(self.settings.connect_timeout))
-        return upstream
+        return self.table.upstream(url)
 
     def models_ready(self) -> list[str]:
-        return sorted(name for name, route in self.routes.items() if route.balancer.endpoints)
+        return self.table.models_ready()
+
+    # -- what we ask the engines ourselves (llmgw.server.gateway.probes) -------------------------------
+
+    async def run_health_checks(self) -> None:
+        await self.probes.run_health_checks()
+
+    async def run_scraper(self) -> None:
+        await self.probes.run_scraper()
+
+    def _evict(self, endpoint: str, reason: str) -> int:
+        attempts = list(self._attempts.get(endpoint, ()))
+        for attempt in attempts:
+            attempt.evict(reason)
+        return len(attempts)
 
     # -- requests ------------------------------------------------------------------------------------
 
@@ -298,16 +215,11 @@ class Gateway:
             self.metrics.finished(model, code, trio.current_time() - started)
 
     async def _forward(self, route: Route, request: Request, responder: Responder, rid: bytes, streaming: bool, started: float) -> int:
+        """Balancing, retries, and the outcome of each attempt (fed back to the balancer and its breaker)."""
         settings = self.settings
         balancer = route.balancer
-        now = trio.current_time()
-        route.budget.record_request(now)
-        key: str | None = None
-        if balancer.policy == "prefix-affinity":
-            try:
-                key = prompt_prefix(msgspec.json.decode(request.body))
-            except PREFIX_REFUSED:
-                key = None
+        route.budget.record_request(trio.current_time())
+        key = _affinity_key(request.body) if balancer.policy == "prefix-affinity" else None
         headers = [(b"content-type", b"application/json"), (b"x-request-id", rid)]
         accept = request.head.get(b"accept")
         if accept:
@@ -323,8 +235,7 @@ class Gateway:
         last_error = ""
         while True:
             attempt += 1
-            now = trio.current_time()
-            pick = balancer.pick(now, key=key, exclude=tried)
+            pick = balancer.pick(trio.current_time(), key=key, exclude=tried)
             if pick is None:
                 return await self._unavailable(route, responder, rid, last_error)
             endpoint = pick.endpoint
@@ -353,63 +264,31 @@ class Gateway:
                         continue
                     status = 504 if exc.kind == "timeout" else 502
                     return await _engine_failed(responder, rid, status, route.name, f"{last_error} ({decision.reason})")
-                if response is None:
-                    # Its endpoint failed its health checks while we waited: nothing went to the
-                    # client, so move to another endpoint (no retry budget spent: the engine is
-                    # known to be out, and this request no longer loads it).
+                if response is not None and response.status in (502, 503):
                     outcome = False
-                    last_error = f"{endpoint}: {guard.reason}"
-                    attempt -= 1
-                    tried.add(endpoint)
-                    self.metrics.retried(route.name, "unhealthy")
-                    continue
-                status = response.status
-                if status in (502, 503):
-                    outcome = False
-                    last_error = f"{endpoint}: answered {status}"
-                    decision = should_retry(failure="status", status=status, sent_to_client=False, attempt=attempt,
+                    last_error = f"{endpoint}: answered {response.status}"
+                    decision = should_retry(failure="status", status=response.status, sent_to_client=False, attempt=attempt,
                                             max_attempts=settings.max_attempts, budget=route.budget, now=trio.current_time())
                     if decision.retry:
                         await response.aclose()
                         tried.add(endpoint)
-                        self.metrics.retried(route.name, str(status))
+                        self.metrics.retried(route.name, str(response.status))
                         continue
-                if outcome is None:
-                    outcome = True  # the engine answered (a 502/503 not retried is already False)
-                relay = [(k, v) for k, v in response.head.headers if k in PASS_RESPONSE_HEADERS]
-                relay.append((b"x-request-id", rid))
-                if response.head.chunked:
-                    await responder.start(status, relay)
-                    try:
-                        on_first = functools.partial(self._first_token, route.name, started)
-                        client_fd = responder.client_fd
-                        with guard.scope():
-                            if client_fd is not None and self.hub is not None:
-                                await response.relay_via_hub(self.hub, client_fd, float(settings.upstream_timeout), on_first)
-                            else:
-                                await response.relay_chunked(responder.raw_chunked_sender(), float(settings.upstream_timeout), on_first)
-                    except UpstreamError as exc:
-                        # Bytes already went out: no retry. Cut the response so the client sees it broke.
-                        outcome = False
-                        log.warning("model %s: %s broke mid-stream: %s", route.name, endpoint, exc)
-                        responder.close = True
-                        return status
-                    if guard.evicted:
-                        outcome = False
-                        log.warning("model %s: %s went out of rotation mid-stream (%s): stream cut", route.name, endpoint,
-                                    guard.reason)
-                        responder.close = True
-                    return status
-                with guard.scope() as scope:
-                    body = await response.read(float(settings.upstream_timeout), limit=int(settings.max_response))
-                if scope.cancelled_caught:  # went out of rotation while generating: as above
+                answered = None if response is None else await self._answer(route, endpoint, response, responder, rid, guard, started)
+                if answered is None:
+                    # Its endpoint failed its health checks while we waited (for the head, or for a
+                    # plain answer's body): nothing went to the client, so move to another endpoint
+                    # (no retry budget spent: the engine is known to be out, and this request no
+                    # longer loads it).
                     outcome = False
                     last_error = f"{endpoint}: {guard.reason}"
                     attempt -= 1
                     tried.add(endpoint)
                     self.metrics.retried(route.name, "unhealthy")
                     continue
-                await responder.respond(status, relay, body)
+                status, engine_ok = answered
+                # The engine answered (a 502/503 not retried is already False).
+                outcome = engine_ok if outcome is None else outcome
                 return status
             except UpstreamError as exc:
                 # An answer too large to hold is the request's problem, not the engine's health.
@@ -423,9 +302,6 @@ class Gateway:
             except (ClientGone, trio.Cancelled):
                 outcome = None
                 raise
-            except trio.BrokenResourceError:
-                outcome = None  # the client went away while we relayed
-                raise ClientGone(f"client {request.peer} went away") from None
             finally:
                 waiting = self._attempts.get(endpoint)
                 if waiting is not None:
@@ -438,13 +314,40 @@ class Gateway:
                 before = breaker.state if breaker is not None else None
                 balancer.release(pick, trio.current_time(), ok=outcome, reason=last_error)
                 if breaker is not None and breaker.state != before:
-                    self._log_breaker(route.name, endpoint, before, breaker)
+                    log_breaker(route.name, endpoint, before, breaker)
 
-    def _log_breaker(self, model: str, endpoint: str, before: BreakerState | None, breaker: Breaker) -> None:
-        log.log(logging.INFO if breaker.state.label == "closed" else logging.WARNING,
-                "model %s: circuit breaker of %s %s → %s%s", model, endpoint,
-                before.label if before is not None else "?", breaker.state.label,
-                f" ({breaker.reason})" if breaker.reason else "")
+    async def _answer(self, route: Route, endpoint: str, response: Response, responder: Responder, rid: bytes,
+                      guard: _Attempt, started: float) -> tuple[int, bool] | None:
+        """Pass the engine's answer on: a stream relayed as it comes (llmgw.web.relay chooses how),
+        a plain answer read whole, then sent. Returns (status, whether the engine did its part), or
+        None when the endpoint went out of rotation while a plain answer was generated (nothing was
+        sent: the request moves on). A plain answer that fails raises UpstreamError."""
+        settings = self.settings
+        status = response.status
+        relay = [(k, v) for k, v in response.head.headers if k in PASS_RESPONSE_HEADERS]
+        relay.append((b"x-request-id", rid))
+        if not response.head.chunked:
+            with guard.scope() as scope:
+                body = await response.read(float(settings.upstream_timeout), limit=int(settings.max_response))
+            if scope.cancelled_caught:
+                return None
+            await responder.respond(status, relay, body)
+            return status, True
+        await responder.start(status, relay)
+        try:
+            with guard.scope():
+                await relay_body(response, responder, self.hub, float(settings.upstream_timeout),
+                                 functools.partial(self._first_token, route.name, started))
+        except UpstreamError as exc:
+            # Bytes already went out: no retry. Cut the response so the client sees it broke.
+            log.warning("model %s: %s broke mid-stream: %s", route.name, endpoint, exc)
+            responder.close = True
+            return status, False
+        if guard.evicted:
+            log.warning("model %s: %s went out of rotation mid-stream (%s): stream cut", route.name, endpoint, guard.reason)
+            responder.close = True
+            return status, False
+        return status, True
 
     def _first_token(self, model: str, started: float) -> None:
         self.metrics.first_token(model, trio.current_time() - started)
@@ -479,7 +382,7 @@ class Gateway:
         await responder.respond(401, [JSON, (b"www-authenticate", b'Bearer realm="llmgw"'), *extra], openai_error(
             "Incorrect or missing API key: send `Authorization: Bearer <key>`", "invalid_request_error", "invalid_api_key"))
 
-    # -- scraping ----------------------------------------------------------------------------------
+    # -- hang-ups ----------------------------------------------------------------------------------
 
     async def run_disconnect_watchdog(self) -> None:
         """Give every plain request that has been in flight WATCH_AFTER a watcher that cancels
@@ -498,127 +401,8 @@ class Gateway:
                     del self._unwatched[responder]
                     responder.watch_disconnect()
 
-    async def run_health_checks(self) -> None:
-        """Active health (issue 9: a SIGSTOPped engine stayed in rotation ~11 minutes): every
-        health_interval, GET health_path on every endpoint in rotation, at most one check in
-        flight per endpoint, each bounded by health_timeout. See `_health_result`."""
-        async with trio.open_nursery() as nursery:
-            next_round = trio.current_time()
-            while True:
-                interval = float(self.settings.health_interval)
-                if interval > 0:
-                    for ep in sorted({ep for route in self.routes.values() for ep in route.balancer.endpoints}):
-                        if ep not in self._checking:
-                            self._checking.add(ep)
-                            nursery.start_soon(self._check_health, ep)
-                next_round = max(next_round + (interval or 1.0), trio.current_time())
-                await trio.sleep_until(next_round)
-
-    async def _check_health(self, endpoint: str) -> None:
-        path = self.settings.health_path.encode()
-        timeout = float(self.settings.health_timeout)
-        ok, reason = False, ""
-        try:
-            with trio.move_on_after(timeout) as scope:
-                try:
-                    response = await self.upstream(endpoint).request(b"GET", path, [], b"", head_timeout=timeout)
-                    try:
-                        await response.read(timeout, limit=SCRAPE_MAX)
-                    finally:
-                        await response.aclose()
-                    ok = response.status < 500  # any answer but a server error: alive
-                    reason = "" if ok else f"{path.decode()} answered {response.status}"
-                except UpstreamError as exc:
-                    reason = f"{path.decode()}: {exc}"
-            if scope.cancelled_caught:
-                reason = f"no answer to {path.decode()} within {timeout:g}s"
-        except ValueError as exc:  # not a usable URL (left out of rotation elsewhere)
-            reason = str(exc)
-        finally:
-            self._checking.discard(endpoint)
-        self._health_result(endpoint, ok, reason)
-
-    def _health_result(self, endpoint: str, ok: bool, reason: str) -> None:
-        """Feed a health check (or a metrics scrape that got no answer) to every balancer that
-        has the endpoint; when it goes out of rotation, the requests waiting on it are moved
-        (those that sent nothing to their client) or cut (streams already relaying)."""
-        now = trio.current_time()
-        for route in self.routes.values():
-            if endpoint not in route.balancer:
-                continue
-            breaker = route.balancer.breaker(endpoint)
-            before = breaker.state
-            change = route.balancer.health(endpoint, now, ok, reason)
-            if breaker.state != before:
-                self._log_breaker(route.name, endpoint, before, breaker)
-            if change == "down":
-                attempts = list(self._attempts.get(endpoint, ()))
-                for attempt in attempts:
-                    attempt.evict(f"out of rotation: {reason}")
-                log.warning("model %s: endpoint %s out of rotation: %d health checks failed in a row, last: %s; "
-                            "%d request(s) in flight on it moved or cut", route.name, endpoint,
-                            route.balancer.health_failures, reason, len(attempts))
-            elif change == "up":
-                log.info("model %s: endpoint %s back in rotation (health check passed)", route.name, endpoint)
-
-    async def run_scraper(self) -> None:
-        """Every scrape_interval: each engine's /metrics, for load-aware balancing and violations."""
-        while True:
-            endpoints = sorted({ep for route in self.routes.values() for ep in route.balancer.endpoints})
-            if endpoints:
-                async with trio.open_nursery() as nursery:
-                    for ep in endpoints:
-                        nursery.start_soon(self._scrape, ep)
-            with trio.move_on_after(float(self.settings.scrape_interval)):
-                await self._changed.wait()
-                await trio.sleep(0.05)
-            self._changed = trio.Event()
-
-    async def _scrape(self, endpoint: str) -> None:
-        try:
-            await self._scrape_one(endpoint)
-        except Exception:
-            # One engine's odd answer must not stop scraping (and balancing) for every model.
-            log.exception("scraping %s failed", endpoint)
-
-    async def _scrape_one(self, endpoint: str) -> None:
-        load = None
-        error = ""
-        answered = False
-        with trio.move_on_after(float(self.settings.scrape_timeout)):
-            try:
-                response = await self.upstream(endpoint).request(b"GET", b"/metrics", [], b"", head_timeout=float(self.settings.scrape_timeout))
-                try:
-                    body = await response.read(float(self.settings.scrape_timeout), limit=SCRAPE_MAX)
-                finally:
-                    await response.aclose()
-                answered = True
-                if response.status == 200:
-                    load = parse_engine_metrics(body.decode("utf-8", "replace"))
-                else:
-                    error = f"HTTP {response.status}"
-            except UpstreamError as exc:
-                error = str(exc)
-        if load is None and not error:
-            error = f"no answer within {float(self.settings.scrape_timeout):g}s"
-        up = load is not None
-        if self.engine_up.get(endpoint) != up:
-            if up:
-                log.info("engine %s metrics: up", endpoint)
-            elif endpoint in self.engine_up:
-                log.warning("engine %s metrics: unreachable (%s)", endpoint, error)
-            else:
-                log.info("engine %s metrics: not answering yet (%s)", endpoint, error)
-        self.engine_up[endpoint] = up
-        if not answered and self.settings.health_interval > 0:
-            self._health_result(endpoint, False, f"metrics scrape: {error}")
-        for route in self.routes.values():
-            if endpoint in route.balancer:
-                route.balancer.update_load(endpoint, load)
-
     async def aclose(self) -> None:
-        for upstream in list(self.upstreams.values()):
-            await upstream.aclose()
+        await self.table.aclose()
 
 
 async def _engine_failed(responder: Responder, rid: bytes, status: int, model: str, detail: str) -> int:
@@ -638,6 +422,13 @@ async def _too_large(responder: Responder, rid: bytes, model: str, limit: int, d
         f"the answer for {model} is larger than this gateway passes on ({limit} bytes, gateway.max_response; "
         f"request id {request_id})", "server_error", "response_too_large"))
     return 502
+
+
+def _affinity_key(body: bytes) -> str | None:
+    try:
+        return prompt_prefix(msgspec.json.decode(body))
+    except PREFIX_REFUSED:
+        return None
 
 
 _FAILURES: dict[str, FailureKind] = {"connect": "connect", "reset": "reset", "timeout": "timeout"}
