@@ -64,6 +64,13 @@ def write_atomic(path: str | Path, data: bytes, *, mode: int = 0o644, replace: b
     _fsync_dir(directory)
 
 
+def publish(tmp: str | Path, target: str | Path) -> None:
+    """Rename a finished file (written and fsynced by the caller) to its final name, and make
+    the rename durable: a download too large for write_atomic's one buffer ends here."""
+    os.replace(tmp, target)
+    _fsync_dir(Path(target).parent)
+
+
 def ensure_dir(path: str | Path, mode: int = 0o700) -> Path:
     directory = Path(path)
     if directory.exists() and not directory.is_dir():

@@ -27,6 +27,7 @@ PURE = [
     "llmgw.catalog",
     "llmgw.catalog.load",
     "llmgw.catalog.schema",
+    "llmgw.catalog.sources",
     "llmgw.catalog.units",
     "llmgw.fabric",
     "llmgw.fabric.sysfs",

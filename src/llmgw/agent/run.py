@@ -10,6 +10,7 @@ import logging
 import signal
 import ssl
 import time
+from pathlib import Path
 
 import trio
 
@@ -17,6 +18,7 @@ from llmgw.agent.agent import Agent, make_dialer
 from llmgw.agent.hardware import DiscoveredHardware
 from llmgw.agent.launch_env import LaunchFacts
 from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.weights import Weights
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import UsageError
 from llmgw.fleet import parse_fleet_url
@@ -68,6 +70,7 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
         allow=cfg.allow,
         launch_facts=lambda: LaunchFacts(agent.fabric_status, hardware.last.ports if hardware.last else [],
                                          hardware.last.mgmt_interface if hardware.last else ""),
+        weights=Weights(Path(cfg.work_dir), Path(cfg.model_cache) if cfg.model_cache else None),
     )
     agent = Agent(
         cfg,

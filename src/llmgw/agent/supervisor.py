@@ -26,6 +26,7 @@ from llmgw.agent.engines import LaunchError, adapter_for
 from llmgw.agent.engines.policy import check_engine, check_env, check_executable
 from llmgw.agent.launch_env import LaunchFacts
 from llmgw.agent.shardfiles import PathRefused, PidOnly, StateFile, connect_host, port_free, redact
+from llmgw.agent.weights import Weights, WeightsPlan
 from llmgw.catalog.schema import EngineAllow, EngineHealth
 from llmgw.catalog.units import format_duration
 from llmgw.fsutil import atomic_write, ensure_dir
@@ -63,6 +64,7 @@ class ShardRun:
         self.failed_reason = ""  # set when we kill it ourselves for a reason (start timeout)
         self.launch_env: list[m.EnvSetting] = []  # NCCL_* / GLOO_* it was given (launch_env.py)
         self.exited = trio.Event()
+        self.fetching: trio.CancelScope | None = None  # while it waits on its weights
 
     def report(self) -> m.ShardReport:
         return m.ShardReport(
@@ -107,8 +109,10 @@ class Supervisor:
         health: EngineHealth | None = None,
         allow: EngineAllow | None = None,
         launch_facts: Callable[[], LaunchFacts] | None = None,
+        weights: Weights | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
+        self.weights = weights if weights is not None else Weights(self.work_dir)
         self.allow = allow if allow is not None else EngineAllow()
         self.state_dir = self.work_dir / "shards"
         self.log_dir = self.work_dir / "logs"
@@ -263,7 +267,8 @@ class Supervisor:
             # This node's own allowlist before anything else about the profile.
             check_engine(spec.engine, self.allow)
             check_env(spec.env, self.allow)
-            argv = adapter.argv(spec, host, spec.port)
+            plan = self.weights.plan(spec)  # a missing path or a bad URL fails here, before anything runs
+            argv = adapter.argv(plan.for_engine(spec), host, spec.port)
             for exe in adapter.executables(spec, argv):
                 check_executable(spec.engine, exe, self.allow)
             adapter.validate(spec)
@@ -276,7 +281,7 @@ class Supervisor:
             self._refuse(run, str(exc))
             return
         assert self._nursery is not None
-        self._nursery.start_soon(self._launch_and_watch, run, argv, env)
+        self._nursery.start_soon(self._launch_and_watch, run, argv, env, plan)
 
     def _refuse(self, run: ShardRun, reason: str) -> None:
         log.warning("shard %s not started: %s", run.spec.shard_id, reason)
@@ -300,8 +305,10 @@ class Supervisor:
         if not port_free(host, spec.port):
             raise LaunchError(f"port {spec.port} on {host} is in use by another process")
 
-    async def _launch_and_watch(self, run: ShardRun, argv: list[str], env: dict[str, str]) -> None:
+    async def _launch_and_watch(self, run: ShardRun, argv: list[str], env: dict[str, str], plan: WeightsPlan) -> None:
         spec = run.spec
+        if plan.url and not await self._fetch_weights(run, plan):
+            return
         if run.stop_requested:
             self._stopped_before_launch(run)
             return
@@ -360,6 +367,28 @@ class Supervisor:
         finally:
             if pidfd >= 0:
                 os.close(pidfd)
+
+    async def _fetch_weights(self, run: ShardRun, plan: WeightsPlan) -> bool:
+        """Wait for the shard's weights (llmgw.agent.weights); False when it failed (reported).
+        A Stop cancels the wait; start_timeout counts from the Start."""
+        assert self._nursery is not None
+        left = float(run.spec.start_timeout) - (time.time() - run.started_at)
+        run.fetching = trio.CancelScope()
+        try:
+            with run.fetching:
+                await self.weights.ensure(run.spec.shard_id, plan, trio.current_time() + max(left, 0.0), self._nursery,
+                                          self._send_progress)
+        except LaunchError as exc:
+            if not run.stop_requested:
+                self._refuse(run, str(exc))
+                return False
+        finally:
+            run.fetching = None
+        return True
+
+    def _send_progress(self, msg: msgspec.Struct) -> None:
+        if self._send is not None:
+            self._send(msg)
 
     async def _check_health(self, run: ShardRun) -> None:
         await self._until_healthy(run)
@@ -481,6 +510,8 @@ class Supervisor:
         if run.state in TERMINAL or run.stop_requested:
             return
         run.stop_requested = True
+        if run.fetching is not None:
+            run.fetching.cancel()  # waiting on its weights: stop waiting (the launcher sees the stop)
         run.stop_reason = reason or "stopped by the server"
         run.state = "stopping"
         log.info("stopping shard %s (grace %gs): %s", shard_id, grace, printable(run.stop_reason))

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.catalog.sources import SourceError, SourceKind, classify, sha256_problem
 from llmgw.catalog.units import ByteSize, Duration
 from llmgw.wire.ids import id_problem, model_problem
 from llmgw.wire.messages import FabricDecl as WireFabricDecl
@@ -47,9 +48,13 @@ class Profile(_Config):
     health_path: str = "/health"
     start_timeout: Duration = Duration(1200)
     stop_grace: Duration = Duration(5)
+    # Weights for this profile instead of the model's source (llmgw.catalog.sources), and the
+    # sha256 a fetched URL must have before it is renamed into the model cache.
+    source: str = ""
+    sha256: str = ""
 
     def __post_init__(self) -> None:
-        problem = id_problem(self.name, "profile name")  # it travels in every Start (wire/ids.py)
+        problem = id_problem(self.name, "profile name") or sha256_problem(self.sha256)  # it travels in every Start
         if problem:
             raise ValueError(problem)
         if self.engine == "command" and not self.command:
@@ -78,6 +83,14 @@ class Model(_Config):
         problem = model_problem(self.name)  # it travels in every Start (wire/ids.py)
         if problem:
             raise ValueError(problem)
+        for profile in self.profiles:
+            source = profile.source or self.source or self.name
+            try:
+                kind = classify(source)
+            except SourceError as exc:
+                raise ValueError(str(exc)) from None
+            if profile.sha256 and kind is not SourceKind.URL:
+                raise ValueError(f"profile {profile.name!r}: sha256 is checked only for an http(s) source, not {source!r}")
         names = [p.name for p in self.profiles]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -313,6 +326,9 @@ class AgentConfig(_Config):
     tls: TlsClient | None = None
     fabrics: list[FabricDecl] = []
     work_dir: str = "./llmgw-agent"
+    # Where weights fetched from http(s) sources are kept (empty: WORK_DIR/models); a file
+    # already there is used as is, nothing is fetched.
+    model_cache: str = ""
     heartbeat_interval: Duration = Duration(5)
     # Every this many heartbeats the agent lists every shard it runs, so that the server's view
     # heals from a lost or misapplied status without a reconnect (0: never). 6 × 5 s: a

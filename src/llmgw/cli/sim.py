@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from llmgw.cli.sim_engine import engine
+from llmgw.cli.sim_fileserver import fileserver
 from llmgw.cli.sim_node import node
 
 
@@ -15,3 +16,4 @@ def sim() -> None:
 
 sim.add_command(engine)
 sim.add_command(node)
+sim.add_command(fileserver)

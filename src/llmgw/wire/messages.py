@@ -137,6 +137,8 @@ class ShardSpec(_Base):
     master_addr: str = ""
     master_port: int = 0
     engine_mode: str = ""
+    # For an http(s) source: the fetched file must have this digest before it is used.
+    sha256: str = ""
     # The engine's own API key, made by the server for this shard: the engine refuses /v1/*
     # without it, and only the gateway sends it. A secret: never shown by the API or logged.
     api_key: str = ""
@@ -240,10 +242,19 @@ class Fabrics(_Base, tag="Fabrics", tag_field="type"):
 
 
 class Progress(_Base, tag="Progress", tag_field="type"):
+    """A download a starting shard waits on (issue 12): its own message, not a ShardStatus, so
+    bytes arriving never look like a state change. At most once a second per source."""
+
     shard_id: str
     source: str
     done_bytes: int = 0
-    total_bytes: int = 0
+    total_bytes: int | None = None  # None: the server sent no length ("so far")
+    rate: float = 0.0  # bytes per second over the last report interval
+    # Bytes this agent has received over the network for this source since it started (resumed
+    # bytes already on disk are not in it): the server counts llmgw_weights_bytes_total from it.
+    fetched: int = 0
+    # Set once, on the report of a download that failed for good: the metric's reason label.
+    failure: str = ""
 
 
 AgentMessage = Register | Heartbeat | ShardStatus | Progress | Fabrics

@@ -1,0 +1,389 @@
+"""The agent's weight fetcher (llmgw.agent.weights) against the simulated file server on real
+loopback sockets: what the server saw (Range, If-Range, how many GETs) is asserted, not assumed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+from llmgw.agent.engines import LaunchError
+from llmgw.agent.fetch import partial_paths
+from llmgw.agent.weights import Weights, WeightsPlan
+from llmgw.catalog.sources import SourceKind
+from llmgw.sim.fileserver import FileServerHandle, FileServerOptions, serve_files
+from llmgw.wire import messages as m
+
+DEADLINE = 20.0  # seconds any one test may take waiting on a condition
+SIZE = 4 * 1024 * 1024 + 123
+
+
+@asynccontextmanager
+async def file_server(root: Path, **options: object) -> AsyncIterator[FileServerHandle]:
+    async with trio.open_nursery() as nursery:
+        handle: FileServerHandle = await nursery.start(partial(serve_files, FileServerOptions(root=str(root), **options)))  # type: ignore[arg-type]
+        yield handle
+        nursery.cancel_scope.cancel()
+
+
+def make_file(root: Path, name: str = "model.safetensors", size: int = SIZE) -> bytes:
+    data = random.Random(size).randbytes(size)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / name).write_bytes(data)
+    return data
+
+
+def spec(source: str, shard: str = "s1", sha256: str = "") -> m.ShardSpec:
+    return m.ShardSpec(shard_id=shard, replica_id="r1", model="m", profile="p", engine="sim", source=source, sha256=sha256)
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.messages: list[m.Progress] = []
+
+    def __call__(self, msg: msgspec.Struct) -> None:
+        assert isinstance(msg, m.Progress)
+        self.messages.append(msg)
+
+
+def weights(tmp_path: Path, **kw: object) -> Weights:
+    kw.setdefault("rng", random.Random(1))
+    kw.setdefault("retry_initial", 0.01)
+    kw.setdefault("report_interval", 0.2)
+    return Weights(tmp_path / "work", tmp_path / "cache", **kw)  # type: ignore[arg-type]
+
+
+async def fetch(w: Weights, plan: WeightsPlan, sent: Sent, shard: str = "s1", within: float = DEADLINE) -> None:
+    """One shard's wait, in a nursery of its own (as the supervisor's); its LaunchError unwrapped."""
+    failed: LaunchError | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            await w.ensure(shard, plan, trio.current_time() + within, nursery, sent)
+        except LaunchError as exc:
+            failed = exc
+    if failed is not None:
+        raise failed
+
+
+async def test_a_cut_download_resumes_from_its_offset_with_range_and_if_range(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv")
+    cut = int(SIZE * 0.4)
+    async with file_server(tmp_path / "srv", drop_after=cut) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        await fetch(w, plan, Sent())
+        seen = srv.server.seen
+    assert [s.status for s in seen] == [200, 206]
+    assert seen[0].range is None
+    assert seen[1].range == f"bytes={cut}-"  # resumed where the cut left it, not from 0
+    assert seen[1].if_range is not None and seen[1].if_range.startswith('"')  # the ETag the first answer gave
+    assert Path(plan.target).read_bytes() == data
+    assert not any(p.exists() for p in partial_paths(Path(plan.target)))
+
+
+async def test_resume_validates_with_last_modified_when_there_is_no_etag(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", drop_after=SIZE // 2, validator="last-modified") as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        await fetch(w, plan, Sent())
+        seen = srv.server.seen
+    assert seen[1].range == f"bytes={SIZE // 2}-"
+    assert seen[1].if_range is not None and seen[1].if_range.endswith("GMT")
+    assert Path(plan.target).read_bytes() == data
+
+
+async def test_a_server_that_ignores_range_restarts_the_file_cleanly(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", drop_after=SIZE // 3, ignore_range=True) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        await fetch(w, plan, Sent())
+        seen = srv.server.seen
+    assert seen[1].range == f"bytes={SIZE // 3}-" and seen[1].status == 200  # asked to resume, got it all
+    assert Path(plan.target).read_bytes() == data  # not the first third twice
+
+
+async def test_a_partial_file_left_by_an_earlier_agent_is_resumed(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", rate=SIZE) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        with trio.move_on_after(0.3):  # the "agent" stops early; the partial file stays
+            await fetch(w, plan, Sent())
+        assert not Path(plan.target).exists()
+        w2 = weights(tmp_path)
+        await fetch(w2, plan, Sent())
+        seen = srv.server.seen
+    assert Path(plan.target).read_bytes() == data
+    assert all(s.range is None or s.if_range for s in seen)
+    assert seen[-1].status == 206
+
+
+async def test_no_content_length_reports_bytes_without_a_total(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv", size=1_000_000)
+    async with file_server(tmp_path / "srv", no_length=True, rate=4_000_000) as srv:
+        w = weights(tmp_path, report_interval=0.05)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        sent = Sent()
+        await fetch(w, plan, sent)
+    assert Path(plan.target).read_bytes() == data
+    assert len(sent.messages) >= 3
+    assert all(p.total_bytes is None for p in sent.messages)
+    done = [p.done_bytes for p in sent.messages]
+    assert done == sorted(done) and done[-1] == len(data) and done[0] < len(data)
+    assert all(p.source == plan.url and p.shard_id == "s1" for p in sent.messages)
+
+
+async def test_progress_carries_the_total_and_a_rate_and_is_at_most_once_per_interval(tmp_path: Path) -> None:
+    make_file(tmp_path / "srv", size=2_000_000)
+    async with file_server(tmp_path / "srv", rate=4_000_000) as srv:
+        w = weights(tmp_path, report_interval=0.1)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        sent = Sent()
+        times: list[float] = []
+
+        def record(msg: msgspec.Struct) -> None:
+            times.append(trio.current_time())
+            sent(msg)
+
+        async with trio.open_nursery() as nursery:
+            await w.ensure("s1", plan, trio.current_time() + DEADLINE, nursery, record)
+    assert all(p.total_bytes == 2_000_000 for p in sent.messages[1:])
+    assert any(p.rate > 0 for p in sent.messages)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert min(gaps) >= 0.1 * 0.9
+    assert sent.messages[-1].done_bytes == 2_000_000 and sent.messages[-1].fetched == 2_000_000
+
+
+async def test_eight_shards_starting_together_make_one_get(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", rate=SIZE * 4) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        sent = Sent()
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(partial(w.ensure, f"s{i}", plan, trio.current_time() + DEADLINE, nursery, sent))
+        gets = [s for s in srv.server.seen if s.method == "GET"]
+    assert len(gets) == 1
+    assert w.downloads == 1
+    assert Path(plan.target).read_bytes() == data
+    assert {p.shard_id for p in sent.messages} == {f"s{i}" for i in range(8)}  # every waiting shard hears of it
+
+
+async def test_a_sha256_mismatch_fails_and_leaves_no_file_under_the_final_name(tmp_path: Path) -> None:
+    make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv") as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors", sha256="0" * 64))
+        sent = Sent()
+        with pytest.raises(LaunchError, match="sha256 is [0-9a-f]{64}, the profile says 0{64}"):
+            await fetch(w, plan, sent)
+    target = Path(plan.target)
+    assert not target.exists()
+    assert not any(p.exists() for p in partial_paths(target))
+    assert [p.failure for p in sent.messages if p.failure] == ["checksum"]
+
+
+async def test_a_matching_sha256_is_verified_across_a_resume(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", drop_after=SIZE // 2) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors", sha256=hashlib.sha256(data).hexdigest().upper()))
+        await fetch(w, plan, Sent())
+    assert Path(plan.target).read_bytes() == data
+
+
+async def test_the_final_path_never_holds_a_partial_file(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", rate=SIZE * 2, drop_after=SIZE // 2) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        target = Path(plan.target)
+        partial_file = partial_paths(target)[0]
+        observed: list[int] = []
+        grew = False
+
+        async def watch() -> None:
+            nonlocal grew
+            while True:
+                if target.exists():
+                    observed.append(target.stat().st_size)
+                elif partial_file.exists() and partial_file.stat().st_size > 0:
+                    grew = True
+                await trio.sleep(0.002)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            await w.ensure("s1", plan, trio.current_time() + DEADLINE, nursery, Sent())
+            await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert grew  # the check ran while bytes were arriving
+    assert observed and set(observed) == {len(data)}  # whenever the name existed, the file was whole
+
+
+@pytest.mark.parametrize(("name", "status"), [("missing.bin", 404), ("adir", 403)])
+async def test_an_http_error_fails_at_once_with_the_status(tmp_path: Path, name: str, status: int) -> None:
+    make_file(tmp_path / "srv")
+    (tmp_path / "srv" / "adir").mkdir()
+    async with file_server(tmp_path / "srv") as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/{name}"))
+        sent = Sent()
+        with pytest.raises(LaunchError, match=f"HTTP {status}"):
+            await fetch(w, plan, sent)
+        assert len(srv.server.seen) == 1  # not retried
+    assert not Path(plan.target).exists()
+    assert [p.failure for p in sent.messages if p.failure] == ["http"]
+
+
+async def test_a_server_whose_content_length_lies_fails_with_one_line(tmp_path: Path) -> None:
+    make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", extra_length=1000) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        with pytest.raises(LaunchError, match="shorter than the server announced") as info:
+            await fetch(w, plan, Sent())
+    assert "\n" not in str(info.value)
+    assert not Path(plan.target).exists()
+
+
+async def test_no_room_for_the_announced_size_fails_before_writing(tmp_path: Path) -> None:
+    make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv") as srv:
+        w = weights(tmp_path, disk_free=lambda _: 1000)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        with pytest.raises(LaunchError, match=f"{SIZE} bytes to fetch, 1000 free"):
+            await fetch(w, plan, Sent())
+    assert not Path(plan.target).exists()
+    assert not partial_paths(Path(plan.target))[0].exists()
+
+
+async def test_weights_already_in_the_cache_are_not_fetched(tmp_path: Path) -> None:
+    make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv") as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        Path(plan.target).parent.mkdir(parents=True)
+        Path(plan.target).write_bytes(b"already here")
+        sent = Sent()
+        await fetch(w, plan, sent)
+        assert srv.server.seen == []
+    assert sent.messages == [] and w.downloads == 0
+
+
+async def test_a_download_that_outlasts_its_deadline_fails_though_bytes_arrive(tmp_path: Path) -> None:
+    make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", rate=SIZE // 4) as srv:
+        w = weights(tmp_path, report_interval=0.1)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        sent = Sent()
+        with pytest.raises(LaunchError, match="not fetched within the start_timeout"):
+            await fetch(w, plan, sent, within=0.6)
+    assert [p.failure for p in sent.messages if p.failure] == ["timeout"]
+    assert any(p.done_bytes > 0 for p in sent.messages)  # bytes were arriving all along
+    assert not Path(plan.target).exists()
+
+
+async def test_a_download_nobody_waits_on_is_cancelled_and_resumed_later(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", rate=SIZE // 2) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        with trio.move_on_after(0.5):
+            await fetch(w, plan, Sent())
+        with trio.fail_after(DEADLINE):
+            while w.jobs:  # the worker thread saw the stop and returned
+                await trio.sleep(0.01)
+        kept = partial_paths(Path(plan.target))[0].stat().st_size
+        assert 0 < kept < SIZE
+        await fetch(w, plan, Sent())
+        seen = srv.server.seen
+    assert seen[-1].range == f"bytes={kept}-"
+    assert Path(plan.target).read_bytes() == data
+
+
+# -- plan: what a source means on this node ---------------------------------------------------------------
+
+
+def test_a_model_id_goes_to_the_engine_untouched(tmp_path: Path) -> None:
+    plan = weights(tmp_path).plan(spec("Qwen/Qwen2.5-7B-Instruct"))
+    assert plan.kind is SourceKind.MODEL_ID and plan.engine_source == "Qwen/Qwen2.5-7B-Instruct" and not plan.url
+
+
+def test_a_path_must_exist_on_the_node(tmp_path: Path) -> None:
+    w = weights(tmp_path)
+    with pytest.raises(LaunchError, match="no such file or directory on this node"):
+        w.plan(spec(str(tmp_path / "nope")))
+    (tmp_path / "work" / "local").mkdir(parents=True)
+    assert w.plan(spec("./local")).engine_source == "./local"  # relative to the work dir, the engine's cwd
+    with pytest.raises(LaunchError, match="relative to the agent's work dir"):
+        w.plan(spec("./elsewhere"))
+    model_dir = tmp_path / "models" / "x"
+    model_dir.mkdir(parents=True)
+    assert w.plan(spec(str(model_dir))).engine_source == str(model_dir)  # a directory of weights is fine
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("http:///model.bin", "has no host"),
+    ("https://host.example/", "names no file"),
+    ("s3://bucket/model.bin", "scheme 's3' is not supported"),
+])
+def test_a_bad_url_fails_before_launch_with_one_line(tmp_path: Path, source: str, message: str) -> None:
+    with pytest.raises(LaunchError, match=message):
+        weights(tmp_path).plan(spec(source))
+
+
+def test_a_url_is_given_to_the_engine_as_the_local_path(tmp_path: Path) -> None:
+    plan = weights(tmp_path).plan(spec("https://mirror.example/org/model/model.safetensors?sig=secret"))
+    assert plan.kind is SourceKind.URL
+    assert plan.engine_source == plan.target
+    assert plan.target.startswith(str(tmp_path / "cache")) and plan.target.endswith("/model.safetensors")
+    assert plan.for_engine(spec(plan.url)).source == plan.target
+
+
+def test_a_cache_entry_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    w = weights(tmp_path)
+    plan = w.plan(spec("http://h/model.bin"))
+    os.makedirs(plan.target)
+    with pytest.raises(LaunchError, match="is a directory"):
+        w.plan(spec("http://h/model.bin"))
+
+
+DISK_FULL_CHILD = """
+import resource, signal, sys
+from pathlib import Path
+from llmgw.agent.fetch import FetchError, Transfer, download
+from llmgw.agent.weights import default_client
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))  # the disk "fills" at 1 MB
+try:
+    with default_client() as client:
+        download(client, sys.argv[1], sys.argv[1], Path(sys.argv[2]), "", Transfer())
+except FetchError as exc:
+    print(exc.reason.value, exc)
+"""
+
+
+async def test_a_disk_that_fills_mid_download_leaves_nothing_under_the_final_name(tmp_path: Path) -> None:
+    import sys
+
+    make_file(tmp_path / "srv")
+    target = tmp_path / "cache" / "x" / "model.safetensors"
+    async with file_server(tmp_path / "srv") as srv:
+        result = await trio.run_process([sys.executable, "-c", DISK_FULL_CHILD, f"{srv.url}/model.safetensors", str(target)],
+                                        capture_stdout=True, capture_stderr=True, check=False)
+    out = result.stdout.decode()
+    assert out.startswith("disk "), (out, result.stderr.decode()[-2000:])
+    assert "after" in out and "removed the partial file" in out
+    assert not target.exists()
+    assert not any(p.exists() for p in partial_paths(target))
