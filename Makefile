@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all demo test lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile docs clean
+.PHONY: all demo test lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch docs clean
 
 all: test
 
@@ -58,6 +58,9 @@ bench-sim-engine: $(STAMP)
 
 bench-reconcile: $(STAMP)
 	$(BIN)/python bench/bench_reconcile.py $(BENCH_ARGS)
+
+bench-fetch: $(STAMP)
+	$(BIN)/python bench/bench_fetch.py $(BENCH_ARGS)
 
 docs: $(STAMP)
 	$(BIN)/python tools/gendocs.py

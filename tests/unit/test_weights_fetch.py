@@ -4,6 +4,7 @@ loopback sockets: what the server saw (Range, If-Range, how many GETs) is assert
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import random
 from collections.abc import AsyncIterator
@@ -39,6 +40,26 @@ def make_file(root: Path, name: str = "model.safetensors", size: int = SIZE) -> 
     root.mkdir(parents=True, exist_ok=True)
     (root / name).write_bytes(data)
     return data
+
+
+def content(path: str | Path) -> bytes:
+    return Path(path).read_bytes()
+
+
+def exists(*paths: str | Path) -> bool:
+    return any(Path(p).exists() for p in paths)
+
+
+def size_of(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+def put(path: str | Path, data: bytes) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(data)
 
 
 def spec(source: str, shard: str = "s1", sha256: str = "") -> m.ShardSpec:
@@ -85,8 +106,8 @@ async def test_a_cut_download_resumes_from_its_offset_with_range_and_if_range(tm
     assert seen[0].range is None
     assert seen[1].range == f"bytes={cut}-"  # resumed where the cut left it, not from 0
     assert seen[1].if_range is not None and seen[1].if_range.startswith('"')  # the ETag the first answer gave
-    assert Path(plan.target).read_bytes() == data
-    assert not any(p.exists() for p in partial_paths(Path(plan.target)))
+    assert content(plan.target) == data
+    assert not exists(*partial_paths(Path(plan.target)))
 
 
 async def test_resume_validates_with_last_modified_when_there_is_no_etag(tmp_path: Path) -> None:
@@ -98,7 +119,7 @@ async def test_resume_validates_with_last_modified_when_there_is_no_etag(tmp_pat
         seen = srv.server.seen
     assert seen[1].range == f"bytes={SIZE // 2}-"
     assert seen[1].if_range is not None and seen[1].if_range.endswith("GMT")
-    assert Path(plan.target).read_bytes() == data
+    assert content(plan.target) == data
 
 
 async def test_a_server_that_ignores_range_restarts_the_file_cleanly(tmp_path: Path) -> None:
@@ -109,7 +130,7 @@ async def test_a_server_that_ignores_range_restarts_the_file_cleanly(tmp_path: P
         await fetch(w, plan, Sent())
         seen = srv.server.seen
     assert seen[1].range == f"bytes={SIZE // 3}-" and seen[1].status == 200  # asked to resume, got it all
-    assert Path(plan.target).read_bytes() == data  # not the first third twice
+    assert content(plan.target) == data  # not the first third twice
 
 
 async def test_a_partial_file_left_by_an_earlier_agent_is_resumed(tmp_path: Path) -> None:
@@ -119,11 +140,11 @@ async def test_a_partial_file_left_by_an_earlier_agent_is_resumed(tmp_path: Path
         plan = w.plan(spec(f"{srv.url}/model.safetensors"))
         with trio.move_on_after(0.3):  # the "agent" stops early; the partial file stays
             await fetch(w, plan, Sent())
-        assert not Path(plan.target).exists()
+        assert not exists(plan.target)
         w2 = weights(tmp_path)
         await fetch(w2, plan, Sent())
         seen = srv.server.seen
-    assert Path(plan.target).read_bytes() == data
+    assert content(plan.target) == data
     assert all(s.range is None or s.if_range for s in seen)
     assert seen[-1].status == 206
 
@@ -135,7 +156,7 @@ async def test_no_content_length_reports_bytes_without_a_total(tmp_path: Path) -
         plan = w.plan(spec(f"{srv.url}/model.safetensors"))
         sent = Sent()
         await fetch(w, plan, sent)
-    assert Path(plan.target).read_bytes() == data
+    assert content(plan.target) == data
     assert len(sent.messages) >= 3
     assert all(p.total_bytes is None for p in sent.messages)
     done = [p.done_bytes for p in sent.messages]
@@ -159,7 +180,7 @@ async def test_progress_carries_the_total_and_a_rate_and_is_at_most_once_per_int
             await w.ensure("s1", plan, trio.current_time() + DEADLINE, nursery, record)
     assert all(p.total_bytes == 2_000_000 for p in sent.messages[1:])
     assert any(p.rate > 0 for p in sent.messages)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times[:-1])]  # the last one goes out at the end, at once
     assert min(gaps) >= 0.1 * 0.9
     assert sent.messages[-1].done_bytes == 2_000_000 and sent.messages[-1].fetched == 2_000_000
 
@@ -176,7 +197,7 @@ async def test_eight_shards_starting_together_make_one_get(tmp_path: Path) -> No
         gets = [s for s in srv.server.seen if s.method == "GET"]
     assert len(gets) == 1
     assert w.downloads == 1
-    assert Path(plan.target).read_bytes() == data
+    assert content(plan.target) == data
     assert {p.shard_id for p in sent.messages} == {f"s{i}" for i in range(8)}  # every waiting shard hears of it
 
 
@@ -186,11 +207,10 @@ async def test_a_sha256_mismatch_fails_and_leaves_no_file_under_the_final_name(t
         w = weights(tmp_path)
         plan = w.plan(spec(f"{srv.url}/model.safetensors", sha256="0" * 64))
         sent = Sent()
-        with pytest.raises(LaunchError, match="sha256 is [0-9a-f]{64}, the profile says 0{64}"):
+        with pytest.raises(LaunchError, match=r"sha256 is [0-9a-f]{64}, the profile says 0{64}"):
             await fetch(w, plan, sent)
     target = Path(plan.target)
-    assert not target.exists()
-    assert not any(p.exists() for p in partial_paths(target))
+    assert not exists(target, *partial_paths(target))
     assert [p.failure for p in sent.messages if p.failure] == ["checksum"]
 
 
@@ -200,7 +220,7 @@ async def test_a_matching_sha256_is_verified_across_a_resume(tmp_path: Path) -> 
         w = weights(tmp_path)
         plan = w.plan(spec(f"{srv.url}/model.safetensors", sha256=hashlib.sha256(data).hexdigest().upper()))
         await fetch(w, plan, Sent())
-    assert Path(plan.target).read_bytes() == data
+    assert content(plan.target) == data
 
 
 async def test_the_final_path_never_holds_a_partial_file(tmp_path: Path) -> None:
@@ -216,11 +236,12 @@ async def test_the_final_path_never_holds_a_partial_file(tmp_path: Path) -> None
         async def watch() -> None:
             nonlocal grew
             while True:
-                if target.exists():
-                    observed.append(target.stat().st_size)
-                elif partial_file.exists() and partial_file.stat().st_size > 0:
+                size = size_of(target)
+                if size is not None:
+                    observed.append(size)
+                elif size_of(partial_file):
                     grew = True
-                await trio.sleep(0.002)
+                await trio.sleep(0.002)  # ok: the watcher's poll interval
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch)
@@ -242,7 +263,7 @@ async def test_an_http_error_fails_at_once_with_the_status(tmp_path: Path, name:
         with pytest.raises(LaunchError, match=f"HTTP {status}"):
             await fetch(w, plan, sent)
         assert len(srv.server.seen) == 1  # not retried
-    assert not Path(plan.target).exists()
+    assert not exists(plan.target)
     assert [p.failure for p in sent.messages if p.failure] == ["http"]
 
 
@@ -254,7 +275,7 @@ async def test_a_server_whose_content_length_lies_fails_with_one_line(tmp_path: 
         with pytest.raises(LaunchError, match="shorter than the server announced") as info:
             await fetch(w, plan, Sent())
     assert "\n" not in str(info.value)
-    assert not Path(plan.target).exists()
+    assert not exists(plan.target)
 
 
 async def test_no_room_for_the_announced_size_fails_before_writing(tmp_path: Path) -> None:
@@ -264,8 +285,8 @@ async def test_no_room_for_the_announced_size_fails_before_writing(tmp_path: Pat
         plan = w.plan(spec(f"{srv.url}/model.safetensors"))
         with pytest.raises(LaunchError, match=f"{SIZE} bytes to fetch, 1000 free"):
             await fetch(w, plan, Sent())
-    assert not Path(plan.target).exists()
-    assert not partial_paths(Path(plan.target))[0].exists()
+    assert not exists(plan.target)
+    assert not exists(partial_paths(Path(plan.target))[0])
 
 
 async def test_weights_already_in_the_cache_are_not_fetched(tmp_path: Path) -> None:
@@ -273,8 +294,7 @@ async def test_weights_already_in_the_cache_are_not_fetched(tmp_path: Path) -> N
     async with file_server(tmp_path / "srv") as srv:
         w = weights(tmp_path)
         plan = w.plan(spec(f"{srv.url}/model.safetensors"))
-        Path(plan.target).parent.mkdir(parents=True)
-        Path(plan.target).write_bytes(b"already here")
+        put(plan.target, b"already here")
         sent = Sent()
         await fetch(w, plan, sent)
         assert srv.server.seen == []
@@ -291,7 +311,7 @@ async def test_a_download_that_outlasts_its_deadline_fails_though_bytes_arrive(t
             await fetch(w, plan, sent, within=0.6)
     assert [p.failure for p in sent.messages if p.failure] == ["timeout"]
     assert any(p.done_bytes > 0 for p in sent.messages)  # bytes were arriving all along
-    assert not Path(plan.target).exists()
+    assert not exists(plan.target)
 
 
 async def test_a_download_nobody_waits_on_is_cancelled_and_resumed_later(tmp_path: Path) -> None:
@@ -302,14 +322,14 @@ async def test_a_download_nobody_waits_on_is_cancelled_and_resumed_later(tmp_pat
         with trio.move_on_after(0.5):
             await fetch(w, plan, Sent())
         with trio.fail_after(DEADLINE):
-            while w.jobs:  # the worker thread saw the stop and returned
-                await trio.sleep(0.01)
-        kept = partial_paths(Path(plan.target))[0].stat().st_size
+            for job in list(w.jobs.values()):  # the worker thread saw the stop and returned
+                await job.done.wait()
+        kept = size_of(partial_paths(Path(plan.target))[0]) or 0
         assert 0 < kept < SIZE
         await fetch(w, plan, Sent())
         seen = srv.server.seen
     assert seen[-1].range == f"bytes={kept}-"
-    assert Path(plan.target).read_bytes() == data
+    assert content(plan.target) == data
 
 
 # -- plan: what a source means on this node ---------------------------------------------------------------
@@ -385,5 +405,38 @@ async def test_a_disk_that_fills_mid_download_leaves_nothing_under_the_final_nam
     out = result.stdout.decode()
     assert out.startswith("disk "), (out, result.stderr.decode()[-2000:])
     assert "after" in out and "removed the partial file" in out
-    assert not target.exists()
-    assert not any(p.exists() for p in partial_paths(target))
+    assert not exists(target, *partial_paths(target))
+
+
+# -- the catalog refuses what no node could use, when the config loads --------------------------------------
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ("{name: m, source: 's3://bucket/w.bin', profiles: [{engine: sim}]}", "scheme 's3' is not supported"),
+    ("{name: m, source: 'http:///w.bin', profiles: [{engine: sim}]}", "the URL has no host"),
+    ("{name: m, profiles: [{engine: sim, source: 'https://h/dir/'}]}", "names no file"),
+    ("{name: m, profiles: [{engine: sim, sha256: abc}]}", "sha256 'abc' is not 64 hex digits"),
+    ("{name: m, source: Org/Model, profiles: [{engine: sim, sha256: " + "a" * 64 + "}]}", "only for an http(s) source"),
+])
+def test_the_catalog_refuses_a_source_no_node_could_use_in_one_line(model: str, message: str) -> None:
+    from llmgw.catalog import ConfigError, ServerConfig, parse_config
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"models:\n  - {model}\n", ServerConfig, "server.yaml")
+    text = str(info.value)
+    assert message in text and text.startswith("server.yaml:2 models[0]") and "\n" not in text
+
+
+def test_a_profile_source_overrides_the_models_and_travels_with_its_sha256() -> None:
+    from llmgw.catalog import ServerConfig, parse_config
+    from llmgw.server.reconcile import shard_spec
+
+    digest = "b" * 64
+    cfg = parse_config(f"models:\n  - {{name: m, source: Org/M, profiles: [{{name: a, engine: sim}}, "
+                       f"{{name: b, engine: sim, source: 'https://mirror/m.gguf', sha256: {digest}}}]}}\n",
+                       ServerConfig, "server.yaml")
+    model = cfg.models[0]
+    a = shard_spec(model, model.profiles[0], "r", "s", [0], 20000)
+    b = shard_spec(model, model.profiles[1], "r", "s", [0], 20000)
+    assert (a.source, a.sha256) == ("Org/M", "")
+    assert (b.source, b.sha256) == ("https://mirror/m.gguf", digest)

@@ -10,8 +10,8 @@ cache, and report the download while the shard waits on it.
   body) is retried after a jittered backoff, resuming where it stopped; after MAX_FAILURES in a
   row without a byte of progress the shard fails with the last reason. A 403, 404, a sha256
   mismatch or a full disk fail at once.
-- **Progress** goes out on its own message (m.Progress), at most once a second per source,
-  one per waiting shard: never as a state change, which would reset the server's view of how
+- **Progress** goes out on its own message (m.Progress), at most once a second per source
+  (and once more when the download ends: its last bytes, or why it failed), one per waiting shard: never as a state change, which would reset the server's view of how
   long the shard has been starting. Its `total_bytes` is None when the server sent no length.
 - **start_timeout** bounds the download too: a shard still downloading when it runs out
   fails, however many bytes keep arriving.
@@ -186,8 +186,8 @@ class Weights:
             elif job.error is not None:
                 log.warning("fetching %s failed: %s", job.display, job.error)
             if job.watchers:
-                # The last report (the final bytes; the failure's reason, once) before the shards go on.
-                await trio.sleep_until(job.last_report + self.report_interval)
+                # One last report at the end, at once (the final bytes for the metric; the failure's
+                # reason, once): waiting out the interval would hold every launch up to a second.
                 self._report(job, send, final=True)
         finally:
             del self.jobs[(job.url, job.sha256)]
@@ -276,6 +276,7 @@ async def _stop_on_cancel(stop: threading.Event) -> None:
 
 
 def _amount(done: int, total: int | None) -> str:
+    scale, unit = (1e9, "GB") if max(done, total or 0) >= 1e9 else (1e6, "MB")
     if total is None:
-        return f"{done / 1e9:.1f} GB" if done >= 1e8 else f"{done / 1e6:.1f} MB"
-    return f"{done / 1e9:.1f} of {total / 1e9:.1f} GB" if total >= 1e8 else f"{done / 1e6:.1f} of {total / 1e6:.1f} MB"
+        return f"{done / scale:.1f} {unit}"
+    return f"{done / scale:.1f} of {total / scale:.1f} {unit}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from llmgw.catalog.units import parse_size
-from llmgw.errors import LlmgwError
+from llmgw.errors import unwrap
 
 
 class _Size(click.ParamType):
@@ -47,7 +47,6 @@ def fileserver(root: str, host: str, port: int, drop_after: int, drops: int, no_
 
     from llmgw.sim.fileserver import (
         LISTENING_PREFIX,
-        FileServerError,
         FileServerHandle,
         FileServerOptions,
         serve_files,
@@ -66,7 +65,7 @@ def fileserver(root: str, host: str, port: int, drop_after: int, drops: int, no_
 
     try:
         trio.run(main)
-    except FileServerError as exc:
-        raise LlmgwError(str(exc)) from None
+    except BaseExceptionGroup as group:
+        raise unwrap(group) from None
     except KeyboardInterrupt:
         pass

@@ -23,6 +23,7 @@ from pathlib import Path
 import msgspec
 import trio
 
+from llmgw.errors import LlmgwError
 from llmgw.netaddr import url_host
 from llmgw.web.http1 import response_head
 from llmgw.web.server import DropConnection, HttpServer, Request, Responder
@@ -231,5 +232,5 @@ async def serve_files(options: FileServerOptions, *, log: Callable[[str], None] 
         task_status.started(FileServerHandle(files, host, port))
 
 
-class FileServerError(Exception):
+class FileServerError(LlmgwError):
     """The server cannot start (bad root, port in use); the message is one line for people."""

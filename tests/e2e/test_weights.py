@@ -1,0 +1,150 @@
+"""Weights before launch, end to end (issue 12): a real server, agent, simulated engines and the
+simulated file server (`llmgw sim fileserver`) as processes on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.e2e.harness import (
+    FAST_AGENT,
+    Proc,
+    Server,
+    ctl_json,
+    engines_config,
+    make_sim_node,
+    one_error_line,
+    replicas,
+    run_llmgw,
+    start_agent,
+    wait_until,
+)
+
+FILESERVER_LISTENING = re.compile(r"^llmgw-sim-fileserver listening on (\S+):(\d+)$", re.M)
+
+
+def start_fileserver(tmp: Path, root: Path, *args: str, name: str = "fileserver") -> tuple[Proc, str]:
+    proc = Proc(name, ["sim", "fileserver", "--root", str(root), *args], tmp)
+    host, port = wait_until(lambda: (m := FILESERVER_LISTENING.search(proc.log())) and m.groups(),
+                            f"{name} to print its port", procs=[proc])
+    return proc, f"http://{host}:{port}"
+
+
+def sparse_file(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(b"llmgw weights ")
+        fh.truncate(size)
+
+
+def one_node(tmp_path: Path, procs: list[Proc], catalog: str, agent_extra: str = "") -> tuple[Server, Proc]:
+    server = Server(tmp_path, engines_config(catalog))
+    procs.append(server.start())
+    agent_config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT + agent_extra, "--gpus", "8")
+    agent = start_agent(tmp_path, "gpu-01", agent_config, "--stop-engines-on-exit")
+    procs.append(agent)
+    return server, agent
+
+
+def test_the_file_server_answers_ranges_and_logs_what_it_saw(tmp_path: Path, procs: list[Proc]) -> None:
+    data = bytes(range(256)) * 64
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "w.bin").write_bytes(data)
+    proc, url = start_fileserver(tmp_path, tmp_path / "files")
+    procs.append(proc)
+    whole = httpx.get(f"{url}/w.bin")
+    assert whole.status_code == 200 and whole.content == data and whole.headers["accept-ranges"] == "bytes"
+    part = httpx.get(f"{url}/w.bin", headers={"range": "bytes=1000-", "if-range": whole.headers["etag"]})
+    assert part.status_code == 206 and part.content == data[1000:]
+    assert part.headers["content-range"] == f"bytes 1000-{len(data) - 1}/{len(data)}"
+    stale = httpx.get(f"{url}/w.bin", headers={"range": "bytes=1000-", "if-range": '"stale"'})
+    assert stale.status_code == 200 and stale.content == data  # the validator changed: the whole file
+    assert httpx.get(f"{url}/nope.bin").status_code == 404
+    wait_until(lambda: "GET /w.bin range=bytes=1000- if-range=" in proc.log() and "-> 206" in proc.log(),
+               "the request log", procs=[proc])
+
+
+def test_the_file_server_refuses_a_root_that_is_not_a_directory_in_one_line(tmp_path: Path) -> None:
+    result = run_llmgw("sim", "fileserver", "--root", str(tmp_path / "missing"))
+    assert result.returncode == 1
+    assert "not a directory" in one_error_line(result)
+
+
+def test_a_path_missing_on_the_node_and_a_404_fail_before_launch_with_the_reason(tmp_path: Path, procs: list[Proc]) -> None:
+    (tmp_path / "files").mkdir()
+    files, url = start_fileserver(tmp_path, tmp_path / "files")
+    procs.append(files)
+    catalog = f"""\
+models:
+  - name: nopath
+    source: {tmp_path}/no-such-model
+    profiles:
+      - {{engine: sim, gpus: 1}}
+  - name: gone
+    source: {url}/gone/model.safetensors
+    profiles:
+      - {{engine: sim, gpus: 1, start_timeout: 30s}}
+"""
+    server, _ = one_node(tmp_path, procs, catalog)
+    seen: dict[str, dict[str, Any]] = {}
+
+    def failed() -> bool:
+        for r in ctl_json(server.url, "replicas"):
+            if r["state"] == "failed":
+                seen[r["model"]] = r
+        return seen.keys() >= {"nopath", "gone"}
+
+    wait_until(failed, "both replicas failed", procs=procs, deadline=60)
+    assert f"not started: source {tmp_path}/no-such-model: no such file or directory on this node" in seen["nopath"]["reason"]
+    assert f"not started: weights {url}/gone/model.safetensors: HTTP 404 Not Found" in seen["gone"]["reason"]
+    logs = tmp_path / "gpu-01" / "work" / "logs"
+    assert not list(logs.glob("*.log"))  # nothing was launched
+
+
+def test_a_model_by_url_is_fetched_once_and_the_engine_gets_the_local_path(tmp_path: Path, procs: list[Proc]) -> None:
+    size = 3_000_000
+    sparse_file(tmp_path / "files" / "model.safetensors", size)
+    digest = hashlib.sha256((tmp_path / "files" / "model.safetensors").read_bytes()).hexdigest()
+    files, url = start_fileserver(tmp_path, tmp_path / "files", "--drop-after", "1000000")
+    procs.append(files)
+    catalog = f"""\
+models:
+  - name: byurl
+    source: {url}/model.safetensors
+    replicas: 2
+    profiles:
+      - {{engine: sim, gpus: 1, sha256: {digest}}}
+"""
+    server, _ = one_node(tmp_path, procs, catalog)
+    ready = wait_until(lambda: len(rs := [r for r in replicas(server) if r["state"] == "ready"]) == 2 and rs,
+                       "both replicas ready", procs=procs, deadline=60)
+    assert len(ready) == 2
+    gets = re.findall(r"^GET /model.safetensors range=(\S+) if-range=(\S+) -> (\d+)$", files.log(), re.M)
+    assert gets[0] == ("-", "-", "200")  # one download for both replicas, cut at 1 MB ...
+    assert gets[1][0] == "bytes=1000000-" and gets[1][2] == "206"  # ... and resumed there
+    assert len(gets) == 2
+    cached = list((tmp_path / "gpu-01" / "work" / "models").glob("*/model.safetensors"))
+    assert len(cached) == 1 and cached[0].stat().st_size == size
+    assert not list(cached[0].parent.glob("*.partial*"))
+
+
+def test_a_download_that_outlasts_start_timeout_fails_though_bytes_keep_arriving(tmp_path: Path, procs: list[Proc]) -> None:
+    sparse_file(tmp_path / "files" / "big.safetensors", 200_000_000)
+    files, url = start_fileserver(tmp_path, tmp_path / "files", "--rate", "2MB")
+    procs.append(files)
+    catalog = f"""\
+models:
+  - name: slow
+    source: {url}/big.safetensors
+    profiles:
+      - {{engine: sim, gpus: 1, start_timeout: 3s}}
+"""
+    server, _ = one_node(tmp_path, procs, catalog)
+    failed = wait_until(lambda: next((r for r in replicas(server) if r["state"] == "failed"), None),
+                        "the replica failed at its start_timeout", procs=procs, deadline=60)
+    assert "not fetched within the start_timeout" in failed["reason"], failed
+    assert re.search(r"\(\d+\.\d of 200\.0 MB so far\)", failed["reason"]), failed["reason"]
