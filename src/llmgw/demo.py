@@ -66,7 +66,14 @@ def llmgw_command() -> str:
     return f"{sys.executable} -m llmgw"
 
 
-def server_config(opts: DemoOptions, work: Path, tls_dir: Path | None) -> str:
+# The large model's weights come by URL from `llmgw sim fileserver`, slowly enough (a few
+# seconds) that `ctl replicas` shows the download line while the demo starts (issue 12).
+WEIGHTS_SIZE = 256 * 1000 * 1000
+WEIGHTS_RATE = "64MB"
+WEIGHTS_LISTENING = "llmgw-sim-fileserver listening on "
+
+
+def server_config(opts: DemoOptions, work: Path, tls_dir: Path | None, weights_url: str = "") -> str:
     tls = ""
     if tls_dir is not None:
         tls = (
@@ -99,7 +106,7 @@ models:
         args: ["--startup-delay", "1", "--ttft-ms", "40", "--itl-ms", "15"]
         start_timeout: 2m
   - name: {LARGE_MODEL}
-    replicas: 1
+    replicas: 1{f"{chr(10)}    source: {weights_url}" if weights_url else ""}
     profiles:
       # One replica on two nodes (4 GPUs on each, over their shared InfiniBand fabric): rank 0
       # serves, rank 1 joins it headless; each gets NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...
@@ -230,10 +237,12 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         await trio.to_thread.run_sync(_issue_certs, tls_dir, opts.host, node_ids)
         say(f"  ✓ certificates: a CA, a server certificate for {opts.host} and {len(node_ids)} node certificates in {tls_dir}")
     config = work / "server.yaml"
-    await trio.to_thread.run_sync(config.write_text, server_config(opts, work, tls_dir))
     fleet = Fleet(logs)
     stopped_by_operator = False
     try:
+        weights_url = await _start_fileserver(fleet, work, opts.host)
+        say(f"  ✓ file server: {weights_url} ({WEIGHTS_SIZE // 10**6} MB at {WEIGHTS_RATE}/s, the {LARGE_MODEL} weights)")
+        await trio.to_thread.run_sync(config.write_text, server_config(opts, work, tls_dir, weights_url))
         server_args = ["server", "--config", str(config)]
         if not opts.tls:
             server_args.append("--insecure")
@@ -266,8 +275,14 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         for n in await _wait_for(nodes_ready, "the nodes to register", fleet, 60):
             say(f"  ✓ node {n['id']}: {n['gpus']}× {n['gpu_name']} (simulated), {n['ports']} InfiniBand ports, agent connected")
 
+        fetching: set[str] = set()
+
         def replicas_ready() -> list[dict[str, Any]] | None:
             replicas = httpx.get(f"{public}/api/v1/replicas", timeout=2).json()
+            for r in replicas:
+                if r.get("progress") and r["id"] not in fetching:
+                    fetching.add(r["id"])
+                    say(f"  ↓ {r['model']}: fetching its weights by URL (`ctl replicas` shows the download)")
             ready = [r for r in replicas if r["state"] == "ready"]
             return ready if len(ready) == 3 and len(replicas) == 3 else None
 
@@ -305,6 +320,29 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
                     await trio.to_thread.run_sync(shutil.rmtree, work, True)
                 else:
                     say(f"logs kept in {logs}")
+
+
+async def _start_fileserver(fleet: Fleet, work: Path, host: str) -> str:
+    """`llmgw sim fileserver` over a sparse weights file; the URL of that file."""
+    root = work / "weights" / LARGE_MODEL
+    await trio.to_thread.run_sync(_sparse_file, root / "model.safetensors", WEIGHTS_SIZE)
+    fleet.start("fileserver", ["sim", "fileserver", "--root", str(root.parent), "--host", host, "--rate", WEIGHTS_RATE])
+    log = fleet.logs / "fileserver.log"
+
+    def bound() -> str | None:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(WEIGHTS_LISTENING):
+                return line[len(WEIGHTS_LISTENING):].strip()
+        return None
+
+    address = await _wait_for(bound, "the file server", fleet, 30)
+    return f"http://{address}/{LARGE_MODEL}/model.safetensors"
+
+
+def _sparse_file(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.truncate(size)
 
 
 def _curl_target(public: str, ready: list[dict[str, Any]]) -> str:

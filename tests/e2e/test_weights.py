@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.harness import (
     FAST_AGENT,
@@ -39,6 +40,15 @@ def sparse_file(path: Path, size: int) -> None:
     with open(path, "wb") as fh:
         fh.write(b"llmgw weights ")
         fh.truncate(size)
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    """One sample of the server's /metrics (0 when absent)."""
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
 
 
 def one_node(tmp_path: Path, procs: list[Proc], catalog: str, agent_extra: str = "") -> tuple[Server, Proc]:
@@ -103,6 +113,8 @@ models:
     assert f"not started: weights {url}/gone/model.safetensors: HTTP 404 Not Found" in seen["gone"]["reason"]
     logs = tmp_path / "gpu-01" / "work" / "logs"
     assert not list(logs.glob("*.log"))  # nothing was launched
+    wait_until(lambda: metric(server, "llmgw_weights_fetch_failures_total", node="gpu-01", reason="http") >= 1,
+               "the 404 counted in llmgw_weights_fetch_failures_total", procs=procs)
 
 
 def test_a_model_by_url_is_fetched_once_and_the_engine_gets_the_local_path(tmp_path: Path, procs: list[Proc]) -> None:
@@ -148,3 +160,56 @@ models:
                         "the replica failed at its start_timeout", procs=procs, deadline=60)
     assert "not fetched within the start_timeout" in failed["reason"], failed
     assert re.search(r"\(\d+\.\d of 200\.0 MB so far\)", failed["reason"]), failed["reason"]
+
+
+def test_a_slow_download_shows_in_ctl_replicas_with_rising_bytes_while_the_replica_stays_starting(
+        tmp_path: Path, procs: list[Proc]) -> None:
+    size = 12_000_000
+    sparse_file(tmp_path / "files" / "model.safetensors", size)
+    files, url = start_fileserver(tmp_path, tmp_path / "files", "--rate", "2MB")
+    procs.append(files)
+    catalog = f"""\
+models:
+  - name: slowfetch
+    source: {url}/model.safetensors
+    profiles:
+      - {{engine: sim, gpus: 1, start_timeout: 2m}}
+"""
+    server, _ = one_node(tmp_path, procs, catalog)
+    samples: list[dict[str, Any]] = []
+
+    def progressing() -> bool:
+        [replica] = ctl_json(server.url, "replicas")
+        if replica.get("progress") is not None:
+            samples.append(replica)
+        return len({s["progress"]["bytes"] for s in samples}) >= 3
+
+    wait_until(progressing, "three different byte counts in ctl replicas -o json", procs=procs, deadline=60)
+    for replica in samples:
+        assert replica["state"] == "starting", replica  # bytes arriving are not a state change
+        progress = replica["progress"]
+        assert progress["source"] == f"{url}/model.safetensors"
+        assert progress["total"] == size and 0 <= progress["bytes"] <= size
+    counts = [s["progress"]["bytes"] for s in samples]
+    assert counts == sorted(counts) and counts[-1] > counts[0]
+    assert any(s["progress"]["rate"] > 0 for s in samples)
+    api = next(r for r in replicas(server) if r["id"] == samples[0]["id"])
+    assert api["progress"] is None or api["progress"]["source"] == f"{url}/model.safetensors"  # GET /api/v1/replicas too
+
+    # The table: a line under the replica, not a column.
+    def table_line() -> str | None:
+        result = run_llmgw("ctl", "--server", server.url, "replicas")
+        lines = result.stdout.splitlines()
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith("↓ model.safetensors") and i > 0 and lines[i - 1].startswith(samples[0]["id"]):
+                return line
+        return None
+
+    line = wait_until(table_line, "the download line under the replica in ctl replicas", procs=procs, deadline=30)
+    assert re.search(r"↓ model\.safetensors  \d+\.\d / 12\.0 MB  \d+ %  \d+ (KB|MB)/s", line), line
+
+    ready = wait_until(lambda: next((r for r in replicas(server) if r["state"] == "ready"), None), "the replica ready",
+                       procs=procs, deadline=60)
+    assert ready["progress"] is None  # the state change cleared it
+    wait_until(lambda: metric(server, "llmgw_weights_bytes_total", node="gpu-01") == size,
+               "llmgw_weights_bytes_total to count the file once", procs=procs)

@@ -86,6 +86,7 @@ class Transfer:
         self.done = 0  # bytes of the file on disk so far
         self.total: int | None = None
         self.fetched = 0  # bytes received over the network (all attempts)
+        self.answered = False  # a response head came: `total` says what the server announced
         self.stop = threading.Event()
 
 
@@ -185,6 +186,7 @@ def _receive(response: httpx.Response, url: str, display: str, target: Path, par
                      last_modified=response.headers.get("last-modified", ""), total=total)
     transfer.total = total
     transfer.done = offset
+    transfer.answered = True
     target.parent.mkdir(parents=True, exist_ok=True)
     if total is not None:
         need = total - offset + DISK_MARGIN

@@ -243,9 +243,13 @@ class Weights:
             raise failed
 
     async def _reporter(self, job: _Job, send: Send) -> None:
+        job.last_report = trio.current_time()
         while True:
             await trio.sleep_until(job.last_report + self.report_interval)
-            self._report(job, send)
+            if job.transfer.answered:  # before the server answers there is no total to tell
+                self._report(job, send)
+            else:
+                job.last_report = trio.current_time()
 
     def _report(self, job: _Job, send: Send, final: bool = False) -> None:
         now = trio.current_time()

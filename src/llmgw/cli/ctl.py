@@ -8,6 +8,7 @@ import click
 
 from llmgw.catalog.units import format_duration
 from llmgw.cli.cert import cert
+from llmgw.cli.progress import LinesUnder, progress_line
 from llmgw.cli.render import console, make_table, output_option, print_json, say, styled_state, text
 
 if TYPE_CHECKING:
@@ -133,8 +134,17 @@ def _replicas_view(data: list[dict], tail: int) -> Group:
     if not data:
         parts.append(text("no replicas (is a model with replicas > 0 in the catalog?)"))
     else:
-        parts.append(make_table(["REPLICA", "MODEL", "PROFILE", "STATE", "NODE", "GPUS", "ENDPOINT", "AGE", "REASON"],
-                                _replica_rows(data)))
+        # A download is a line under its replica, not a column (most replicas download nothing):
+        # an empty row holds its place in the table, and the line takes it when drawn.
+        rows: list[tuple] = []
+        lines: list[str] = []
+        for r, row in zip(data, _replica_rows(data), strict=True):
+            rows.append(row)
+            if r.get("progress"):
+                rows.append(("",) * len(row))
+                lines.append("  " + progress_line(r["progress"]))
+        table = make_table(["REPLICA", "MODEL", "PROFILE", "STATE", "NODE", "GPUS", "ENDPOINT", "AGE", "REASON"], rows)
+        parts.append(LinesUnder(table, lines) if lines else table)
     for r in data:
         lines = (r.get("tail") or [])[-tail:] if tail else []
         if lines and r["state"] in ("failed", "pending"):

@@ -41,6 +41,7 @@ from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
 from llmgw.server.operator import Operator
 from llmgw.server.registry import NodeRegistry
 from llmgw.server.views import FleetReads, GatewayFeed
+from llmgw.server.weights import WeightsBoard
 from llmgw.tls import server_context
 from llmgw.tls.revocation import Revocations, fleet_refusal
 from llmgw.web.relay import RelayHub
@@ -129,6 +130,7 @@ class ControlPlane:
         self.gateway = gateway
         # The controller sends on the streams the fleet service keeps (one shared map).
         sessions: dict[str, Session] = {}
+        weights = WeightsBoard()  # weight downloads of starting shards, and their metrics (issue 12)
         self.controller = Controller(
             reconciler,
             self.registry,
@@ -137,6 +139,7 @@ class ControlPlane:
             known=self.known_nodes,
             on_pass=lambda: gateway.set_endpoints(*feed.ready_endpoints()),
             on_refused=self.metrics.count_refused,
+            weights=weights,
         )
         self.refusal_log = RefusalLog(logging.getLogger("llmgw.fleet"), every=float(fleet.refusal_log_interval))
         self.fleet = FleetService(
@@ -169,7 +172,8 @@ class ControlPlane:
         self.operator = Operator(cfg, config_path=config_path, overrides=overrides, auth=self.auth, gateway=gateway,
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
                                  end_revoked_streams=self.fleet_listener.recheck)
-        self.reads = FleetReads(self.registry, reconciler, gateway)
+        self.reads = FleetReads(self.registry, reconciler, gateway, weights)
+        self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
         self.shutdown_event = trio.Event()
 

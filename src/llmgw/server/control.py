@@ -22,6 +22,7 @@ from llmgw.fabric.declared import placement_view
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.reconcile import NodeInfo, Reconciler, Refusal, Settings, StartShard, StopShard
 from llmgw.server.registry import NodeRegistry, Transition
+from llmgw.server.weights import WeightsBoard
 from llmgw.wire import messages as m
 from llmgw.wire.ids import printable
 
@@ -128,6 +129,7 @@ class Controller:
         known: KnownNodes | None = None,
         on_pass: Callable[[], None] = lambda: None,  # after every pass (the gateway syncs endpoints)
         on_refused: Callable[[str], None] = lambda reason: None,  # counts a refused message by reason (metrics)
+        weights: WeightsBoard | None = None,
     ) -> None:
         self.registry = registry
         self.known = known
@@ -137,6 +139,7 @@ class Controller:
         self.links = links
         self.on_pass = on_pass
         self.on_refused = on_refused
+        self.weights = weights if weights is not None else WeightsBoard()  # downloads of starting shards (Progress)
         self._refusals_logged: set[tuple[str, str]] = set()
         self._wake = trio.Event()
         self.passes = 0
@@ -169,11 +172,18 @@ class Controller:
         self.wake()
 
     def shard_status(self, node_id: str, msg: m.ShardStatus) -> None:
-        self._refused(self.reconciler.on_shard_status(node_id, msg, trio.current_time()))
+        refused = self.reconciler.on_shard_status(node_id, msg, trio.current_time())
+        self._refused(refused)
+        if not refused:
+            self.weights.clear(msg.shard_id)  # a real state change ends what the download showed
         self.wake()
 
     def progress(self, node_id: str, msg: m.Progress) -> None:
-        self._refused(self.reconciler.on_progress(node_id, msg, trio.current_time()))
+        """A download's bytes (issue 12): shown and counted, never a state change (no wake)."""
+        refused = self.reconciler.on_progress(node_id, msg, trio.current_time())
+        self._refused(refused)
+        if not refused and self.reconciler.owner(msg.shard_id) is not None:
+            self.weights.update(node_id, msg, trio.current_time())
 
     def shard_resync(self, node_id: str, shards: list[m.ShardReport]) -> None:
         """A heartbeat's full shard list (level-triggered resync): a pass only when it changed something."""

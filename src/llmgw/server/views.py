@@ -20,6 +20,7 @@ from llmgw.server.gateway.enginemetrics import EngineLoad
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.reconcile import Reconciler, Replica, ReplicaState
 from llmgw.server.registry import Node, NodeRegistry
+from llmgw.server.weights import ProgressView, WeightsBoard
 from llmgw.wire import messages as m
 
 
@@ -95,6 +96,8 @@ class ReplicaView(msgspec.Struct, kw_only=True):
     endpoint: str
     shards: list[ShardView]
     tail: list[str]
+    # The weights download a starting replica waits on (issue 12); None when there is none.
+    progress: ProgressView | None = None
 
 
 class ModelView(msgspec.Struct, kw_only=True):
@@ -158,7 +161,7 @@ def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
     return view
 
 
-def replica_view(r: Replica, now: float) -> ReplicaView:
+def replica_view(r: Replica, now: float, weights: WeightsBoard | None = None) -> ReplicaView:
     shards = [
         ShardView(
             shard_id=sh.shard_id,
@@ -191,6 +194,8 @@ def replica_view(r: Replica, now: float) -> ReplicaView:
         endpoint=rank0.endpoint if rank0 is not None and r.state == ReplicaState.READY else "",
         shards=shards,
         tail=list(r.tail),
+        progress=(weights.of([sh.shard_id for sh in r.shards], now)
+                  if weights is not None and r.state == ReplicaState.STARTING else None),
     )
 
 
@@ -208,7 +213,9 @@ class ReadModel(Protocol):
 class FleetReads:
     """The `ReadModel` over the registry, the reconciler and the gateway's balancers."""
 
-    def __init__(self, registry: NodeRegistry, reconciler: Reconciler, gateway: Gateway) -> None:
+    def __init__(self, registry: NodeRegistry, reconciler: Reconciler, gateway: Gateway,
+                 weights: WeightsBoard | None = None) -> None:
+        self.weights = weights
         self.registry = registry
         self.reconciler = reconciler
         self.gateway = gateway
@@ -222,11 +229,11 @@ class FleetReads:
 
     def replicas(self, now: float) -> list[ReplicaView]:
         replicas = sorted(self.reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
-        return [replica_view(r, now) for r in replicas]
+        return [replica_view(r, now, self.weights) for r in replicas]
 
     def replica(self, replica_id: str, now: float) -> ReplicaView | None:
         replica = self.reconciler.replicas.get(replica_id)
-        return None if replica is None else replica_view(replica, now)
+        return None if replica is None else replica_view(replica, now, self.weights)
 
     def models(self) -> list[ModelView]:
         reconciler = self.reconciler
