@@ -42,6 +42,12 @@ def make_file(root: Path, name: str = "model.safetensors", size: int = SIZE) -> 
     return data
 
 
+def make_sparse(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+
+
 def content(path: str | Path) -> bytes:
     return Path(path).read_bytes()
 
@@ -440,3 +446,29 @@ def test_a_profile_source_overrides_the_models_and_travels_with_its_sha256() -> 
     b = shard_spec(model, model.profiles[1], "r", "s", [0], 20000)
     assert (a.source, a.sha256) == ("Org/M", "")
     assert (b.source, b.sha256) == ("https://mirror/m.gguf", digest)
+
+
+async def test_the_event_loop_stays_free_while_a_fast_download_runs(tmp_path: Path) -> None:
+    """The download is the worker thread's: the loop (heartbeats, health checks) keeps ticking."""
+    size = 64 * 1024 * 1024
+    make_sparse(tmp_path / "srv" / "big.bin", size)
+    gaps: list[float] = []
+    async with file_server(tmp_path / "srv") as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/big.bin"))
+
+        async def tick() -> None:
+            last = trio.current_time()
+            while True:
+                await trio.sleep(0.005)  # ok: the probe's own interval
+                now = trio.current_time()
+                gaps.append(now - last)
+                last = now
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tick)
+            await w.ensure("s1", plan, trio.current_time() + DEADLINE, nursery, Sent())
+            nursery.cancel_scope.cancel()
+    assert size_of(Path(plan.target)) == size
+    assert len(gaps) > 5
+    assert max(gaps) < 0.25, sorted(gaps)[-5:]

@@ -26,6 +26,7 @@ from llmgw.wire import messages as m
 STALE = 15.0  # seconds after its last report that a download is no longer shown
 MAX_PROGRESS = 4096  # shards with a download shown at once; beyond, the oldest reports go
 MAX_SOURCES_PER_NODE = 64  # sources whose byte counts are remembered per node (LRU)
+MAX_SOURCE = 2048  # characters of a source kept (a node could send megabytes of one)
 # The agent's reasons (llmgw.agent.fetch.Reason); anything else counts as "other".
 REASONS = frozenset({"http", "network", "checksum", "length", "disk", "timeout", "source"})
 
@@ -58,10 +59,11 @@ class WeightsBoard(Collector):
         if msg.failure:
             reason = msg.failure if msg.failure in REASONS else "other"
             self.failures[(node_id, reason)] = self.failures.get((node_id, reason), 0) + 1
-        self._count_bytes(node_id, msg.source, max(msg.fetched, 0))
+        source = msg.source[:MAX_SOURCE]
+        self._count_bytes(node_id, source, max(msg.fetched, 0))
         if msg.failure:
             return  # the failed ShardStatus follows; nothing is downloading any more
-        view = ProgressView(source=msg.source, bytes=max(msg.done_bytes, 0),
+        view = ProgressView(source=source, bytes=max(msg.done_bytes, 0),
                             total=msg.total_bytes if msg.total_bytes is not None and msg.total_bytes >= 0 else None,
                             rate=max(float(msg.rate), 0.0), node=node_id, shard_id=msg.shard_id)
         self._progress[msg.shard_id] = _Entry(view, now)
