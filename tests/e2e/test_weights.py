@@ -213,3 +213,39 @@ models:
     assert ready["progress"] is None  # the state change cleared it
     wait_until(lambda: metric(server, "llmgw_weights_bytes_total", node="gpu-01") == size,
                "llmgw_weights_bytes_total to count the file once", procs=procs)
+
+
+def test_a_replica_restarted_mid_download_stops_waiting_and_its_successor_resumes(tmp_path: Path, procs: list[Proc]) -> None:
+    token = "ops-weights-1"
+    size = 12_000_000
+    sparse_file(tmp_path / "files" / "model.safetensors", size)
+    files, url = start_fileserver(tmp_path, tmp_path / "files", "--rate", "2MB")
+    procs.append(files)
+    catalog = f"""\
+api:
+  operator_tokens: ["sha256:{hashlib.sha256(token.encode()).hexdigest()}"]
+models:
+  - name: restarted
+    source: {url}/model.safetensors
+    profiles:
+      - {{engine: sim, gpus: 1, start_timeout: 2m}}
+"""
+    server = Server(tmp_path, engines_config(catalog), token=token)
+    procs.append(server.start())
+    agent_config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", "8")
+    agent = start_agent(tmp_path, "gpu-01", agent_config, "--stop-engines-on-exit")
+    procs.append(agent)
+    first = wait_until(lambda: next((r for r in replicas(server) if (r.get("progress") or {}).get("bytes", 0) > 2_000_000),
+                                    None), "the download under way", procs=procs, deadline=60)
+    result = run_llmgw("ctl", "--server", server.url, "restart", first["id"], env={"LLMGW_TOKEN": token})
+    assert result.returncode == 0, result.stderr
+    ready = wait_until(lambda: next((r for r in replicas(server) if r["state"] == "ready"), None), "a replica ready",
+                       procs=procs, deadline=60)
+    assert ready["id"] != first["id"]
+    gets = re.findall(r"^GET /model.safetensors range=(\S+) if-range=(\S+) -> (\d+)$", files.log(), re.M)
+    assert gets[0][0] == "-" and len(gets) == 2
+    resumed_at = int(gets[1][0].removeprefix("bytes=").removesuffix("-"))
+    assert resumed_at >= 2_000_000 and gets[1][2] == "206"  # the successor went on from the partial file
+    assert f"shard {first['shards'][0]['shard_id']} stopped before it was launched" in agent.log()
+    cached = list((tmp_path / "gpu-01" / "work" / "models").glob("*/model.safetensors"))
+    assert len(cached) == 1 and cached[0].stat().st_size == size

@@ -75,10 +75,13 @@ def spec(source: str, shard: str = "s1", sha256: str = "") -> m.ShardSpec:
 class Sent:
     def __init__(self) -> None:
         self.messages: list[m.Progress] = []
+        self.moving = trio.Event()  # set at the first report with bytes in it
 
     def __call__(self, msg: msgspec.Struct) -> None:
         assert isinstance(msg, m.Progress)
         self.messages.append(msg)
+        if msg.done_bytes:
+            self.moving.set()
 
 
 def weights(tmp_path: Path, **kw: object) -> Weights:
@@ -472,3 +475,29 @@ async def test_the_event_loop_stays_free_while_a_fast_download_runs(tmp_path: Pa
     assert size_of(Path(plan.target)) == size
     assert len(gaps) > 5
     assert max(gaps) < 0.25, sorted(gaps)[-5:]
+
+
+async def test_a_shard_that_comes_as_the_last_one_leaves_gets_the_whole_file(tmp_path: Path) -> None:
+    """A Stop and a Start together (a restart): the new shard must not take the cancelled
+    download for a finished one; it begins it again, from the partial file."""
+    data = make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", rate=SIZE * 2) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        sent = Sent()
+        async with trio.open_nursery() as nursery:
+            first = trio.CancelScope()
+
+            async def leaver() -> None:
+                with first:
+                    await w.ensure("old", plan, trio.current_time() + DEADLINE, nursery, sent)
+
+            nursery.start_soon(leaver)
+            with trio.fail_after(DEADLINE):
+                await sent.moving.wait()
+            first.cancel()
+            await trio.lowlevel.checkpoint()
+            await w.ensure("new", plan, trio.current_time() + DEADLINE, nursery, sent)
+        seen = srv.server.seen
+    assert content(plan.target) == data
+    assert len(seen) == 2 and seen[1].status == 206

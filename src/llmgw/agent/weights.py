@@ -80,6 +80,7 @@ class _Job:
         self.watchers: dict[str, None] = {}  # shard ids, in the order they came
         self.done = trio.Event()
         self.error: FetchError | None = None
+        self.completed = False  # the file is in place
         self.scope = trio.CancelScope()
         self.last_report = -1e9  # trio time of the last Progress
         self.last_done = 0
@@ -140,34 +141,49 @@ class Weights:
     async def ensure(self, shard_id: str, plan: WeightsPlan, deadline: float, nursery: trio.Nursery, send: Send) -> None:
         """Return once `plan.target` holds the whole file (at once if it does already); raise
         LaunchError when the download fails or is still running at `deadline` (trio time)."""
-        target = Path(plan.target)
+        job: _Job | None = None
+        with trio.move_on_at(deadline):
+            while True:
+                job = await self._join(plan, nursery, send)
+                if job is None:
+                    return  # already here (an earlier download, a shared filesystem): nothing to fetch
+                job.watchers[shard_id] = None
+                try:
+                    await job.done.wait()
+                finally:
+                    job.watchers.pop(shard_id, None)
+                    if not job.watchers and not job.done.is_set():
+                        job.scope.cancel()  # nobody waits on it any more; the partial file stays for later
+                if job.error is not None:
+                    raise LaunchError(f"weights {job.error}")
+                if job.completed:
+                    return
+                # Cancelled just as this shard came (every other one had left): begin it again.
+        assert job is not None
+        t = job.transfer
+        send(self._progress(job, shard_id, failure=Reason.TIMEOUT))
+        raise LaunchError(f"weights {job.display} not fetched within the start_timeout ({_amount(t.done, t.total)} so far); "
+                          "a larger start_timeout or a closer mirror would let it finish")
+
+    async def _join(self, plan: WeightsPlan, nursery: trio.Nursery, send: Send) -> _Job | None:
+        """The download of `plan` under way, or a new one; None when the file is already there."""
         key = (plan.url, plan.sha256)
-        job = self.jobs.get(key)
-        if job is None:
-            present = await trio.Path(target).is_file()
-            job = self.jobs.get(key)  # another shard may have begun it while we looked
-        if job is None:
+        while True:
+            job = self.jobs.get(key)
+            if job is not None and job.scope.cancel_called:
+                await job.done.wait()  # a cancelled one still winding down: its partial file is next
+                continue
+            if job is not None:
+                return job
+            present = await trio.Path(plan.target).is_file()
+            if key in self.jobs:
+                continue  # another shard began it while we looked
             if present:
-                return  # already here (an earlier download, a shared filesystem): nothing to fetch
-            job = self.jobs[key] = _Job(plan.url, target, plan.sha256)
+                return None
+            job = self.jobs[key] = _Job(plan.url, Path(plan.target), plan.sha256)
             self.downloads += 1
             nursery.start_soon(self._run, job, send)
-        job.watchers[shard_id] = None
-        try:
-            with trio.move_on_at(deadline):
-                await job.done.wait()
-        finally:
-            job.watchers.pop(shard_id, None)
-            if not job.watchers and not job.done.is_set():
-                job.scope.cancel()  # nobody waits on it any more; the partial file stays for later
-        if not job.done.is_set():
-            t = job.transfer
-            got = _amount(t.done, t.total)
-            send(self._progress(job, shard_id, failure=Reason.TIMEOUT))
-            raise LaunchError(f"weights {job.display} not fetched within the start_timeout ({got} so far); "
-                              "a larger start_timeout or a closer mirror would let it finish")
-        if job.error is not None:
-            raise LaunchError(f"weights {job.error}")
+            return job
 
     async def _run(self, job: _Job, send: Send) -> None:
         log.info("fetching %s into %s", job.display, job.target)
@@ -181,6 +197,7 @@ class Weights:
                     finally:
                         nursery.cancel_scope.cancel()
             if job.error is None and not job.scope.cancelled_caught:
+                job.completed = True
                 took = time.monotonic() - started
                 log.info("fetched %s (%s in %s)", job.display, _amount(job.transfer.done, None), format_duration(took))
             elif job.error is not None:
