@@ -243,9 +243,11 @@ models:
                        procs=procs, deadline=60)
     assert ready["id"] != first["id"]
     gets = re.findall(r"^GET /model.safetensors range=(\S+) if-range=(\S+) -> (\d+)$", files.log(), re.M)
-    assert gets[0][0] == "-" and len(gets) == 2
-    resumed_at = int(gets[1][0].removeprefix("bytes=").removesuffix("-"))
-    assert resumed_at >= 2_000_000 and gets[1][2] == "206"  # the successor went on from the partial file
+    assert gets[0][0] == "-" and len(gets) <= 2
+    # The successor either joined the download before the old shard left it (one GET) or, the
+    # download cancelled with nobody waiting, went on from the partial file (a second, resumed GET).
+    for got in gets[1:]:
+        assert int(got[0].removeprefix("bytes=").removesuffix("-")) >= 2_000_000 and got[2] == "206", gets
     assert f"shard {first['shards'][0]['shard_id']} stopped before it was launched" in agent.log()
     cached = list((tmp_path / "gpu-01" / "work" / "models").glob("*/model.safetensors"))
     assert len(cached) == 1 and cached[0].stat().st_size == size

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from llmgw.agent.engines import LaunchError
 from llmgw.agent.fetch import partial_paths
@@ -496,7 +497,9 @@ async def test_a_shard_that_comes_as_the_last_one_leaves_gets_the_whole_file(tmp
             with trio.fail_after(DEADLINE):
                 await sent.moving.wait()
             first.cancel()
-            await trio.lowlevel.checkpoint()
+            await trio.testing.wait_all_tasks_blocked()  # the old shard has left: the download is cancelled
+            [job] = w.jobs.values()
+            assert job.scope.cancel_called and not job.done.is_set()  # ... and still winding down
             await w.ensure("new", plan, trio.current_time() + DEADLINE, nursery, sent)
         seen = srv.server.seen
     assert content(plan.target) == data
