@@ -45,12 +45,9 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         text = log.read_text()
         assert demo.poll() is None, text
         assert "✓ certificates" in text and text.count("✓ node") == 2 and "3 of 3 ready" in text
-<<<<<<< HEAD
         assert "llama-3.1-70b-instruct on gpu-0" in text and "(2-node replica)" in text, text  # one model spans both nodes
-=======
         # One model's weights come by URL, slowly enough that the download was seen (issue 12).
         assert "↓ llama-3.1-70b-instruct: fetching its weights by URL" in text, text
->>>>>>> 5591fb6 (Progress end to end (issue 12): the agent reports a download on its own message once a second per source, the server keeps the latest per starting shard until a real state change (WeightsBoard), GET /api/v1/replicas and ctl replicas -o json carry progress, the table a line under the replica; llmgw_weights_bytes_total{node} and llmgw_weights_fetch_failures_total{node,reason}; the demo fetches the 70B model's weights by URL from llmgw sim fileserver, slowly enough to show the line)
         # The printed curl, as printed, goes through the gateway (the public port).
         curl = next(line.strip() for line in text.splitlines() if line.strip().startswith("curl "))
         args = shlex.split(curl)
@@ -63,11 +60,7 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         server = re.search(r"--server (\S+)", ctl).group(1)  # type: ignore[union-attr]
         assert {r["state"] for r in ctl_json(server, "replicas")} == {"ready"}
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
-<<<<<<< HEAD
-        assert len(processes_under(work)) >= 7  # server, 2 agents, 4 engines (the 2-node replica runs one per node)
-=======
-        assert len(processes_under(work)) >= 7  # server, 2 agents, 3 engines, the file server
->>>>>>> 5591fb6 (Progress end to end (issue 12): the agent reports a download on its own message once a second per source, the server keeps the latest per starting shard until a real state change (WeightsBoard), GET /api/v1/replicas and ctl replicas -o json carry progress, the table a line under the replica; llmgw_weights_bytes_total{node} and llmgw_weights_fetch_failures_total{node,reason}; the demo fetches the 70B model's weights by URL from llmgw sim fileserver, slowly enough to show the line)
+        assert len(processes_under(work)) >= 8  # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
     finally:
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C at the terminal does
         demo.wait(timeout=60)
