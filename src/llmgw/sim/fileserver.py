@@ -165,7 +165,8 @@ class FileServer:
 
     async def _send_body(self, responder: Responder, fd: int, offset: int, count: int) -> None:
         rate = self.options.rate
-        out = responder.client_fd
+        # The connection itself (its fd on plain TCP): the body goes out with sendfile, untouched.
+        out = responder.chunked_body_sink().fd
         piece = SEND_PIECE if rate <= 0 else max(1, int(rate * SLOW_TICK))
         while count > 0:
             n = min(piece, count)
