@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all demo test lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch docs clean
+.PHONY: all demo test lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric docs clean
 
 all: test
 
@@ -61,6 +61,9 @@ bench-reconcile: $(STAMP)
 
 bench-fetch: $(STAMP)
 	$(BIN)/python bench/bench_fetch.py $(BENCH_ARGS)
+
+bench-fabric: $(STAMP)
+	$(BIN)/python bench/bench_fabric.py $(BENCH_ARGS)
 
 docs: $(STAMP)
 	$(BIN)/python tools/gendocs.py

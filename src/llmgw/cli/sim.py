@@ -6,6 +6,7 @@ import click
 
 from llmgw.cli.sim_engine import engine
 from llmgw.cli.sim_fileserver import fileserver
+from llmgw.cli.sim_fabric import fabric
 from llmgw.cli.sim_node import node
 
 
@@ -17,3 +18,4 @@ def sim() -> None:
 sim.add_command(engine)
 sim.add_command(node)
 sim.add_command(fileserver)
+sim.add_command(fabric)

@@ -1,0 +1,134 @@
+"""`llmgw ctl fabrics`: the fabric map — subnet managers, problems, degraded cables, rail violations.
+
+With `--file` it analyses a saved `ibnetdiscover` (or `ibnetdiscover -p`) dump offline, with no
+server, so an SRE can check a dump from any cluster; `--sm` adds a saved `saquery SMIR` or
+`sminfo` output. Parsing and analysis are the server's own (llmgw.fabric), so the offline answer
+and the server's agree.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+import msgspec
+
+from llmgw.cli.render import console, make_table, output_option, print_json, say
+from llmgw.errors import UsageError
+
+MAX_FILE = 256 * 1024 * 1024  # the largest real dump is 1 MB; a 4,000-node fabric is 12 MB
+
+
+def read_text(path: str, what: str) -> str:
+    """A saved tool output as text: one clear line when it cannot be read, bytes that are not
+    UTF-8 replaced (a dump copied through a Windows share is still worth reading)."""
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_FILE:
+            raise UsageError(f"{what} {path}: {size:,} bytes is more than any fabric dump ({MAX_FILE:,})")
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except IsADirectoryError:
+        raise UsageError(f"{what} {path} is a directory, not a saved tool output") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if b"\0" in data[:4096]:
+        raise UsageError(f"{what} {path} is a binary file, not text a tool printed")
+    return data.decode("utf-8", errors="replace")
+
+
+def offline(path: str, sm_path: str | None) -> dict[str, Any]:
+    """The JSON document `--file` prints: the FabricMap's fields plus where it came from."""
+    from llmgw.fabric.analysis import analyse
+    from llmgw.fabric.ibnetdiscover import parse_topology
+    from llmgw.fabric.subnet import PortView, group_fabrics, parse_sm_text
+
+    text = read_text(path, "--file")
+    topo = parse_topology(text)
+    if not topo.nodes:
+        first = f"; line {topo.problems[0].line}: {topo.problems[0].text}" if topo.problems else ""
+        raise UsageError(f"--file {path}: no ibnetdiscover topology in it ({len(topo.problems)} unreadable lines{first})")
+    fabric_map = analyse(topo)
+    doc: dict[str, Any] = {"source": path}
+    doc.update(msgspec.to_builtins(fabric_map))
+    if sm_path is not None:
+        parsed = parse_sm_text(read_text(sm_path, "--sm"))
+        if not parsed.records:
+            raise UsageError(f"--sm {sm_path}: no `saquery SMIR` record or `sminfo` line in it")
+        report = group_fabrics([PortView(node="file", port=os.path.basename(sm_path), records=tuple(parsed.records))])
+        doc["subnet_managers"] = msgspec.to_builtins(report.fabrics)
+        for fabric in report.fabrics:
+            doc["problems"].extend({"kind": p.kind.value, "message": f"fabric {fabric.id}: {p.message}"}
+                                   for p in fabric.problems)
+        doc["problems"].extend({"kind": "unreadable_line", "line": p.line,
+                                "message": f"--sm line {p.line}: {p.reason}: {p.text}"} for p in parsed.problems)
+    return doc
+
+
+def render(doc: dict[str, Any]) -> None:
+    out = console()
+    rows: list[tuple[Any, ...]]
+    summary = doc["summary"]
+    tiers = ", ".join(f"{count} {tier}" for tier, count in summary["tiers"].items())
+    say(f"{doc.get('source') or doc.get('id', '')}: {doc['format']}, {summary['switches']} switches ({tiers}), "
+        f"{summary['adapters']} adapters, {summary['aggregation_nodes']} aggregation nodes, {summary['links']} links, "
+        f"{summary['degraded_links']} degraded, rail-optimised: {'yes' if summary['rail_optimised'] else 'no'}")
+    for fabric in doc.get("subnet_managers") or []:
+        master = (fabric.get("master") or {}).get("guid", "")
+        rows = [(sm["guid"], sm["lid"], sm["priority"], sm["state"] + (" ★" if sm["guid"] == master else ""),
+                 sm["act_count"]) for sm in fabric["subnet_managers"]]
+        out.print(make_table(["GUID", "LID", "PRIORITY", "STATE", "ACTIVITY"], rows,
+                             title=f"subnet managers of fabric {fabric['id']}"))
+    other = [p for p in doc["problems"] if p["kind"] not in ("degraded_link", "rail_violation")]
+    if other:
+        out.print(make_table(["KIND", "PROBLEM"], [(p["kind"], p["message"]) for p in other], title="problems"))
+    degraded = [link for link in doc["links"] if link["degraded"]]
+    if degraded:
+        rows = [(f"{link['a']['name']} [{link['a']['port']}]", f"{link['b']['name']} [{link['b']['port']}]",
+                 f"{link['width']}{link['speed']}", link.get("reason", "")) for link in degraded]
+        out.print(make_table(["END A", "END B", "RATE", "WHY"], rows, title="degraded cables"))
+    if doc["rail_violations"]:
+        rows = [(v["node"], v["adapter"], f"{v['leaf_description']} ({v['leaf']})",
+                 f"{v['rail_leaf_description']} ({v['rail_leaf']})" if v["rail_leaf"] else "-")
+                for v in doc["rail_violations"]]
+        out.print(make_table(["NODE", "ADAPTER", "REACHES", "RAIL'S LEAF"], rows, title="rail violations"))
+    if doc["rails"] and len(doc["rails"]) <= 64:
+        names = {sw["guid"]: sw["description"] for sw in doc["switches"]}
+        rows = [(r["group"], r["rail"], ", ".join(f"{names.get(g, '')} ({g})" for g in r["leaves"]), r["adapters"])
+                for r in doc["rails"]]
+        out.print(make_table(["GROUP", "RAIL", "LEAVES", "ADAPTERS"], rows, title="rails"))
+    elif doc["rails"]:
+        groups = len({r["group"] for r in doc["rails"]})
+        say(f"{len(doc['rails'])} rails in {groups} groups (-o json lists them)")
+    if not other and not degraded and not doc["rail_violations"]:
+        say("no problems found")
+
+
+@click.command()
+@click.argument("fabric", required=False)
+@click.option("--file", "topology_file", type=click.Path(dir_okay=True),
+              help="Analyse a saved `ibnetdiscover` (or `ibnetdiscover -p`) output offline, with no server.")
+@click.option("--sm", "sm_file", type=click.Path(dir_okay=True),
+              help="With --file: a saved `saquery SMIR` or `sminfo` output, for the subnet managers.")
+@output_option
+@click.pass_context
+def fabrics(ctx: click.Context, fabric: str | None, topology_file: str | None, sm_file: str | None,
+            output: str) -> None:
+    """Fabrics: subnet managers, problems, degraded cables, rail violations.
+
+    \b
+    llmgw ctl fabrics --file topology.txt             # a saved ibnetdiscover dump, no server
+    llmgw ctl fabrics --file topology.txt -o json     # switches, adapters, links, rails, problems
+    """
+    if topology_file is None:
+        if sm_file is not None:
+            raise click.UsageError("--sm goes with --file")
+        raise click.UsageError("give --file TOPOLOGY.txt (a saved ibnetdiscover output)")
+    if fabric is not None:
+        raise click.UsageError("FABRIC names a fabric the server knows; with --file there is only the file's")
+    doc = offline(topology_file, sm_file)
+    if output == "json":
+        print_json(doc)
+        return
+    render(doc)
