@@ -26,6 +26,7 @@ from tests.e2e.harness import (
     free_port,
     make_sim_node,
     one_error_line,
+    run_llmgw,
     start_agent,
     wait_until,
 )
@@ -43,6 +44,12 @@ gateway:
 api:
   viewer_tokens: ["{digest(VIEWER)}"]
   operator_tokens: ["{digest(OPERATOR)}"]
+"""
+
+FAST_FABRIC = """\
+fabric:
+  discover_interval: 1s
+  sm_interval: 1s
 """
 
 CATALOG = """\
@@ -63,13 +70,17 @@ def metric(server: Server, name: str, **labels: str) -> float:
 
 
 def test_every_route_stands_behind_its_door(tmp_path: Path, procs: list[Proc]) -> None:
-    server = Server(tmp_path, engines_config(CATALOG, CREDENTIALS), token=VIEWER)
+    server = Server(tmp_path, engines_config(CATALOG, CREDENTIALS + FAST_FABRIC), token=VIEWER)
     procs.append(server.start())
-    cfg = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", "2")
+    fabric_dir = tmp_path / "fabric"  # so that the fabric routes have a fabric to show
+    assert run_llmgw("sim", "fabric", "--node-ids", "gpu-01", "--out", str(fabric_dir)).returncode == 0
+    cfg = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", "2", "--fabric", str(fabric_dir))
     procs.append(start_agent(tmp_path, "gpu-01", cfg, "--stop-engines-on-exit"))
     replica = wait_until(lambda: next((r for r in server.get("/api/v1/replicas") if r["state"] == "ready"), None),
                          "a ready replica", procs=procs)
-    ids = {"node": "gpu-01", "replica": replica["id"]}
+    fabric = wait_until(lambda: next((f["id"] for f in server.get("/api/v1/fabrics") if f["topology"]), None),
+                        "a fabric with its topology", procs=procs)
+    ids = {"node": "gpu-01", "replica": replica["id"], "fabric": fabric}
     # Reads stand behind the viewer door and every change behind the operator door.
     routes = [(r.method, "/api/v1/" + r.path.format(**ids), r.door) for r in API_ROUTES] + [("GET", "/metrics", Door.VIEWER)]
     for method, path, door in routes:

@@ -15,6 +15,7 @@ import trio
 
 from llmgw import __version__
 from llmgw.agent.backoff import Backoff
+from llmgw.agent.fabric_tools import MAX_QUEUED, FabricTools
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import first_leaf
 from llmgw.fabric import declared
@@ -84,12 +85,14 @@ class Agent:
         rng: random.Random | None = None,
         cert_not_after: float = 0.0,
         outbox_capacity: int = OUTBOX_CAPACITY,
+        tools: FabricTools | None = None,
     ) -> None:
         self.cfg = cfg
         self.node_id = cfg.node_id or socket.gethostname()
         self.hardware = hardware
         self.dialer = dialer
         self.engines = engines or NoEngines()
+        self.tools = tools  # ibnetdiscover / saquery for the server; None: not offered
         self.backoff = Backoff(cfg.backoff.initial, cfg.backoff.max, rng)
         self.heartbeat_interval = float(cfg.heartbeat_interval)
         self.cert_not_after = cert_not_after
@@ -154,7 +157,7 @@ class Agent:
         register = m.Register(
             node_id=self.node_id,
             version=__version__,
-            features=list(self.engines.features),
+            features=list(self.engines.features) + (self.tools.features if self.tools else []),
             inventory=inventory,
             fabrics=declared.advertised(statuses),
             fabric_status=statuses,
@@ -171,6 +174,7 @@ class Agent:
             await outbox.overflow.wait()
             raise ChannelClosed(outbox.reason, error=True)
 
+        discover_send, discover_receive = trio.open_memory_channel[m.Discover](MAX_QUEUED)
         async with trio.open_nursery() as nursery:
             first = await self._receive(channel)
             if isinstance(first, m.Welcome):
@@ -190,11 +194,16 @@ class Agent:
             nursery.start_soon(outbox.pump, channel)
             nursery.start_soon(overflowed)
             nursery.start_soon(self._heartbeats, channel, send, inventory)
+            if self.tools is not None:
+                nursery.start_soon(self.tools.serve, discover_receive, send)
             if not isinstance(first, m.Welcome):
                 await self._dispatch(first, send)
             while True:
                 msg = await self._receive(channel)
-                await self._dispatch(msg, send)
+                if isinstance(msg, m.Discover):
+                    self._discover(msg, discover_send, send)
+                else:
+                    await self._dispatch(msg, send)
 
     async def _receive(self, channel: FleetChannel) -> Any:
         payload = await channel.receive()
@@ -212,6 +221,20 @@ class Agent:
                 log.info("server sent a message of unknown type %r (newer server?); skipping", msg.type)
         else:
             await self.engines.handle(msg, send)
+
+    def _discover(self, msg: m.Discover, queue: trio.MemorySendChannel[m.Discover],
+                  send: Callable[[msgspec.Struct], None]) -> None:
+        """Queue a fabric tool run; answered at once when this agent has no tools or is busy."""
+        answer = m.DiscoverResult(request_id=msg.request_id, tool=msg.tool, device=msg.device, port=msg.port)
+        if self.tools is None or not self.tools.features:
+            answer.error = "this agent runs no fabric tools (ibnetdiscover and saquery not found)"
+            send(answer)
+            return
+        try:
+            queue.send_nowait(msg)
+        except trio.WouldBlock:
+            answer.error = f"busy: {MAX_QUEUED} fabric tool runs already queued"
+            send(answer)
 
     def _check_fabrics(self, ports: list[m.Port]) -> list[m.FabricStatus]:
         """The declared fabrics against these ports; a change from the last check is logged

@@ -243,6 +243,14 @@ class ReconcileSettings(_Config):
     port_range: tuple[int, int] = (20000, 29999)
 
 
+class FabricSettings(_Config):
+    """The server's fabric map (issue 13): how often one healthy agent per fabric runs each tool."""
+
+    discover_interval: Duration = Duration(300)  # ibnetdiscover
+    sm_interval: Duration = Duration(60)  # saquery SMIR through one port per fabric
+    tool_timeout: Duration = Duration(60)  # a tool still running then is killed by its agent
+
+
 class ServerConfig(_Config):
     listen: str = "127.0.0.1:8080"
     # Optional operator door: HOST:PORT serving /api/v1/* and /metrics (with public_tls, if
@@ -256,6 +264,7 @@ class ServerConfig(_Config):
     reconcile: ReconcileSettings = msgspec.field(default_factory=ReconcileSettings)
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     api: ApiSettings = msgspec.field(default_factory=ApiSettings)
+    fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)
     models: list[Model] = []
     endpoints: list[StaticEndpoint] = []
 
@@ -281,6 +290,9 @@ class Discovery(_Config):
     sysfs_root: str = "/sys"
     # "nvml" (the real GPUs) or the path of a simulated inventory written by `llmgw sim node`.
     gpus: str = "nvml"
+    # Where ibnetdiscover and saquery are looked for before PATH (`llmgw sim node --fabric`
+    # writes stand-ins there); without both the agent does not offer fabric discovery.
+    tools_dir: str = ""
 
 
 class FabricDecl(_Config):

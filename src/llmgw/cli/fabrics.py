@@ -1,5 +1,8 @@
 """`llmgw ctl fabrics`: the fabric map — subnet managers, problems, degraded cables, rail violations.
 
+Against the server: `ctl fabrics` lists the fabrics it knows (GET /api/v1/fabrics), `ctl fabrics
+FABRIC` shows one (GET /api/v1/fabrics/{id} and its /topology) with the same tables as `--file`.
+
 With `--file` it analyses a saved `ibnetdiscover` (or `ibnetdiscover -p`) dump offline, with no
 server, so an SRE can check a dump from any cluster; `--sm` adds a saved `saquery SMIR` or
 `sminfo` output. Parsing and analysis are the server's own (llmgw.fabric), so the offline answer
@@ -66,6 +69,48 @@ def offline(path: str, sm_path: str | None) -> dict[str, Any]:
     return doc
 
 
+EMPTY_SUMMARY = {"switches": 0, "tiers": {}, "adapters": 0, "aggregation_nodes": 0, "links": 0, "degraded_links": 0,
+                 "rail_optimised": False}
+
+
+def server_doc(detail: dict[str, Any], topology: dict[str, Any] | None) -> dict[str, Any]:
+    """One fabric as the server knows it, in the shape `render` and `--file -o json` share."""
+    doc: dict[str, Any] = {"id": detail["id"], "format": "server", "summary": EMPTY_SUMMARY, "switches": [],
+                           "adapters": [], "links": [], "rails": [], "rail_violations": []}
+    if topology is not None:
+        doc.update(topology)
+    doc["problems"] = detail.get("problems") or []
+    doc["subnet_managers"] = [{"id": detail["id"], "master": detail.get("master"),
+                               "subnet_managers": detail.get("subnet_manager_list") or []}]
+    doc["master_changes"] = detail.get("master_changes") or []
+    return doc
+
+
+def render_list(fabrics: list[dict[str, Any]]) -> None:
+    if not fabrics:
+        say("no fabrics known yet (agents with the discover feature find them; see `ctl nodes`)")
+        return
+    rows = []
+    for f in fabrics:
+        topo = f.get("topology") or {}
+        master = f.get("master") or {}
+        rows.append((f["id"], master.get("guid", "-"), master.get("priority", "-"), len(f.get("standbys") or []),
+                     topo.get("switches", "-"), topo.get("adapters", "-"), topo.get("degraded_links", "-"),
+                     "; ".join(p["message"] for p in f.get("problems") or []) or "-"))
+    console().print(make_table(["FABRIC", "MASTER SM", "PRIORITY", "STANDBYS", "SWITCHES", "ADAPTERS", "DEGRADED",
+                                "PROBLEMS"], rows))
+
+
+def render_changes(changes: list[dict[str, Any]]) -> None:
+    if not changes:
+        return
+    import time
+
+    rows = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["at"])), c["old"] or "-", c["new"], c["reported_by"])
+            for c in changes]
+    console().print(make_table(["WHEN", "OLD MASTER", "NEW MASTER", "REPORTED BY"], rows, title="master changes (last day)"))
+
+
 def render(doc: dict[str, Any]) -> None:
     out = console()
     rows: list[tuple[Any, ...]]
@@ -118,13 +163,35 @@ def fabrics(ctx: click.Context, fabric: str | None, topology_file: str | None, s
     """Fabrics: subnet managers, problems, degraded cables, rail violations.
 
     \b
+    llmgw ctl fabrics                                 # the fabrics the server knows
+    llmgw ctl fabrics 0x0c42a166615984d5              # one of them, with its tables
     llmgw ctl fabrics --file topology.txt             # a saved ibnetdiscover dump, no server
     llmgw ctl fabrics --file topology.txt -o json     # switches, adapters, links, rails, problems
     """
     if topology_file is None:
         if sm_file is not None:
             raise click.UsageError("--sm goes with --file")
-        raise click.UsageError("give --file TOPOLOGY.txt (a saved ibnetdiscover output)")
+        from llmgw.cli.ctl import api
+
+        client = api(ctx)
+        if fabric is None:
+            listed = client.get("/api/v1/fabrics")
+            if output == "json":
+                print_json(listed)
+            else:
+                render_list(listed)
+            return
+        from urllib.parse import quote
+
+        detail = client.get(f"/api/v1/fabrics/{quote(fabric, safe='')}")
+        doc = server_doc(detail, client.get(f"/api/v1/fabrics/{quote(fabric, safe='')}/topology")
+                         if detail.get("topology") else None)
+        if output == "json":
+            print_json(doc)
+        else:
+            render(doc)
+            render_changes(detail.get("master_changes") or [])
+        return
     if fabric is not None:
         raise click.UsageError("FABRIC names a fabric the server knows; with --file there is only the file's")
     doc = offline(topology_file, sm_file)

@@ -62,6 +62,8 @@ from llmgw.sim.profiles import BASE, PROFILES
 @click.option("--ib-fabric", default="ib", show_default=True, help="Name of the InfiniBand fabric agent.yaml declares.")
 @click.option("--roce-fabric", default="roce", show_default=True, help="Name of the RoCE fabric agent.yaml declares.")
 @click.option("--server", default="", help="Server URL to put in agent.yaml.")
+@click.option("--fabric", "fabric_dir", default="", type=click.Path(file_okay=False),
+              help="A `llmgw sim fabric --out` directory: stand-in ibnetdiscover and saquery in bin/ print it.")
 @click.option("--force", is_flag=True, help="Replace a simulated node already in --dir.")
 @output_option
 @click.pass_context
@@ -84,6 +86,7 @@ def node(
     ib_fabric: str,
     roce_fabric: str,
     server: str,
+    fabric_dir: str,
     force: bool,
     output: str,
 ) -> None:
@@ -113,6 +116,7 @@ def node(
         ib_fabric=ib_fabric,
         roce_fabric=roce_fabric,
         **chosen,  # type: ignore[arg-type]
+        fabric=fabric_dir,
     )
     result = write_node(directory, spec, force=force)
     if output == "json":

@@ -124,6 +124,28 @@ class PublicHandler:
 
     # -- reads -------------------------------------------------------------------------------------------
 
+    async def list_fabrics(self, call: Call) -> None:
+        await send_json(call.responder, 200, self.reads.fabrics())
+
+    async def get_fabric(self, call: Call) -> None:
+        fabric_id = call.params["fabric"]
+        found = self.reads.fabric(fabric_id)
+        if found is None:
+            await send_error(call.responder, 404, f"no fabric {fabric_id!r}", "not_found")
+        else:
+            await send_json(call.responder, 200, found)
+
+    async def get_topology(self, call: Call) -> None:
+        fabric_id = call.params["fabric"]
+        found = self.reads.fabric_topology(fabric_id)
+        if found is not None:
+            await send_json(call.responder, 200, found)
+        elif self.reads.fabric(fabric_id) is not None:
+            await send_error(call.responder, 404, f"fabric {fabric_id!r} has no topology yet: no agent on it has run "
+                             "ibnetdiscover (are they ready, with the discover feature?)", "not_found")
+        else:
+            await send_error(call.responder, 404, f"no fabric {fabric_id!r}", "not_found")
+
     async def list_nodes(self, call: Call) -> None:
         await send_json(call.responder, 200, self.reads.nodes(call.now))
 
@@ -221,6 +243,9 @@ API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "replicas/{replica}", Door.VIEWER, PublicHandler.get_replica),
     ApiRoute("GET", "models", Door.VIEWER, PublicHandler.list_models),
     ApiRoute("GET", "endpoints", Door.VIEWER, PublicHandler.list_endpoints),
+    ApiRoute("GET", "fabrics", Door.VIEWER, PublicHandler.list_fabrics),
+    ApiRoute("GET", "fabrics/{fabric}", Door.VIEWER, PublicHandler.get_fabric),
+    ApiRoute("GET", "fabrics/{fabric}/topology", Door.VIEWER, PublicHandler.get_topology),
     ApiRoute("POST", "reload", Door.OPERATOR, PublicHandler.reload),
     ApiRoute("DELETE", "nodes/{node}", Door.OPERATOR, PublicHandler.forget_node),
     ApiRoute("POST", "replicas/{replica}/restart", Door.OPERATOR, PublicHandler.restart_replica),

@@ -34,6 +34,8 @@ from llmgw.netaddr import hostport
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
 from llmgw.server.control import Controller, Settle, make_reconciler
+from llmgw.server.fabric_service import FabricCollector, FabricService
+from llmgw.server.fabric_store import FabricStore
 from llmgw.server.fleet_service import FleetService, Session
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.known_nodes import KnownNodes
@@ -142,6 +144,9 @@ class ControlPlane:
             weights=weights,
         )
         self.refusal_log = RefusalLog(logging.getLogger("llmgw.fleet"), every=float(fleet.refusal_log_interval))
+        # The fabric map: asks agents on the same streams, keeps its history in the state dir.
+        self.fabrics = FabricService(self.registry, sessions, FabricStore(cfg.state_dir), cfg.fabric)
+        self.metrics.registry.register(FabricCollector(self.fabrics))
         self.fleet = FleetService(
             self.registry,
             self.metrics,
@@ -153,6 +158,7 @@ class ControlPlane:
             heartbeat_rate=float(fleet.max_heartbeat_rate),
             refusal_log=self.refusal_log,
             sessions=sessions,
+            on_discover=self.fabrics.on_result,
         )
         fleet_ctx = None if cfg.tls is None else fleet_ssl_context(cfg)
         self.fleet_tls = fleet_ctx is not None
@@ -172,7 +178,7 @@ class ControlPlane:
         self.operator = Operator(cfg, config_path=config_path, overrides=overrides, auth=self.auth, gateway=gateway,
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
                                  end_revoked_streams=self.fleet_listener.recheck)
-        self.reads = FleetReads(self.registry, reconciler, gateway, weights)
+        self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
         self.shutdown_event = trio.Event()
@@ -212,6 +218,7 @@ class ControlPlane:
             nursery.start_soon(self.gateway.run_health_checks)
             nursery.start_soon(self.gateway.run_disconnect_watchdog)
             nursery.start_soon(self.fleet.run_ticker)
+            nursery.start_soon(self.fabrics.run)
             nursery.start_soon(self.controller.run)
             nursery.start_soon(self.operator.reload_on_sighup)
             log.info("llmgw server %s: public %s, fleet %s%s", __version__, bound.public_url, bound.fleet_url,

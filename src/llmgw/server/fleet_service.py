@@ -92,6 +92,7 @@ class FleetService:
         refusal_log: RefusalLog | None = None,
         outbox_capacity: int = OUTBOX_CAPACITY,
         sessions: dict[str, Session] | None = None,
+        on_discover: Callable[[str, m.DiscoverResult], None] | None = None,
     ) -> None:
         self.outbox_capacity = outbox_capacity
         self.caps = caps or Caps()
@@ -110,6 +111,8 @@ class FleetService:
         self._unknown_types_logged: set[str] = set()
         self._bad_ids_logged: set[str] = set()
         self.changed = trio.Event()  # set on every fleet change; the reconciler waits on it
+        # Fabric tool output (server/fabric_service.py); None: nobody asked, results are dropped.
+        self.on_discover = on_discover
         self.shutting_down = False
         self._drained = trio.Event()
 
@@ -331,6 +334,10 @@ class FleetService:
                     if self.observer is not None:
                         self.observer.fabrics_changed(node_id)  # placement and running replicas, now
                     self.changed.set()
+            elif isinstance(msg, m.DiscoverResult):
+                registry.seen(node_id, session.number, now)
+                if self.on_discover is not None:
+                    self.on_discover(node_id, msg)
             elif isinstance(msg, m.Register):
                 log.warning("node %s: Register on an open stream; closing it", node_id)
                 raise StreamRefused("protocol", "Register sent twice on one stream")

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
 from llmgw.server.control import Settle
+from llmgw.server.fabric_service import FabricService
 from llmgw.server.gateway.enginemetrics import EngineLoad
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.reconcile import Reconciler, Replica, ReplicaState
@@ -208,17 +209,33 @@ class ReadModel(Protocol):
     def replica(self, replica_id: str, now: float) -> ReplicaView | None: ...
     def models(self) -> list[ModelView]: ...
     def endpoints(self) -> list[EndpointView]: ...
+    def fabrics(self) -> list[dict[str, Any]]: ...
+    def fabric(self, fabric_id: str) -> dict[str, Any] | None: ...
+    def fabric_topology(self, fabric_id: str) -> dict[str, Any] | None: ...
 
 
 class FleetReads:
     """The `ReadModel` over the registry, the reconciler and the gateway's balancers."""
 
     def __init__(self, registry: NodeRegistry, reconciler: Reconciler, gateway: Gateway,
-                 weights: WeightsBoard | None = None) -> None:
+                 weights: WeightsBoard | None = None, fabrics: FabricService | None = None) -> None:
         self.weights = weights
         self.registry = registry
         self.reconciler = reconciler
         self.gateway = gateway
+        self.fabric_map = fabrics
+
+    def fabrics(self) -> list[dict[str, Any]]:
+        service = self.fabric_map
+        if service is None:
+            return []
+        return [s for s in (service.summary(f) for f in service.fabric_ids()) if s is not None]
+
+    def fabric(self, fabric_id: str) -> dict[str, Any] | None:
+        return self.fabric_map.detail(fabric_id) if self.fabric_map else None
+
+    def fabric_topology(self, fabric_id: str) -> dict[str, Any] | None:
+        return self.fabric_map.topology(fabric_id) if self.fabric_map else None
 
     def nodes(self, now: float) -> list[NodeView]:
         return [node_view(n, now) for n in sorted(self.registry.nodes.values(), key=lambda n: n.id)]

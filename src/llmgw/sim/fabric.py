@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import shlex
 
 import msgspec
 
 from llmgw.errors import UsageError
+from llmgw.fsutil import atomic_write
 from llmgw.sim.node import node_guid, port_lid
 
 MELLANOX_OUI = 0x0C42A1
@@ -245,3 +248,27 @@ def _smir(sm_switches: list[_Sw], spec: FabricSpec) -> str:
             f"\t\tSMState...............{state}\n"
         )
     return "".join(out)
+
+
+# ---- stand-in tools on simulated nodes ---------------------------------------------------------
+
+STANDIN = """#!/bin/sh
+# Written by `llmgw sim node --fabric`: prints the simulated fabric as the real {tool} would.
+{body}
+"""
+
+
+def write_standins(bin_dir: str, fabric_dir: str) -> None:
+    """`ibnetdiscover` and `saquery` in bin_dir that print fabric_dir's texts, read at each run, so
+    a fabric regenerated into the same directory (a degraded cable, a failover) is what the next
+    discovery sees."""
+    os.makedirs(bin_dir, exist_ok=True)
+    topo = shlex.quote(os.path.join(fabric_dir, "ibnetdiscover.txt"))
+    smir = shlex.quote(os.path.join(fabric_dir, "smir.txt"))
+    scripts = {
+        "ibnetdiscover": f"exec cat {topo}",
+        "saquery": (f'for a in "$@"; do [ "$a" = SMIR ] && exec cat {smir}; done\n'
+                    'echo "saquery: this stand-in answers SMIR only" >&2\nexit 1'),
+    }
+    for tool, body in scripts.items():
+        atomic_write(os.path.join(bin_dir, tool), STANDIN.format(tool=tool, body=body).encode(), mode=0o755)

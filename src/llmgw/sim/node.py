@@ -91,6 +91,7 @@ class NodeSpec(msgspec.Struct, kw_only=True):
     init_ports: list[str] = []
     ib_fabric: str = "ib"  # the fabric names agent.yaml declares (nodes sharing one name share the fabric)
     roce_fabric: str = "roce"
+    fabric: str = ""  # a `llmgw sim fabric --out` directory: stand-in ibnetdiscover/saquery print it
 
 
 class WrittenPort(msgspec.Struct, kw_only=True):
@@ -406,7 +407,7 @@ def agent_config_text(spec: NodeSpec, root: str) -> str:
     if spec.server:
         data["server"] = spec.server
     data["work_dir"] = os.path.join(root, "work")
-    data["discovery"] = {
+    discovery = {
         "sysfs_root": os.path.join(root, "sys"),
         "gpus": os.path.join(root, "gpus.json"),
     }
@@ -421,6 +422,9 @@ def agent_config_text(spec: NodeSpec, root: str) -> str:
         fabrics[0]["devices"] = [*(ib or roce), *spec.absent]  # declared, not there
     if fabrics:
         data["fabrics"] = fabrics
+    if spec.fabric:
+        discovery["tools_dir"] = os.path.join(root, "bin")
+    data["discovery"] = discovery
     header = f"# Written by `llmgw sim node` for {spec.node_id}: run `llmgw agent --config {os.path.join(root, 'agent.yaml')}`.\n"
     text = header + yaml.safe_dump(data, sort_keys=False)
     parse_config(text, AgentConfig, "agent.yaml")  # what we write must load
@@ -499,6 +503,10 @@ def write_node(directory: str, spec: NodeSpec, force: bool = False) -> NodeResul
             os.path.join(root, "gpus.json"),
             msgspec.json.format(msgspec.json.encode(plan.gpu_file), indent=2) + b"\n",
         )
+        if spec.fabric:
+            from llmgw.sim.fabric import write_standins
+
+            write_standins(os.path.join(root, "bin"), os.path.abspath(spec.fabric))
         atomic_write(os.path.join(root, "agent.yaml"), config_text.encode())
     except OSError as exc:
         raise UsageError(

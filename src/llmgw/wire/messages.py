@@ -257,7 +257,25 @@ class Progress(_Base, tag="Progress", tag_field="type"):
     failure: str = ""
 
 
-AgentMessage = Register | Heartbeat | ShardStatus | Progress | Fabrics
+class DiscoverResult(_Base, tag="DiscoverResult", tag_field="type"):
+    """What a fabric tool printed, for the `Discover` with the same request_id. The server parses
+    it (a format the parser has not met is a server upgrade, not one of every node)."""
+
+    request_id: str
+    tool: str  # DISCOVER_TOOLS
+    device: str = ""
+    port: int = 0
+    ok: bool = False
+    exit_code: int | None = None
+    duration: float = 0.0
+    size: int = 0  # bytes the tool printed (before compression and the cap)
+    encoding: str = ""  # "" (text as UTF-8) or "zlib"
+    data: bytes = b""
+    truncated: bool = False  # the output passed the agent's cap and was cut
+    error: str = ""  # why not ok: not installed, timed out and killed, exit status and stderr's tail
+
+
+AgentMessage = Register | Heartbeat | ShardStatus | Progress | Fabrics | DiscoverResult
 
 
 # ---- server → agent ---------------------------------------------------------------------
@@ -285,7 +303,23 @@ class Drain(_Base, tag="Drain", tag_field="type"):
     reason: str = ""
 
 
-ServerMessage = Welcome | Start | Stop | Drain
+# The fabric tools a Discover may name, and the command each runs (the agent builds the argv).
+TOOL_IBNETDISCOVER = "ibnetdiscover"
+TOOL_SMIR = "saquery-smir"
+DISCOVER_TOOLS = (TOOL_IBNETDISCOVER, TOOL_SMIR)
+
+
+class Discover(_Base, tag="Discover", tag_field="type"):
+    """Run a fabric tool through one local port and send back its raw output (needs FEATURE_DISCOVER)."""
+
+    request_id: str
+    tool: str  # DISCOVER_TOOLS
+    device: str = ""  # "mlx5_0": the port to query through (-C/-P); "" lets the tool choose
+    port: int = 1
+    timeout: float = 60.0
+
+
+ServerMessage = Welcome | Start | Stop | Drain | Discover
 
 
 class Unknown(msgspec.Struct, frozen=True):

@@ -1,0 +1,95 @@
+"""The fabric map end to end: a real server, agents on simulated nodes whose stand-in
+ibnetdiscover and saquery print a simulated two-leaf fabric; the server finds the fabric, names
+its adapters by node, sees a cable degrade and the master fail over without splitting the fabric."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.harness import (
+    FAST_FLEET,
+    Proc,
+    Server,
+    ctl,
+    make_sim_node,
+    run_llmgw,
+    start_agent,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+FABRIC_FAST = FAST_FLEET + """\
+fabric:
+  discover_interval: 1s
+  sm_interval: 0.5s
+  tool_timeout: 5s
+"""
+NODES = ["node-1", "node-2", "node-3", "node-4"]
+
+
+def make_fabric(out: Path, *flags: str) -> dict:
+    result = run_llmgw("sim", "fabric", "--node-ids", ",".join(NODES), "--rails", "2", "--group-size", "2",
+                       "--spines", "2", "--out", str(out), "-o", "json", *flags)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_discovery_failover_and_a_degraded_cable(tmp_path: Path, procs: list[Proc]) -> None:
+    fabric_dir = tmp_path / "fabric"
+    first = make_fabric(fabric_dir)
+    server = Server(tmp_path, FABRIC_FAST)
+    procs.append(server.start())
+    for node in NODES:
+        config = make_sim_node(tmp_path, node, server.fleet_url, "", "--ib-ports", "2", "--fabric", str(fabric_dir))
+        procs.append(start_agent(tmp_path, node, config))
+    bare = make_sim_node(tmp_path, "node-bare", server.fleet_url, "", "--ib-ports", "2")  # no tools
+    procs.append(start_agent(tmp_path, "node-bare", bare))
+
+    def found() -> dict | None:
+        fabrics = server.get("/api/v1/fabrics")
+        return fabrics[0] if len(fabrics) == 1 and fabrics[0]["topology"] and fabrics[0]["master"] else None
+
+    fabric = wait_until(found, "the fabric found, with its topology and master", procs=procs)
+    assert fabric["id"] == min(first["subnet_managers"]) and fabric["master"]["guid"] == first["master"]
+    assert fabric["standbys"] and fabric["problems"] == []
+    assert fabric["topology"]["switches"] == 6 and fabric["topology"]["adapters"] == 8
+    nodes = wait_until(lambda: server.nodes() if len(server.nodes()) == 5 else None, "five nodes", procs=procs)
+    assert "discover" in nodes["node-1"]["features"] and "discover" not in nodes["node-bare"]["features"]
+
+    topology = server.get(f"/api/v1/fabrics/{fabric['id']}/topology")
+    assert {(a["node"], a["device"]) for a in topology["adapters"]} == {(n, f"mlx5_{d}") for n in NODES for d in (0, 1)}
+    assert {s["tier"] for s in topology["switches"]} == {"leaf", "spine"}
+    assert topology["summary"]["rail_optimised"] is True
+
+    # The master fails over and a cable of node-2 trains at 1x: the fabric keeps its id.
+    make_fabric(fabric_dir, "--failover", "--degrade", "node-2")
+
+    def changed() -> dict | None:
+        detail = server.get(f"/api/v1/fabrics/{fabric['id']}")
+        kinds = {p["kind"] for p in detail["problems"]}
+        return detail if {"master_changed", "no_standby", "degraded_link"} <= kinds else None
+
+    detail = wait_until(changed, "the failover and the degraded cable seen", procs=procs)
+    assert [f["id"] for f in server.get("/api/v1/fabrics")] == [fabric["id"]]  # not split in two
+    assert detail["master"]["guid"] != first["master"]
+    assert detail["master_changes"] and detail["master_changes"][-1]["old"] == first["master"]
+    assert [{link["a"]["name"], link["b"]["name"]} & {"node-2 mlx5_1"} for link in detail["degraded_links"]] == [
+        {"node-2 mlx5_1"}]
+
+    text = httpx.get(f"{server.url}/metrics").text
+    assert f'llmgw_fabric_master_sm{{fabric="{fabric["id"]}",guid="{detail["master"]["guid"]}"}} 1.0' in text
+    assert 'llmgw_fabric_problems{kind="degraded_link"} 1.0' in text
+
+    table = ctl(server.url, "fabrics")
+    assert table.returncode == 0 and fabric["id"] in table.stdout
+    one = ctl(server.url, "fabrics", fabric["id"])
+    assert one.returncode == 0, one.stderr
+    for words in ("degraded cables", "node-2 mlx5_1", "master changes"):
+        assert words in one.stdout
+    missing = ctl(server.url, "fabrics", "0xdeadbeef")
+    assert missing.returncode == 1 and "no fabric" in missing.stderr

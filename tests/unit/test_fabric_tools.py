@@ -1,0 +1,94 @@
+"""The agent's fabric tools, run as real processes: output back raw (compressed when large),
+a missing tool said so, a hung tool killed with its children at the timeout, the cap kept."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from llmgw.agent import fabric_tools
+from llmgw.agent.fabric_tools import FabricTools
+from llmgw.wire import messages as m
+
+
+def tool(directory: Path, name: str, body: str) -> None:
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def tools_dir(tmp_path: Path) -> Path:
+    tool(tmp_path, "ibnetdiscover", 'echo "args: $*"; echo "#"')
+    tool(tmp_path, "saquery", 'echo "saquery $*"')
+    return tmp_path
+
+
+def test_both_tools_found_means_the_discover_feature(tools_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert FabricTools(str(tools_dir)).features == [m.FEATURE_DISCOVER]
+    (tools_dir / "saquery").unlink()
+    assert FabricTools(str(tools_dir)).features == []
+
+
+async def test_output_comes_back_raw_with_the_port_arguments(tools_dir: Path) -> None:
+    result = await FabricTools(str(tools_dir)).run(m.Discover(request_id="r1", tool=m.TOOL_SMIR, device="mlx5_2", port=1))
+    assert result.ok and result.encoding == "" and result.data == b"saquery -C mlx5_2 -P 1 SMIR\n"
+    result = await FabricTools(str(tools_dir)).run(m.Discover(request_id="r2", tool=m.TOOL_IBNETDISCOVER))
+    assert result.ok and result.data.startswith(b"args: \n")
+
+
+async def test_large_output_is_compressed(tools_dir: Path) -> None:
+    tool(tools_dir, "ibnetdiscover", "i=0; while [ $i -lt 4000 ]; do echo '[1]\t\"H-0002c902002789ac\"[1] # \"x HCA-1\" lid 1 4xSDR'; i=$((i+1)); done")
+    result = await FabricTools(str(tools_dir)).run(m.Discover(request_id="r", tool=m.TOOL_IBNETDISCOVER))
+    assert result.ok and result.encoding == "zlib" and result.size > fabric_tools.COMPRESS_ABOVE
+    assert len(zlib.decompress(result.data)) == result.size
+
+
+async def test_a_hung_tool_is_killed_with_its_children(tools_dir: Path, tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    tool(tools_dir, "ibnetdiscover", f"sleep 300 & echo $! > {pidfile}; echo partial; wait")
+    started = time.monotonic()
+    result = await FabricTools(str(tools_dir)).run(m.Discover(request_id="r", tool=m.TOOL_IBNETDISCOVER, timeout=0.5))
+    assert time.monotonic() - started < 10
+    assert not result.ok and "did not finish within 0.5s; killed" in result.error
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{child}/stat").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.05)  # ok: polling for the child's death with a deadline
+    else:
+        raise AssertionError("the tool's child survived")
+
+
+async def test_failures_say_why(tools_dir: Path) -> None:
+    tool(tools_dir, "ibnetdiscover", "echo 'ibwarn: mad_rpc: _do_madrpc failed' >&2; exit 3")
+    tools = FabricTools(str(tools_dir))
+    result = await tools.run(m.Discover(request_id="r", tool=m.TOOL_IBNETDISCOVER))
+    assert not result.ok and result.exit_code == 3 and "status 3: ibwarn: mad_rpc" in result.error
+    result = await tools.run(m.Discover(request_id="r", tool="iblinkinfo"))
+    assert not result.ok and "unknown tool" in result.error
+    result = await tools.run(m.Discover(request_id="r", tool=m.TOOL_SMIR, device="mlx5_0; rm -rf /"))
+    assert not result.ok and "not an RDMA device name" in result.error
+
+
+async def test_output_past_the_cap_is_not_sent(tools_dir: Path) -> None:
+    tool(tools_dir, "ibnetdiscover", "head -c 300000 /dev/urandom | od -x")
+    result = await FabricTools(str(tools_dir), data_cap=1000).run(m.Discover(request_id="r", tool=m.TOOL_IBNETDISCOVER))
+    assert not result.ok and result.truncated and result.data == b"" and "more than this agent sends" in result.error
+
+
+async def test_missing_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    result = await FabricTools(str(tmp_path)).run(m.Discover(request_id="r", tool=m.TOOL_SMIR))
+    assert not result.ok and result.error == "saquery is not installed on this node"
