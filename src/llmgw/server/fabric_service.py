@@ -154,17 +154,18 @@ class FabricService:
             return free[self._rotation % len(free)] if free else None
 
         for fabric, candidates in sorted(by_fabric.items()):
-            if now - self._last_topology.get(fabric, -1e18) >= float(self.settings.discover_interval):
-                chosen = pick(candidates)
-                if chosen is not None:
-                    self._ask(chosen, m.TOOL_IBNETDISCOVER, fabric, now)
-                    self._last_topology[fabric] = now
-                    used.add(chosen[0])
+            # SMIR first: it is cheap and a failover should not wait behind a sweep.
             if now - self._last_sm.get(fabric, -1e18) >= float(self.settings.sm_interval):
                 chosen = pick(candidates)
                 if chosen is not None:
                     self._ask(chosen, m.TOOL_SMIR, fabric, now)
                     self._last_sm[fabric] = now
+                    used.add(chosen[0])
+            if now - self._last_topology.get(fabric, -1e18) >= float(self.settings.discover_interval):
+                chosen = pick(candidates)
+                if chosen is not None:
+                    self._ask(chosen, m.TOOL_IBNETDISCOVER, fabric, now)
+                    self._last_topology[fabric] = now
                     used.add(chosen[0])
         asked = 0
         for key in unknown:

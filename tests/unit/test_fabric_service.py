@@ -1,0 +1,124 @@
+"""The server's fabric scheduling without processes: who is asked what, one request per node at
+a time, unsolicited results dropped, and a failover keeping the fabric's name across a restart
+(the SM GUIDs' fabric is read back from fabric.sqlite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from llmgw.catalog.schema import FabricSettings
+from llmgw.catalog.units import Duration
+from llmgw.server.fabric_service import FabricService
+from llmgw.server.fabric_store import FabricStore
+from llmgw.server.registry import NodeRegistry
+from llmgw.sim.fabric import FabricSpec, generate
+from llmgw.sim.node import node_guid
+from llmgw.wire import messages as m
+
+
+class FakeSession:
+    def __init__(self, features: list[str]) -> None:
+        self.features = set(features)
+        self.sent: list[m.Discover] = []
+
+    def supports(self, feature: str) -> bool:
+        return feature in self.features
+
+    def send(self, msg: Any) -> None:
+        self.sent.append(msg)
+
+
+class FakeFleet:
+    def __init__(self) -> None:
+        self.sessions: dict[str, FakeSession] = {}
+
+
+def setup(tmp_path: Path, nodes: int = 3, features: tuple[str, ...] = (m.FEATURE_DISCOVER,)) -> tuple[FabricService, FakeFleet]:
+    registry = NodeRegistry(1.0)
+    fleet = FakeFleet()
+    for i in range(1, nodes + 1):
+        node = f"n{i}"
+        ports = [m.Port(device=f"mlx5_{d}", port=1, state="ACTIVE", node_guid=f"0x{node_guid(node, d):016x}")
+                 for d in range(2)]
+        registry.register(m.Register(node_id=node, version="1", features=list(features),
+                                     inventory=m.Inventory(ports=ports)), 0.0, i)
+        fleet.sessions[node] = FakeSession(list(features))
+    now = [100.0]
+    service = FabricService(registry, fleet, FabricStore(tmp_path), FabricSettings(sm_interval=Duration(60)),
+                            clock=lambda: now[0], wall=lambda: now[0])
+    return service, fleet
+
+
+def sent(fleet: FakeFleet) -> list[tuple[str, str, str]]:
+    return [(node, msg.tool, msg.device) for node, s in sorted(fleet.sessions.items()) for msg in s.sent]
+
+
+def test_ports_of_no_known_fabric_are_asked_for_smir_one_per_node(tmp_path: Path) -> None:
+    service, fleet = setup(tmp_path)
+    service.tick()
+    assert sent(fleet) == [("n1", m.TOOL_SMIR, "mlx5_0"), ("n2", m.TOOL_SMIR, "mlx5_0"), ("n3", m.TOOL_SMIR, "mlx5_0")]
+    service.tick()  # every node has a request out: nothing more
+    assert len(sent(fleet)) == 3
+
+
+def test_agents_without_the_feature_are_never_asked(tmp_path: Path) -> None:
+    service, fleet = setup(tmp_path, features=())
+    service.tick()
+    assert sent(fleet) == []
+
+
+def smir_text(**kw: Any) -> bytes:
+    return generate(FabricSpec(nodes=["n1", "n2", "n3"], rails=2, group_size=3, spines=2, **kw)).smir.encode()
+
+
+async def answer(service: FabricService, fleet: FakeFleet, data: bytes) -> None:
+    for node, session in fleet.sessions.items():
+        for msg in session.sent:
+            if msg.request_id in service.pending:
+                result = m.DiscoverResult(request_id=msg.request_id, tool=msg.tool, device=msg.device, port=msg.port,
+                                          ok=True, data=data, size=len(data))
+                pending = service.pending.pop(msg.request_id)
+                await service._process(pending, result)
+
+
+async def test_a_failover_after_a_restart_keeps_the_fabric_name(tmp_path: Path) -> None:
+    service, fleet = setup(tmp_path)
+    service.tick()
+    await answer(service, fleet, smir_text())
+    (fabric,) = service.report.fabrics
+    assert fabric.master is not None and fabric.id == fabric.master.guid and fabric.standbys
+
+    restarted, fleet2 = setup(tmp_path)  # a new server on the same state directory
+    restarted.tick()
+    await answer(restarted, fleet2, smir_text(failover=True))
+    assert [f.id for f in restarted.report.fabrics] == [fabric.id]
+    assert restarted.report.fabrics[0].master is not None and restarted.report.fabrics[0].master.guid != fabric.id
+
+
+async def test_a_master_change_a_port_reports_is_kept(tmp_path: Path) -> None:
+    service, fleet = setup(tmp_path, nodes=1)
+    service.tick()
+    await answer(service, fleet, smir_text())
+    service.clock = service.wall = lambda: 200.0
+    service.tick()  # the fabric is known now: its SMIR is due again after sm_interval (60 s)
+    await answer(service, fleet, smir_text(failover=True))
+    changes = service.store.changes(0)
+    assert [(c.old, c.new, c.reported_by) for c in changes] == [
+        (service.report.fabrics[0].id, service.report.fabrics[0].master.guid, "n1/mlx5_0/1")]  # type: ignore[union-attr]
+    kinds = {p["kind"] for p in service.problems(service.report.fabrics[0].id)}
+    assert kinds == {"master_changed", "no_standby"}
+
+
+def test_an_unsolicited_result_is_dropped(tmp_path: Path) -> None:
+    service, fleet = setup(tmp_path)
+    service.tick()
+    request = fleet.sessions["n1"].sent[0]
+    service.on_result("n2", m.DiscoverResult(request_id=request.request_id, tool=request.tool, ok=True))
+    service.on_result("n1", m.DiscoverResult(request_id="made-up", tool=m.TOOL_SMIR, ok=True))
+    assert request.request_id in service.pending  # still waiting for n1's own answer
+    service.on_result("n1", m.DiscoverResult(request_id=request.request_id, tool=request.tool, ok=True))
+    assert request.request_id not in service.pending
+    assert msgspec.json.encode(service.report)  # nothing broke
