@@ -75,7 +75,7 @@ def smir_text(**kw: Any) -> bytes:
 
 
 async def answer(service: FabricService, fleet: FakeFleet, data: bytes) -> None:
-    for node, session in fleet.sessions.items():
+    for session in fleet.sessions.values():
         for msg in session.sent:
             if msg.request_id in service.pending:
                 result = m.DiscoverResult(request_id=msg.request_id, tool=msg.tool, device=msg.device, port=msg.port,
