@@ -47,7 +47,7 @@ def setup(tmp_path: Path, nodes: int = 3, features: tuple[str, ...] = (m.FEATURE
                                      inventory=m.Inventory(ports=ports)), 0.0, i)
         fleet.sessions[node] = FakeSession(list(features))
     now = [100.0]
-    service = FabricService(registry, fleet, FabricStore(tmp_path), FabricSettings(sm_interval=Duration(60)),
+    service = FabricService(registry, fleet.sessions, FabricStore(tmp_path), FabricSettings(sm_interval=Duration(60)),
                             clock=lambda: now[0], wall=lambda: now[0])
     return service, fleet
 
