@@ -8,8 +8,8 @@ import click
 
 from llmgw.catalog.units import format_duration
 from llmgw.cli.cert import cert
-from llmgw.cli.progress import LinesUnder, progress_line
 from llmgw.cli.fabrics import fabrics
+from llmgw.cli.progress import LinesUnder, progress_line
 from llmgw.cli.render import console, make_table, output_option, print_json, say, styled_state, text
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from llmgw.cli.sim_engine import engine
-from llmgw.cli.sim_fileserver import fileserver
 from llmgw.cli.sim_fabric import fabric
+from llmgw.cli.sim_fileserver import fileserver
 from llmgw.cli.sim_node import node
 
 
