@@ -66,7 +66,8 @@ def test_ports_from_the_latest_heartbeat_counters_as_counters():
     beat = m.Heartbeat(seq=1, ports=[
         m.PortCounters(device="mlx5_0", port=1, state="DOWN", phys_state="Disabled", rate_gbps=400.0,
                        counters={"port_xmit_data": 123, "port_rcv_packets": 7, "symbol_error": 0}),
-        m.PortCounters(device="i40iw0", port=1, state="ACTIVE", rate_gbps=10.0, counters={"port_xmit_data": None}),
+        m.PortCounters(device="i40iw0", port=1, state="ACTIVE", rate_gbps=10.0,
+                       counters={"port_xmit_data": None, "../made up\nname": 1}),
     ])
     registry.heartbeat("gpu-1", session, beat, 1.0)
     got = families(metrics)
@@ -79,6 +80,7 @@ def test_ports_from_the_latest_heartbeat_counters_as_counters():
     assert values[("mlx5_0", "port_xmit_data")] == 123.0
     assert values[("mlx5_0", "port_rcv_packets")] == 7.0
     assert ("i40iw0", "port_xmit_data") not in values  # N/A (no PMA): no series, not a zero
+    assert not [k for k in values if k[0] == "i40iw0"]  # a name no sysfs file has is not exported
 
 
 def test_fabrics_message_replaces_the_nodes_fabrics():

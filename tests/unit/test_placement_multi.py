@@ -80,3 +80,11 @@ def test_gpus_per_node_and_busy_nodes():
     assert isinstance(refused, NoFit)
     assert "gpu-01: 2 of 8 GPUs free, 4 needed" in refused.reasons
     assert "fabric ib: 2 of 3 nodes (gpu-02, gpu-03)" in refused.reasons
+
+
+def test_a_node_whose_address_is_unknown_cannot_be_a_rank():
+    # Every rank dials rank 0's address: no Start goes out before it is known.
+    nodes = [node("gpu-01", gpus_of("dgx-h100"), ["ib"], address=""), node("gpu-02", gpus_of("dgx-h100"), ["ib"])]
+    got = place_multi(Request(replica_id="big-x.1", gpus=8), 2, nodes, PORTS)
+    assert isinstance(got, NoFit)
+    assert "gpu-01: its address is not known yet (the master address of a multi-node replica)" in got.reasons

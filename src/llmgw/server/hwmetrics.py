@@ -12,12 +12,17 @@ could read; `llmgw_node_nvml_available` tells them apart (0: no NVML, topology u
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgw.server.registry import Node
+
+# A counter's label is a sysfs file name; anything else a node sends is not exported. With the
+# caps (fleet.max_ports ports, 64 counters a port: fleet/limits.py) a node's series are bounded.
+_COUNTER_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 
 # Sources that stand for NVML: NVML itself, and the simulated inventory that plays it.
 TOPOLOGY_SOURCES = frozenset({"nvml", "sim"})
@@ -50,7 +55,7 @@ class HardwareCollector(Collector):
                 active.add_metric(labels, 1.0 if reading.state.upper() == "ACTIVE" else 0.0)
                 rate.add_metric(labels, reading.rate_gbps)
                 for name, value in sorted(reading.counters.items()):
-                    if value is not None:
+                    if value is not None and _COUNTER_NAME.match(name):
                         counter.add_metric([*labels, name], float(value))
         yield active
         yield rate
