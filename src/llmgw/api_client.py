@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -98,6 +98,22 @@ class ApiClient:
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
+
+    def stream_lines(self, path: str) -> Iterator[str]:
+        """The lines of a streamed answer as they come (`ctl logs -f`): no read timeout, since a
+        quiet engine writes nothing for minutes; a slow reader simply reads slower, and the
+        server and the node wait for it (their buffers are bounded)."""
+        try:
+            with self._client.stream("GET", path, timeout=httpx.Timeout(self._client.timeout.connect, read=None)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(f"GET {path}: HTTP {response.status_code}: {_error_message(response)}", response.status_code)
+                yield from response.iter_lines()
+        except httpx.HTTPError as exc:
+            if isinstance(exc, httpx.ConnectError):
+                raise Unreachable(f"cannot reach the llmgw server at {self.server}: {_reason(exc)} "
+                                  "(is `llmgw server` running? set --server or LLMGW_SERVER)") from None
+            raise Unreachable(f"the stream from {self.server}{path} broke: {exc}") from None
 
     def _tls_problem(self, exc: BaseException) -> str:
         """One line for a failed TLS handshake with the server ("" when it was not one)."""

@@ -8,8 +8,10 @@ work as printed, and on Ctrl-C nothing is left running: agents run with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -73,7 +75,7 @@ WEIGHTS_RATE = "64MB"
 WEIGHTS_LISTENING = "llmgw-sim-fileserver listening on "
 
 
-def server_config(opts: DemoOptions, work: Path, tls_dir: Path | None, weights_url: str = "") -> str:
+def server_config(opts: DemoOptions, work: Path, tls_dir: Path | None, weights_url: str = "", token: str = "") -> str:
     tls = ""
     if tls_dir is not None:
         tls = (
@@ -83,9 +85,10 @@ def server_config(opts: DemoOptions, work: Path, tls_dir: Path | None, weights_u
             f"  key: {tls_dir / 'server.key'}\n"
             "  require_identity: true\n"
         )
+    api = f'api:\n  operator_tokens: ["sha256:{hashlib.sha256(token.encode()).hexdigest()}"]\n' if token else ""
     return f"""\
 # Written by `llmgw demo`.
-listen: {opts.host}:{opts.port}
+{api}listen: {opts.host}:{opts.port}
 fleet_listen: {opts.host}:{opts.fleet_port}
 state_dir: {work / 'state'}
 {tls}fleet:
@@ -209,6 +212,12 @@ def _workdir(requested: str | None) -> Path:
     return work
 
 
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
 def _append(path: Path, text: str) -> None:
     path.write_text(path.read_text() + text)
 
@@ -236,13 +245,19 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         tls_dir = work / "tls"
         await trio.to_thread.run_sync(_issue_certs, tls_dir, opts.host, node_ids)
         say(f"  ✓ certificates: a CA, a server certificate for {opts.host} and {len(node_ids)} node certificates in {tls_dir}")
+    # An operator token, so that every `ctl` call the banner prints (drain, logs, reload) works as
+    # printed: the server keeps only its digest; the token is in operator.env for `source`.
+    token = secrets.token_urlsafe(24)
     config = work / "server.yaml"
+    env_file = work / "operator.env"
+    await trio.to_thread.run_sync(_write_private, env_file, f"export LLMGW_SERVER={public}\nexport LLMGW_TOKEN={token}\n")
+    auth = {"authorization": f"Bearer {token}"}
     fleet = Fleet(logs)
     stopped_by_operator = False
     try:
         weights_url = await _start_fileserver(fleet, work, opts.host)
         say(f"  ✓ file server: {weights_url} ({WEIGHTS_SIZE // 10**6} MB at {WEIGHTS_RATE}/s, the {LARGE_MODEL} weights)")
-        await trio.to_thread.run_sync(config.write_text, server_config(opts, work, tls_dir, weights_url))
+        await trio.to_thread.run_sync(config.write_text, server_config(opts, work, tls_dir, weights_url, token))
         server_args = ["server", "--config", str(config)]
         if not opts.tls:
             server_args.append("--insecure")
@@ -268,7 +283,7 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             fleet.start(f"agent-{node_id}", agent_args)
 
         def nodes_ready() -> list[dict[str, Any]] | None:
-            nodes = httpx.get(f"{public}/api/v1/nodes", timeout=2).json()
+            nodes = httpx.get(f"{public}/api/v1/nodes", timeout=2, headers=auth).json()
             ready = [n for n in nodes if n["state"] == "ready"]
             return ready if len(ready) == len(node_ids) else None
 
@@ -278,7 +293,7 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         fetching: set[str] = set()
 
         def replicas_ready() -> list[dict[str, Any]] | None:
-            replicas = httpx.get(f"{public}/api/v1/replicas", timeout=2).json()
+            replicas = httpx.get(f"{public}/api/v1/replicas", timeout=2, headers=auth).json()
             for r in replicas:
                 if r.get("progress") and r["id"] not in fetching:
                     fetching.add(r["id"])
@@ -302,6 +317,11 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         say(f"  {cmd} ctl --server {public} nodes")
         say(f"  {cmd} ctl --server {public} replicas --watch")
         say(f"  {cmd} ctl --server {public} models")
+        small = next(r["id"] for r in ready if r["model"] == SMALL_MODEL)
+        say(f"Operate it (an operator token for this demo; also in {env_file}):")
+        say(f"  export LLMGW_TOKEN={token}")
+        say(f"  {cmd} ctl --server {public} logs -f {small}")
+        say(f"  {cmd} ctl --server {public} events --watch")
         say(f"Logs: {logs}   Ctrl-C stops everything.")
         while True:
             await trio.sleep(1)

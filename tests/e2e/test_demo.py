@@ -10,11 +10,12 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
 
-from tests.e2e.harness import ctl_json, free_port, llmgw_env, wait_until
+from tests.e2e.harness import free_port, llmgw_env, run_llmgw, wait_until
 
 
 def processes_under(work: Path) -> list[int]:
@@ -58,7 +59,25 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         # The ctl commands it prints work as printed (path aside).
         ctl = next(line for line in text.splitlines() if "ctl --server" in line and line.rstrip().endswith("nodes"))
         server = re.search(r"--server (\S+)", ctl).group(1)  # type: ignore[union-attr]
-        assert {r["state"] for r in ctl_json(server, "replicas")} == {"ready"}
+        token = re.search(r"export LLMGW_TOKEN=(\S+)", text).group(1)  # type: ignore[union-attr]
+        refused = run_llmgw("ctl", "--server", server, "replicas", env={"LLMGW_TOKEN": ""})
+        assert refused.returncode != 0  # the demo has credentials: without the token, refused
+        as_operator = {"LLMGW_TOKEN": token}
+        listed = run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator)
+        assert {r["state"] for r in json.loads(listed.stdout)} == {"ready"}, listed.stderr
+        # The printed `ctl logs -f` works as printed: the engine's log streams.
+        logs_line = next(line.strip() for line in text.splitlines() if " logs -f " in line)
+        logs_args = shlex.split(logs_line)
+        logs_args = logs_args[logs_args.index("ctl"):]
+        with subprocess.Popen([sys.executable, "-m", "llmgw", *logs_args], stdout=subprocess.PIPE, text=True,
+                              env=llmgw_env(as_operator)) as follow:
+            assert follow.stdout is not None
+            first: list[str] = []
+            reader = threading.Thread(target=lambda: first.append(follow.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+            reader.start()
+            reader.join(timeout=30)
+            follow.send_signal(signal.SIGINT)
+            assert first and first[0].startswith("=== llmgw: starting"), first  # the supervisor's first line
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
         assert len(processes_under(work)) >= 8  # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
     finally:

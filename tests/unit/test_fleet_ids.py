@@ -56,6 +56,7 @@ POSITIONS: dict[type, list[Build]] = {
     m.Start: [lambda v, f=f: m.Start(spec=spec(**{f: v})) for f in ("shard_id", "replica_id", "model", "profile", "served_name")],
     m.Stop: [lambda v: m.Stop(shard_id=v)],
     m.Drain: [lambda v: m.Drain(shard_id=v)],
+    m.LogTail: [lambda v: m.LogTail(request_id="logs-1", shard_id=v)],
 }
 ID_FIELDS = {"node_id", "shard_id", "replica_id", "spec", "shards"}
 

@@ -25,6 +25,7 @@ from llmgw.agent import launch_env, procs
 from llmgw.agent.engines import LaunchError, adapter_for
 from llmgw.agent.engines.policy import check_engine, check_env, check_executable
 from llmgw.agent.launch_env import LaunchFacts
+from llmgw.agent.logs import LogSource, LogStreams
 from llmgw.agent.shardfiles import PathRefused, PidOnly, StateFile, connect_host, port_free, redact
 from llmgw.agent.weights import Weights, WeightsPlan
 from llmgw.catalog.schema import EngineAllow, EngineHealth
@@ -97,7 +98,7 @@ Send = Callable[[msgspec.Struct], None]
 
 
 class Supervisor:
-    features: tuple[str, ...] = (m.FEATURE_START, m.FEATURE_STOP, m.FEATURE_ADOPT)
+    features: tuple[str, ...] = (m.FEATURE_START, m.FEATURE_STOP, m.FEATURE_ADOPT, m.FEATURE_LOGS)
 
     def __init__(
         self,
@@ -126,11 +127,21 @@ class Supervisor:
         self._send: Send | None = None
         self._nursery: trio.Nursery | None = None
         self._http: httpx.AsyncClient | None = None
+        self.logs = LogStreams(self._log_source)  # `ctl logs`: engine logs over the fleet stream
 
     # -- the link's view ------------------------------------------------------------------------
 
     def attach(self, send: Send | None) -> None:
         self._send = send
+        if send is None:
+            self.logs.cancel_all()
+
+    def _log_source(self, shard_id: str) -> LogSource | None:
+        run = self.runs.get(shard_id)
+        if run is None:
+            return None
+        key = run.spec.api_key
+        return LogSource(path=run.log_path, redact=lambda line: redact(line, key), alive=lambda: run.state not in TERMINAL)
 
     def snapshot(self) -> list[m.ShardReport]:
         return [run.report() for run in self.runs.values()]
@@ -152,6 +163,8 @@ class Supervisor:
             self.start(msg.spec)
         elif isinstance(msg, m.Stop):
             self.stop(msg.shard_id, msg.grace, msg.reason)
+        elif isinstance(msg, m.LogTail | m.LogCredit | m.LogCancel):
+            self.logs.handle(msg, send)
         elif isinstance(msg, m.Drain):
             run = self.runs.get(msg.shard_id)
             if run is None:
@@ -178,6 +191,7 @@ class Supervisor:
         async with httpx.AsyncClient(timeout=2.0, trust_env=False) as http, trio.open_nursery() as nursery:
             self._http = http
             self._nursery = nursery
+            await nursery.start(self.logs.run)
             self._adopt_all()
             task_status.started()
             await trio.sleep_forever()

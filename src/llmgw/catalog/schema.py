@@ -251,6 +251,11 @@ class FabricSettings(_Config):
     tool_timeout: Duration = Duration(60)  # a tool still running then is killed by its agent
 
 
+class EventSettings(_Config):
+    # How long the event log (state_dir/events.db) keeps an event; pruned in the background.
+    retention: Duration = Duration(14 * 86400)
+
+
 class ServerConfig(_Config):
     listen: str = "127.0.0.1:8080"
     # Optional operator door: HOST:PORT serving /api/v1/* and /metrics (with public_tls, if
@@ -265,6 +270,7 @@ class ServerConfig(_Config):
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     api: ApiSettings = msgspec.field(default_factory=ApiSettings)
     fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)
+    events: EventSettings = msgspec.field(default_factory=EventSettings)
     models: list[Model] = []
     endpoints: list[StaticEndpoint] = []
 

@@ -15,6 +15,7 @@ drain/cordon, calling new `Actions` (operator.py); the admin pages get a handler
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +25,8 @@ import trio
 
 from llmgw.catalog.units import enc_hook
 from llmgw.server.auth import Auth, Door
+from llmgw.server.events import QUERY_LIMIT, EventLog, EventQuery
+from llmgw.server.logs import EngineLogs
 from llmgw.server.operator import ReloadResult
 from llmgw.server.views import ReadModel
 from llmgw.web.server import Request, Responder
@@ -65,8 +68,11 @@ class PublicHandler:
     listener serves only the latter. /healthz is open on both and says only ok."""
 
     def __init__(self, *, reads: ReadModel, actions: Actions, auth: Auth, gateway: Clients,
-                 render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True) -> None:
+                 render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True,
+                 events: EventLog | None = None, engine_logs: EngineLogs | None = None) -> None:
         self.reads = reads
+        self.events = events  # GET /api/v1/events
+        self.engine_logs = engine_logs  # GET /api/v1/replicas/{replica}/logs
         self.actions = actions
         self.auth = auth
         self.gateway = gateway
@@ -171,6 +177,22 @@ class PublicHandler:
     async def list_models(self, call: Call) -> None:
         await send_json(call.responder, 200, self.reads.models())
 
+    async def list_events(self, call: Call) -> None:
+        try:
+            query = parse_event_query(call.request.query, time.time())
+        except ValueError as exc:
+            await send_error(call.responder, 400, str(exc), "bad_request")
+            return
+        await send_json(call.responder, 200, await self.events.query(query) if self.events is not None else [])
+
+    async def replica_logs(self, call: Call) -> None:
+        """An engine's log, streamed from its node (`ctl logs`). A read, behind the viewer door
+        like every GET; the agent takes the shard's engine API key out of every line first."""
+        if self.engine_logs is None:
+            await send_error(call.responder, 404, "engine logs are not served here", "not_found")
+            return
+        await self.engine_logs.serve(call.params["replica"], call.request.query, call.responder)
+
     async def list_endpoints(self, call: Call) -> None:
         await send_json(call.responder, 200, self.reads.endpoints())
 
@@ -246,6 +268,8 @@ API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "fabrics", Door.VIEWER, PublicHandler.list_fabrics),
     ApiRoute("GET", "fabrics/{fabric}", Door.VIEWER, PublicHandler.get_fabric),
     ApiRoute("GET", "fabrics/{fabric}/topology", Door.VIEWER, PublicHandler.get_topology),
+    ApiRoute("GET", "events", Door.VIEWER, PublicHandler.list_events),
+    ApiRoute("GET", "replicas/{replica}/logs", Door.VIEWER, PublicHandler.replica_logs),
     ApiRoute("POST", "reload", Door.OPERATOR, PublicHandler.reload),
     ApiRoute("DELETE", "nodes/{node}", Door.OPERATOR, PublicHandler.forget_node),
     ApiRoute("POST", "replicas/{replica}/restart", Door.OPERATOR, PublicHandler.restart_replica),
@@ -259,3 +283,31 @@ def match_route(method: str, route: str) -> tuple[ApiRoute, dict[str, str]] | No
             if params is not None:
                 return api_route, params
     return None
+
+
+def parse_event_query(query: str, now: float) -> EventQuery:
+    """`since=` a duration back from now (90m, 2h, 1d) or a time in seconds since the epoch;
+    `after=` an event id (what is new since the last look); `node=`, `model=`, `limit=`."""
+    from urllib.parse import parse_qs
+
+    from llmgw.catalog.units import parse_duration
+
+    args = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+    since = 0.0
+    if text := args.get("since", "").strip():
+        try:
+            number = float(text)
+        except ValueError:
+            try:
+                since = now - float(parse_duration(text))
+            except ValueError:
+                raise ValueError(f"since={text!r}: expected a duration back from now (30m, 2h, 1d) or seconds since "
+                                 "the epoch") from None
+        else:
+            since = number if number > 1e9 else now - number
+    try:
+        after = int(args.get("after") or 0)
+        limit = min(int(args.get("limit") or QUERY_LIMIT), QUERY_LIMIT)
+    except ValueError:
+        raise ValueError("after= and limit= take whole numbers") from None
+    return EventQuery(since=since, after=after, node=args.get("node", ""), model=args.get("model", ""), limit=limit)

@@ -34,11 +34,13 @@ from llmgw.netaddr import hostport
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
 from llmgw.server.control import Controller, Settle, make_reconciler
+from llmgw.server.events import EventFeeds, EventLog, RecordingObserver, chain
 from llmgw.server.fabric_service import FabricCollector, FabricService
 from llmgw.server.fabric_store import FabricStore
 from llmgw.server.fleet_service import FleetService, Session
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.known_nodes import KnownNodes
+from llmgw.server.logs import EngineLogs, LogHub
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
 from llmgw.server.operator import Operator
 from llmgw.server.registry import NodeRegistry
@@ -120,6 +122,8 @@ class ControlPlane:
         self.auth = Auth(cfg, insecure=insecure, count=self.metrics.count_auth_failure, revoked=self.revocations.refuses)
         # The reconciler and what the gateway learns from it.
         self.known_nodes = KnownNodes(cfg.state_dir)
+        # What happened, kept across restarts (its writer task starts first in run()).
+        self.events = EventLog(cfg.state_dir, retention=float(cfg.events.retention))
         reconciler = make_reconciler(cfg.models, cfg.reconcile)
         settle = Settle(cfg.reconcile, self.registry, self.known_nodes)
         feed = GatewayFeed(reconciler, settle, trio.current_time)
@@ -133,16 +137,19 @@ class ControlPlane:
         # The controller sends on the streams the fleet service keeps (one shared map).
         sessions: dict[str, Session] = {}
         weights = WeightsBoard()  # weight downloads of starting shards, and their metrics (issue 12)
+        self.event_feeds = EventFeeds(self.events, reconciler.replicas.values, lambda: self.reads.endpoints())
         self.controller = Controller(
             reconciler,
             self.registry,
             settle=settle,
             links=sessions,
             known=self.known_nodes,
-            on_pass=lambda: gateway.set_endpoints(*feed.ready_endpoints()),
+            on_pass=chain(lambda: gateway.set_endpoints(*feed.ready_endpoints()), self.event_feeds.after_pass),
             on_refused=self.metrics.count_refused,
             weights=weights,
         )
+        # `ctl logs`: engine log chunks from the streams to their readers.
+        self.log_hub = LogHub(lambda: sessions)
         self.refusal_log = RefusalLog(logging.getLogger("llmgw.fleet"), every=float(fleet.refusal_log_interval))
         # The fabric map: asks agents on the same streams, keeps its history in the state dir.
         self.fabrics = FabricService(self.registry, sessions, FabricStore(cfg.state_dir), cfg.fabric)
@@ -153,12 +160,13 @@ class ControlPlane:
             register_timeout=fleet.register_timeout,
             require_identity=require_identity,
             endpoint_host=fleet.endpoint_host,
-            observer=self.controller,
+            observer=RecordingObserver(self.controller, self.events),
             caps=Caps(gpus=fleet.max_gpus, ports=fleet.max_ports, shards=fleet.max_shards),
             heartbeat_rate=float(fleet.max_heartbeat_rate),
             refusal_log=self.refusal_log,
             sessions=sessions,
             on_discover=self.fabrics.on_result,
+            log_hub=self.log_hub,
         )
         fleet_ctx = None if cfg.tls is None else fleet_ssl_context(cfg)
         self.fleet_tls = fleet_ctx is not None
@@ -171,22 +179,26 @@ class ControlPlane:
             # register timeout alone governs a connection that has not registered yet.
             idle_timeout=2 * self.registry.silence_limit + fleet.register_timeout,
             on_refused=self.metrics.count_refused,
-            peer_check=lambda peer: fleet_refusal(peer, self.revocations, require_node=require_identity),
+            peer_check=lambda peer: self.event_feeds.fleet_refusal(
+                fleet_refusal(peer, self.revocations, require_node=require_identity)),
             refusal_log=self.refusal_log,
         )
         # What operators change, and what the API reads.
         self.operator = Operator(cfg, config_path=config_path, overrides=overrides, auth=self.auth, gateway=gateway,
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
-                                 end_revoked_streams=self.fleet_listener.recheck)
+                                 end_revoked_streams=self.fleet_listener.recheck,
+                                 record=lambda kind, message: self.events.record(kind, message))
         self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
+        self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
         self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
         self.shutdown_event = trio.Event()
 
     def handler(self, *, clients: bool = True, admin: bool = True) -> PublicHandler:
         """One listener's routes (the public port; the admin listener serves no clients)."""
         return PublicHandler(reads=self.reads, actions=self.operator, auth=self.auth, gateway=self.gateway,
-                             render_metrics=self.metrics.render, clients=clients, admin=admin)
+                             render_metrics=self.metrics.render, clients=clients, admin=admin,
+                             events=self.events, engine_logs=self.engine_logs)
 
     async def run(
         self,
@@ -208,6 +220,7 @@ class ControlPlane:
             admin_url=_url(public_scheme, admin_sock) if admin_sock is not None else "",
         )
         async with trio.open_nursery() as nursery:
+            await nursery.start(self.events.run)
             fleet_listener = trio.SocketListener(trio.socket.from_stdlib_socket(fleet_sock))
             await nursery.start(self.fleet_listener.serve, [fleet_listener])
             await nursery.start(self.relay_hub.run)
@@ -221,6 +234,7 @@ class ControlPlane:
             nursery.start_soon(self.fabrics.run)
             nursery.start_soon(self.controller.run)
             nursery.start_soon(self.operator.reload_on_sighup)
+            nursery.start_soon(self.event_feeds.watch_breakers)
             log.info("llmgw server %s: public %s, fleet %s%s", __version__, bound.public_url, bound.fleet_url,
                      f", admin {bound.admin_url} (/api/v1, /metrics)" if bound.admin_url else "")
             self.auth.announce()

@@ -22,6 +22,7 @@ from llmgw.fleet.limits import (
 )
 from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
 from llmgw.fleet.outbox import Outbox
+from llmgw.server.logs import LogHub
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry, Transition
 from llmgw.wire import messages as m
@@ -93,8 +94,10 @@ class FleetService:
         outbox_capacity: int = OUTBOX_CAPACITY,
         sessions: dict[str, Session] | None = None,
         on_discover: Callable[[str, m.DiscoverResult], None] | None = None,
+        log_hub: LogHub | None = None,
     ) -> None:
         self.outbox_capacity = outbox_capacity
+        self.log_hub = log_hub  # engine log chunks go to their readers (`ctl logs`)
         self.caps = caps or Caps()
         self.heartbeat_rate = heartbeat_rate
         self.refusals = refusal_log or RefusalLog(log)
@@ -238,6 +241,8 @@ class FleetService:
             if self.sessions.get(node_id) is session:
                 del self.sessions[node_id]
                 self._drained.set()
+                if self.log_hub is not None:
+                    self.log_hub.node_gone(node_id)
             t = self.registry.disconnect(node_id, number, self.clock(), reason)
             if t is not None:
                 if self.observer is not None:
@@ -338,6 +343,10 @@ class FleetService:
                 registry.seen(node_id, session.number, now)
                 if self.on_discover is not None:
                     self.on_discover(node_id, msg)
+            elif isinstance(msg, m.LogChunk):
+                registry.seen(node_id, session.number, now)
+                if self.log_hub is not None:
+                    self.log_hub.deliver(node_id, msg)
             elif isinstance(msg, m.Register):
                 log.warning("node %s: Register on an open stream; closing it", node_id)
                 raise StreamRefused("protocol", "Register sent twice on one stream")

@@ -51,7 +51,9 @@ class Operator:
         registry: NodeRegistry,
         revocations: Revocations,
         end_revoked_streams: Callable[[], int],
+        record: Callable[[str, str], None] = lambda kind, message: None,
     ) -> None:
+        self.record = record  # into the event log (kind, message)
         self.cfg = cfg
         self.config_path = config_path
         self.overrides = overrides or {}
@@ -82,8 +84,11 @@ class Operator:
                 cfg = await trio.to_thread.run_sync(lambda: override(load_server_config(path), self.overrides))
             except UsageError as exc:
                 log.error("reload failed, keeping the running config: %s", exc)
+                self.record("reload", f"config reload refused, the running config stays: {exc}")
                 return ReloadResult(ok=False, message=f"{exc}; the running config stays")
-            return self._apply_reload(cfg)
+            result = self._apply_reload(cfg)
+            self.record("reload", f"config reloaded: {result.message}")
+            return result
 
     def _apply_reload(self, cfg: ServerConfig) -> ReloadResult:
         changed = [k for k in RESTART_ONLY if getattr(cfg, k) != getattr(self.cfg, k)]

@@ -104,7 +104,7 @@ def message_problems(msg: msgspec.Struct) -> list[str]:
         check(msg.shard_id, "shard id")
     elif isinstance(msg, m.Start):
         out.extend(spec_problems(msg.spec))
-    elif isinstance(msg, (m.Stop, m.Drain)):
+    elif isinstance(msg, (m.Stop, m.Drain, m.LogTail)):
         check(msg.shard_id, "shard id")
     return out
 

@@ -19,6 +19,7 @@ FEATURE_DRAIN = "drain"
 FEATURE_ADOPT = "adopt"
 FEATURE_DISCOVER = "discover"
 FEATURE_FABRIC_TEST = "fabric-test"
+FEATURE_LOGS = "logs"  # LogTail / LogCredit / LogCancel, answered with LogChunk
 
 
 class _Base(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -275,7 +276,19 @@ class DiscoverResult(_Base, tag="DiscoverResult", tag_field="type"):
     error: str = ""  # why not ok: not installed, timed out and killed, exit status and stderr's tail
 
 
-AgentMessage = Register | Heartbeat | ShardStatus | Progress | Fabrics | DiscoverResult
+
+class LogChunk(_Base, tag="LogChunk", tag_field="type"):
+    """Engine log lines for one `LogTail` request; each chunk uses one credit. `eof`: nothing more
+    comes for this request (the engine's log ended, or `error`). No shard id: the server routes a
+    chunk by its request id, and only from the node it asked (server/logs.py)."""
+
+    request_id: str
+    lines: list[str] = []
+    eof: bool = False
+    error: str = ""
+
+
+AgentMessage = Register | Heartbeat | ShardStatus | Progress | Fabrics | DiscoverResult | LogChunk
 
 
 # ---- server → agent ---------------------------------------------------------------------
@@ -319,7 +332,30 @@ class Discover(_Base, tag="Discover", tag_field="type"):
     timeout: float = 60.0
 
 
-ServerMessage = Welcome | Start | Stop | Drain | Discover
+
+class LogTail(_Base, tag="LogTail", tag_field="type"):
+    """Send the last `tail` lines of a shard's engine log and, with `follow`, new lines as they
+    are written. Credit-based backpressure: the agent sends at most `credit` chunks ahead of the
+    `LogCredit`s it has received, so a slow reader at the far end holds the agent's reading,
+    not its memory."""
+
+    request_id: str
+    shard_id: str
+    tail: int = 200
+    follow: bool = False
+    credit: int = 4
+
+
+class LogCredit(_Base, tag="LogCredit", tag_field="type"):
+    request_id: str
+    credit: int = 1
+
+
+class LogCancel(_Base, tag="LogCancel", tag_field="type"):
+    request_id: str
+
+
+ServerMessage = Welcome | Start | Stop | Drain | Discover | LogTail | LogCredit | LogCancel
 
 
 class Unknown(msgspec.Struct, frozen=True):
