@@ -27,6 +27,7 @@ from llmgw.agent.engines.policy import check_engine, check_env, check_executable
 from llmgw.agent.launch_env import LaunchFacts
 from llmgw.agent.logs import LogSource, LogStreams
 from llmgw.agent.shardfiles import PathRefused, PidOnly, StateFile, connect_host, port_free, redact
+from llmgw.agent.shardrun import HEALTHY_OR_NOT, TERMINAL, ShardRun
 from llmgw.agent.weights import Weights, WeightsPlan
 from llmgw.catalog.schema import EngineAllow, EngineHealth
 from llmgw.catalog.units import format_duration
@@ -40,58 +41,7 @@ log = logging.getLogger("llmgw.agent.supervisor")
 TAIL_LINES = 200
 HEALTH_PERIOD = 0.5
 ADOPTED_POLL = 0.5
-TERMINAL = frozenset({"failed", "exited", "stopped"})
 MAX_FINISHED = 64  # finished shards remembered for the next Register
-HEALTHY_OR_NOT = frozenset({"ready", "unhealthy"})  # answered its health check once
-
-
-class ShardRun:
-    def __init__(self, spec: m.ShardSpec, log_path: str, endpoint: str) -> None:
-        self.spec = spec
-        self.log_path = log_path
-        self.endpoint = endpoint
-        self.state = "starting"
-        self.pid = 0
-        self.pgid = 0
-        self.start_ticks = 0
-        self.started_at = time.time()
-        self.process: trio.Process | None = None
-        self.adopted = False
-        self.exit_code: int | None = None
-        self.reason = ""
-        self.tail: list[str] = []
-        self.stop_requested = False
-        self.stop_reason = ""
-        self.failed_reason = ""  # set when we kill it ourselves for a reason (start timeout)
-        self.launch_env: list[m.EnvSetting] = []  # NCCL_* / GLOO_* it was given (launch_env.py)
-        self.exited = trio.Event()
-        self.fetching: trio.CancelScope | None = None  # while it waits on its weights
-
-    def report(self) -> m.ShardReport:
-        return m.ShardReport(
-            spec=self.spec,
-            state=self.state,
-            pid=self.pid,
-            started_at=self.started_at,
-            endpoint=self.endpoint,
-            exit_code=self.exit_code,
-            reason=self.reason,
-            tail=self.tail,
-            launch_env=self.launch_env,
-        )
-
-    def status(self) -> m.ShardStatus:
-        return m.ShardStatus(
-            shard_id=self.spec.shard_id,
-            replica_id=self.spec.replica_id,
-            state=self.state,
-            pid=self.pid,
-            exit_code=self.exit_code,
-            reason=self.reason,
-            tail=self.tail if self.state in ("failed", "exited") else [],
-            endpoint=self.endpoint,
-            launch_env=self.launch_env,
-        )
 
 
 Send = Callable[[msgspec.Struct], None]
