@@ -109,7 +109,7 @@ async def test_an_engine_answer_over_the_cap_is_a_502_and_is_not_read_past_it(tm
 async def test_health_checks_and_scrapes_do_not_read_an_endless_answer(tmp_path: Path, procs: list[Proc]) -> None:
     """The gateway's own GETs (health every second, metrics scrapes) hold at most 4 MiB of an
     answer (SCRAPE_MAX), whatever the engine sends."""
-    from llmgw.server.gateway.proxy import SCRAPE_MAX
+    from llmgw.server.gateway.probes import SCRAPE_MAX
 
     slack = _kernel_buffers()
     total = SCRAPE_MAX + slack + (64 << 20)
