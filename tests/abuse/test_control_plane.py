@@ -346,7 +346,13 @@ async def test_a_heartbeat_flood_is_cut_off(tmp_path: Path, procs: list[Proc]) -
         assert server.nodes()["steady-01"]["state"] == "ready"
         stop.set()
         nursery.cancel_scope.cancel()
-    assert "far over the limit of 10/s (fleet.max_heartbeat_rate)" in closed, closed
+    reason = "far over the limit of 10/s (fleet.max_heartbeat_rate)"
+    if "connection lost while sending" in closed:
+        # Under load the flooder's own send can hit the closed socket before it reads the
+        # server's GOAWAY (seen in CI); then the reason must be in the server's log.
+        assert reason in server.proc.log(), closed
+    else:
+        assert reason in closed, closed
     assert metric(server.url, "llmgw_fleet_refused_total", 'reason="heartbeat_rate"') == 1
     assert metric(server.url, "llmgw_fleet_dropped_total", 'reason="heartbeat_rate"') >= 20
     # Over a cut-off of a few tens of ms the share is clock-tick noise: judge at least a second.
