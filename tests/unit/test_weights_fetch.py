@@ -243,12 +243,15 @@ async def test_the_final_path_never_holds_a_partial_file(tmp_path: Path) -> None
         observed: list[int] = []
         grew = False
 
+        seen = trio.Event()
+
         async def watch() -> None:
             nonlocal grew
             while True:
                 size = size_of(target)
                 if size is not None:
                     observed.append(size)
+                    seen.set()
                 elif size_of(partial_file):
                     grew = True
                 await trio.sleep(0.002)  # ok: the watcher's poll interval
@@ -256,7 +259,8 @@ async def test_the_final_path_never_holds_a_partial_file(tmp_path: Path) -> None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch)
             await w.ensure("s1", plan, trio.current_time() + DEADLINE, nursery, Sent())
-            await trio.sleep(0.01)
+            with trio.fail_after(5):
+                await seen.wait()  # the watcher has seen the finished file at least once
             nursery.cancel_scope.cancel()
     assert grew  # the check ran while bytes were arriving
     assert observed and set(observed) == {len(data)}  # whenever the name existed, the file was whole
