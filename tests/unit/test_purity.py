@@ -20,6 +20,7 @@ import pytest
 PURE = [
     "llmgw.errors",
     "llmgw.netaddr",
+    "llmgw.verdict",
     "llmgw.wire",
     "llmgw.wire.envelope",
     "llmgw.wire.ids",
