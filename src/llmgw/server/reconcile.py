@@ -145,11 +145,13 @@ class Reconciler(Observer):
         super().__init__(settings, rng)
         self.new_key = new_key
         self.models: dict[str, Model] = {}
+        self._profiles: dict[str, frozenset[str]] = {}  # model → its profile names (a pass asks once per replica)
         self.set_catalog(models)
 
     def set_catalog(self, models: Sequence[Model]) -> None:
         self.generation += 1
         self.models = {model.name: model for model in models}
+        self._profiles = {model.name: frozenset(p.name for p in model.profiles) for model in models}
 
     def drain_illegal(self) -> list[Illegal]:
         out, self.illegal = self.illegal, []
@@ -179,7 +181,7 @@ class Reconciler(Observer):
             model = self.models.get(replica.model)
             if model is None:
                 self.stop_replica(replica, now, f"model {replica.model} left the catalog")
-            elif replica.profile and replica.state != ReplicaState.PENDING and replica.profile not in {p.name for p in model.profiles}:
+            elif replica.profile and replica.state != ReplicaState.PENDING and replica.profile not in self._profiles[model.name]:
                 self.stop_replica(replica, now, f"profile {replica.profile} left model {replica.model}")
         # Counts: add missing replicas, stop surplus ones (a step every 100 models).
         for i, model in enumerate(list(self.models.values())):
@@ -235,7 +237,7 @@ class Reconciler(Observer):
         again where the fabric is whole. One adopted with ranks that no node reported (after the
         settle period, when every node that was there has re-registered) fails too: a replica
         missing a rank never serves."""
-        for replica in list(self.replicas.values()):
+        for replica in self.multinode():  # indexed: a pass over single-node replicas pays nothing here
             if replica.state not in (ReplicaState.STARTING, ReplicaState.READY):
                 continue
             world = max((s.spec.world for s in replica.shards if s.spec is not None), default=1)

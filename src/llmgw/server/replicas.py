@@ -5,7 +5,7 @@ reports, `reconcile.py` decides on it. Every state change goes through `_shard_t
 `_replica_to`, which consult the transition tables in `states.py`: an illegal one is refused (the
 state stays) and recorded in `illegal` for the driver to log.
 
-Cost: replicas are indexed by model, by node and by shard id, so a message costs what it
+Cost: replicas are indexed by model, by node, by shard id and (multi-node ones) by span, so a message costs what it
 touches, not models × replicas (10,000 models once meant 23 s stalls on every pass, issue 9).
 """
 
@@ -129,6 +129,7 @@ class ReplicaBook:
         self._of_model: dict[str, set[str]] = {}  # model → replica ids
         self._on_node: dict[str, set[str]] = {}  # node → ids of replicas with a shard there
         self._owner: dict[str, str] = {}  # shard id → replica id
+        self._multi: set[str] = set()  # ids of replicas spanning nodes (a shard's spec has world > 1)
         self.generation = 0  # bumped by every input: a pass in progress re-reads usage
         self.log: list[str] = []  # human-readable decisions since the last drain_log()
         self.illegal: list[Illegal] = []  # transitions refused since the last drain_illegal()
@@ -155,8 +156,11 @@ class ReplicaBook:
         for shard in replica.shards:
             self._owner[shard.shard_id] = replica.id
             self._on_node.setdefault(shard.node, set()).add(replica.id)
+            if shard.spec is not None and shard.spec.world > 1:
+                self._multi.add(replica.id)
 
     def _unindex_shards(self, replica: Replica) -> None:
+        self._multi.discard(replica.id)
         for shard in replica.shards:
             if self._owner.get(shard.shard_id) == replica.id:
                 del self._owner[shard.shard_id]
@@ -182,6 +186,10 @@ class ReplicaBook:
         """The replicas of one model (for the API and the gateway's 503 text), oldest first."""
         found = [self.replicas[rid] for rid in self._of_model.get(model, ()) if rid in self.replicas]
         return sorted(found, key=lambda r: (r.created_at, r.id))
+
+    def multinode(self) -> list[Replica]:
+        """The replicas spanning nodes, by id: the multi-node checks walk these, not every replica."""
+        return [self.replicas[rid] for rid in sorted(self._multi) if rid in self.replicas]
 
     def _on(self, node_id: str) -> list[Replica]:
         return [self.replicas[rid] for rid in sorted(self._on_node.get(node_id, ())) if rid in self.replicas]
