@@ -47,6 +47,7 @@ PURE = [
     "llmgw.placement.multi",
     "llmgw.agent.engines.multinode",
     "llmgw.server.observe",
+    "llmgw.server.moves",
     "llmgw.server.reconcile",
     "llmgw.server.replicas",
     "llmgw.server.states",

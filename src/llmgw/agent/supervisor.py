@@ -48,7 +48,7 @@ Send = Callable[[msgspec.Struct], None]
 
 
 class Supervisor:
-    features: tuple[str, ...] = (m.FEATURE_START, m.FEATURE_STOP, m.FEATURE_ADOPT, m.FEATURE_LOGS)
+    features: tuple[str, ...] = (m.FEATURE_START, m.FEATURE_STOP, m.FEATURE_DRAIN, m.FEATURE_ADOPT, m.FEATURE_LOGS)
 
     def __init__(
         self,
@@ -120,7 +120,10 @@ class Supervisor:
             if run is None:
                 log.warning("refusing Drain for shard %s: it does not run on this node", msg.shard_id)
             else:
-                send(run.status())
+                # Out of the gateway's rotation already: what it runs finishes within the grace
+                # (the engine's own SIGTERM handling), then the engine is stopped.
+                log.info("draining shard %s: its in-flight requests get up to %gs", msg.shard_id, msg.grace)
+                self.stop(msg.shard_id, msg.grace, f"drained: {msg.reason}" if msg.reason else "drained by the server")
         else:
             log.info("ignoring %s", m.message_type(msg))
 

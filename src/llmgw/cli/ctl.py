@@ -121,6 +121,11 @@ def _replica_rows(data: list[dict]) -> list[tuple]:
         reason = r.get("reason", "")
         if r.get("retry_in") is not None:
             reason = f"{reason} (retry in {format_duration(r['retry_in'])})"
+        move = r.get("move")
+        if move:
+            what = (f"moving ({move['kind']}, {move['state']})" + (f" → {move['other']}" if move["other"] else "")
+                    if move["role"] == "old" else f"successor of {move['other']} ({move['kind']}, {move['state']})")
+            reason = f"{what}: {move['note']}" + (f"; {reason}" if reason else "")
         rows.append((
             r["id"], r["model"], r.get("profile") or "-", styled_state(r["state"]), nodes, gpus,
             r.get("endpoint") or "-", format_duration(r.get("age", 0)), reason,

@@ -96,6 +96,8 @@ STATE_STYLES = {
     "pending": "yellow",
     "unreachable": "yellow",
     "stopping": "cyan",
+    "draining": "cyan",
+    "cordoned": "yellow",
     "failed": "red",
     "lost": "red",
 }

@@ -137,7 +137,8 @@ class ControlPlane:
         # The controller sends on the streams the fleet service keeps (one shared map).
         sessions: dict[str, Session] = {}
         weights = WeightsBoard()  # weight downloads of starting shards, and their metrics (issue 12)
-        self.event_feeds = EventFeeds(self.events, reconciler.replicas.values, lambda: self.reads.endpoints())
+        self.event_feeds = EventFeeds(self.events, reconciler.replicas.values, lambda: self.reads.endpoints(),
+                                      reconciler.drain_notes)
         self.controller = Controller(
             reconciler,
             self.registry,

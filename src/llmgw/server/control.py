@@ -286,6 +286,10 @@ class Controller:
         self.passes += 1
         self._log_decisions()
         self.on_pass()
+        # The gateway has synced: replicas a move retires are out of its rotation now, and may
+        # be drained on the next pass (at once: a wake).
+        if self.reconciler.rotation_synced():
+            self.wake()
 
     def _log_decisions(self) -> None:
         self._log_illegal()
@@ -314,6 +318,8 @@ class Controller:
                 log.warning("node %s: agent cannot start engines (too old?); not sending Start", action.node)
                 return
             session.send(m.Start(spec=action.spec))
+        elif action.drain and session.supports(m.FEATURE_DRAIN):
+            session.send(m.Drain(shard_id=action.shard_id, reason=action.reason, grace=action.grace))
         else:
             if not session.supports(m.FEATURE_STOP):
                 log.warning("node %s: agent cannot stop engines (too old?); not sending Stop", action.node)

@@ -378,14 +378,17 @@ class EventFeeds:
     breakers looked at once a second (a breaker's cooldown is 10 s by default)."""
 
     def __init__(self, events: EventLog, replicas: Callable[[], Iterable[Any]],
-                 endpoints: Callable[[], Iterable[Any]]) -> None:
+                 endpoints: Callable[[], Iterable[Any]], notes: Callable[[], Iterable[Any]] = tuple) -> None:
         self.events = events
         self.replicas = replicas
+        self.notes = notes  # the reconciler's moves.Note lines (drains, rollouts, moves)
         self.endpoints = endpoints
         self._replicas_seen: dict[str, _ReplicaSeen] = {}
         self._breakers_seen: dict[tuple[str, str], str] = {}
 
     def after_pass(self) -> None:
+        for n in self.notes():
+            self.events.record(n.kind, n.message, node=n.node, model=n.model, replica=n.replica, detail=n.detail)
         replica_events(self._replicas_seen, self.replicas(), self.events)
 
     def fleet_refusal(self, refusal: tuple[str, str] | None) -> tuple[str, str] | None:

@@ -186,7 +186,8 @@ class Observer(ReplicaBook):
                 returning = True
                 seen_at = past[1]  # as old as this server saw it to be, not as the report claims
             mine = returning or (bool(existing.shards) and all(s.node == node_id for s in existing.shards))
-            alive = existing.state in (ReplicaState.READY, ReplicaState.STARTING, ReplicaState.STOPPING) or any(
+            alive = existing.state in (ReplicaState.READY, ReplicaState.STARTING, ReplicaState.DRAINING,
+                                      ReplicaState.STOPPING) or any(
                 s.state in HOLDING for s in existing.shards)
             if alive or not mine:
                 # Both alive (or still being stopped): keep both, the surplus rule picks one by

@@ -27,7 +27,7 @@ import msgspec
 from llmgw.catalog.schema import Model, Profile
 from llmgw.placement import NodeCapacity, NoFit, Request, place
 from llmgw.placement.multi import MultiPlacement, place_multi
-from llmgw.server.observe import Observer
+from llmgw.server.moves import Mover
 from llmgw.server.replicas import (
     PAST_SHARDS,
     REFUSED_ENDPOINT,
@@ -37,7 +37,7 @@ from llmgw.server.replicas import (
     Settings,
     Shard,
 )
-from llmgw.server.states import GONE, HOLDING, SERVING, Illegal, ReplicaState, ShardState
+from llmgw.server.states import GONE, HOLDING, LEAVING, SERVING, Illegal, ReplicaState, ShardState
 from llmgw.wire import messages as m
 
 __all__ = [
@@ -47,7 +47,8 @@ __all__ = [
 ]
 
 _SURPLUS_ORDER = {ReplicaState.PENDING: 0, ReplicaState.FAILED: 1, ReplicaState.STARTING: 2, ReplicaState.READY: 3,
-                  ReplicaState.STOPPING: 4}
+                  ReplicaState.DRAINING: 4, ReplicaState.STOPPING: 4}
+AVOIDED = "not a place for this move"  # placement's reason for a node a move's successor avoids
 
 
 class StartShard(msgspec.Struct, frozen=True):
@@ -60,6 +61,7 @@ class StopShard(msgspec.Struct, frozen=True):
     shard_id: str
     grace: float
     reason: str
+    drain: bool = False  # a move's retirement: Drain (in-flight requests finish), not Stop
 
 
 Action = StartShard | StopShard
@@ -81,6 +83,7 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     fabrics: list[str] = []
     fabric_notes: dict[str, str] = {}
     address: str = ""
+    cordoned: bool = False  # no new placements (`ctl cordon`); what runs there stays
 
 
 class _Usage:
@@ -93,7 +96,8 @@ class _Usage:
         self.capacities: list[NodeCapacity] = [
             NodeCapacity(
                 node_id=n.node_id,
-                state=n.state if n.connected or n.state != "ready" else "unreachable",
+                state=("cordoned" if n.cordoned and n.state == "ready" else n.state)
+                if n.connected or n.state != "ready" else "unreachable",
                 gpus=n.gpus,
                 used_gpus=set(),
                 used_ports=set(),
@@ -139,7 +143,7 @@ def new_engine_key() -> str:
     return secrets.token_urlsafe(32)
 
 
-class Reconciler(Observer):
+class Reconciler(Mover):
     def __init__(self, models: Sequence[Model], settings: Settings, rng: random.Random | None = None,
                  new_key: Callable[[], str] = new_engine_key) -> None:
         super().__init__(settings, rng)
@@ -170,13 +174,14 @@ class Reconciler(Observer):
         for n in nodes:
             if n.endpoint_host:
                 self.endpoint_hosts[n.node_id] = n.endpoint_host
+        self._advance_moves(now)  # first: a failed successor is seen failed, before its backoff ends
         # Failed replicas whose backoff passed go back to pending (their shards are gone).
         for replica in self.replicas.values():
             if replica.state == ReplicaState.FAILED and now >= replica.next_attempt_at and replica.gone():
                 self._replica_to(replica, ReplicaState.PENDING, now, replica.reason, "backoff over")
         # Anything whose model or profile left the catalog is stopped.
         for replica in list(self.replicas.values()):
-            if replica.state == ReplicaState.STOPPING:
+            if replica.state in LEAVING:
                 continue
             model = self.models.get(replica.model)
             if model is None:
@@ -188,7 +193,8 @@ class Reconciler(Observer):
             if i % 100 == 99:
                 yield None
             ids = self._of_model.get(model.name, ())
-            active = [r for r in map(self.replicas.__getitem__, ids) if r.state != ReplicaState.STOPPING]
+            # A move's successor counts once its old replica leaves (moves.py), not while it surges.
+            active = [r for r in map(self.replicas.__getitem__, ids) if r.state not in LEAVING and not r.replaces]
             for _ in range(model.replicas - len(active)):
                 rid = self._new_id(model.name)
                 self._put(Replica(id=rid, model=model.name, created_at=now, state_since=now))
@@ -216,6 +222,7 @@ class Reconciler(Observer):
             if not starts:
                 yield None
             yield from starts  # rank 0 first: every rank's spec already names its address
+        self._advance_moves(now)  # a successor that found no room is seen in this pass
         # Send stops that are due: a shard marked stopping on a connected node.
         for replica in list(self.replicas.values()):
             for shard in replica.shards:
@@ -224,7 +231,7 @@ class Reconciler(Observer):
                     if node is not None and node.connected and node.state == "ready":
                         grace = shard.spec.stop_grace if shard.spec else 5.0
                         shard.stop_sent = True
-                        yield StopShard(shard.node, shard.shard_id, grace, shard.reason)
+                        yield StopShard(shard.node, shard.shard_id, grace, shard.reason, drain=shard.drain)
                     elif node is None or node.state == "lost":
                         self._shard_to(shard, ShardState.LOST, f"node {shard.node} gone while stopping")
                         self._maybe_forget(replica)
@@ -261,6 +268,8 @@ class Reconciler(Observer):
             replica.reason = f"model {model.name} has no profiles"
             return []
         capacities = usage.for_model(model.name)
+        if replica.avoid:
+            capacities = [msgspec.structs.replace(c, state=AVOIDED) if c.node_id in replica.avoid else c for c in capacities]
         reasons: list[str] = []
         attempt = replica.attempt + 1
         for profile in model.profiles:

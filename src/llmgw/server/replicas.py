@@ -19,6 +19,7 @@ import msgspec
 from llmgw.server.states import (
     GONE,
     HOLDING,
+    LEAVING,
     SERVING,
     Illegal,
     ReplicaState,
@@ -51,6 +52,7 @@ class Shard(msgspec.Struct, kw_only=True):
     seen_at: float = 0.0
     acked: bool = False  # the agent has said something about this shard
     stop_sent: bool = False
+    drain: bool = False  # stopped by a move: the agent gets Drain (in-flight requests finish), not Stop
     spec: m.ShardSpec | None = None
     launch_env: list[m.EnvSetting] = []  # what the agent derived for NCCL/Gloo, and what the profile overrode
 
@@ -75,6 +77,12 @@ class Replica(msgspec.Struct, kw_only=True):
     # Shards of earlier attempts: shard id -> (node, seen_at), the last few. A node that
     # comes back reporting one of them is that replica's own engine returning, not a stranger.
     past: dict[str, tuple[str, float]] = {}
+    # A move's successor (moves.py): the id of the replica it replaces while the move surges
+    # (not counted against the catalog's replicas until then) and the nodes it must avoid.
+    replaces: str = ""
+    avoid: list[str] = []
+    # Draining: the gateway has synced since it left rotation, so its shards may get Drain.
+    out_of_rotation: bool = False
 
     @property
     def started_at(self) -> float:
@@ -236,7 +244,7 @@ class ReplicaBook:
 
     def _derive(self, replica: Replica, now: float) -> None:
         """A replica's state from its shards' (after a shard changed)."""
-        if replica.state in (ReplicaState.STOPPING, ReplicaState.FAILED) or not replica.shards:
+        if replica.state in LEAVING or replica.state == ReplicaState.FAILED or not replica.shards:
             return
         states = {s.state for s in replica.shards}
         if states <= SERVING and replica.complete():
@@ -253,6 +261,9 @@ class ReplicaBook:
 
     def _fail(self, replica: Replica, now: float, reason: str, tail: list[str], *, penalty: bool) -> None:
         if replica.state == ReplicaState.STOPPING:
+            return
+        if replica.state == ReplicaState.DRAINING:  # on its way out anyway: no retry, no backoff
+            self.stop_replica(replica, now, f"{replica.reason}; {reason}")
             return
         if penalty:
             replica.failures += 1
@@ -272,17 +283,19 @@ class ReplicaBook:
             self._pop(replica.id)
             self.log.append(f"replica {replica.id} stopped")
 
-    def _stop(self, replica: Replica, shard: Shard, reason: str) -> None:
+    def _stop(self, replica: Replica, shard: Shard, reason: str, drain: bool = False) -> None:
         if shard.state in GONE:
             return
         if self._shard_to(shard, ShardState.STOPPING, f"stop of replica {replica.id}"):
             shard.stop_sent = False
             shard.reason = reason
+            shard.drain = drain
 
-    def stop_replica(self, replica: Replica, now: float, reason: str) -> None:
+    def stop_replica(self, replica: Replica, now: float, reason: str, *, drain: bool = False) -> None:
+        """Stop every shard; `drain`: the agents get Drain (a move's retirement, out of rotation already)."""
         self.generation += 1
         self._replica_to(replica, ReplicaState.STOPPING, now, reason, "stop")
         for shard in replica.shards:
-            self._stop(replica, shard, reason)
+            self._stop(replica, shard, reason, drain)
         self.log.append(f"stopping replica {replica.id}: {reason}")
         self._maybe_forget(replica)

@@ -39,6 +39,9 @@ class ReplicaState(enum.StrEnum):
     STARTING = "starting"  # placed (or adopted), not every shard serves yet
     READY = "ready"  # every shard serves
     FAILED = "failed"  # a shard failed; waits out its backoff and its shards' stop, then pending
+    # Being retired by a move (moves.py): out of the gateway's rotation first, then its shards
+    # get Drain (in-flight requests finish up to the grace) once the gateway has let it go.
+    DRAINING = "draining"
     STOPPING = "stopping"  # on its way out (surplus, catalog change, restart); forgotten once its shards are gone
 
 
@@ -69,13 +72,42 @@ SHARD_TRANSITIONS: Mapping[ShardState, frozenset[ShardState]] = {
 # Every legal change of a replica's state.
 REPLICA_TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
     R.PENDING: frozenset({R.STARTING, R.STOPPING}),
-    R.STARTING: frozenset({R.READY, R.FAILED, R.STOPPING}),
-    R.READY: frozenset({R.FAILED, R.STOPPING}),
+    R.STARTING: frozenset({R.READY, R.FAILED, R.DRAINING, R.STOPPING}),
+    R.READY: frozenset({R.FAILED, R.DRAINING, R.STOPPING}),
     R.FAILED: frozenset({R.PENDING, R.STOPPING}),
+    R.DRAINING: frozenset({R.STOPPING}),
     R.STOPPING: frozenset(),
 }
 
+# On their way out: not counted against the catalog's replicas, never placed, never derived again.
+LEAVING: frozenset[ReplicaState] = frozenset({R.DRAINING, R.STOPPING})
+
+
+class MoveState(enum.StrEnum):
+    """One move (moves.py): replace a replica with a successor, then retire the old one."""
+
+    QUEUED = "queued"  # waits for the model's other move (one surge per model at a time)
+    SURGING = "surging"  # the successor is placed (or waits for a placement) and starting
+    BELOW = "below"  # no room for a surge: the old one retires first, the successor takes its place
+    RETIRING = "retiring"  # the successor serves; the old one leaves rotation, drains, stops
+    DONE = "done"
+    FAILED = "failed"  # the successor failed or found no room: the old one serves on
+
+
+MV = MoveState
+MOVE_TRANSITIONS: Mapping[MoveState, frozenset[MoveState]] = {
+    MV.QUEUED: frozenset({MV.SURGING, MV.DONE, MV.FAILED}),
+    MV.SURGING: frozenset({MV.BELOW, MV.RETIRING, MV.DONE, MV.FAILED}),
+    MV.BELOW: frozenset({MV.DONE, MV.FAILED}),
+    MV.RETIRING: frozenset({MV.DONE}),
+    MV.DONE: frozenset(),
+    MV.FAILED: frozenset(),
+}
+MOVE_ACTIVE: frozenset[MoveState] = frozenset({MV.SURGING, MV.BELOW, MV.RETIRING})
+MOVE_ENDED: frozenset[MoveState] = frozenset({MV.DONE, MV.FAILED})
+
 assert set(SHARD_TRANSITIONS) == set(ShardState) and set(REPLICA_TRANSITIONS) == set(ReplicaState)
+assert set(MOVE_TRANSITIONS) == set(MoveState)
 
 
 class Illegal(msgspec.Struct, frozen=True):
@@ -106,3 +138,7 @@ def shard_may(old: ShardState, new: ShardState) -> bool:
 
 def replica_may(old: ReplicaState, new: ReplicaState) -> bool:
     return new == old or new in REPLICA_TRANSITIONS[old]
+
+
+def move_may(old: MoveState, new: MoveState) -> bool:
+    return new == old or new in MOVE_TRANSITIONS[old]

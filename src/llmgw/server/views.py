@@ -19,6 +19,7 @@ from llmgw.server.control import Settle
 from llmgw.server.fabric_service import FabricService
 from llmgw.server.gateway.enginemetrics import EngineLoad
 from llmgw.server.gateway.proxy import Gateway
+from llmgw.server.moves import Move
 from llmgw.server.reconcile import Reconciler, Replica, ReplicaState
 from llmgw.server.registry import Node, NodeRegistry
 from llmgw.server.weights import ProgressView, WeightsBoard
@@ -80,6 +81,26 @@ class ShardView(msgspec.Struct, kw_only=True):
     launch_env: list[m.EnvSetting] = []
 
 
+class MoveView(msgspec.Struct, kw_only=True):
+    """A replica's unfinished move (moves.py), as `ctl replicas` shows it."""
+
+    id: int
+    kind: str  # drain | rollout | spread | move
+    state: str  # queued | surging | below | retiring
+    role: str  # "old": this replica is being replaced; "successor": this one replaces `other`
+    other: str  # the successor's id (role old; "" while queued) or the replaced replica's
+    reason: str
+    note: str
+
+
+def move_view(move: Move | None, replica_id: str) -> MoveView | None:
+    if move is None:
+        return None
+    old = move.replica == replica_id
+    return MoveView(id=move.id, kind=move.kind, state=str(move.state), role="old" if old else "successor",
+                    other=move.successor if old else move.replica, reason=move.reason, note=move.note)
+
+
 class ReplicaView(msgspec.Struct, kw_only=True):
     """A replica as `GET /api/v1/replicas` shows it."""
 
@@ -99,6 +120,7 @@ class ReplicaView(msgspec.Struct, kw_only=True):
     tail: list[str]
     # The weights download a starting replica waits on (issue 12); None when there is none.
     progress: ProgressView | None = None
+    move: MoveView | None = None  # being replaced, or replacing another (drain, rollout, spread)
 
 
 class ModelView(msgspec.Struct, kw_only=True):
@@ -162,7 +184,7 @@ def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
     return view
 
 
-def replica_view(r: Replica, now: float, weights: WeightsBoard | None = None) -> ReplicaView:
+def replica_view(r: Replica, now: float, weights: WeightsBoard | None = None, move: Move | None = None) -> ReplicaView:
     shards = [
         ShardView(
             shard_id=sh.shard_id,
@@ -197,6 +219,7 @@ def replica_view(r: Replica, now: float, weights: WeightsBoard | None = None) ->
         tail=list(r.tail),
         progress=(weights.of([sh.shard_id for sh in r.shards], now)
                   if weights is not None and r.state == ReplicaState.STARTING else None),
+        move=move_view(move, r.id),
     )
 
 
@@ -246,11 +269,11 @@ class FleetReads:
 
     def replicas(self, now: float) -> list[ReplicaView]:
         replicas = sorted(self.reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
-        return [replica_view(r, now, self.weights) for r in replicas]
+        return [replica_view(r, now, self.weights, self.reconciler.move_of(r.id)) for r in replicas]
 
     def replica(self, replica_id: str, now: float) -> ReplicaView | None:
         replica = self.reconciler.replicas.get(replica_id)
-        return None if replica is None else replica_view(replica, now, self.weights)
+        return None if replica is None else replica_view(replica, now, self.weights, self.reconciler.move_of(replica_id))
 
     def models(self) -> list[ModelView]:
         reconciler = self.reconciler

@@ -312,8 +312,13 @@ class Stop(_Base, tag="Stop", tag_field="type"):
 
 
 class Drain(_Base, tag="Drain", tag_field="type"):
+    """Retire a shard whose endpoint the gateway has already taken out of rotation: the engine
+    gets SIGTERM and up to `grace` seconds to finish the requests it runs (vLLM finishes running
+    requests on SIGTERM), then SIGKILL. Needs FEATURE_DRAIN; an older agent gets Stop."""
+
     shard_id: str
     reason: str = ""
+    grace: float = 5.0
 
 
 # The fabric tools a Discover may name, and the command each runs (the agent builds the argv).
