@@ -45,6 +45,10 @@ class DemoOptions(msgspec.Struct, kw_only=True):
     timeout: float = 120.0
 
 
+def demo_node_ids(opts: DemoOptions) -> list[str]:
+    return [f"gpu-{i:02d}" for i in range(1, opts.nodes + 1)]
+
+
 def check_port_free(host: str, port: int, what: str, flag: str) -> None:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -76,6 +80,7 @@ WEIGHTS_LISTENING = "llmgw-sim-fileserver listening on "
 
 
 def server_config(opts: DemoOptions, work: Path, tls_dir: Path | None, weights_url: str = "", token: str = "") -> str:
+    node_ids = demo_node_ids(opts)
     tls = ""
     if tls_dir is not None:
         tls = (
@@ -96,7 +101,10 @@ state_dir: {work / 'state'}
   lost_after: 1m
 reconcile:
   tick: 2s
-  settle: 4s
+  # Nothing is placed until the demo's nodes have all registered (issue 18: with a fixed 4 s,
+  # gpu-02 came 0.4 s late and both replicas of one model went to gpu-01); at most this long.
+  settle: 60s
+  expect_nodes: [{", ".join(node_ids)}]
   backoff_initial: 1s
   backoff_max: 30s
 models:
@@ -237,7 +245,7 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
     check_port_free(opts.host, opts.fleet_port, "fleet port", "--fleet-port")
     work = await trio.to_thread.run_sync(_workdir, opts.dir)
     logs = work / "logs"
-    node_ids = [f"gpu-{i:02d}" for i in range(1, opts.nodes + 1)]
+    node_ids = demo_node_ids(opts)
     public = f"http://{opts.host}:{opts.port}"
     say(f"llmgw demo: a server and {opts.nodes} simulated GPU nodes on loopback, in {work}")
     tls_dir: Path | None = None

@@ -47,6 +47,15 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert demo.poll() is None, text
         assert "✓ certificates" in text and text.count("✓ node") == 2 and "3 of 3 ready" in text
         assert "llama-3.1-70b-instruct on gpu-0" in text and "(2-node replica)" in text, text  # one model spans both nodes
+        # The printed replicas of every model with several are on different nodes (issue 18: the
+        # second agent registered after the settle period and both went to gpu-01).
+        printed = next(line for line in text.splitlines() if "✓ replicas:" in line)
+        nodes_of: dict[str, list[str]] = {}
+        for model, node in re.findall(r"([\w.-]+) on (gpu-\d+) GPUs", printed):
+            nodes_of.setdefault(model, []).append(node)
+        assert len(nodes_of.get("llama-3.1-8b-instruct", [])) == 2, printed
+        for model, nodes in nodes_of.items():
+            assert len(set(nodes)) == len(nodes), f"{model}: replicas share a node: {printed}"
         # One model's weights come by URL, slowly enough that the download was seen (issue 12).
         assert "↓ llama-3.1-70b-instruct: fetching its weights by URL" in text, text
         # The printed curl, as printed, goes through the gateway (the public port).
@@ -65,6 +74,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         as_operator = {"LLMGW_TOKEN": token}
         listed = run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator)
         assert {r["state"] for r in json.loads(listed.stdout)} == {"ready"}, listed.stderr
+        small_nodes = [r["shards"][0]["node"] for r in json.loads(listed.stdout) if r["model"] == "llama-3.1-8b-instruct"]
+        assert sorted(small_nodes) == ["gpu-01", "gpu-02"], small_nodes
         # The printed `ctl logs -f` works as printed: the engine's log streams.
         logs_line = next(line.strip() for line in text.splitlines() if " logs -f " in line)
         logs_args = shlex.split(logs_line)

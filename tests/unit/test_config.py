@@ -72,6 +72,11 @@ def test_negative_count_rejected() -> None:
     assert error_of(SERVER.replace("replicas: 2", "replicas: -1")) == "server.yaml:8 models[0].replicas: expected int >= 0, got -1"
 
 
+def test_expect_nodes_must_be_node_ids() -> None:
+    assert parse_config("reconcile:\n  expect_nodes: [gpu-01, gpu-02]\n", ServerConfig, "s.yaml").reconcile.expect_nodes == ["gpu-01", "gpu-02"]
+    assert error_of("reconcile:\n  expect_nodes: [gpu-01, 'a b']\n").startswith("server.yaml:1 reconcile: expect_nodes[1]: invalid node id 'a b'")
+
+
 def test_bad_duration() -> None:
     assert error_of(SERVER.replace("5s", "soon")) == 'server.yaml:4 fleet.heartbeat_interval: expected a duration like 30s, 2m or 1h30m, got "soon"'
 

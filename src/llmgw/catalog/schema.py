@@ -238,9 +238,19 @@ class ReconcileSettings(_Config):
     # After a start, wait this long (or until every node seen before has registered) before
     # placing anything, so engines that agents report are adopted, not placed twice.
     settle: Duration = Duration(10)
+    # Nodes a first start waits for too (the settle period is cut short once they and every
+    # node seen before have registered): a fleet started together, like `llmgw demo`'s, spreads
+    # a model's replicas over all of it instead of placing them on whichever node came first.
+    expect_nodes: list[str] = []
     backoff_initial: Duration = Duration(2)
     backoff_max: Duration = Duration(300)
     port_range: tuple[int, int] = (20000, 29999)
+
+    def __post_init__(self) -> None:
+        for i, node_id in enumerate(self.expect_nodes):
+            problem = id_problem(node_id, "node id")
+            if problem:
+                raise ValueError(f"expect_nodes[{i}]: {problem}")
 
 
 class FabricSettings(_Config):

@@ -46,7 +46,8 @@ def make_reconciler(models: Sequence[Model], settings: ReconcileSettings, rng: r
 
 class Settle:
     """The settle period after a start: nothing new is placed for `reconcile.settle`, or until
-    every node known before has registered again, whichever comes first."""
+    every node known before (and every one `reconcile.expect_nodes` names) has registered,
+    whichever comes first."""
 
     def __init__(self, settings: ReconcileSettings, registry: NodeRegistry, known: KnownNodes | None = None) -> None:
         self.settings = settings
@@ -55,14 +56,20 @@ class Settle:
         self.started_at = 0.0
         self.settled = False
         self.expected: set[str] = set()
+        self.rejoining: set[str] = set()  # the expected nodes seen before this start
 
     def start(self, now: float) -> None:
         self.started_at = now
         self.settled = False
-        self.expected = set(self.known.ids) if self.known is not None else set()  # as of this start
-        if self.known is not None and self.known.ids and self.settings.settle > 0:
+        known = set(self.known.ids) if self.known is not None else set()  # as of this start
+        self.rejoining = known
+        self.expected = known | set(self.settings.expect_nodes)
+        if known and self.settings.settle > 0:
             log.info("waiting up to %gs for %d known nodes to report their engines before placing replicas",
-                     self.settings.settle, len(self.known.ids))
+                     self.settings.settle, len(self.expected))
+        elif self.expected and self.settings.settle > 0:
+            log.info("first start: waiting up to %gs for %d expected nodes to register before placing replicas",
+                     self.settings.settle, len(self.expected))
         elif self.settings.settle > 0:
             log.info("first start: waiting %gs for nodes to register before placing replicas", self.settings.settle)
 
@@ -79,8 +86,9 @@ class Settle:
         missing = sorted(self.expected - self._connected())
         if missing:
             names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            verb = "re-register" if set(missing) & self.rejoining else "register"  # known before, or expect_nodes
             return (f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for up to "
-                    f"{left:.0f}s more, until {names} re-register{'s' if len(missing) == 1 else ''}")
+                    f"{left:.0f}s more, until {names} {verb}{'s' if len(missing) == 1 else ''}")
         return f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for {left:.0f}s more"
 
     def left(self, now: float) -> float:
