@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all demo test lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric docs clean
+.PHONY: all demo test browser lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric docs clean
 
 all: test
 
@@ -20,8 +20,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/llmgw demo $(DEMO_ARGS)
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The admin pages' browser tests run in Debian's chromium, installed here when it is missing
+# (CI starts on fresh machines); tests/e2e/browser.py finds it and fails, never skips, where
+# apt-get exists but chromium does not.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's chromium for the admin pages' browser tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
@@ -30,7 +39,7 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-e2e: $(STAMP)
+e2e: $(STAMP) browser
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
 # Unit and e2e tests with every process they start measured (not part of `make test`): a

@@ -58,6 +58,8 @@ PURE = [
     "llmgw.server.gateway.enginemetrics",
     "llmgw.server.gateway.retry",
     "llmgw.web.http1",
+    "llmgw.web.assets",
+    "llmgw.server.admin.traffic",
     "llmgw.sim.latency",
     "llmgw.sim.metrics",
     "llmgw.sim.openai_api",

@@ -8,7 +8,7 @@ Handlers read through `ReadModel` (views.py) and change through `Actions` (opera
 hold no state and reach no object behind those. Where what comes next goes: fabric and doctor
 endpoints are rows here, reading new `ReadModel` methods (views.py) or, for fabric tests and
 drain/cordon, calling new `Actions` (operator.py); the admin pages get a handler of their own
-(server/admin.py) over the same two protocols, mounted under /admin/ beside /api/v1/ in
+(server/admin/pages.py) over the read model, mounted under /admin/ beside /api/v1/ in
 `PublicHandler.__call__`, behind the viewer door.
 """
 
@@ -29,7 +29,7 @@ from llmgw.server.events import QUERY_LIMIT, EventLog, EventQuery
 from llmgw.server.logs import EngineLogs
 from llmgw.server.operator import ReloadResult
 from llmgw.server.views import ReadModel
-from llmgw.web.server import Request, Responder
+from llmgw.web.server import Handler, Request, Responder
 
 log = logging.getLogger("llmgw.api")
 
@@ -69,8 +69,10 @@ class PublicHandler:
 
     def __init__(self, *, reads: ReadModel, actions: Actions, auth: Auth, gateway: Clients,
                  render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True,
-                 events: EventLog | None = None, engine_logs: EngineLogs | None = None) -> None:
+                 events: EventLog | None = None, engine_logs: EngineLogs | None = None,
+                 pages: Handler | None = None) -> None:
         self.reads = reads
+        self.pages = pages  # /admin/* (server/admin/pages.py): checks the viewer door itself
         self.events = events  # GET /api/v1/events
         self.engine_logs = engine_logs  # GET /api/v1/replicas/{replica}/logs
         self.actions = actions
@@ -95,6 +97,9 @@ class PublicHandler:
             return
         if path.startswith("/api/v1/") and self.admin:
             await self.api(path[len("/api/v1/"):].rstrip("/"), request, responder)
+            return
+        if (path == "/admin" or path.startswith("/admin/")) and self.admin and self.pages is not None:
+            await self.pages(request, responder)
             return
         if not self.admin and (path.startswith("/api/") or path == "/metrics"):
             await send_error(responder, 404, f"no route for {path} on this port: it serves clients only; the API and "

@@ -8,7 +8,7 @@ for a port in use) and serves until a signal. What each part does lives in its m
     operator.py       what an operator changes: reload, forget, restart (drain and cordon next)
     views.py          what the API and the gateway read (typed read models)
     api.py            the JSON API's routes, each behind a door; fabric and doctor endpoints
-                      are rows there, the admin pages a handler of their own (server/admin.py)
+                      are rows there; the admin pages are a handler of their own (server/admin/)
     control.py        the reconciler's driver; reconcile.py, observe.py and states.py its pure core
     fleet_service.py  the fleet port's streams; gateway/ the /v1 proxy
 """
@@ -31,6 +31,7 @@ from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
 from llmgw.fleet.limits import Caps, RefusalLog
 from llmgw.netaddr import hostport
+from llmgw.server.admin.pages import AdminPages
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
 from llmgw.server.control import Controller, Settle, make_reconciler
@@ -48,6 +49,7 @@ from llmgw.server.views import FleetReads, GatewayFeed
 from llmgw.server.weights import WeightsBoard
 from llmgw.tls import server_context
 from llmgw.tls.revocation import Revocations, fleet_refusal
+from llmgw.web.assets import from_package
 from llmgw.web.relay import RelayHub
 from llmgw.web.server import HttpServer, Limits
 
@@ -192,6 +194,8 @@ class ControlPlane:
         self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
+        self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,
+                                      tls=bool(cfg.public_tls and cfg.public_tls.cert))
         self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
         self.shutdown_event = trio.Event()
 
@@ -199,7 +203,7 @@ class ControlPlane:
         """One listener's routes (the public port; the admin listener serves no clients)."""
         return PublicHandler(reads=self.reads, actions=self.operator, auth=self.auth, gateway=self.gateway,
                              render_metrics=self.metrics.render, clients=clients, admin=admin,
-                             events=self.events, engine_logs=self.engine_logs)
+                             events=self.events, engine_logs=self.engine_logs, pages=self.admin_pages)
 
     async def run(
         self,

@@ -85,6 +85,30 @@ def bearer_digest(request: Request) -> str | None:
     return hashlib.sha256(auth[7:].strip()).hexdigest()
 
 
+# The admin pages' login form keeps the token in this cookie (HttpOnly, SameSite=Strict, Secure
+# under TLS: server/admin/pages.py). It counts at the viewer door only, so a page another site
+# opens can never make a change with it, whatever the browser sends.
+COOKIE = "llmgw_admin"
+
+
+def cookie_value(request: Request, name: str = COOKIE) -> bytes | None:
+    """One cookie's value from the request's Cookie header (RFC 6265 §4.2: `a=b; c=d`)."""
+    header = request.head.get(b"cookie")
+    if not header:
+        return None
+    want = name.encode()
+    for part in header.split(b";"):
+        key, eq, value = part.strip().partition(b"=")
+        if eq and key == want:
+            return value.strip().strip(b'"')
+    return None
+
+
+def cookie_digest(request: Request) -> str | None:
+    value = cookie_value(request)
+    return hashlib.sha256(value).hexdigest() if value else None
+
+
 class Credentials(msgspec.Struct, frozen=True, kw_only=True):
     """The credentials a server config accepts."""
 
@@ -192,11 +216,24 @@ class Auth:
 
     # -- who is calling ------------------------------------------------------------------------------
 
-    def identify(self, request: Request) -> Identity:
-        """The strongest credential the request presents (a token, a client certificate, both)."""
+    def token_role(self, token: str) -> Role:
+        """What a token typed into the admin login form is (never logged, never kept but hashed)."""
+        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        creds = self.creds
+        if _known(digest, creds.operator_tokens):
+            return Role.OPERATOR
+        if _known(digest, creds.viewer_tokens):
+            return Role.VIEWER
+        return Role.CLIENT if _known(digest, creds.api_keys) else Role.NONE
+
+    def identify(self, request: Request, *, cookie: bool = False) -> Identity:
+        """The strongest credential the request presents (a token, a client certificate, both).
+        `cookie`: the admin login cookie counts too (reads only: the viewer door)."""
         creds = self.creds
         best = Identity(Role.NONE, "anyone")
         digest = bearer_digest(request)
+        if digest is None and cookie:
+            digest = cookie_digest(request)
         if digest is not None:
             tag = f"sha256:{digest[:8]}…"
             if _known(digest, creds.operator_tokens):
@@ -242,7 +279,7 @@ class Auth:
             return Verdict(True, "client") if self.client(request) else Verdict(
                 False, status=401, message="Incorrect or missing API key: send `Authorization: Bearer <key>`")
         creds = self.creds
-        ident = self.identify(request)
+        ident = self.identify(request, cookie=door is Door.VIEWER)
         if door is Door.VIEWER:
             if ident.role >= Role.VIEWER:
                 return Verdict(True, ident.who)

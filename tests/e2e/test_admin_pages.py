@@ -1,0 +1,240 @@
+"""The admin pages end to end (issue 15): a real server with credentials, four agents on simulated
+nodes whose stand-in ibnetdiscover prints a simulated fabric (one cable degraded), one sim
+engine; the pages read in a real headless Chromium (Debian's package, see browser.py) and over
+plain HTTP. One server and one browser for the module; every test saves a screenshot.
+
+Hostile text rides in where peers put it: one node's GPU name and one switch's node description
+are `<script>` elements. They must show as text and never run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.browser import Watched, chromium
+from tests.e2e.harness import (
+    FAST_AGENT,
+    Proc,
+    Server,
+    bearer,
+    engines_config,
+    make_sim_node,
+    run_llmgw,
+    start_agent,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+KEY, VIEWER, OPERATOR = "sk-admin-client-41d7", "viewer-admin-9e2c", "operator-admin-c07a"
+SECRETS = (KEY, VIEWER, OPERATOR)
+NODES = ["node-1", "node-2", "node-3", "node-4"]
+GPU_SCRIPT = "<script>window.__pwned_gpu=1</script>H100"
+SWITCH_SCRIPT = "<script>window.__pwned_switch=1</script>"
+
+
+def digest(secret: str) -> str:
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()
+
+
+CONFIG = engines_config(f"""\
+gateway:
+  api_keys: ["{digest(KEY)}"]
+api:
+  viewer_tokens: ["{digest(VIEWER)}"]
+  operator_tokens: ["{digest(OPERATOR)}"]
+fabric:
+  discover_interval: 1s
+  sm_interval: 1s
+  tool_timeout: 5s
+models:
+  - name: chat
+    replicas: 1
+    profiles:
+      - name: tp1
+        engine: sim
+        gpus: 1
+        args: ["--startup-delay", "0.2"]
+""")
+
+
+class Cluster:
+    def __init__(self, tmp: Path, server: Server, fabric_id: str, topology: dict[str, Any], shots: Path) -> None:
+        self.tmp = tmp
+        self.server = server
+        self.fabric_id = fabric_id
+        self.topology = topology
+        self.shots = shots
+
+    def get(self, path: str, token: str | None = VIEWER, **kw: Any) -> httpx.Response:
+        return httpx.get(f"{self.server.url}{path}", headers=bearer(token), timeout=10, **kw)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("admin")
+    fabric_dir = tmp / "fabric"
+    made = run_llmgw("sim", "fabric", "--node-ids", ",".join(NODES), "--rails", "2", "--group-size", "2",
+                     "--spines", "2", "--degrade", "node-2", "--out", str(fabric_dir), "-o", "json")
+    assert made.returncode == 0, made.stderr
+    text = fabric_dir / "ibnetdiscover.txt"
+    text.write_text(text.read_text().replace("MF0;spine-2:", f"MF0;{SWITCH_SCRIPT}spine-2:"))
+    procs: list[Proc] = []
+    server = Server(tmp, CONFIG, token=VIEWER)
+    try:
+        procs.append(server.start())
+        for node in NODES:
+            extra = {"node-2": ["--degraded", "1"], "node-3": ["--gpu-name", GPU_SCRIPT]}.get(node, [])
+            config = make_sim_node(tmp, node, server.fleet_url, FAST_AGENT, "--ib-ports", "2", "--gpus", "2",
+                                   "--fabric", str(fabric_dir), *extra)
+            procs.append(start_agent(tmp, node, config))
+
+        def found() -> tuple[str, dict[str, Any]] | None:
+            fabrics = server.get("/api/v1/fabrics")
+            if len(fabrics) != 1 or not fabrics[0]["topology"]:
+                return None
+            return fabrics[0]["id"], server.get(f"/api/v1/fabrics/{fabrics[0]['id']}/topology")
+
+        fabric_id, topology = wait_until(found, "the fabric and its topology", procs=procs)
+        wait_until(lambda: [r for r in server.get("/api/v1/replicas") if r["state"] == "ready"], "the replica ready",
+                   procs=procs)
+        wait_until(lambda: len([n for n in server.get("/api/v1/nodes") if n["state"] == "ready"]) == 4, "four nodes ready",
+                   procs=procs)
+        shots = tmp / "screenshots"
+        shots.mkdir()
+        yield Cluster(tmp, server, fabric_id, topology, shots)
+    finally:
+        for p in reversed(procs):
+            p.stop(timeout=5)
+            p.kill_group()
+        from llmgw.demo import kill_leftover_engines
+
+        kill_leftover_engines(tmp, pattern="**/shards/*.json")
+
+
+@pytest.fixture(scope="module")
+def browser_page(cluster: Cluster) -> Iterator[Watched]:
+    """One browser, one page, signed in through the login form like a person."""
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        watched = Watched(page)
+        page.goto(f"{cluster.server.url}/admin/")
+        page.fill("input[name=token]", VIEWER)
+        page.click("button[type=submit]")
+        page.wait_for_selector("table.nodes")
+        watched.take_errors()  # the first visit's 401 (the login form) is logged as a failed load
+        yield watched
+        context.close()
+
+
+def test_cluster_page_in_chromium(cluster: Cluster, browser_page: Watched, tmp_path: Path) -> None:
+    page = browser_page.page
+    page.goto(f"{cluster.server.url}/admin/")
+    page.wait_for_selector("table.nodes")
+    page.screenshot(path=str(tmp_path / "cluster.png"), full_page=True)
+    (cluster.shots / "cluster.png").write_bytes((tmp_path / "cluster.png").read_bytes())
+    assert browser_page.take_errors() == []
+    rows = page.locator("table.nodes tbody tr")
+    assert rows.count() == 4
+    assert page.locator("table.replicas tbody tr").count() == 1
+    assert cluster.fabric_id in page.locator("table.sms").inner_text()
+    # The GPU name's <script> is text on the page, never an element, never run.
+    assert GPU_SCRIPT in page.locator("table.nodes").inner_text()
+    assert page.evaluate("window.__pwned_gpu") is None
+    assert page.evaluate("[...document.scripts].every(s => s.src && !s.textContent)")
+    # The cookie holding the token is HttpOnly: no script on the page can read it.
+    assert page.evaluate("document.cookie") == ""
+    assert not any(secret in page.content() for secret in SECRETS)
+
+
+def test_node_page_in_chromium(cluster: Cluster, browser_page: Watched, tmp_path: Path) -> None:
+    page = browser_page.page
+    page.goto(f"{cluster.server.url}/admin/")
+    page.click("table.nodes a:text('node-2')")
+    page.wait_for_selector("table.ports")
+    page.screenshot(path=str(tmp_path / "node.png"), full_page=True)
+    (cluster.shots / "node.png").write_bytes((tmp_path / "node.png").read_bytes())
+    assert browser_page.take_errors() == []
+    assert page.url.endswith("/admin/nodes/node-2")
+    assert page.locator("table.gpus tbody tr").count() == 2
+    assert "GPU 1 ×18" in page.locator("table.gpus").inner_text()  # NVLink peers (nv18)
+    ports = page.locator("table.ports").inner_text()
+    assert "mlx5_0/1" in ports and "mlx5_1/1" in ports
+    # node-2's last cable is degraded: its error counters are not zero and are shown.
+    assert "symbol_error 1873" in ports and "link_downed 2" in ports
+    assert not any(secret in page.content() for secret in SECRETS)
+
+
+# -- over plain HTTP ----------------------------------------------------------------------------------
+
+
+def _pages(cluster: Cluster) -> list[str]:
+    return ["/admin/", "/admin/nodes/node-1", "/admin/nodes/node-3", f"/admin/fabrics/{cluster.fabric_id}"]
+
+
+def test_who_may_read_the_pages(cluster: Cluster) -> None:
+    for path in _pages(cluster):
+        assert cluster.get(path).status_code == 200, path
+        assert cluster.get(path, OPERATOR).status_code == 200, path
+        # A gateway API key opens /v1 only; nothing of the fleet is in its answer.
+        refused = cluster.get(path, KEY)
+        assert refused.status_code == 401, path
+        assert "<table" not in refused.text and "name=\"token\"" in refused.text  # the login form, no fleet data
+        assert cluster.get(path, None).status_code == 401
+    ports = cluster.get(f"/admin/fabrics/{cluster.fabric_id}/ports.json", KEY)
+    assert ports.status_code == 401
+    # The login form takes viewer and operator tokens only; the cookie is HttpOnly, SameSite=Strict.
+    url = f"{cluster.server.url}/admin/login"
+    for refused_token in (KEY, "not-a-token"):
+        answer = httpx.post(url, data={"token": refused_token})
+        assert answer.status_code == 401 and "set-cookie" not in answer.headers
+        assert refused_token not in answer.text
+    signed = httpx.post(url, data={"token": VIEWER, "next": "/admin/nodes/node-1"})
+    assert signed.status_code == 303 and signed.headers["location"] == "/admin/nodes/node-1"
+    cookie = signed.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie  # plain HTTP here
+    jar = {"llmgw_admin": VIEWER}
+    assert httpx.get(f"{cluster.server.url}/admin/", cookies=jar).status_code == 200
+    # Elsewhere only: a redirect target off these pages falls back to /admin/.
+    away = httpx.post(url, data={"token": VIEWER, "next": "https://elsewhere.example/"})
+    assert away.headers["location"] == "/admin/"
+    # The cookie reads; it never opens the operator door, even holding an operator token.
+    assert httpx.get(f"{cluster.server.url}/api/v1/nodes", cookies=jar).status_code == 200
+    assert httpx.post(f"{cluster.server.url}/api/v1/reload", cookies={"llmgw_admin": OPERATOR}).status_code == 401
+    # Pages only read.
+    assert httpx.post(f"{cluster.server.url}/admin/", headers=bearer(OPERATOR)).status_code == 405
+
+
+def test_no_page_carries_a_secret_or_runs_inline_script(cluster: Cluster) -> None:
+    for path in _pages(cluster):
+        answer = cluster.get(path, OPERATOR)
+        assert not any(secret in answer.text for secret in SECRETS), path
+        assert "api_key" not in answer.text
+        assert "<script>" not in answer.text, path  # every script is a file; hostile text is escaped
+        assert "script-src 'self'" in answer.headers["content-security-policy"]
+    node3 = cluster.get("/admin/nodes/node-3").text
+    assert "&lt;script&gt;window.__pwned_gpu=1&lt;/script&gt;H100" in node3
+
+
+def test_static_files_are_content_hashed_and_cached(cluster: Cluster) -> None:
+    page = cluster.get(f"/admin/fabrics/{cluster.fabric_id}")
+    assert page.headers["cache-control"] == "no-store"
+    names = re.findall(r'(?:src|href)="(/admin/static/[^"]+)"', page.text)
+    assert {re.sub(r"\.[0-9a-f]{12}\.", ".", n).rsplit("/", 1)[1] for n in names} == {"admin.css", "admin.js", "fabric.js"}
+    for name in names:
+        answer = cluster.get(name, None)  # code, not fleet data: served to anyone, like the login form's style
+        assert answer.status_code == 200
+        assert answer.headers["cache-control"] == "public, max-age=31536000, immutable"
+        # The name carries the content's hash: new content, new name.
+        assert hashlib.sha256(answer.content).hexdigest()[:12] in name
+        stale = re.sub(r"\.[0-9a-f]{12}\.", ".000000000000.", name)
+        assert cluster.get(stale, None).status_code == 404
+    assert "javascript" in cluster.get(next(n for n in names if n.endswith(".js")), None).headers["content-type"]

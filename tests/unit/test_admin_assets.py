@@ -1,0 +1,68 @@
+"""The admin pages' pure parts: content-hashed static names, the ports document the fabric page
+animates, and escaping of what peers send."""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmgw.server.admin import render
+from llmgw.server.admin.traffic import ports_document
+from llmgw.server.views import NodeDetail
+from llmgw.web.assets import IMMUTABLE, Assets, from_package, hashed_name
+from llmgw.wire import messages as m
+
+
+def test_a_new_content_is_a_new_name() -> None:
+    old, new = Assets({"fabric.js": b"draw(1)"}), Assets({"fabric.js": b"draw(2)"})
+    assert old.url("fabric.js") != new.url("fabric.js")
+    assert old.url("fabric.js") == "/admin/static/fabric." + hashlib.sha256(b"draw(1)").hexdigest()[:12] + ".js"
+    # The old name is not served by the new version (never the new file under an old name).
+    assert new.lookup(old.url("fabric.js")) is None
+    assert new.lookup(new.url("fabric.js")).body == b"draw(2)"  # type: ignore[union-attr]
+    assert Assets({"a.css": b"x"}).by_name["a.css"].content_type.startswith(b"text/css")
+    assert hashed_name("LICENSE", b"x").startswith("LICENSE.")
+    assert b"immutable" in IMMUTABLE and b"max-age=31536000" in IMMUTABLE
+
+
+def test_the_package_ships_its_files() -> None:
+    assets = from_package("llmgw.server.admin")
+    assert {"admin.js", "admin.css", "fabric.js"} <= set(assets.by_name)
+    assert assets.lookup("/admin/static/admin.js") is None  # only hashed names are served
+
+
+def _node(device_counters: dict[str, int | None]) -> NodeDetail:
+    base = dict(id="n1", state="ready", reason="", state_since=0.0, connected=True, address="", version="",
+                last_heartbeat_age=0.0, gpus=0, gpu_name="", gpu_source="", gpu_note="", fabrics=[], ports=1,
+                ports_active=1, identity=None, cert_days_left=None, features=[])
+    return NodeDetail(**base, port_readings=[m.PortCounters(device="mlx5_0", port=1, state="ACTIVE", rate_gbps=400.0,
+                                                            counters=device_counters)])
+
+
+def test_ports_document_names_each_adapter_end_in_bytes() -> None:
+    topology = {
+        "adapters": [{"guid": "0xa", "node": "n1", "device": "mlx5_0"}, {"guid": "0xb", "node": "gone", "device": "mlx5_0"}],
+        "links": [{"a": {"guid": "0xa", "port": 1}, "b": {"guid": "0xs", "port": 3}},
+                  {"a": {"guid": "0xs", "port": 4}, "b": {"guid": "0xb", "port": 1}}],
+    }
+    doc = ports_document(topology, {"n1": _node({"port_xmit_data": 10, "port_rcv_data": 5,
+                                                 "port_xmit_data_64": 1000})}, 12.5)
+    assert doc["at"] == 12.5
+    assert doc["ports"]["0xa:1"]["xmit_bytes"] == 4000  # the 64-bit counter, in words of 4 octets
+    assert doc["ports"]["0xa:1"]["rcv_bytes"] == 20
+    assert doc["ports"]["0xb:1"]["state"] == "UNKNOWN"  # a node the server does not know
+    assert "0xs:3" not in doc["ports"]  # switches are not adapters
+    assert ports_document(topology, {"n1": _node({"port_xmit_data": None})}, 0)["ports"]["0xa:1"]["xmit_bytes"] is None
+
+
+@given(st.text(max_size=60))
+def test_what_a_peer_sends_is_text_on_the_page(name: str) -> None:
+    node = msgspec.convert({**msgspec.structs.asdict(_node({})), "gpu_name": name, "gpus": 1, "reason": name,
+                            "state": "failed"}, NodeDetail)
+    page = render.cluster_page([node], [], [], [], 0.0, lambda f: "/admin/static/" + f)
+    body = page.split('<main id="main" data-refresh="15">', 1)[1]
+    assert "<script" not in body.replace("&lt;script", "")
+    assert render.esc(name) in body
