@@ -122,3 +122,18 @@ def test_an_unsolicited_result_is_dropped(tmp_path: Path) -> None:
     service.on_result("n1", m.DiscoverResult(request_id=request.request_id, tool=request.tool, ok=True))
     assert request.request_id not in service.pending
     assert msgspec.json.encode(service.report)  # nothing broke
+
+
+async def test_a_topology_becomes_what_placement_reads(tmp_path: Path) -> None:
+    """The dump is parsed, analysed and located off the event loop; placement's view is the
+    result, with the node named by its agent's GUIDs and a short cable said so."""
+    service, fleet = setup(tmp_path)
+    service.tick()
+    await answer(service, fleet, smir_text())  # the fabric is known: its topology is asked next
+    service.tick()
+    topo = generate(FabricSpec(nodes=["n1", "n2", "n3"], rails=2, group_size=3, spines=2, degraded=["n2"]))
+    await answer(service, fleet, topo.ibnetdiscover.encode())
+    assert sorted(service.places.by_node) == ["n1", "n2", "n3"]
+    n2 = service.places.by_node["n2"]
+    assert sorted(n2) == ["mlx5_0", "mlx5_1"] and n2["mlx5_1"].short == "cable to leaf-g1-r1 trained 1xNDR (others 4xNDR)"
+    assert n2["mlx5_0"].leaf == service.places.by_node["n1"]["mlx5_0"].leaf and not n2["mlx5_0"].short

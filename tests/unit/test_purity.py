@@ -38,6 +38,7 @@ PURE = [
     "llmgw.agent.launch_env",
     "llmgw.sim.profiles",
     "llmgw.fabric.topology",
+    "llmgw.fabric.locality",
     "llmgw.fabric.ibnetdiscover",
     "llmgw.fabric.analysis",
     "llmgw.fabric.subnet",

@@ -1,13 +1,18 @@
 """The reconciler with replicas spanning nodes: one Start per rank (rank 0 first, every spec with
 the master address), ready only when every rank is, replaced whole when any rank ends or its
-node's fabric goes bad, and rebuilt as one replica from two nodes' reports after a restart."""
+node's fabric goes bad, rebuilt as one replica from two nodes' reports after a restart, and placed
+where the fabric map the driver hands it says (with the reasons in the log)."""
 
 from __future__ import annotations
 
 import random
 
 from llmgw.catalog.schema import Model, Profile
+from llmgw.fabric.analysis import analyse
+from llmgw.fabric.ibnetdiscover import parse_topology
+from llmgw.fabric.locality import merge, places
 from llmgw.server.reconcile import NodeInfo, Reconciler, Settings, StartShard, StopShard
+from llmgw.sim.fabric import FabricSpec, generate
 from llmgw.wire import messages as m
 from tests.unit.test_reconcile import FEATURES, gpus
 
@@ -106,3 +111,14 @@ def test_ray_mode_reaches_the_spec():
     rec = make("ray")
     starts = [a for a in rec.reconcile(fleet("gpu-1", "gpu-2"), 0) if isinstance(a, StartShard)]
     assert {s.spec.engine_mode for s in starts} == {"ray"}
+
+
+def test_the_fabric_map_the_driver_sets_decides_where_and_the_log_says_why():
+    # gpu-1 and gpu-3 under leaf 1, gpu-2 and gpu-4 under leaf 2; gpu-1's cable trained short.
+    spec = FabricSpec(nodes=["gpu-1", "gpu-3", "gpu-2", "gpu-4"], rails=1, group_size=2, spines=1, degraded=["gpu-1"])
+    rec = make()
+    rec.places = merge({"0xf": places("0xf", analyse(parse_topology(generate(spec).ibnetdiscover)))})
+    starts = [a for a in rec.reconcile(fleet("gpu-1", "gpu-2", "gpu-3", "gpu-4"), 0) if isinstance(a, StartShard)]
+    assert [s.node for s in starts] == ["gpu-2", "gpu-4"]
+    [line] = [line for line in rec.drain_log() if line.startswith("placed ")]
+    assert line.endswith("; under one leaf: leaf-g2-r0; gpu-1: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)"), line

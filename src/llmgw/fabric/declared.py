@@ -136,3 +136,13 @@ def placement_view(fabrics: Sequence[FabricDecl], statuses: Sequence[FabricStatu
         else:
             usable.append(fabric.name)
     return usable, notes
+
+
+def fabric_devices(statuses: Sequence[FabricStatus]) -> dict[str, list[str]]:
+    """Each usable fabric's devices (`ib` → [mlx5_0, mlx5_1]), from the ports its verdict lists
+    (`mlx5_0:1`): where multi-node placement reads the node in the fabric map."""
+    out: dict[str, list[str]] = {}
+    for status in statuses:
+        if status.usable and status.ports:
+            out[status.name] = sorted({p.rpartition(":")[0] or p for p in status.ports}, key=natural_key)
+    return out

@@ -31,6 +31,9 @@ class NodeCapacity(msgspec.Struct, kw_only=True):
     fabrics: list[str] = []
     fabric_notes: dict[str, str] = {}
     address: str = ""
+    # The devices of each usable fabric (`ib` → mlx5_0 …): where placement looks the node up in
+    # the fabric map; a fabric not listed means every adapter the map has of the node.
+    fabric_devices: dict[str, list[str]] = {}
 
 
 class Request(msgspec.Struct, kw_only=True):

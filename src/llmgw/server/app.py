@@ -150,6 +150,7 @@ class ControlPlane:
             on_pass=chain(lambda: gateway.set_endpoints(*feed.ready_endpoints()), self.event_feeds.after_pass),
             on_refused=self.metrics.count_refused,
             weights=weights,
+            places=lambda: self.fabrics.places,  # multi-node placement reads the fabric map
         )
         # `ctl logs`: engine log chunks from the streams to their readers.
         self.log_hub = LogHub(lambda: sessions)

@@ -18,7 +18,8 @@ import trio
 import trio.lowlevel
 
 from llmgw.catalog.schema import Model, ReconcileSettings
-from llmgw.fabric.declared import placement_view
+from llmgw.fabric.declared import fabric_devices, placement_view
+from llmgw.fabric.locality import Places
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.reconcile import NodeInfo, Reconciler, Refusal, Settings, StartShard, StopShard
 from llmgw.server.registry import NodeRegistry, Transition
@@ -138,6 +139,7 @@ class Controller:
         on_pass: Callable[[], None] = lambda: None,  # after every pass (the gateway syncs endpoints)
         on_refused: Callable[[str], None] = lambda reason: None,  # counts a refused message by reason (metrics)
         weights: WeightsBoard | None = None,
+        places: Callable[[], Places | None] = lambda: None,  # the fabric map's latest view (fabric_service)
     ) -> None:
         self.registry = registry
         self.known = known
@@ -148,6 +150,7 @@ class Controller:
         self.on_pass = on_pass
         self.on_refused = on_refused
         self.weights = weights if weights is not None else WeightsBoard()  # downloads of starting shards (Progress)
+        self.places = places
         self._refusals_logged: set[tuple[str, str]] = set()
         self._wake = trio.Event()
         self.passes = 0
@@ -253,6 +256,7 @@ class Controller:
                 fabrics=fabrics,
                 fabric_notes=notes,
                 address=n.inventory.mgmt_ip or n.endpoint_host,
+                fabric_devices=fabric_devices(n.fabric_status),
             ))
         return out
 
@@ -284,6 +288,7 @@ class Controller:
         the API and the fleet streams get their turn (a pass placing 1,000 replicas on 1,000
         nodes takes seconds of CPU; it must never arrive as one block)."""
         last = time.perf_counter()
+        self.reconciler.places = self.places()  # a reference: the fabric service builds it off the loop
         for action in self.reconciler.steps(self.nodes(), trio.current_time()):
             if action is not None:
                 self._send(action)

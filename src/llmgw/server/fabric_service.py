@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from llmgw.catalog.schema import FabricSettings
 from llmgw.fabric.analysis import FabricMap, analyse
 from llmgw.fabric.ibnetdiscover import parse_topology
+from llmgw.fabric.locality import Place, Places, merge, places
 from llmgw.fabric.subnet import (
     FabricReport,
     MasterChange,
@@ -72,6 +73,7 @@ class TopologyState(msgspec.Struct, kw_only=True):
     at: float  # wall clock
     by: str  # node/port that ran it
     size: int
+    places: dict[str, dict[str, Place]] = {}  # node → device → where it is cabled (fabric/locality.py)
 
 
 def port_key(port: m.Port) -> str:
@@ -103,6 +105,9 @@ class FabricService:
         self.port_fabric: dict[tuple[str, str], str] = {}
         self.guid_fabric: dict[str, str] = {}  # adapter GUID → fabric, from topologies
         self.topologies: dict[str, TopologyState] = {}
+        # What multi-node placement reads (the controller takes it before each pass): every
+        # fabric's places merged, rebuilt off the event loop whenever a topology arrives.
+        self.places = Places()
         self.errors: dict[str, str] = {}  # fabric → the last tool error
         self.report = FabricReport(fabrics=[], unmanaged=[], problems=[])
         self._last_sm: dict[str, float] = {}
@@ -221,11 +226,13 @@ class FabricService:
             return
         known = {parse_guid(p.node_guid): (n.id, p.device) for n in self.registry.nodes.values()
                  for p in n.inventory.ports if p.node_guid}
-        fabric_map = await trio.to_thread.run_sync(lambda: analyse(parse_topology(text), known))
         fabric = pending.fabric or self.port_fabric.get((pending.node, pending.port), "")
+        fabric_map, located = await trio.to_thread.run_sync(lambda: _analysed(text, known, fabric))
         if not fabric:
             return
-        self.topologies[fabric] = TopologyState(map=fabric_map, at=self.wall(), by=where, size=len(text))
+        self.topologies[fabric] = TopologyState(map=fabric_map, at=self.wall(), by=where, size=len(text), places=located)
+        every = {fid: t.places for fid, t in self.topologies.items()}
+        self.places = await trio.to_thread.run_sync(merge, every)
         self.errors.pop(fabric, None)
         for adapter in fabric_map.adapters:
             self.guid_fabric[adapter.guid] = fabric
@@ -354,6 +361,12 @@ class FabricService:
         doc: dict[str, Any] = {"id": fabric_id, "discovered_at": topology.at, "discovered_by": topology.by}
         doc.update(msgspec.to_builtins(topology.map))
         return doc
+
+
+def _analysed(text: str, known: Mapping[str, tuple[str, str]], fabric: str) -> tuple[FabricMap, dict[str, dict[str, Place]]]:
+    """Parse, analyse and locate one dump (in a worker thread: a 4,000-node fabric takes a second)."""
+    fabric_map = analyse(parse_topology(text), known)
+    return fabric_map, places(fabric, fabric_map)
 
 
 def _text(msg: m.DiscoverResult) -> str:

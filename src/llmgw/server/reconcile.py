@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import msgspec
 
 from llmgw.catalog.schema import Model, Profile
+from llmgw.fabric.locality import Places
 from llmgw.placement import NodeCapacity, NoFit, Request, place
 from llmgw.placement.multi import MultiPlacement, place_multi
 from llmgw.server.moves import Mover
@@ -84,6 +85,7 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     fabric_notes: dict[str, str] = {}
     address: str = ""
     cordoned: bool = False  # no new placements (`ctl cordon`); what runs there stays
+    fabric_devices: dict[str, list[str]] = {}  # usable fabric → its devices (where the fabric map is read)
 
 
 class _Usage:
@@ -106,6 +108,7 @@ class _Usage:
                 fabrics=list(n.fabrics),
                 fabric_notes=dict(n.fabric_notes),
                 address=n.address,
+                fabric_devices=n.fabric_devices,
             )
             for n in sorted(nodes, key=lambda n: n.node_id)
         ]
@@ -148,6 +151,9 @@ class Reconciler(Mover):
                  new_key: Callable[[], str] = new_engine_key) -> None:
         super().__init__(settings, rng)
         self.new_key = new_key
+        # The fabric map's view for multi-node placement (leaf locality, short cables); the
+        # driver sets the latest before each pass. None: no map, nodes placed as if it said nothing.
+        self.places: Places | None = None
         self.models: dict[str, Model] = {}
         self._profiles: dict[str, frozenset[str]] = {}  # model → its profile names (a pass asks once per replica)
         self.set_catalog(models)
@@ -276,7 +282,7 @@ class Reconciler(Mover):
             if profile.nodes > 1:
                 multi = place_multi(Request(replica_id=f"{replica.id}.{attempt}", gpus=profile.gpus, gpu_kind=profile.gpu_kind,
                                             gpu_memory_mib=profile.gpu_memory_mib),
-                                    profile.nodes, capacities, self.settings.port_range)
+                                    profile.nodes, capacities, self.settings.port_range, self.places)
                 if isinstance(multi, NoFit):
                     prefix = f"profile {profile.name}: " if len(model.profiles) > 1 else ""
                     reasons.append(prefix + multi.summary())
@@ -346,7 +352,7 @@ class Reconciler(Mover):
         self._replica_to(replica, ReplicaState.STARTING, now, "", "placed")
         where = ", ".join(f"rank {s.rank} {s.node} GPUs {s.gpus} port {s.port}" for s in shards)
         self.log.append(f"placed {replica.id}.{attempt} ({model.name}/{profile.name}) on fabric {multi.fabric}: {where}; "
-                        f"master {multi.master_addr}:{multi.master_port}")
+                        f"master {multi.master_addr}:{multi.master_port}" + "".join(f"; {note}" for note in multi.notes))
         return [StartShard(s.node, s.spec) for s in shards if s.spec is not None]
 
     def next_deadline(self) -> float | None:
