@@ -238,3 +238,61 @@ def test_static_files_are_content_hashed_and_cached(cluster: Cluster) -> None:
         stale = re.sub(r"\.[0-9a-f]{12}\.", ".000000000000.", name)
         assert cluster.get(stale, None).status_code == 404
     assert "javascript" in cluster.get(next(n for n in names if n.endswith(".js")), None).headers["content-type"]
+
+
+def _fabric_page(cluster: Cluster, watched: Watched) -> Any:
+    page = watched.page
+    page.goto(f"{cluster.server.url}/admin/fabrics/{cluster.fabric_id}")
+    page.wait_for_function("window.llmgwFabric && window.llmgwFabric.ready")
+    return page
+
+
+def _pixel(page: Any, x: float, y: float) -> list[int]:
+    return page.evaluate("""([x, y]) => {
+        const c = document.getElementById('fabric-canvas'), d = window.devicePixelRatio || 1;
+        return [...c.getContext('2d').getImageData(Math.round(x * d), Math.round(y * d), 1, 1).data];
+    }""", [x, y])
+
+
+def test_fabric_page_draws_the_fabric(cluster: Cluster, browser_page: Watched, tmp_path: Path) -> None:
+    page = _fabric_page(cluster, browser_page)
+    page.wait_for_timeout(300)  # let a frame or two be drawn before the screenshot (nothing is asserted on time)
+    page.screenshot(path=str(tmp_path / "fabric.png"))
+    (cluster.shots / "fabric.png").write_bytes((tmp_path / "fabric.png").read_bytes())
+    assert browser_page.take_errors() == []
+    expected = cluster.topology["summary"]
+    assert page.evaluate("llmgwFabric.switches") == expected["switches"] == 6
+    assert page.locator("#fabric-canvas").get_attribute("data-switches") == "6"
+    assert page.evaluate("llmgwFabric.adapters") == expected["adapters"] == 8
+    assert "6 switches" in page.locator("#fabric-counts").inner_text()
+    assert page.evaluate("llmgwFabric.cables") == len(cluster.topology["links"])
+    # node-2's degraded cable: red, with its marker drawn where the API says.
+    [marker] = page.evaluate("llmgwFabric.markers()")
+    assert "node-2" in marker["a"] + marker["b"]
+    r, g, b, _ = _pixel(page, marker["x"] - 4, marker["y"])  # in the marker's red disc, beside its "!"
+    assert r > 200 and g < 120 and b < 120, (r, g, b)
+
+
+def test_fabric_search_and_click_open_the_panel(cluster: Cluster, browser_page: Watched, tmp_path: Path) -> None:
+    page = _fabric_page(cluster, browser_page)
+    page.fill("#fabric-search", "node-3")
+    page.press("#fabric-search", "Enter")
+    page.wait_for_selector("#fabric-panel:not([hidden])")
+    panel = page.locator("#fabric-panel").inner_text()
+    assert "node-3" in panel and "adapter" in panel
+    assert page.evaluate("llmgwFabric.selected") in {a["guid"] for a in cluster.topology["adapters"] if a["node"] == "node-3"}
+    page.screenshot(path=str(tmp_path / "search.png"))
+    # A click on the switch whose description carries a <script>: the panel shows it as text.
+    page.click("#fabric-fit")
+    spine = next(s for s in cluster.topology["switches"] if SWITCH_SCRIPT in s["description"])
+    at = page.evaluate("key => llmgwFabric.screenOf(key)", spine["guid"])
+    box = page.locator("#fabric-canvas").bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + at["x"], box["y"] + at["y"])
+    page.wait_for_function("key => llmgwFabric.selected === key", arg=spine["guid"])
+    assert SWITCH_SCRIPT in page.locator("#fabric-panel").inner_text()
+    assert page.evaluate("window.__pwned_switch") is None
+    assert page.locator("#fabric-panel script").count() == 0
+    page.screenshot(path=str(tmp_path / "panel.png"))
+    (cluster.shots / "panel.png").write_bytes((tmp_path / "panel.png").read_bytes())
+    assert browser_page.take_errors() == []
