@@ -362,3 +362,56 @@ def start_sim_engine(tmp: Path, name: str, *args: str) -> tuple[Proc, str]:
     url = f"http://{host}:{port}"
     wait_until(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, f"{name} /health", procs=[proc])
     return proc, url
+
+
+class Load:
+    """Steady openai-client traffic through the gateway from a few threads, counting what
+    failed (a drain or a rollout must lose none). Use as a context manager; `sample` (if given)
+    runs between requests of the first thread, so a test can watch a count while the load runs.
+    """
+
+    def __init__(self, url: str, model: str, *, threads: int = 3, api_key: str = "none", stream: bool = True) -> None:
+        import threading
+
+        self.url, self.model, self.threads, self.api_key, self.stream = url, model, threads, api_key, stream
+        self.ok = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._workers: list[Any] = []
+
+    def _run(self, n: int) -> None:
+        import openai
+
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=30)
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            try:
+                messages: Any = [{"role": "user", "content": f"load {n}.{i}"}]
+                if self.stream:
+                    chunks = list(client.chat.completions.create(model=self.model, messages=messages, max_tokens=4,
+                                                                 stream=True))
+                    assert chunks, "an empty stream"
+                else:
+                    assert client.chat.completions.create(model=self.model, messages=messages, max_tokens=4).choices
+                with self._lock:
+                    self.ok += 1
+            except Exception as exc:  # every kind of failure counts: a 5xx, a cut stream, a timeout
+                with self._lock:
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+
+    def __enter__(self) -> Load:
+        import threading
+
+        for n in range(self.threads):
+            worker = threading.Thread(target=self._run, args=(n,), daemon=True)
+            worker.start()
+            self._workers.append(worker)
+        wait_until(lambda: self.ok >= self.threads or self.failures, "the load's first answers")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for worker in self._workers:
+            worker.join(timeout=60)

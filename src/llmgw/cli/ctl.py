@@ -9,6 +9,7 @@ import click
 from llmgw.catalog.units import format_duration
 from llmgw.cli.cert import cert
 from llmgw.cli.day2 import events, logs
+from llmgw.cli.drain import cordon, drain, uncordon
 from llmgw.cli.fabrics import fabrics
 from llmgw.cli.progress import LinesUnder, progress_line
 from llmgw.cli.render import console, make_table, output_option, print_json, say, styled_state, text
@@ -98,7 +99,7 @@ def nodes(ctx: click.Context, output: str) -> None:
         gpus = f"{n['gpus']}× {n['gpu_name']}" if n.get("gpus") and n.get("gpu_name") else str(n.get("gpus", 0))
         rows.append((
             n["id"],
-            styled_state(n["state"]),
+            styled_state(n["state"] + (f",{n['mark']}" if n.get("mark") else "")),
             "-" if age is None else format_duration(age) + " ago",
             gpus,
             _fabrics(n),
@@ -292,3 +293,6 @@ ctl.add_command(cert)
 ctl.add_command(fabrics)
 ctl.add_command(events)
 ctl.add_command(logs)
+ctl.add_command(cordon)
+ctl.add_command(uncordon)
+ctl.add_command(drain)

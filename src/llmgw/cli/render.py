@@ -104,4 +104,6 @@ STATE_STYLES = {
 
 
 def styled_state(state: object) -> Text:
-    return text(state, STATE_STYLES.get(str(state), ""))
+    """A state cell; "ready,cordoned" takes the style of its mark (an SRE looks for those)."""
+    key = str(state).rpartition(",")[2]
+    return text(state, STATE_STYLES.get(key, ""))

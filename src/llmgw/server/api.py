@@ -25,6 +25,7 @@ import trio
 
 from llmgw.catalog.units import enc_hook
 from llmgw.server.auth import Auth, Door
+from llmgw.server.drain import DrainView
 from llmgw.server.events import QUERY_LIMIT, EventLog, EventQuery
 from llmgw.server.logs import EngineLogs
 from llmgw.server.operator import ReloadResult
@@ -42,6 +43,10 @@ class Actions(Protocol):
     async def reload(self) -> ReloadResult: ...
     def forget_node(self, node_id: str) -> str: ...
     def restart_replica(self, replica_id: str, who: str) -> str: ...
+    def cordon(self, node_id: str, who: str) -> str: ...
+    def uncordon(self, node_id: str, who: str) -> str: ...
+    def drain(self, node_id: str, who: str, *, force: bool) -> DrainView | str: ...
+    def drain_status(self, node_id: str) -> DrainView | None: ...
 
 
 class Clients(Protocol):
@@ -227,6 +232,41 @@ class PublicHandler:
         else:
             await send_json(call.responder, 200, {"restarting": replica_id})
 
+    async def cordon(self, call: Call) -> None:
+        await self._mark(call, self.actions.cordon, "cordoned")
+
+    async def uncordon(self, call: Call) -> None:
+        await self._mark(call, self.actions.uncordon, "uncordoned")
+
+    async def _mark(self, call: Call, action: Callable[[str, str], str], done: str) -> None:
+        node_id = call.params["node"]
+        problem = action(node_id, call.who)
+        if problem:
+            await send_error(call.responder, 404, f"no node {node_id!r}", "not_found")
+        else:
+            log.info("node %s %s by %s", node_id, done, call.who)
+            await send_json(call.responder, 200, {"node": node_id, done: True})
+
+    async def drain(self, call: Call) -> None:
+        """Start (or look at again) a drain: `?force=1` retires replicas that have nowhere to go."""
+        from urllib.parse import parse_qs
+
+        node_id = call.params["node"]
+        force = parse_qs(call.request.query).get("force", ["0"])[-1] in ("1", "true", "yes")
+        result = self.actions.drain(node_id, call.who, force=force)
+        if isinstance(result, str):
+            await send_error(call.responder, 404, f"no node {node_id!r}", "not_found")
+        else:
+            await send_json(call.responder, 200, result)
+
+    async def drain_status(self, call: Call) -> None:
+        node_id = call.params["node"]
+        view = self.actions.drain_status(node_id)
+        if view is None:
+            await send_error(call.responder, 404, f"no node {node_id!r}", "not_found")
+        else:
+            await send_json(call.responder, 200, view)
+
 
 @dataclass(frozen=True, slots=True)
 class Call:
@@ -275,9 +315,13 @@ API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "fabrics/{fabric}/topology", Door.VIEWER, PublicHandler.get_topology),
     ApiRoute("GET", "events", Door.VIEWER, PublicHandler.list_events),
     ApiRoute("GET", "replicas/{replica}/logs", Door.VIEWER, PublicHandler.replica_logs),
+    ApiRoute("GET", "nodes/{node}/drain", Door.VIEWER, PublicHandler.drain_status),
     ApiRoute("POST", "reload", Door.OPERATOR, PublicHandler.reload),
     ApiRoute("DELETE", "nodes/{node}", Door.OPERATOR, PublicHandler.forget_node),
     ApiRoute("POST", "replicas/{replica}/restart", Door.OPERATOR, PublicHandler.restart_replica),
+    ApiRoute("POST", "nodes/{node}/cordon", Door.OPERATOR, PublicHandler.cordon),
+    ApiRoute("POST", "nodes/{node}/uncordon", Door.OPERATOR, PublicHandler.uncordon),
+    ApiRoute("POST", "nodes/{node}/drain", Door.OPERATOR, PublicHandler.drain),
 )
 
 

@@ -35,6 +35,7 @@ from llmgw.server.admin.pages import AdminPages
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
 from llmgw.server.control import Controller, Settle, make_reconciler
+from llmgw.server.drain import Drainer, MarkStore
 from llmgw.server.events import EventFeeds, EventLog, RecordingObserver, chain
 from llmgw.server.fabric_service import FabricCollector, FabricService
 from llmgw.server.fabric_store import FabricStore
@@ -141,16 +142,22 @@ class ControlPlane:
         weights = WeightsBoard()  # weight downloads of starting shards, and their metrics (issue 12)
         self.event_feeds = EventFeeds(self.events, reconciler.replicas.values, lambda: self.reads.endpoints(),
                                       reconciler.drain_notes)
+        # Cordon and drain marks, kept across restarts; drains move replicas after each pass.
+        self.drainer = Drainer(MarkStore(cfg.state_dir), reconciler, self.registry, now=trio.current_time,
+                               wake=lambda: self.controller.wake(),
+                               record=lambda kind, message, node: self.events.record(kind, message, node=node))
         self.controller = Controller(
             reconciler,
             self.registry,
             settle=settle,
             links=sessions,
             known=self.known_nodes,
-            on_pass=chain(lambda: gateway.set_endpoints(*feed.ready_endpoints()), self.event_feeds.after_pass),
+            on_pass=chain(lambda: gateway.set_endpoints(*feed.ready_endpoints()), self.event_feeds.after_pass,
+                          self.drainer.after_pass),
             on_refused=self.metrics.count_refused,
             weights=weights,
             places=lambda: self.fabrics.places,  # multi-node placement reads the fabric map
+            cordoned=self.drainer.cordoned,
         )
         # `ctl logs`: engine log chunks from the streams to their readers.
         self.log_hub = LogHub(lambda: sessions)
@@ -190,9 +197,9 @@ class ControlPlane:
         # What operators change, and what the API reads.
         self.operator = Operator(cfg, config_path=config_path, overrides=overrides, auth=self.auth, gateway=gateway,
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
-                                 end_revoked_streams=self.fleet_listener.recheck,
+                                 end_revoked_streams=self.fleet_listener.recheck, drainer=self.drainer,
                                  record=lambda kind, message: self.events.record(kind, message))
-        self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics)
+        self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,

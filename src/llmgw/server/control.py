@@ -140,7 +140,9 @@ class Controller:
         on_refused: Callable[[str], None] = lambda reason: None,  # counts a refused message by reason (metrics)
         weights: WeightsBoard | None = None,
         places: Callable[[], Places | None] = lambda: None,  # the fabric map's latest view (fabric_service)
+        cordoned: Callable[[], set[str]] = set,  # nodes that take no new placements (drain.py)
     ) -> None:
+        self.cordoned = cordoned
         self.registry = registry
         self.known = known
         self.settings = settle.settings
@@ -243,6 +245,7 @@ class Controller:
 
     def nodes(self) -> list[NodeInfo]:
         out = []
+        cordoned = self.cordoned()
         for n in self.registry.nodes.values():
             fabrics, notes = placement_view(n.fabrics, n.fabric_status, list(n.ports.values()))
             out.append(NodeInfo(
@@ -257,6 +260,7 @@ class Controller:
                 fabric_notes=notes,
                 address=n.inventory.mgmt_ip or n.endpoint_host,
                 fabric_devices=fabric_devices(n.fabric_status),
+                cordoned=n.id in cordoned,
             ))
         return out
 

@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 import trio
 
+from llmgw.server.sqlitefile import connect_checked, move_aside
 from llmgw.wire.ids import printable
 
 log = logging.getLogger("llmgw.server.events")
@@ -183,13 +184,10 @@ class EventLog:
             if not _is_corrupt(exc):
                 self._degrade(f"cannot open {self.path}: {exc}")
                 return
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
-            log.warning("event log: %s is not a readable database (%s); moved it aside to %s and started a new one",
-                        self.path, exc, aside)
             try:
-                self.path.rename(aside)
-                for suffix in ("-wal", "-shm"):
-                    Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                aside = move_aside(self.path)
+                log.warning("event log: %s is not a readable database (%s); moved it aside to %s and started a new one",
+                            self.path, exc, aside)
                 self.db = self._connect()
             except (OSError, sqlite3.Error) as again:
                 self._degrade(f"cannot start a new {self.path}: {again}")
@@ -197,18 +195,7 @@ class EventLog:
             self._degrade(f"cannot create {self.path.parent}: {exc.strerror or exc}")
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            check = db.execute("PRAGMA quick_check").fetchone()
-            if check is None or check[0] != "ok":
-                raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
-            db.executescript(_SCHEMA)
-        except BaseException:
-            db.close()
-            raise
-        return db
+        return connect_checked(self.path, _SCHEMA)
 
     def _write_sync(self, batch: list[Event]) -> None:
         assert self.db is not None

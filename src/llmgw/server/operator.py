@@ -1,7 +1,7 @@
 """What an operator may change on a running server: reload the config, forget a node, restart a
-replica. The JSON API's mutating routes (behind the operator door, auth.py) and SIGHUP call these;
-the drain and cordon actions to come belong here too, each a method that returns what happened
-in words, never raising for a request that cannot be done.
+replica, cordon, uncordon and drain a node (drain.py does those). The JSON API's mutating routes
+(behind the operator door, auth.py) and SIGHUP call these, each a method that returns what
+stands in the way in words, never raising for a request that cannot be done.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from llmgw.catalog.schema import ServerConfig
 from llmgw.errors import UsageError
 from llmgw.server.auth import Auth
 from llmgw.server.control import Controller
+from llmgw.server.drain import Drainer, DrainView
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.registry import NodeRegistry
 from llmgw.tls.revocation import Revocations
@@ -51,6 +52,7 @@ class Operator:
         registry: NodeRegistry,
         revocations: Revocations,
         end_revoked_streams: Callable[[], int],
+        drainer: Drainer | None = None,
         record: Callable[[str, str], None] = lambda kind, message: None,
     ) -> None:
         self.record = record  # into the event log (kind, message)
@@ -63,6 +65,7 @@ class Operator:
         self.registry = registry
         self.revocations = revocations
         self.end_revoked_streams = end_revoked_streams
+        self.drainer = drainer
         self._reload_lock = trio.Lock()
 
     async def reload(self) -> ReloadResult:
@@ -134,3 +137,15 @@ class Operator:
         self.controller.reconciler.stop_replica(replica, trio.current_time(), f"restart requested by {who}")
         self.controller.wake()
         return ""
+
+    def cordon(self, node_id: str, who: str) -> str:
+        return self.drainer.cordon(node_id, who) if self.drainer else "not found"
+
+    def uncordon(self, node_id: str, who: str) -> str:
+        return self.drainer.uncordon(node_id, who) if self.drainer else "not found"
+
+    def drain(self, node_id: str, who: str, *, force: bool) -> DrainView | str:
+        return self.drainer.drain(node_id, who, force=force) if self.drainer else "not found"
+
+    def drain_status(self, node_id: str) -> DrainView | None:
+        return self.drainer.view(node_id) if self.drainer else None

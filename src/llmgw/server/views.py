@@ -52,6 +52,7 @@ class NodeView(msgspec.Struct, kw_only=True):
     port_states: list[PortState] = []
     mgmt_interface: str = ""
     heartbeats: int = 0  # received from this node since the server started
+    mark: str = ""  # cordoned | draining (`ctl cordon`, `ctl drain`): no new placements
 
 
 class PortState(msgspec.Struct, kw_only=True):
@@ -151,7 +152,7 @@ def _wall(now_mono: float, t: float) -> float:
     return round(time.time() - (now_mono - t), 3)
 
 
-def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
+def node_view(node: Node, now: float, detail: bool = False, mark: str = "") -> NodeView:
     inv = node.inventory
     names = sorted({g.name for g in inv.gpus if g.name})
     view = NodeView(
@@ -178,6 +179,7 @@ def node_view(node: Node, now: float, detail: bool = False) -> NodeView:
                      for key, p in node.ports.items()],
         mgmt_interface=inv.mgmt_interface,
         heartbeats=node.heartbeats,
+        mark=mark,
     )
     if detail:
         return NodeDetail(**msgspec.structs.asdict(view), inventory=inv, port_readings=list(node.ports.values()))
@@ -223,6 +225,12 @@ def replica_view(r: Replica, now: float, weights: WeightsBoard | None = None, mo
     )
 
 
+class Marks(Protocol):
+    """A node's cordon or drain mark (drain.Drainer)."""
+
+    def mark_of(self, node_id: str) -> str: ...
+
+
 class ReadModel(Protocol):
     """What the JSON API reads (api.py depends on this, not on the objects behind it)."""
 
@@ -241,7 +249,9 @@ class FleetReads:
     """The `ReadModel` over the registry, the reconciler and the gateway's balancers."""
 
     def __init__(self, registry: NodeRegistry, reconciler: Reconciler, gateway: Gateway,
-                 weights: WeightsBoard | None = None, fabrics: FabricService | None = None) -> None:
+                 weights: WeightsBoard | None = None, fabrics: FabricService | None = None,
+                 marks: Marks | None = None) -> None:
+        self.marks = marks
         self.weights = weights
         self.registry = registry
         self.reconciler = reconciler
@@ -261,11 +271,14 @@ class FleetReads:
         return self.fabric_map.topology(fabric_id) if self.fabric_map else None
 
     def nodes(self, now: float) -> list[NodeView]:
-        return [node_view(n, now) for n in sorted(self.registry.nodes.values(), key=lambda n: n.id)]
+        return [node_view(n, now, mark=self._mark(n.id)) for n in sorted(self.registry.nodes.values(), key=lambda n: n.id)]
+
+    def _mark(self, node_id: str) -> str:
+        return self.marks.mark_of(node_id) if self.marks is not None else ""
 
     def node(self, node_id: str, now: float) -> NodeView | None:
         node = self.registry.get(node_id)
-        return None if node is None else node_view(node, now, detail=True)
+        return None if node is None else node_view(node, now, detail=True, mark=self._mark(node_id))
 
     def replicas(self, now: float) -> list[ReplicaView]:
         replicas = sorted(self.reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))

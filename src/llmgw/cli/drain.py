@@ -1,0 +1,111 @@
+"""`llmgw ctl cordon`, `uncordon` and `drain`: a node out for maintenance, traffic flowing throughout."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from llmgw.cli.render import output_option, say
+from llmgw.errors import LlmgwError
+
+POLL_INTERVAL = 0.5  # seconds between two looks at a drain's progress
+
+
+def _api(ctx: click.Context) -> Any:
+    return ctx.obj["api"]()
+
+
+@click.command()
+@click.argument("node_id")
+@click.pass_context
+def cordon(ctx: click.Context, node_id: str) -> None:
+    """No new placements on NODE_ID; what runs there stays. Kept across server restarts."""
+    _api(ctx).request("POST", f"/api/v1/nodes/{node_id}/cordon")
+    say(f"node {node_id} cordoned: no new placements; what runs there stays (llmgw ctl uncordon {node_id} to undo)")
+
+
+@click.command()
+@click.argument("node_id")
+@click.pass_context
+def uncordon(ctx: click.Context, node_id: str) -> None:
+    """Allow placements on NODE_ID again (ends a cordon or a drain)."""
+    _api(ctx).request("POST", f"/api/v1/nodes/{node_id}/uncordon")
+    say(f"node {node_id} uncordoned: placements allowed again")
+
+
+class DrainIncomplete(LlmgwError):
+    exit_code = 1
+
+
+def _item_line(item: dict[str, Any]) -> str:
+    move = f" [{item['move']}]" if item.get("move") else ""
+    succ = f" → {item['successor']}" if item.get("successor") else ""
+    return f"{item['replica']} ({item['model']}, {item['state']}){succ}{move}: {item.get('note') or '-'}"
+
+
+@click.command()
+@click.argument("node_id")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Seconds to wait for the node to run nothing; the drain goes on server-side after.")
+@click.option("--force", is_flag=True,
+              help="Stop replicas even where no replacement fits (they are down until room frees; each is named).")
+@output_option
+@click.pass_context
+def drain(ctx: click.Context, node_id: str, timeout: float, force: bool, output: str) -> None:
+    """Cordon NODE_ID, then move its replicas elsewhere one at a time: each replacement is placed
+    and ready before the old one leaves rotation, is sent Drain, and finishes its in-flight
+    requests within its profile's stop_grace.
+
+    Exit 0 when the node runs nothing; 1 with the reason otherwise (a replica with nowhere to go
+    stays and serves unless --force; the timeout passed). -o json prints the last state.
+
+    \b
+    llmgw ctl drain gpu-03 && systemctl reboot   # on gpu-03, after
+    llmgw ctl uncordon gpu-03
+    """
+    client = _api(ctx)
+    view = client.request("POST", f"/api/v1/nodes/{node_id}/drain" + ("?force=1" if force else ""))
+    human = output != "json"
+    if human:
+        say(f"draining {node_id}{' (--force)' if force else ''}: cordoned; {len(view['items'])} replica(s) on it")
+    shown: dict[str, str] = {}
+    said: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        if human:
+            for item in view["items"]:
+                line = _item_line(item)
+                if shown.get(item["replica"]) != line:
+                    shown[item["replica"]] = line
+                    say(f"  {line}")
+            for line in view.get("down") or []:
+                if line not in said:
+                    said.add(line)
+                    say(f"  DOWN (--force): {line}")
+        if view["done"]:
+            break
+        if not view["in_progress"]:
+            _finish(view, output)
+            raise DrainIncomplete(f"drain of {node_id} incomplete: " + "; ".join(view["failed"] or ["replicas remain"]) +
+                                  (" (--force stops them anyway)" if not force else ""))
+        if time.monotonic() > deadline:
+            _finish(view, output)
+            left = ", ".join(i["replica"] for i in view["items"] if i["state"] not in ("gone",)) or "?"
+            raise DrainIncomplete(f"drain of {node_id}: timed out after {timeout:g}s; still there: {left}; "
+                                  f"the drain goes on (llmgw ctl drain {node_id} to follow it again)")
+        time.sleep(POLL_INTERVAL)  # ok: polling the server for progress
+        view = client.get(f"/api/v1/nodes/{node_id}/drain")
+    _finish(view, output)
+    if human:
+        say(f"node {node_id} drained: it runs nothing" + (f"; {len(view['down'])} replica(s) down" if view["down"] else "")
+            + f" (llmgw ctl uncordon {node_id} when it is back)")
+
+
+def _finish(view: dict[str, Any], output: str) -> None:
+    if output == "json":
+        sys.stdout.write(json.dumps(view) + "\n")
+        sys.stdout.flush()
