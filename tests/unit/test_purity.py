@@ -25,6 +25,7 @@ PURE = [
     "llmgw.wire.envelope",
     "llmgw.wire.ids",
     "llmgw.wire.messages",
+    "llmgw.wire.gateway",
     "llmgw.catalog",
     "llmgw.catalog.load",
     "llmgw.catalog.schema",

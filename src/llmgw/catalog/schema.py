@@ -228,9 +228,19 @@ class GatewaySettings(_Config):
     # in passes this far apart, so one wake-up serves many streams (about a third less CPU per
     # token); 0 relays each token the moment it arrives. Below that load: no delay either way.
     stream_coalesce: Duration = Duration(0.002)
+    # Processes serving /v1 on the public port ("auto": one per core). 1: the server serves the
+    # port itself, as before. N > 1: N gateway workers accept on it (SO_REUSEPORT), each with its
+    # own balancer, breakers and admission, fed by the control plane over a Unix socket in the
+    # state directory; /api/v1, /admin and /metrics reach the control plane through them. A
+    # model's admission.max_in_flight and max_queue are divided among the workers (rounded up),
+    # so the engines see about the configured total. A restart applies a change.
+    workers: Positive | Literal["auto"] = 1
 
     def __post_init__(self) -> None:
         _check_digests(self.api_keys, "api_keys")
+
+    def worker_count(self, cores: int) -> int:
+        return max(1, cores) if self.workers == "auto" else int(self.workers)
 
 
 class ReconcileSettings(_Config):

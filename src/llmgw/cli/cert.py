@@ -253,6 +253,27 @@ def viewer(ca_dir: str, name: str, out: str | None, days: int, key_type: str, fo
 
 
 @cert.command()
+@click.argument("name")
+@_dir_option
+@_out_option
+@_days_option(LEAF_DAYS)
+@_key_type_option
+@_force_option("Replace existing certificate and key files at the output prefix.")
+@output_option
+def gateway(ca_dir: str, name: str, out: str | None, days: int, key_type: str, force: bool, output: str) -> None:
+    """Issue a gateway certificate (clientAuth, OU=gateways) for `llmgw gateway` on another machine.
+
+    It may follow the control plane's gateway feed on the fleet port (the endpoint set and the
+    engines' per-shard keys) and nothing more: it is not a node, an operator or a viewer.
+    Default files: DIR/gateway-NAME.crt, DIR/gateway-NAME.key.
+    """
+    from llmgw.tls import ca as ca_store
+
+    issued = ca_store.issue_gateway(ca_dir, name, now=time.time(), days=days, out=out, key_type=key_type, force=force)
+    _print_issued(issued, output, "gateway certificate")
+
+
+@cert.command()
 @click.argument("target", metavar="NAME|SERIAL")
 @_dir_option
 @click.option("--reason", default="", help="Why, kept in the deny list.")

@@ -20,6 +20,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
     \b
     llmgw server   control plane and OpenAI-compatible gateway
+    llmgw gateway  the gateway alone, following a control plane
     llmgw agent    node agent (dials out to the server; no SSH)
     llmgw ctl      operator client: nodes, replicas, cert, ...
     llmgw sim      simulated engines and nodes for machines without GPUs
@@ -33,10 +34,11 @@ def _register() -> None:
     from llmgw.cli.agent import agent
     from llmgw.cli.ctl import ctl
     from llmgw.cli.demo import demo
+    from llmgw.cli.gateway import gateway
     from llmgw.cli.server import server
     from llmgw.cli.sim import sim
 
-    for command in (server, agent, ctl, sim, demo):
+    for command in (server, gateway, agent, ctl, sim, demo):
         cli.add_command(command)
 
 

@@ -52,15 +52,21 @@ async def dial(
     headers: list[tuple[str, str]] | None = None,
     connect_timeout: float = 10.0,
     idle_timeout: float | None = None,
+    path: str = CONNECT_PATH,
+    unix_path: str = "",
 ) -> AsyncIterator[FleetChannel]:
-    scheme, host, port = parse_fleet_url(url, insecure)
+    """One Connect stream to `url` (or, with `unix_path`, h2c over that local Unix socket: a
+    gateway worker's way to its control plane, guarded by the socket file's permissions)."""
+    scheme, host, port = ("http", "localhost", 0) if unix_path else parse_fleet_url(url, insecure)
     try:
         with trio.fail_after(connect_timeout):
-            tcp = await trio.open_tcp_stream(host, port)
+            tcp: trio.SocketStream = (await trio.open_unix_socket(unix_path) if unix_path
+                                      else await trio.open_tcp_stream(host, port))
     except trio.TooSlowError:
         raise DialError(f"cannot connect to {host}:{port}: timed out after {connect_timeout:g}s") from None
     except OSError as exc:
-        raise DialError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+        where = unix_path or f"{host}:{port}"
+        raise DialError(f"cannot connect to {where}: {exc.strerror or exc}") from None
     stream: trio.abc.Stream = tcp
     try:
         if scheme == "https":
@@ -88,7 +94,7 @@ async def dial(
                 with trio.fail_after(connect_timeout):
                     channel = await conn.open(
                         authority,
-                        CONNECT_PATH,
+                        path,
                         [("content-type", CONTENT_TYPE), ("connect-protocol-version", "1"), *(headers or [])],
                         scheme,
                     )

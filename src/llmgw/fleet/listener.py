@@ -16,6 +16,7 @@ from llmgw.fleet.limits import RefusalLog
 from llmgw.netaddr import peer_name
 from llmgw.tls import explain_tls_error, peer_common_name
 from llmgw.tls.net import handshake as tls_handshake
+from llmgw.wire.gateway import GATEWAY_PATH
 from llmgw.wire.messages import CONNECT_PATH, CONTENT_TYPE
 
 log = logging.getLogger("llmgw.fleet")
@@ -50,8 +51,14 @@ class FleetListener:
         on_refused: RefusalHook | None = None,
         peer_check: PeerCheck | None = None,
         refusal_log: RefusalLog | None = None,
+        gateway_handler: StreamHandler | None = None,
+        gateway_check: PeerCheck | None = None,
     ) -> None:
         self.handler = handler
+        # The gateway feed (llmgw.wire.gateway) on the same port: its own path, its own check
+        # of who may follow (a gateway certificate), none of the node's.
+        self.gateway_handler = gateway_handler
+        self.gateway_check = gateway_check or (lambda peer: None)
         # One line per reason and peer host every 10 s: a stalled, unauthenticated TLS
         # handshake is free to repeat, and wrote one WARNING each (issue 9).
         self.refusal_log = refusal_log or RefusalLog(log)
@@ -63,7 +70,8 @@ class FleetListener:
         self.peer_check = peer_check or (lambda peer: None)
         self.connections = 0
         # Live TLS connections, so that a certificate revoked meanwhile can be cut off (recheck).
-        self._live: dict[trio.SSLStream[trio.SocketStream], trio.CancelScope] = {}
+        # With each, the check that applies to it (a node's or a gateway's, once its path is known).
+        self._live: dict[trio.SSLStream[trio.SocketStream], tuple[trio.CancelScope, list[PeerCheck]]] = {}
         self._idle = trio.Event()
 
     async def wait_idle(self) -> None:
@@ -85,8 +93,8 @@ class FleetListener:
         those it now refuses; the agent's reconnect is then refused at the handshake with the
         reason. Returns how many were ended."""
         ended = 0
-        for ssl_stream, scope in list(self._live.items()):
-            refusal = self.peer_check(ssl_stream)
+        for ssl_stream, (scope, check) in list(self._live.items()):
+            refusal = check[0](ssl_stream)
             if refusal is not None:
                 log.warning("fleet connection from %s ended: %s", peer_name(ssl_stream.transport_stream), refusal[1])
                 scope.cancel()
@@ -122,11 +130,11 @@ class FleetListener:
                     return
                 identity = peer_common_name(ssl_stream)
                 stream = ssl_stream
-                refusal = self.peer_check(ssl_stream)
+                check: list[PeerCheck] = [self.peer_check]
                 with trio.CancelScope() as scope:
-                    self._live[ssl_stream] = scope
+                    self._live[ssl_stream] = (scope, check)
                     try:
-                        await self._serve_h2(stream, peer, identity, refusal)
+                        await self._serve_h2(stream, peer, identity, ssl_stream, check)
                     finally:
                         del self._live[ssl_stream]
             else:
@@ -143,7 +151,8 @@ class FleetListener:
                 await stream.aclose()
 
     async def _serve_h2(
-        self, stream: trio.abc.Stream, peer: str, identity: str | None, refusal: tuple[str, str] | None = None
+        self, stream: trio.abc.Stream, peer: str, identity: str | None,
+        ssl_stream: trio.SSLStream[trio.SocketStream] | None = None, check: list[PeerCheck] | None = None,
     ) -> None:
         conn = H2Connection(
             stream,
@@ -171,7 +180,14 @@ class FleetListener:
                 self._refuse(peer, "protocol", exc.reason)
                 nursery.cancel_scope.cancel()
                 return
-            problem = _check_request(headers)
+            gateway = headers.get(":path", "") == GATEWAY_PATH and self.gateway_handler is not None
+            handler = self.gateway_handler if gateway and self.gateway_handler is not None else self.handler
+            refusal = None
+            if ssl_stream is not None and check is not None:
+                if gateway:
+                    check[0] = self.gateway_check  # a later recheck applies the gateway's rule
+                refusal = check[0](ssl_stream)
+            problem = _check_request(headers, gateway=gateway)
             if problem is not None:
                 status, detail = problem
                 self._refuse(peer, "bad_request", detail)
@@ -196,7 +212,7 @@ class FleetListener:
                 self._refuse(peer, error.code, error.message)
             else:
                 try:
-                    await self.handler(channel)
+                    await handler(channel)
                 except* StreamRefused as group:
                     error = first_leaf(group, StreamRefused)
                     self.on_refused(error.code)
@@ -208,13 +224,13 @@ class FleetListener:
             nursery.cancel_scope.cancel()
 
 
-def _check_request(headers: dict[str, str]) -> tuple[int, str] | None:
+def _check_request(headers: dict[str, str], *, gateway: bool = False) -> tuple[int, str] | None:
     method = headers.get(":method", "")
     path = headers.get(":path", "")
-    if path != CONNECT_PATH:
+    if path != CONNECT_PATH and not gateway:
         return 404, f"unknown path {path!r}; the fleet port serves only {CONNECT_PATH}"
     if method != "POST":
-        return 405, f"method {method} not allowed on {CONNECT_PATH}"
+        return 405, f"method {method} not allowed on {path}"
     ctype = headers.get("content-type", "").split(";")[0].strip()
     if ctype != CONTENT_TYPE:
         return 415, f"content-type {ctype!r} not supported; expected {CONTENT_TYPE}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -24,6 +25,7 @@ from typing import Any
 
 import msgspec
 import trio
+from prometheus_client import CollectorRegistry
 
 from llmgw import __version__
 from llmgw.catalog.schema import ServerConfig
@@ -41,6 +43,8 @@ from llmgw.server.fabric_service import FabricCollector, FabricService
 from llmgw.server.fabric_store import FabricStore
 from llmgw.server.fleet_service import FleetService, Session
 from llmgw.server.gateway.proxy import Gateway
+from llmgw.server.gateway.workers import WorkerPool
+from llmgw.server.gwfeed import GatewayFeedService, WorkerMetrics
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.logs import EngineLogs, LogHub
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
@@ -49,7 +53,7 @@ from llmgw.server.registry import NodeRegistry
 from llmgw.server.views import FleetReads, GatewayFeed
 from llmgw.server.weights import WeightsBoard
 from llmgw.tls import server_context
-from llmgw.tls.revocation import Revocations, fleet_refusal
+from llmgw.tls.revocation import Revocations, fleet_refusal, gateway_refusal
 from llmgw.web.assets import from_package
 from llmgw.web.relay import RelayHub
 from llmgw.web.server import HttpServer, Limits
@@ -71,12 +75,16 @@ def split_hostport(text: str, what: str, flag: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def bind_socket(text: str, what: str, flag: str) -> socket.socket:
-    """Bind now, so that a port in use is one clear line before anything starts."""
+def bind_socket(text: str, what: str, flag: str, *, reserve: bool = False) -> socket.socket:
+    """Bind now, so that a port in use is one clear line before anything starts. `reserve`: bind
+    with SO_REUSEPORT and do not listen (the gateway workers listen on the port; this socket
+    only holds it for them and names the port they are to bind when it was 0)."""
     host, port = split_hostport(text, what, flag)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reserve:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -84,6 +92,26 @@ def bind_socket(text: str, what: str, flag: str) -> socket.socket:
         raise UsageError(
             f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}; choose another with {flag}"
         ) from None
+    if not reserve:
+        sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
+def unix_socket(path: str) -> socket.socket:
+    """A listening Unix socket only this user can reach (0600): a stale file from a killed
+    server is replaced."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
     sock.listen(4096)
     sock.setblocking(False)
     return sock
@@ -115,6 +143,9 @@ class ControlPlane:
             )
         if cfg.tls is not None and (not cfg.tls.cert or not cfg.tls.key):
             raise UsageError("tls: both tls.cert and tls.key are needed for the fleet port")
+        if cfg.public_tls is not None and cfg.gateway.workers != 1:
+            raise UsageError("gateway.workers > 1 with public_tls is not supported yet: the workers terminate no TLS; "
+                             "set gateway.workers: 1, or put TLS in front (an L4/L7 balancer)")
         self.cfg = cfg
         fleet = cfg.fleet
         require_identity = bool(cfg.tls and cfg.tls.require_identity)
@@ -132,9 +163,19 @@ class ControlPlane:
         feed = GatewayFeed(reconciler, settle, trio.current_time)
         # Relays every streamed answer; its task starts (nursery.start) before the public port opens.
         self.relay_hub = RelayHub(coalesce=float(cfg.gateway.stream_coalesce))
-        gateway = Gateway(cfg.gateway, GatewayMetrics(self.metrics.registry), relay_hub=self.relay_hub,
-                          client_door=self.auth.client, not_ready_reason=feed.not_ready_reason)
-        watch_gateway(self.metrics.registry, gateway)
+        # Gateway workers (gateway.workers > 1) serve the public port in processes of their own;
+        # they and gateways on other machines follow the feed. /metrics shows every follower's
+        # counters with a `worker` label, and this process's own gateway's when it serves the port.
+        self.workers = cfg.gateway.worker_count(os.cpu_count() or 1)
+        self.feed_socket = os.path.join(cfg.state_dir, "gateway.sock")
+        self.api_socket = os.path.join(cfg.state_dir, "api.sock")
+        self.followers = GatewayFeedService(local_workers=self.workers if self.workers > 1 else 0,
+                                            api_socket=self.api_socket if self.workers > 1 else "")
+        gateway_registry = CollectorRegistry()
+        gateway = Gateway(cfg.gateway, GatewayMetrics(gateway_registry), relay_hub=self.relay_hub,
+                          client_door=self.auth.client, not_ready_reason=feed.not_ready_reason, followers=self.followers)
+        watch_gateway(gateway_registry, gateway)
+        self.metrics.registry.register(WorkerMetrics(self.followers, gateway_registry if self.workers == 1 else None))
         gateway.configure(cfg.models, cfg.endpoints)
         self.gateway = gateway
         # The controller sends on the streams the fleet service keeps (one shared map).
@@ -193,7 +234,12 @@ class ControlPlane:
             peer_check=lambda peer: self.event_feeds.fleet_refusal(
                 fleet_refusal(peer, self.revocations, require_node=require_identity)),
             refusal_log=self.refusal_log,
+            gateway_handler=self.followers.handle,
+            gateway_check=lambda peer: gateway_refusal(peer, self.revocations),
         )
+        # The server's own workers follow on a Unix socket (its file mode is their credential).
+        self.feed_listener = FleetListener(_no_nodes_here, ssl_context=None, max_message=fleet.max_message,
+                                           gateway_handler=self.followers.handle_local)
         # What operators change, and what the API reads.
         self.operator = Operator(cfg, config_path=config_path, overrides=overrides, auth=self.auth, gateway=gateway,
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
@@ -204,6 +250,7 @@ class ControlPlane:
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,
                                       tls=bool(cfg.public_tls and cfg.public_tls.cert))
+        self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
         self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
         self.shutdown_event = trio.Event()
 
@@ -237,7 +284,19 @@ class ControlPlane:
             fleet_listener = trio.SocketListener(trio.socket.from_stdlib_socket(fleet_sock))
             await nursery.start(self.fleet_listener.serve, [fleet_listener])
             await nursery.start(self.relay_hub.run)
-            await nursery.start(self._serve_public, public_sock, self.handler(admin=admin_sock is None))
+            if self.workers > 1:
+                # The workers accept on the public port; this process serves what they forward
+                # (/api/v1, /admin, /metrics) on a Unix socket, and feeds them on another.
+                await nursery.start(self._serve_public, unix_socket(self.api_socket), self.handler(clients=False))
+                await nursery.start(self.feed_listener.serve,
+                                    [trio.SocketListener(trio.socket.from_stdlib_socket(unix_socket(self.feed_socket)))])
+                host, port = public_sock.getsockname()[:2]
+                self.worker_pool = WorkerPool(self.workers, listen=hostport(host, port), feed_socket=self.feed_socket,
+                                              log_level=logging.getLevelName(logging.getLogger().level).lower(),
+                                              debug=log.isEnabledFor(logging.DEBUG))
+                await nursery.start(self.worker_pool.run)
+            else:
+                await nursery.start(self._serve_public, public_sock, self.handler(admin=admin_sock is None))
             if admin_sock is not None:
                 await nursery.start(self._serve_public, admin_sock, self.handler(clients=False))
             nursery.start_soon(self.gateway.run_scraper)
@@ -296,7 +355,7 @@ async def run_server(cfg: ServerConfig, *, insecure: bool = False, config_path: 
     plane = ControlPlane(cfg, insecure=insecure, config_path=config_path, overrides=overrides)
     socks: list[socket.socket] = []
     try:
-        socks.append(bind_socket(cfg.listen, "public port", "--listen"))
+        socks.append(bind_socket(cfg.listen, "public port", "--listen", reserve=plane.workers > 1))
         socks.append(bind_socket(cfg.fleet_listen, "fleet port", "--fleet-listen"))
         if cfg.admin_listen:
             socks.append(bind_socket(cfg.admin_listen, "admin listener", "--admin-listen"))
@@ -309,6 +368,12 @@ async def run_server(cfg: ServerConfig, *, insecure: bool = False, config_path: 
         nursery.start_soon(_stop_on_signals, plane.shutdown_event)
         await plane.run(public_sock=socks[0], fleet_sock=socks[1], admin_sock=socks[2] if cfg.admin_listen else None)
         nursery.cancel_scope.cancel()
+
+
+async def _no_nodes_here(channel: object) -> None:
+    from llmgw.fleet import StreamRefused
+
+    raise StreamRefused("not_fleet", "this socket feeds the server's gateway workers; agents dial the fleet port")
 
 
 def settle_garbage_collector() -> None:

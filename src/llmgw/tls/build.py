@@ -21,7 +21,7 @@ from llmgw.errors import UsageError
 from llmgw.tls.defaults import CA_DAYS, DEFAULT_KEY_TYPE, KEY_TYPES, LEAF_DAYS, KeyType  # noqa: F401 - re-exported
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
-Kind = Literal["ca", "server", "node", "operator", "viewer"]
+Kind = Literal["ca", "server", "node", "operator", "viewer", "gateway"]
 
 ORGANIZATION = "llmgw"
 # The organizational unit is how a server tells the kinds of client certificate apart: only
@@ -30,7 +30,10 @@ ORGANIZATION = "llmgw"
 OPERATOR_OU = "operators"
 VIEWER_OU = "viewers"
 NODE_OU = "nodes"
-CLIENT_OUS = {NODE_OU: "node", OPERATOR_OU: "operator", VIEWER_OU: "viewer"}
+# `cert gateway`: a gateway on another machine (`llmgw gateway --control-plane`) may follow the
+# control plane's gateway feed on the fleet port, nothing more (no node registration, no API).
+GATEWAY_OU = "gateways"
+CLIENT_OUS = {NODE_OU: "node", OPERATOR_OU: "operator", VIEWER_OU: "viewer", GATEWAY_OU: "gateway"}
 
 # Certificates start a little in the past so a peer whose clock is slightly behind accepts them.
 BACKDATE_SECONDS = 300
@@ -219,6 +222,8 @@ def build_leaf(
         unit, usage = OPERATOR_OU, ExtendedKeyUsageOID.CLIENT_AUTH
     elif kind == "viewer":
         unit, usage = VIEWER_OU, ExtendedKeyUsageOID.CLIENT_AUTH
+    elif kind == "gateway":
+        unit, usage = GATEWAY_OU, ExtendedKeyUsageOID.CLIENT_AUTH
     else:
         raise ValueError(f"not a leaf kind: {kind!r}")
     validate_common_name(common_name)

@@ -47,9 +47,9 @@ CA_KEY = "ca.key"
 ISSUED_DIR = "issued"
 from llmgw.tls.defaults import DEFAULT_CA_NAME  # noqa: E402 - re-exported
 
-_KIND_ORDER = {"ca": 0, "server": 1, "node": 2, "operator": 3, "viewer": 4}
+_KIND_ORDER = {"ca": 0, "server": 1, "node": 2, "operator": 3, "viewer": 4, "gateway": 5}
 # Kinds that identify a client: one name holds one of them, so a name always means one thing.
-CLIENT_KINDS = ("node", "operator", "viewer")
+CLIENT_KINDS = ("node", "operator", "viewer", "gateway")
 
 
 class IssuedRecord(msgspec.Struct, kw_only=True):
@@ -411,6 +411,24 @@ def issue_viewer(
     """A clientAuth certificate with OU=viewers: reads the API, /admin and /metrics, never mutates."""
     validate_operator_name(name)
     return _issue_client(directory, "viewer", name, now=now, days=days, out=out, key_type=key_type, force=force,
+                         not_after=not_after)
+
+
+def issue_gateway(
+    directory: str | Path,
+    name: str,
+    *,
+    now: float,
+    days: int = LEAF_DAYS,
+    out: str | None = None,
+    key_type: str = DEFAULT_KEY_TYPE,
+    force: bool = False,
+    not_after: float | None = None,
+) -> Issued:
+    """A clientAuth certificate with OU=gateways: follows the gateway feed on the fleet port (the
+    endpoint set and the engines' keys), never registers as a node, never reaches the API."""
+    validate_operator_name(name)
+    return _issue_client(directory, "gateway", name, now=now, days=days, out=out, key_type=key_type, force=force,
                          not_after=not_after)
 
 

@@ -84,6 +84,23 @@ class Revocations:
         return serial is not None and serial in self.denied
 
 
+def gateway_refusal(peer: HasPeerCert, revocations: Revocations) -> tuple[str, str] | None:
+    """Why the gateway feed refuses this verified peer: a revoked serial, or any certificate that
+    is not a gateway certificate (OU=gateways). A node certificate reads only its own shards'
+    business, a viewer only the API; neither may hold every engine's key."""
+    name = peer_common_name(peer)
+    serial = peer_serial(peer)
+    if serial is not None and serial in revocations.denied:
+        return "revoked", (f"the client certificate {name!r} (serial {serial:x}) is revoked; issue a new one with "
+                           f"`llmgw ctl cert gateway {name}`")
+    kind = peer_kind(peer)
+    if kind != "gateway":
+        what = f"an {kind}" if kind == "operator" else f"a {kind}" if kind else "not an llmgw"
+        return "not_gateway", (f"the client certificate {name!r} is {what} certificate, not a gateway certificate "
+                               f"(OU=gateways); issue one with `llmgw ctl cert gateway {name}`")
+    return None
+
+
 def fleet_refusal(peer: HasPeerCert, revocations: Revocations, *, require_node: bool) -> tuple[str, str] | None:
     """Why the fleet port refuses this verified peer, as (metric reason, message for the agent),
     or None. A revoked serial is refused always; with `require_node` (tls.require_identity) only
@@ -94,10 +111,10 @@ def fleet_refusal(peer: HasPeerCert, revocations: Revocations, *, require_node: 
     if serial is not None and serial in revocations.denied:
         return "revoked", (f"the client certificate {name!r} (serial {serial:x}) is revoked; issue a new one with "
                            f"`llmgw ctl cert node {name}` and give the agent that pair")
-    if require_node:
-        kind = peer_kind(peer)
-        if kind != "node":
-            what = f"an {kind}" if kind == "operator" else f"a {kind}" if kind else "not an llmgw"
-            return "not_node", (f"the client certificate {name!r} is {what} certificate, not a node certificate "
-                                f"(OU=nodes); issue one with `llmgw ctl cert node {name}`")
+    kind = peer_kind(peer)
+    # A gateway certificate is never a node, whatever the config.
+    if (require_node or kind == "gateway") and kind != "node":
+        what = f"an {kind}" if kind == "operator" else f"a {kind}" if kind else "not an llmgw"
+        return "not_node", (f"the client certificate {name!r} is {what} certificate, not a node certificate "
+                            f"(OU=nodes); issue one with `llmgw ctl cert node {name}`")
     return None

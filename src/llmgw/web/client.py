@@ -157,7 +157,7 @@ class Response:
 class Upstream:
     """Connections to one engine endpoint (base URL `http://host:port`)."""
 
-    def __init__(self, url: str, *, connect_timeout: float = 2.0, max_idle: int = 64) -> None:
+    def __init__(self, url: str, *, connect_timeout: float = 2.0, max_idle: int = 64, unix_path: str = "") -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"engine endpoint {url!r} must be http://host:port")
@@ -170,6 +170,8 @@ class Upstream:
         self._idle: list[_Conn] = []
         self.closed = False
         self._auth: list[tuple[bytes, bytes]] = []
+        # A local peer on a Unix socket (a gateway worker's way to the control plane's API).
+        self.unix_path = unix_path
 
     def set_api_key(self, key: str) -> None:
         """The engine's API key, sent as `Authorization: Bearer` with every request ("" = none)."""
@@ -185,7 +187,10 @@ class Upstream:
     async def _connect(self) -> _Conn:
         try:
             with trio.fail_after(self.connect_timeout):
-                stream = await trio.open_tcp_stream(self.host, self.port)
+                if self.unix_path:
+                    stream = await trio.open_unix_socket(self.unix_path)
+                else:
+                    stream = await trio.open_tcp_stream(self.host, self.port)
         except trio.TooSlowError:
             raise UpstreamError("connect", f"connect to {self.host}:{self.port} timed out") from None
         except OSError as exc:

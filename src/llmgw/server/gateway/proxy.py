@@ -14,7 +14,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -53,6 +53,14 @@ PREFIX_REFUSED: tuple[type[Exception], ...] = (*JSON_REFUSED, TypeError, Attribu
 
 def openai_error(message: str, kind: str, code: str | int | None = None) -> bytes:
     return msgspec.json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+class Followers(Protocol):
+    """Where the gateway's configuration goes on to (llmgw.server.gwfeed.GatewayFeedService)."""
+
+    def publish_config(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None: ...
+
+    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None: ...
 
 
 class _Attempt:
@@ -94,8 +102,11 @@ class Gateway:
         client_door: Callable[[Request], bool],
         not_ready_reason: Callable[[str], str] = lambda model: "",
         rng: random.Random | None = None,
+        followers: Followers | None = None,
     ) -> None:
         self.metrics = metrics
+        # Gateway workers and gateways on other machines are told what this gateway is told.
+        self.followers = followers
         self.not_ready_reason = not_ready_reason
         self.rng = rng or random.Random()
         self.table = RouteTable(settings, metrics, self.rng)
@@ -116,9 +127,13 @@ class Gateway:
 
     def configure(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings | None = None) -> None:
         self.table.configure(models, static, settings)
+        if self.followers is not None:
+            self.followers.publish_config(models, static, self.table.settings)
 
     def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None) -> None:
         self.table.set_endpoints(ready, keys)
+        if self.followers is not None:
+            self.followers.publish_endpoints(ready, keys or {})
 
     def upstream(self, url: str) -> Upstream:
         return self.table.upstream(url)

@@ -1,0 +1,237 @@
+"""A gateway worker: the /v1 proxy in a process of its own, fed by the control plane.
+
+It follows the control plane's gateway feed (llmgw.wire.gateway) and serves what it was told:
+its own balancer, breakers, health checks and admission (per worker, see `gateway.workers` in
+the config reference), its own keep-alive pools. Two ways to run one:
+
+- `gateway.workers: N` in the server config: the control plane starts N of these (llmgw.server
+  .gateway.workers), each accepting on the public port with SO_REUSEPORT, following over a Unix
+  socket in the state directory; the rest of the public port (/api/v1, /admin, /metrics) is
+  forwarded to the control plane over a second Unix socket.
+- `llmgw gateway --control-plane URL --listen ADDR` on another machine: follows over the fleet
+  port with a gateway certificate (`llmgw ctl cert gateway NAME`) and serves /v1, /healthz and
+  its own /metrics.
+
+When the control plane goes away the worker keeps serving with the last state it had, says so
+(a warning, `llmgw_gateway_control_plane_connected 0`) and dials again with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import ssl
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from llmgw import __version__
+from llmgw.catalog.schema import GatewaySettings, ServerConfig
+from llmgw.errors import leaves
+from llmgw.fleet import FleetChannel, dial
+from llmgw.server.auth import Auth
+from llmgw.server.gateway.proxy import JSON, Gateway, openai_error
+from llmgw.server.metrics import GatewayMetrics, watch_gateway
+from llmgw.web.client import Upstream, UpstreamError
+from llmgw.web.relay import RelayHub, relay_body
+from llmgw.web.server import HttpServer, Limits, Request, Responder
+from llmgw.wire.gateway import (
+    GATEWAY_PATH,
+    GatewayConfig,
+    GatewayEndpoints,
+    GatewayHello,
+    GatewayStats,
+    MessageError,
+    decode_to_gateway,
+    encode,
+)
+
+log = logging.getLogger("llmgw.gateway")
+
+STATS_EVERY = 1.0  # seconds between two metrics reports to the control plane
+BACKOFF = (0.1, 5.0)  # first and longest wait between two dials of the control plane
+HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection",
+              b"content-length", b"host"}
+FORWARD_TIMEOUT = 600.0  # an API answer (or an event stream's silence) may take this long
+
+
+class Follow:
+    """How this worker reaches the control plane: a Unix socket (local) or the fleet port (remote)."""
+
+    def __init__(self, *, unix_path: str = "", url: str = "", ssl_context: ssl.SSLContext | None = None,
+                 insecure: bool = False, max_message: int = 4 * 1024 * 1024) -> None:
+        self.unix_path = unix_path
+        self.url = url
+        self.ssl_context = ssl_context
+        self.insecure = insecure
+        self.max_message = max_message
+
+    def where(self) -> str:
+        return self.unix_path or self.url
+
+    def dial(self) -> AbstractAsyncContextManager[FleetChannel]:
+        return dial(self.url, ssl_context=self.ssl_context, insecure=self.insecure, max_message=self.max_message,
+                    path=GATEWAY_PATH, unix_path=self.unix_path, idle_timeout=None)
+
+
+class GatewayWorker:
+    def __init__(self, name: str, follow: Follow, *, local: bool) -> None:
+        self.name = name
+        self.follow = follow
+        self.local = local  # a local worker forwards the non-/v1 paths to the control plane
+        self.registry = CollectorRegistry()
+        self.metrics = GatewayMetrics(self.registry)
+        self.hub = RelayHub(coalesce=float(GatewaySettings().stream_coalesce))
+        self.auth = Auth(ServerConfig(), insecure=True)
+        self.gateway = Gateway(GatewaySettings(), self.metrics, relay_hub=self.hub, client_door=self.auth.client,
+                               not_ready_reason=self._not_ready)
+        watch_gateway(self.registry, self.gateway)
+        self.connected = Gauge("llmgw_gateway_control_plane_connected",
+                               "1 while this gateway follows the control plane; 0: it serves with its last state.",
+                               registry=self.registry)
+        self.updates = Counter("llmgw_gateway_control_plane_updates", "Updates received from the control plane.",
+                               registry=self.registry)
+        self.last_update = Gauge("llmgw_gateway_control_plane_last_update_timestamp_seconds",
+                                 "When the last update from the control plane came (unix time).", registry=self.registry)
+        Gauge("llmgw_gateway_worker_pid", "This gateway process's id (a restarted worker has a new one).",
+              registry=self.registry).set(os.getpid())
+        self.requests = 0
+        self.following = False
+        self.configured = trio.Event()  # the first GatewayConfig came: serving makes sense
+        self.api: Upstream | None = None
+        self.http: HttpServer | None = None
+
+    def _not_ready(self, model: str) -> str:
+        if not self.following:
+            return f"gateway {self.name} has lost the control plane and serves its last endpoint set"
+        return "no ready replica (as the control plane last said)"
+
+    # -- following -------------------------------------------------------------------------------
+
+    async def run_follower(self) -> None:
+        """Follow forever: dial, apply what comes, report; on a break keep the state and dial again."""
+        wait, rng = BACKOFF[0], random.Random()
+        lost_said = False
+        while True:
+            try:
+                async with self.follow.dial() as channel:
+                    await channel.send(encode(GatewayHello(name=self.name, version=__version__, pid=os.getpid())))
+                    self.connected.set(1)
+                    self.following = True
+                    if lost_said:
+                        log.info("gateway %s: following the control plane at %s again", self.name, self.follow.where())
+                    lost_said = False
+                    wait = BACKOFF[0]
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._report, channel)
+                        while True:
+                            self._apply(await channel.receive())
+            except Exception as exc:  # a refused dial, the stream's end, a malformed message: dial again
+                leaf = leaves(exc)[0] if isinstance(exc, BaseExceptionGroup) else exc
+                why = str(leaf) or type(leaf).__name__
+            self.connected.set(0)
+            self.following = False
+            if not lost_said:
+                log.warning("gateway %s: lost the control plane at %s (%s); serving with the last endpoint set "
+                            "(%d endpoint(s)) and dialling again", self.name, self.follow.where(), why,
+                            len(self.gateway.table.upstreams))
+                lost_said = True
+            await trio.sleep(wait * (0.5 + rng.random()))
+            wait = min(wait * 2, BACKOFF[1])
+
+    def _apply(self, payload: bytes) -> None:
+        try:
+            msg = decode_to_gateway(payload)
+        except MessageError as exc:
+            raise ValueError(f"the control plane sent a malformed message: {exc}") from None
+        if isinstance(msg, GatewayConfig):
+            self.gateway.configure(msg.models, msg.static, msg.settings)
+            self.auth.configure(ServerConfig(gateway=msg.settings))
+            if self.local and msg.api_url and self.api is None:
+                self.api = Upstream("http://control-plane", unix_path=msg.api_url, max_idle=16)
+            self.configured.set()
+        elif isinstance(msg, GatewayEndpoints):
+            self.gateway.set_endpoints(msg.ready, msg.keys)
+        else:
+            return  # a newer control plane's message: skipped
+        self.updates.inc()
+        self.last_update.set_to_current_time()
+
+    async def _report(self, channel: FleetChannel) -> None:
+        while True:
+            requests = int(sum(s.value for m in self.metrics.requests.collect() for s in m.samples
+                               if s.name.endswith("_total")))
+            self.requests = requests
+            text = generate_latest(self.registry).decode()
+            await channel.send(encode(GatewayStats(metrics=text, requests=requests)))
+            await trio.sleep(STATS_EVERY)
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        path = request.path
+        if path.startswith("/v1/"):
+            await self.gateway.handle(request, responder)
+        elif path == "/healthz":
+            await responder.respond(200, [JSON], b'{"status":"ok"}')
+        elif self.local and self.api is not None:
+            await self._forward(self.api, request, responder)
+        elif path == "/metrics" and not self.local:
+            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4")], generate_latest(self.registry))
+        else:
+            await responder.respond(404, [JSON], openai_error(f"unknown route {path} on gateway {self.name}",
+                                                             "invalid_request_error", "not_found"))
+
+    async def _forward(self, api: Upstream, request: Request, responder: Responder) -> None:
+        """/api/v1, /admin and /metrics, passed to the control plane as they came (its doors decide)."""
+        headers = [(k, v) for k, v in request.head.headers if k not in HOP_BY_HOP]
+        try:
+            response = await api.request(request.head.method, request.head.target, headers, request.body,
+                                         head_timeout=FORWARD_TIMEOUT)
+        except UpstreamError as exc:
+            await responder.respond(502, [JSON], openai_error(f"the control plane did not answer: {exc}", "server_error"))
+            return
+        relay = [(k, v) for k, v in response.head.headers if k not in HOP_BY_HOP]
+        if not response.head.chunked:
+            body = await response.read(FORWARD_TIMEOUT)
+            await responder.respond(response.status, relay, body)
+            return
+        await responder.start(response.status, relay)
+        await relay_body(response, responder, self.hub, FORWARD_TIMEOUT)
+
+    async def serve(self, socks: Iterable[socket.socket], *, ssl_context: ssl.SSLContext | None = None,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Follow, wait for the first configuration, then serve on `socks` until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.run_follower)
+            await self.configured.wait()
+            await nursery.start(self.hub.run)
+            settings = self.gateway.settings
+            self.http = HttpServer(self, limits=Limits(
+                max_body=int(settings.max_body), body_timeout=float(settings.body_timeout),
+                header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)),
+                ssl_context=ssl_context)
+            listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in socks]
+            await nursery.start(self.http.serve, listeners)
+            nursery.start_soon(self.gateway.run_scraper)
+            nursery.start_soon(self.gateway.run_health_checks)
+            nursery.start_soon(self.gateway.run_disconnect_watchdog)
+            log.info("gateway %s serving (following %s)", self.name, self.follow.where())
+            task_status.started()
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port that other workers share (SO_REUSEPORT: the kernel spreads
+    new connections across every worker's socket; a dead worker's share goes to the others)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,64 @@
+"""The control plane's gateway workers (`gateway.workers: N`): N processes, each running
+`llmgw gateway --worker I` (llmgw.server.gateway.worker), each accepting on the public port with
+SO_REUSEPORT. This module owns them: each runs in the pool's nursery, one task per worker slot;
+a worker that exits for any reason (a crash, kill -9) is started again, with a backoff when it
+dies at once, while the others serve on (the kernel sends new connections to the sockets that
+are still listening). Cancelling the pool ends them all (SIGTERM, then SIGKILL)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import subprocess
+import sys
+
+import trio
+
+log = logging.getLogger("llmgw.gateway")
+
+QUICK_DEATH = 5.0  # seconds: a worker that dies sooner than this is restarted after a backoff
+BACKOFF = (0.2, 10.0)
+
+
+class WorkerPool:
+    def __init__(self, count: int, *, listen: str, feed_socket: str, log_level: str = "info", debug: bool = False) -> None:
+        self.count = count
+        self.listen = listen
+        self.feed_socket = feed_socket
+        self.log_level = log_level
+        self.debug = debug
+        self.pids: dict[int, int] = {}  # worker index → pid of its current process
+        self.restarts = 0
+
+    def command(self, index: int) -> list[str]:
+        return [sys.executable, "-m", "llmgw", *(["--debug"] if self.debug else []), "gateway",
+                "--worker", str(index), "--feed-socket", self.feed_socket, "--listen", self.listen,
+                "--log-level", self.log_level]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for index in range(self.count):
+                nursery.start_soon(self._keep, index)
+            log.info("gateway: %d worker(s) on %s", self.count, self.listen)
+            task_status.started()
+
+    async def _keep(self, index: int) -> None:
+        wait = BACKOFF[0]
+        while True:
+            started = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                process: trio.Process = await nursery.start(functools.partial(
+                    trio.run_process, self.command(index), check=False, stdin=subprocess.DEVNULL))
+                self.pids[index] = process.pid
+            code = process.returncode
+            self.pids.pop(index, None)
+            self.restarts += 1
+            quick = trio.current_time() - started < QUICK_DEATH
+            log.warning("gateway worker-%d (pid %d) exited with %s; starting it again%s", index, process.pid,
+                        f"signal {-code}" if code is not None and code < 0 else f"code {code}",
+                        f" in {wait:g}s" if quick else "")
+            if quick:
+                await trio.sleep(wait)
+                wait = min(wait * 2, BACKOFF[1])
+            else:
+                wait = BACKOFF[0]

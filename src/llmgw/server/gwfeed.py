@@ -1,0 +1,196 @@
+"""The control plane's side of the gateway feed (llmgw.wire.gateway): every gateway worker, local
+or on another machine, follows one Connect stream on which the control plane sends the catalog,
+the gateway settings and the ready endpoints, and reads back the worker's metrics.
+
+The state is kept as the encoded messages, the latest only: a worker that is slow to read gets
+the newest state when it is ready, never a queue of old ones (memory does not grow with a slow
+or stuck worker). Endpoints are re-encoded on every reconcile pass but sent only when they changed.
+
+/metrics stays one scrape: each worker sends its own metrics text every second and
+`WorkerMetrics` shows every worker's families with a `worker` label. Why aggregated here rather
+than prometheus multiprocess mode: a gateway on another machine has no shared directory with
+the control plane, multiprocess mode loses gauges' meaning (each needs a mode) and custom
+collectors (the breaker and health state), and it needs its environment before the first import.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import msgspec
+import trio
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.fleet import ChannelClosed, FleetChannel, StreamRefused
+from llmgw.wire.gateway import (
+    GatewayConfig,
+    GatewayEndpoints,
+    GatewayHello,
+    GatewayStats,
+    MessageError,
+    decode_from_gateway,
+    encode,
+)
+
+log = logging.getLogger("llmgw.gateway")
+
+HELLO_TIMEOUT = 10.0  # seconds a new stream has to say who it is
+
+
+class Follower(msgspec.Struct, kw_only=True):
+    """One connected gateway worker, as the control plane sees it."""
+
+    name: str
+    peer: str
+    pid: int = 0
+    version: str = ""
+    since: float = 0.0  # unix time it connected
+    metrics: str = ""  # its last metrics text
+    requests: int = 0
+
+
+class GatewayFeedService:
+    """Sends the latest gateway state to every follower; keeps what they report."""
+
+    def __init__(self, *, local_workers: int = 0, api_socket: str = "") -> None:
+        self.local_workers = local_workers  # the server's own workers share each model's admission
+        self.api_socket = api_socket  # where a local worker forwards /api/v1, /admin and /metrics
+        self._config = b""  # for gateways on other machines: the catalog as configured
+        self._local_config = b""  # for the server's own workers: admission divided among them
+        self._endpoints = encode(GatewayEndpoints())
+        self._changed = trio.Event()
+        self.followers: dict[int, Follower] = {}  # by stream identity (two workers may share a name)
+        self.connects = 0  # streams accepted since start (a restarted worker is one more)
+
+    # -- what the control plane publishes -------------------------------------------------------
+
+    def publish_config(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None:
+        data = encode(GatewayConfig(models=list(models), static=list(static), settings=settings))
+        n = max(1, self.local_workers)
+        local = encode(GatewayConfig(models=[divide_admission(m, n) for m in models], static=list(static),
+                                     settings=settings, api_url=self.api_socket))
+        if data != self._config or local != self._local_config:
+            self._config, self._local_config = data, local
+            self._wake()
+
+    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None:
+        data = encode(GatewayEndpoints(ready={m: sorted(eps) for m, eps in ready.items()}, keys=dict(keys)))
+        if data != self._endpoints:
+            self._endpoints = data
+            self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def served(self) -> dict[str, int]:
+        """Requests each connected worker finished (for the bench and `ctl`)."""
+        return {f.name: f.requests for f in self.followers.values()}
+
+    # -- one follower's stream --------------------------------------------------------------------
+
+    async def handle_local(self, channel: FleetChannel) -> None:
+        await self.handle(channel, local=True)
+
+    async def handle(self, channel: FleetChannel, *, local: bool = False) -> None:
+        with trio.move_on_after(HELLO_TIMEOUT):
+            first = await _receive(channel)
+        hello = _decode(first) if first is not None else None
+        if not isinstance(hello, GatewayHello):
+            raise StreamRefused("bad_hello", "a gateway stream must open with GatewayHello")
+        # A certificate's name wins over what the worker says (a remote gateway is who its certificate says).
+        name = channel.tls_identity or hello.name
+        follower = Follower(name=name, peer=channel.peer, pid=hello.pid, version=hello.version, since=time.time())
+        key = id(follower)
+        self.followers[key] = follower
+        self.connects += 1
+        log.info("gateway %s (pid %d, %s) follows the control plane", name, hello.pid, channel.peer)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_loop, channel, local)
+                while (payload := await _receive(channel)) is not None:
+                    msg = _decode(payload)
+                    if isinstance(msg, GatewayStats):
+                        follower.metrics = msg.metrics
+                        follower.requests = msg.requests
+                nursery.cancel_scope.cancel()
+        finally:
+            del self.followers[key]
+            log.info("gateway %s (pid %d) stopped following", name, hello.pid)
+
+    async def _send_loop(self, channel: FleetChannel, local: bool) -> None:
+        sent_config = sent_endpoints = b""
+        try:
+            while True:
+                changed = self._changed
+                config = self._local_config if local else self._config
+                if config and config is not sent_config:
+                    sent_config = config
+                    await channel.send(config)
+                if config and self._endpoints is not sent_endpoints:
+                    sent_endpoints = self._endpoints
+                    await channel.send(sent_endpoints)
+                await changed.wait()
+        except ChannelClosed:
+            return
+
+
+def divide_admission(model: Model, workers: int) -> Model:
+    """`model` as one of `workers` workers applies it: its in-flight cap and queue divided
+    (rounded up, so no worker is left at 0 = unlimited, and the total is at least the cap)."""
+    adm = model.admission
+    if workers <= 1 or (not adm.max_in_flight and not adm.max_queue):
+        return model
+    share = msgspec.structs.replace(adm, max_in_flight=-(-adm.max_in_flight // workers),
+                                    max_queue=-(-adm.max_queue // workers))
+    return msgspec.structs.replace(model, admission=share)
+
+
+async def _receive(channel: FleetChannel) -> bytes | None:
+    try:
+        return await channel.receive()
+    except ChannelClosed:
+        return None
+
+
+def _decode(payload: bytes) -> object:
+    try:
+        return decode_from_gateway(payload)
+    except MessageError as exc:
+        raise StreamRefused("malformed", str(exc)) from None
+
+
+class WorkerMetrics(Collector):
+    """Every follower's metrics, each sample labelled with the worker it came from."""
+
+    def __init__(self, service: GatewayFeedService, local: CollectorRegistry | None = None) -> None:
+        self.service = service
+        # The server's own gateway's metrics (unlabelled, as before workers), when it serves the port.
+        self.local = local
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for family in self.local.collect() if self.local is not None else ():
+            own = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+            own.samples = list(family.samples)
+        for follower in list(self.service.followers.values()):
+            if not follower.metrics:
+                continue
+            try:
+                parsed = list(text_string_to_metric_families(follower.metrics))
+            except ValueError as exc:
+                log.warning("gateway %s sent metrics that do not parse: %s", follower.name, exc)
+                continue
+            for family in parsed:
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                for sample in family.samples:
+                    merged.add_sample(sample.name, {**sample.labels, "worker": follower.name}, sample.value,
+                                      sample.timestamp, sample.exemplar)
+        yield from families.values()

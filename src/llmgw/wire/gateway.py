@@ -1,0 +1,82 @@
+"""The gateway feed: what the control plane tells a gateway worker, and what the worker reports.
+
+One Connect stream per worker, on the fleet transport (the same envelopes, the same h2 framing,
+path GATEWAY_PATH): a local worker dials the control plane's Unix socket, a gateway on another
+machine dials the fleet port with a gateway certificate. Pure: values in, bytes out.
+
+    worker → control plane   GatewayHello (once), GatewayStats (its metrics, every second)
+    control plane → worker   GatewayConfig (catalog models, static endpoints, gateway settings),
+                             GatewayEndpoints (ready endpoints and their engine keys)
+
+Each server message carries the whole state it describes, never a delta: a worker that missed
+one (a reconnect) is whole again with the next, and the control plane sends only the latest.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.wire.messages import MessageError, Unknown, _decode, encode
+
+GATEWAY_PATH = "/llmgw.fleet.v1.Fleet/Gateway"
+
+__all__ = [
+    "GATEWAY_PATH",
+    "GatewayConfig",
+    "GatewayEndpoints",
+    "GatewayHello",
+    "GatewayStats",
+    "MessageError",
+    "decode_from_gateway",
+    "decode_to_gateway",
+    "encode",
+]
+
+
+class _Base(msgspec.Struct, kw_only=True, omit_defaults=True):
+    pass
+
+
+class GatewayHello(_Base, tag="GatewayHello", tag_field="type"):
+    name: str  # "worker-0" for a local worker, the certificate's name for a remote gateway
+    version: str
+    pid: int = 0
+
+
+class GatewayStats(_Base, tag="GatewayStats", tag_field="type"):
+    """The worker's own metrics, in Prometheus text format; the control plane's /metrics shows
+    them with a `worker` label (one scrape for every worker)."""
+
+    metrics: str
+    requests: int = 0  # requests this worker finished since it started
+
+
+class GatewayConfig(_Base, tag="GatewayConfig", tag_field="type"):
+    models: list[Model] = []
+    static: list[StaticEndpoint] = []
+    settings: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
+    # A local worker forwards the rest of the public port (/api/v1, /admin, /metrics) here.
+    api_url: str = ""
+
+
+class GatewayEndpoints(_Base, tag="GatewayEndpoints", tag_field="type"):
+    ready: dict[str, list[str]] = {}  # model → endpoints of its ready replicas
+    keys: dict[str, str] = {}  # endpoint → the engine key of the shard behind it
+
+
+FromGateway = GatewayHello | GatewayStats
+ToGateway = GatewayConfig | GatewayEndpoints
+
+_from_decoder = msgspec.json.Decoder(FromGateway)
+_to_decoder = msgspec.json.Decoder(ToGateway)
+FROM_TYPES: frozenset[str] = frozenset(t.__struct_config__.tag for t in FromGateway.__args__)
+TO_TYPES: frozenset[str] = frozenset(t.__struct_config__.tag for t in ToGateway.__args__)
+
+
+def decode_from_gateway(payload: bytes) -> FromGateway | Unknown:
+    return _decode(payload, _from_decoder, FROM_TYPES)
+
+
+def decode_to_gateway(payload: bytes) -> ToGateway | Unknown:
+    return _decode(payload, _to_decoder, TO_TYPES)

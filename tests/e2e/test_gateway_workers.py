@@ -1,0 +1,121 @@
+"""`gateway.workers: 2`: two real worker processes accept on the server's public port
+(SO_REUSEPORT), both serve, and one killed with SIGKILL under load from OpenAI clients is started
+again while the other serves on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import openai
+
+from tests.e2e.harness import FAST_FLEET, Proc, Server, start_sim_engine, wait_until
+
+WORKERS = """\
+gateway:
+  workers: 2
+"""
+
+
+def scrape(server: Server) -> dict[str, dict[str, float]]:
+    """Per worker: its pid, whether it follows, and the requests it finished (from the one /metrics)."""
+    out: dict[str, dict[str, float]] = {}
+    for line in httpx.get(f"{server.url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("#") or 'worker="' not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        worker = name.split('worker="', 1)[1].split('"', 1)[0]
+        row = out.setdefault(worker, {"pid": 0.0, "connected": 0.0, "requests": 0.0})
+        if name.startswith("llmgw_gateway_worker_pid{"):
+            row["pid"] = float(value)
+        elif name.startswith("llmgw_gateway_control_plane_connected{"):
+            row["connected"] = float(value)
+        elif name.startswith("llmgw_requests_total{") and 'code="200"' in name:
+            row["requests"] += float(value)
+    return out
+
+
+def client(server: Server, retries: int) -> openai.OpenAI:
+    # No keep-alive: every request is a new connection, which the kernel gives to either worker.
+    http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=retries, http_client=http)
+
+
+def chat(c: openai.OpenAI, i: int) -> None:
+    r = c.chat.completions.create(model="chat", messages=[{"role": "user", "content": f"hello {i}"}], max_tokens=2)
+    assert r.choices[0].message.content
+
+
+def test_two_workers_serve_one_port_and_a_killed_one_comes_back(tmp_path: Path, procs: list[Proc]) -> None:
+    urls = []
+    for name in ("engine-a", "engine-b"):
+        proc, url = start_sim_engine(tmp_path, name, "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+        procs.append(proc)
+        urls.append(url)
+    static = "endpoints:\n" + "".join(f"  - model: chat\n    url: {u}\n" for u in urls)
+    server = Server(tmp_path, FAST_FLEET + WORKERS + static)
+    procs.append(server.start())
+    workers = wait_until(lambda: (w := scrape(server)) and len(w) == 2 and all(r["connected"] for r in w.values()) and w,
+                         "two workers following the control plane", procs=procs)
+    assert {int(r["pid"]) for r in workers.values()} - {0} and len({r["pid"] for r in workers.values()}) == 2
+
+    # Both serve: new connections spread across the two sockets.
+    c = client(server, retries=0)
+    for i in range(40):
+        chat(c, i)
+    wait_until(lambda: all(r["requests"] > 0 for r in scrape(server).values()), "both workers to have served",
+               procs=procs)
+
+    # Load from OpenAI clients, one worker killed: clients that retry see no failure at all; a
+    # client with retries off may see a reset on a connection the dead worker held (counted,
+    # reported), nothing else.
+    stop = threading.Event()
+    lock = threading.Lock()
+    counts = {"ok": 0, "reset": 0}
+    failures: list[str] = []
+
+    def load(retries: int) -> None:
+        c = client(server, retries)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                chat(c, i)
+            except openai.APIConnectionError as exc:
+                with lock:
+                    if retries:
+                        failures.append(f"retrying client: {exc!r}")
+                    else:
+                        counts["reset"] += 1
+                continue
+            except Exception as exc:
+                with lock:
+                    failures.append(f"retries={retries}: {exc!r}")
+                continue
+            with lock:
+                counts["ok"] += 1
+
+    threads = [threading.Thread(target=load, args=(retries,), daemon=True) for retries in (2, 2, 0, 0)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: counts["ok"] >= 20, "load running", procs=procs)
+        victim = "worker-0"
+        dead_pid = int(workers[victim]["pid"])
+        os.kill(dead_pid, signal.SIGKILL)
+        ok_at_kill = counts["ok"]
+        back = wait_until(lambda: (w := scrape(server)).get(victim, {}).get("connected") and
+                          w[victim]["pid"] not in (0, dead_pid) and w[victim]["requests"] > 0 and w,
+                          f"{victim} started again and serving", procs=procs)
+        wait_until(lambda: counts["ok"] >= ok_at_kill + 20, "load served after the kill", procs=procs)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert failures == [], failures
+    assert back["worker-1"]["pid"] == workers["worker-1"]["pid"]  # the other one was never restarted
+    print(f"\n{counts['ok']} requests served; {counts['reset']} reset(s) seen by clients with retries off")
+    assert "exited with signal 9; starting it again" in server.proc.log() if server.proc else True
