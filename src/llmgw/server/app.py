@@ -312,6 +312,7 @@ class ControlPlane:
             self.auth.announce()
             task_status.started(bound)
             await self.shutdown_event.wait()
+            self.followers.freeze()
             grace = float(self.operator.cfg.gateway.shutdown_grace)  # as reloaded
             log.info("shutting down: public port closed; %d request(s) in flight get up to %gs to finish",
                      sum(h.active_requests for h in self.http_servers), grace)

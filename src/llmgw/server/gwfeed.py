@@ -66,10 +66,13 @@ class GatewayFeedService:
         self._changed = trio.Event()
         self.followers: dict[int, Follower] = {}  # by stream identity (two workers may share a name)
         self.connects = 0  # streams accepted since start (a restarted worker is one more)
+        self.frozen = False
 
     # -- what the control plane publishes -------------------------------------------------------
 
     def publish_config(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None:
+        if self.frozen:
+            return
         data = encode(GatewayConfig(models=list(models), static=list(static), settings=settings))
         n = max(1, self.local_workers)
         local = encode(GatewayConfig(models=[divide_admission(m, n) for m in models], static=list(static),
@@ -79,10 +82,17 @@ class GatewayFeedService:
             self._wake()
 
     def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None:
+        if self.frozen:
+            return
         data = encode(GatewayEndpoints(ready={m: sorted(eps) for m, eps in ready.items()}, keys=dict(keys)))
         if data != self._endpoints:
             self._endpoints = data
             self._wake()
+
+    def freeze(self) -> None:
+        """The control plane is shutting down: what it tears down on the way (streams closing,
+        replicas no longer reported) is not news for the gateways, which keep the last state."""
+        self.frozen = True
 
     def _wake(self) -> None:
         self._changed.set()

@@ -17,7 +17,8 @@ from __future__ import annotations
 import msgspec
 
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
-from llmgw.wire.messages import MessageError, Unknown, _decode, encode
+from llmgw.catalog.units import dec_hook, enc_hook
+from llmgw.wire.messages import MessageError, Unknown, _decode
 
 GATEWAY_PATH = "/llmgw.fleet.v1.Fleet/Gateway"
 
@@ -68,10 +69,16 @@ class GatewayEndpoints(_Base, tag="GatewayEndpoints", tag_field="type"):
 FromGateway = GatewayHello | GatewayStats
 ToGateway = GatewayConfig | GatewayEndpoints
 
-_from_decoder = msgspec.json.Decoder(FromGateway)
-_to_decoder = msgspec.json.Decoder(ToGateway)
+# The catalog's Duration and ByteSize travel as plain numbers.
+_encoder = msgspec.json.Encoder(enc_hook=enc_hook)
+_from_decoder = msgspec.json.Decoder(FromGateway, dec_hook=dec_hook)
+_to_decoder = msgspec.json.Decoder(ToGateway, dec_hook=dec_hook)
 FROM_TYPES: frozenset[str] = frozenset(t.__struct_config__.tag for t in FromGateway.__args__)
 TO_TYPES: frozenset[str] = frozenset(t.__struct_config__.tag for t in ToGateway.__args__)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
 
 
 def decode_from_gateway(payload: bytes) -> FromGateway | Unknown:
