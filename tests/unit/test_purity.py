@@ -43,6 +43,8 @@ PURE = [
     "llmgw.fabric.ibnetdiscover",
     "llmgw.fabric.analysis",
     "llmgw.fabric.subnet",
+    "llmgw.fabric.perftest",
+    "llmgw.fabric.railtest",
     "llmgw.placement",
     "llmgw.placement.gpus",
     "llmgw.placement.single",

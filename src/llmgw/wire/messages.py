@@ -288,7 +288,28 @@ class LogChunk(_Base, tag="LogChunk", tag_field="type"):
     error: str = ""
 
 
-AgentMessage = Register | Heartbeat | ShardStatus | Progress | Fabrics | DiscoverResult | LogChunk
+# The phases of a FabricTestResult: "progress" (a note on the way: installing perftest), "ready"
+# (the server side listens on tcp_port; the client may start), "done" (the run ended, ok or not).
+FABRIC_TEST_PHASES = ("progress", "ready", "done")
+
+
+class FabricTestResult(_Base, tag="FabricTestResult", tag_field="type"):
+    """One side of an ib_write_bw run, for the `FabricTest` with the same request_id. The raw
+    output travels, never parsed here (the server parses: llmgw.fabric.perftest)."""
+
+    request_id: str
+    phase: str = "done"  # FABRIC_TEST_PHASES
+    ok: bool = False
+    tcp_port: int = 0  # ready: where the server side listens for the client
+    gid_index: int = -1  # RoCE: the RoCE v2 GID index this side chose (-x); -1 on InfiniBand
+    exit_code: int | None = None
+    duration: float = 0.0
+    output: str = ""  # what ib_write_bw printed (stdout then stderr's tail), capped
+    error: str = ""  # why not ok: not installed and could not install, timed out and killed, exit status
+    notes: list[str] = []  # what the operator should hear: "installed perftest with apt-get (41 s)"
+
+
+AgentMessage = Register | Heartbeat | ShardStatus | Progress | Fabrics | DiscoverResult | LogChunk | FabricTestResult
 
 
 # ---- server → agent ---------------------------------------------------------------------
@@ -360,7 +381,34 @@ class LogCancel(_Base, tag="LogCancel", tag_field="type"):
     request_id: str
 
 
-ServerMessage = Welcome | Start | Stop | Drain | Discover | LogTail | LogCredit | LogCancel
+FABRIC_TEST_ROLES = ("server", "client")
+
+
+class FabricTest(_Base, tag="FabricTest", tag_field="type"):
+    """Run one side of `ib_write_bw` through one local port (needs FEATURE_FABRIC_TEST): the
+    server side answers "ready" with its TCP port once it listens, the client side dials
+    server_host:server_port; both answer "done" with what perftest printed. The agent chooses
+    the RoCE v2 GID index itself and kills a run (its process group) past `timeout`."""
+
+    request_id: str
+    role: str  # FABRIC_TEST_ROLES
+    device: str  # "mlx5_0"
+    port: int = 1
+    server_host: str = ""  # client: the server side's address
+    server_port: int = 0  # client: the TCP port the server side said it listens on
+    size: int = 65536  # bytes per message (-s); both sides must agree
+    iterations: int = 5000  # -n
+    timeout: float = 60.0
+
+
+class FabricTestCancel(_Base, tag="FabricTestCancel", tag_field="type"):
+    """Stop a FabricTest still running (its partner failed): killed, answered "done" with an error."""
+
+    request_id: str
+
+
+ServerMessage = (Welcome | Start | Stop | Drain | Discover | LogTail | LogCredit | LogCancel | FabricTest
+                 | FabricTestCancel)
 
 
 class Unknown(msgspec.Struct, frozen=True):

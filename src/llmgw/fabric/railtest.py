@@ -1,0 +1,140 @@
+"""`ctl fabric-test A B`'s pure core: which adapter of A is tested against which of B, and the grade.
+
+Pairing follows NCCL's rail-to-rail rule (NCCL_CROSS_NIC=0, its default on rail-optimised fabrics):
+the Nth usable port of a fabric on A talks to the Nth usable port of the same fabric on B. The usable
+ports are the ones the agents advertise (FabricStatus.ports, in NCCL_IB_HCA order), so the test
+measures exactly the links a multi-node engine would use; a port left out of a fabric (down,
+missing) is the doctor's finding, and here a rail with no partner, graded crit.
+
+Each rail is graded against the slower of its two ports' rates (the heartbeat's sysfs `rate`) with
+verdict.grade_ratio: ok ≥ 90 %, warn ≥ 70 %, crit below or when the run failed. 90 % because a
+healthy link measures 92-98 % of its signalling rate with ib_write_bw (tests/fixtures/real/perftest:
+392.34 of 400 Gb/s NDR, 92.40 of 100 Gb/s RoCE, 196.69 of 200 Gb/s NDR200). Pure: values in, values out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from llmgw.fabric.perftest import Table
+from llmgw.verdict import Status, exit_code, grade_ratio, worst
+from llmgw.wire.messages import FabricStatus
+
+
+class Rail(msgspec.Struct, frozen=True, kw_only=True):
+    index: int  # 0-based, across fabrics
+    fabric: str
+    kind: str  # infiniband | roce
+    a: str  # "mlx5_0:1", the client side
+    b: str  # the server side ("" when A's port has no partner)
+    expected_gbps: float = 0.0  # the slower port's rate: what the rail can carry
+    a_gbps: float = 0.0  # each port's own rate
+    b_gbps: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.fabric}#{self.index}"
+
+
+class RailResult(msgspec.Struct, kw_only=True, omit_defaults=False):
+    rail: int
+    fabric: str
+    a: str
+    b: str
+    measured_gbps: float | None = None
+    peak_gbps: float | None = None
+    expected_gbps: float = 0.0
+    ratio: float | None = None
+    status: str = Status.UNKNOWN.value
+    detail: str = ""  # why not ok, one line
+    size: int = 0  # the message size measured
+    duration: float = 0.0
+    notes: list[str] = []  # what the agents said on the way (perftest installed, GID index chosen)
+
+
+def split_port(name: str) -> tuple[str, int]:
+    """`mlx5_0:1` → ("mlx5_0", 1)."""
+    device, _, number = name.partition(":")
+    return device, int(number) if number.isdigit() else 1
+
+
+def pair_rails(a: Sequence[FabricStatus], b: Sequence[FabricStatus],
+               a_rates: Mapping[str, float], b_rates: Mapping[str, float]) -> tuple[list[Rail], list[str]]:
+    """The rails between two nodes, in test order, and why there are none (one line each).
+
+    `a_rates` / `b_rates`: "mlx5_0/1" → the port's rate in Gb/s from the latest heartbeat.
+    Ethernet (TCP-only) fabrics have no RDMA rail to test.
+    """
+    rails: list[Rail] = []
+    problems: list[str] = []
+    b_by_name = {s.name: s for s in b if s.usable and s.kind in ("infiniband", "roce")}
+    index = 0
+    for fabric in a:
+        if not fabric.usable or fabric.kind not in ("infiniband", "roce"):
+            continue
+        other = b_by_name.get(fabric.name)
+        if other is None:
+            problems.append(f"fabric {fabric.name}: usable on A, not on B")
+            continue
+        for i in range(max(len(fabric.ports), len(other.ports))):
+            pa = fabric.ports[i] if i < len(fabric.ports) else ""
+            pb = other.ports[i] if i < len(other.ports) else ""
+            ra = a_rates.get(pa.replace(":", "/"), 0.0) if pa else 0.0
+            rb = b_rates.get(pb.replace(":", "/"), 0.0) if pb else 0.0
+            expected = min(r for r in (ra, rb) if r > 0) if ra > 0 or rb > 0 else 0.0
+            rails.append(Rail(index=index, fabric=fabric.name, kind=fabric.kind, a=pa, b=pb, expected_gbps=expected,
+                              a_gbps=ra, b_gbps=rb))
+            index += 1
+    if not rails and not problems:
+        problems.append("no usable InfiniBand or RoCE fabric on both nodes")
+    return rails, problems
+
+
+def grade(rail: Rail, table: Table | None, error: str = "", *, ok_at: float = 0.9, warn_at: float = 0.7) -> RailResult:
+    """One rail's result: the client's table against the rail's expected rate."""
+    out = RailResult(rail=rail.index, fabric=rail.fabric, a=rail.a, b=rail.b, expected_gbps=rail.expected_gbps)
+    if not rail.a or not rail.b:
+        out.status = Status.CRIT.value
+        missing = "A" if not rail.a else "B"
+        out.detail = f"no partner on {missing}: the fabric has fewer usable ports there (see `ctl doctor`)"
+        return out
+    if error:
+        out.status = Status.CRIT.value
+        out.detail = error
+        return out
+    best = table.result if table is not None else None
+    if best is None:
+        out.status = Status.CRIT.value
+        extra = f" ({table.warnings[-1]})" if table is not None and table.warnings else ""
+        out.detail = "ib_write_bw printed no result row" + extra
+        return out
+    out.measured_gbps = best.average_gbps
+    out.peak_gbps = best.peak_gbps
+    out.size = best.size
+    status = grade_ratio(best.average_gbps, rail.expected_gbps, ok_at=ok_at, warn_at=warn_at)
+    out.status = status.value
+    if rail.expected_gbps > 0:
+        out.ratio = round(best.average_gbps / rail.expected_gbps, 4)
+    if status is Status.UNKNOWN:
+        out.detail = "the ports' rate is not known (no heartbeat reading): measured, not graded"
+    elif status is not Status.OK:
+        out.detail = (f"{best.average_gbps:g} Gb/s is {out.ratio:.0%} of the link's {rail.expected_gbps:g} Gb/s "
+                      f"(ok from {ok_at:.0%}): check the cable and both ports' counters")
+    elif rail.a_gbps > 0 and rail.b_gbps > 0 and rail.a_gbps != rail.b_gbps:
+        # The rail carries what its slower port allows, but one end runs below the other: a
+        # degraded cable (1X instead of 4X) looks exactly like this.
+        out.status = Status.WARN.value
+        slow = ("A", rail.a, rail.a_gbps) if rail.a_gbps < rail.b_gbps else ("B", rail.b, rail.b_gbps)
+        out.detail = (f"the ports differ: {slow[1]} on {slow[0]} runs at {slow[2]:g} Gb/s, its partner at "
+                      f"{max(rail.a_gbps, rail.b_gbps):g} (a degraded link?); measured {best.average_gbps:g} Gb/s")
+    return out
+
+
+def overall(results: Sequence[RailResult]) -> tuple[str, int]:
+    """The run's status and exit code (Nagios): the worst rail's; no rail at all is unknown."""
+    if not results:
+        return Status.UNKNOWN.value, exit_code([Status.UNKNOWN])
+    statuses = [Status(r.status) for r in results]
+    return worst(statuses).value, exit_code(statuses)
