@@ -99,15 +99,19 @@ class ApiClient:
     def get(self, path: str) -> Any:
         return self.request("GET", path)
 
-    def stream_lines(self, path: str) -> Iterator[str]:
-        """The lines of a streamed answer as they come (`ctl logs -f`): no read timeout, since a
-        quiet engine writes nothing for minutes; a slow reader simply reads slower, and the
-        server and the node wait for it (their buffers are bounded)."""
+    def stream_lines(self, path: str, *, method: str = "GET", body: Any = None) -> Iterator[str]:
+        """The lines of a streamed answer as they come (`ctl logs -f`, `ctl fabric-test`): no read
+        timeout, since a quiet engine writes nothing for minutes; a slow reader simply reads
+        slower, and the server and the node wait for it (their buffers are bounded)."""
+        content = None if body is None else msgspec.json.encode(body)
         try:
-            with self._client.stream("GET", path, timeout=httpx.Timeout(self._client.timeout.connect, read=None)) as response:
+            with self._client.stream(method, path, content=content,
+                                     headers={"content-type": "application/json"} if body is not None else None,
+                                     timeout=httpx.Timeout(self._client.timeout.connect, read=None)) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise ApiError(f"GET {path}: HTTP {response.status_code}: {_error_message(response)}", response.status_code)
+                    raise ApiError(f"{method} {path}: HTTP {response.status_code}: {_error_message(response)}",
+                                   response.status_code)
                 yield from response.iter_lines()
         except httpx.HTTPError as exc:
             if isinstance(exc, httpx.ConnectError):

@@ -15,6 +15,7 @@ import trio
 
 from llmgw import __version__
 from llmgw.agent.backoff import Backoff
+from llmgw.agent.fabric_test import FabricTester
 from llmgw.agent.fabric_tools import MAX_QUEUED, FabricTools
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import first_leaf
@@ -86,6 +87,7 @@ class Agent:
         cert_not_after: float = 0.0,
         outbox_capacity: int = OUTBOX_CAPACITY,
         tools: FabricTools | None = None,
+        tester: FabricTester | None = None,
     ) -> None:
         self.cfg = cfg
         self.node_id = cfg.node_id or socket.gethostname()
@@ -93,6 +95,7 @@ class Agent:
         self.dialer = dialer
         self.engines = engines or NoEngines()
         self.tools = tools  # ibnetdiscover / saquery for the server; None: not offered
+        self.tester = tester  # ib_write_bw for `ctl fabric-test`; None: not offered
         self.backoff = Backoff(cfg.backoff.initial, cfg.backoff.max, rng)
         self.heartbeat_interval = float(cfg.heartbeat_interval)
         self.cert_not_after = cert_not_after
@@ -157,7 +160,8 @@ class Agent:
         register = m.Register(
             node_id=self.node_id,
             version=__version__,
-            features=list(self.engines.features) + (self.tools.features if self.tools else []),
+            features=(list(self.engines.features) + (self.tools.features if self.tools else [])
+                      + (self.tester.features if self.tester and inventory.ports else [])),
             inventory=inventory,
             fabrics=declared.advertised(statuses),
             fabric_status=statuses,
@@ -196,12 +200,16 @@ class Agent:
             nursery.start_soon(self._heartbeats, channel, send, inventory)
             if self.tools is not None:
                 nursery.start_soon(self.tools.serve, discover_receive, send)
+            if self.tester is not None:
+                nursery.start_soon(self.tester.serve, send)
             if not isinstance(first, m.Welcome):
                 await self._dispatch(first, send)
             while True:
                 msg = await self._receive(channel)
                 if isinstance(msg, m.Discover):
                     self._discover(msg, discover_send, send)
+                elif isinstance(msg, m.FabricTest | m.FabricTestCancel):
+                    self._fabric_test(msg, send, bool(inventory.ports))
                 else:
                     await self._dispatch(msg, send)
 
@@ -235,6 +243,14 @@ class Agent:
         except trio.WouldBlock:
             answer.error = f"busy: {MAX_QUEUED} fabric tool runs already queued"
             send(answer)
+
+    def _fabric_test(self, msg: m.FabricTest | m.FabricTestCancel, send: Callable[[msgspec.Struct], None],
+                     has_ports: bool) -> None:
+        if self.tester is not None and self.tester.features and has_ports:
+            self.tester.accept(msg, send)
+        elif isinstance(msg, m.FabricTest):
+            send(m.FabricTestResult(request_id=msg.request_id, error="this agent runs no fabric tests (no RDMA port, "
+                                    "or no ib_write_bw and no way to install perftest)"))
 
     def _check_fabrics(self, ports: list[m.Port]) -> list[m.FabricStatus]:
         """The declared fabrics against these ports; a change from the last check is logged

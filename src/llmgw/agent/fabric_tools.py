@@ -172,3 +172,8 @@ def _kill_group(proc: trio.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
+
+
+# For the other tools an agent runs for the server (agent/fabric_test.py: ib_write_bw).
+run_tool = _run
+safe_device = _safe_device

@@ -15,6 +15,7 @@ from pathlib import Path
 import trio
 
 from llmgw.agent.agent import Agent, make_dialer
+from llmgw.agent.fabric_test import FabricTester
 from llmgw.agent.fabric_tools import FabricTools
 from llmgw.agent.hardware import DiscoveredHardware
 from llmgw.agent.launch_env import LaunchFacts
@@ -80,6 +81,8 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
         engines=supervisor,
         cert_not_after=not_after,
         tools=FabricTools(cfg.discovery.tools_dir),
+        tester=FabricTester(cfg.fabric_test, cfg.discovery.tools_dir,
+                            ports=lambda: hardware.last.ports if hardware.last else []),
     )
     log.info("llmgw agent for node %s, server %s, work dir %s", agent.node_id, cfg.server, cfg.work_dir)
     async with trio.open_nursery() as nursery:

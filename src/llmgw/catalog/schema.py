@@ -321,6 +321,16 @@ class Discovery(_Config):
     tools_dir: str = ""
 
 
+class FabricTestSettings(_Config):
+    """`ctl fabric-test` on this node: ib_write_bw is looked for in discovery.tools_dir, then PATH."""
+
+    # Install perftest the first time a test needs ib_write_bw and it is missing, with apt-get or
+    # dnf as /etc/os-release says (found on PATH; the agent must be allowed to install packages).
+    install: bool = True
+    os_release: str = "/etc/os-release"
+    install_timeout: Duration = Duration(600)
+
+
 class FabricDecl(_Config):
     name: str
     kind: Literal["infiniband", "roce", "ethernet"] = "infiniband"
@@ -381,3 +391,4 @@ class AgentConfig(_Config):
     # (0.0.0.0 is allowed, with a warning at start): an engine's port is not the gateway's.
     bind_host: str = ""
     engine_health: EngineHealth = msgspec.field(default_factory=EngineHealth)
+    fabric_test: FabricTestSettings = msgspec.field(default_factory=FabricTestSettings)

@@ -10,6 +10,7 @@ from llmgw.catalog.units import format_duration
 from llmgw.cli.cert import cert
 from llmgw.cli.day2 import events, logs
 from llmgw.cli.drain import cordon, drain, uncordon
+from llmgw.cli.fabric_test import fabric_test
 from llmgw.cli.fabrics import fabrics
 from llmgw.cli.progress import LinesUnder, progress_line
 from llmgw.cli.render import console, make_table, output_option, print_json, say, styled_state, text
@@ -291,6 +292,7 @@ def hash_secret(secret: str | None) -> None:
 
 ctl.add_command(cert)
 ctl.add_command(fabrics)
+ctl.add_command(fabric_test)
 ctl.add_command(events)
 ctl.add_command(logs)
 ctl.add_command(cordon)

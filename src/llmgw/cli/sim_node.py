@@ -64,6 +64,9 @@ from llmgw.sim.profiles import BASE, PROFILES
 @click.option("--server", default="", help="Server URL to put in agent.yaml.")
 @click.option("--fabric", "fabric_dir", default="", type=click.Path(file_okay=False),
               help="A `llmgw sim fabric --out` directory: stand-in ibnetdiscover and saquery in bin/ print it.")
+@click.option("--bandwidth", "bandwidth", multiple=True, metavar="DEV=GBPS",
+              help="Gb/s the stand-in ib_write_bw measures through this adapter (repeatable; "
+                   "default 96 %% of its rate): a slow rail for `ctl fabric-test`.")
 @click.option("--force", is_flag=True, help="Replace a simulated node already in --dir.")
 @output_option
 @click.pass_context
@@ -87,6 +90,7 @@ def node(
     roce_fabric: str,
     server: str,
     fabric_dir: str,
+    bandwidth: tuple[str, ...],
     force: bool,
     output: str,
 ) -> None:
@@ -117,6 +121,7 @@ def node(
         roce_fabric=roce_fabric,
         **chosen,  # type: ignore[arg-type]
         fabric=fabric_dir,
+        bandwidth=_bandwidths(bandwidth),
     )
     result = write_node(directory, spec, force=force)
     if output == "json":
@@ -145,6 +150,19 @@ def node(
         out.print(make_table(("PORT", "LINK", "RATE", "NETDEV", "LID", "NODE GUID", ""), rows))
     for name in spec.absent:
         out.print(f"  {name} is declared in agent.yaml's fabrics but absent")
+
+
+def _bandwidths(items: tuple[str, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        device, sep, figure = item.partition("=")
+        try:
+            out[device] = float(figure)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: write it DEV=GBPS, like mlx5_2=150", param_hint="--bandwidth") from None
+        if not sep or not device:
+            raise click.BadParameter(f"{item!r}: write it DEV=GBPS, like mlx5_2=150", param_hint="--bandwidth")
+    return out
 
 
 @node.command("set-port")

@@ -27,6 +27,7 @@ from llmgw.catalog.units import enc_hook
 from llmgw.server.auth import Auth, Door
 from llmgw.server.drain import DrainView
 from llmgw.server.events import QUERY_LIMIT, EventLog, EventQuery
+from llmgw.server.fabric_test import FabricTests, Refused
 from llmgw.server.logs import EngineLogs
 from llmgw.server.operator import ReloadResult
 from llmgw.server.views import ReadModel
@@ -75,9 +76,10 @@ class PublicHandler:
     def __init__(self, *, reads: ReadModel, actions: Actions, auth: Auth, gateway: Clients,
                  render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True,
                  events: EventLog | None = None, engine_logs: EngineLogs | None = None,
-                 pages: Handler | None = None) -> None:
+                 pages: Handler | None = None, fabric_tests: FabricTests | None = None) -> None:
         self.reads = reads
         self.pages = pages  # /admin/* (server/admin/pages.py): checks the viewer door itself
+        self.fabric_tests = fabric_tests  # POST /api/v1/fabric-tests
         self.events = events  # GET /api/v1/events
         self.engine_logs = engine_logs  # GET /api/v1/replicas/{replica}/logs
         self.actions = actions
@@ -268,6 +270,49 @@ class PublicHandler:
             await send_json(call.responder, 200, view)
 
 
+    async def fabric_test(self, call: Call) -> None:
+        """`ctl fabric-test A B`: ib_write_bw rail by rail. Refused at once (before anything is sent to
+        a node) with the reason; otherwise NDJSON, one line per step as it happens, the report last."""
+        if self.fabric_tests is None:
+            await send_error(call.responder, 404, "fabric tests are not served here", "not_found")
+            return
+        try:
+            body = msgspec.json.decode(call.request.body or b"{}", type=FabricTestRequest)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await send_error(call.responder, 400, f"fabric test request: {exc} (send {{\"a\": NODE, \"b\": NODE}})",
+                             "bad_request")
+            return
+        try:
+            self.fabric_tests.check(body.a, body.b)
+        except Refused as exc:
+            await send_error(call.responder, exc.status, str(exc), _REFUSED_CODES.get(exc.status, "conflict"))
+            return
+        log.info("fabric test %s → %s requested by %s", body.a, body.b, call.who)
+        await call.responder.start(200, [(b"content-type", b"application/x-ndjson")])
+
+        async def emit(event: dict) -> None:
+            await call.responder.send(_json.encode(event) + b"\n")
+
+        try:
+            report = await self.fabric_tests.run(body.a, body.b, emit, rail_timeout=body.timeout, size=body.size,
+                                                 iterations=body.iterations)
+        except Refused as exc:  # the fleet changed between the check and the start
+            report = {"event": "done", "a": body.a, "b": body.b, "status": "unknown", "exit_code": 3,
+                      "error": str(exc), "rails": []}
+        await call.responder.end(_json.encode(report) + b"\n")
+
+
+class FabricTestRequest(msgspec.Struct, forbid_unknown_fields=True):
+    a: str
+    b: str
+    timeout: float = 60.0
+    size: int = 65536
+    iterations: int = 5000
+
+
+_REFUSED_CODES = {400: "bad_request", 404: "not_found", 409: "conflict", 503: "unavailable"}
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     """One API request as a handler sees it: who passed the door, path parameters, the time."""
@@ -322,6 +367,7 @@ API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("POST", "nodes/{node}/cordon", Door.OPERATOR, PublicHandler.cordon),
     ApiRoute("POST", "nodes/{node}/uncordon", Door.OPERATOR, PublicHandler.uncordon),
     ApiRoute("POST", "nodes/{node}/drain", Door.OPERATOR, PublicHandler.drain),
+    ApiRoute("POST", "fabric-tests", Door.OPERATOR, PublicHandler.fabric_test),
 )
 
 

@@ -41,6 +41,7 @@ from llmgw.server.drain import Drainer, MarkStore
 from llmgw.server.events import EventFeeds, EventLog, RecordingObserver, chain
 from llmgw.server.fabric_service import FabricCollector, FabricService
 from llmgw.server.fabric_store import FabricStore
+from llmgw.server.fabric_test import FabricTests
 from llmgw.server.fleet_service import FleetService, Session
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.gateway.workers import WorkerPool
@@ -206,6 +207,8 @@ class ControlPlane:
         # The fabric map: asks agents on the same streams, keeps its history in the state dir.
         self.fabrics = FabricService(self.registry, sessions, FabricStore(cfg.state_dir), cfg.fabric)
         self.metrics.registry.register(FabricCollector(self.fabrics))
+        # `ctl fabric-test`: ib_write_bw between two nodes' agents, over the same streams.
+        self.fabric_tests = FabricTests(self.registry, lambda: sessions)
         self.fleet = FleetService(
             self.registry,
             self.metrics,
@@ -219,6 +222,7 @@ class ControlPlane:
             sessions=sessions,
             on_discover=self.fabrics.on_result,
             log_hub=self.log_hub,
+            fabric_tests=self.fabric_tests,
         )
         fleet_ctx = None if cfg.tls is None else fleet_ssl_context(cfg)
         self.fleet_tls = fleet_ctx is not None
@@ -258,7 +262,8 @@ class ControlPlane:
         """One listener's routes (the public port; the admin listener serves no clients)."""
         return PublicHandler(reads=self.reads, actions=self.operator, auth=self.auth, gateway=self.gateway,
                              render_metrics=self.metrics.render, clients=clients, admin=admin,
-                             events=self.events, engine_logs=self.engine_logs, pages=self.admin_pages)
+                             events=self.events, engine_logs=self.engine_logs, pages=self.admin_pages,
+                             fabric_tests=self.fabric_tests)
 
     async def run(
         self,

@@ -49,6 +49,13 @@ class FleetObserver(Protocol):
     def transitions(self, items: list[Transition]) -> None: ...
 
 
+class FabricTestRoutes(Protocol):
+    """Where FabricTestResults go (server/fabric_test.py)."""
+
+    def on_result(self, node_id: str, msg: m.FabricTestResult) -> None: ...
+    def node_gone(self, node_id: str) -> None: ...
+
+
 class Session:
     """One live stream to a node: how to send to it and how to end it."""
 
@@ -95,9 +102,11 @@ class FleetService:
         sessions: dict[str, Session] | None = None,
         on_discover: Callable[[str, m.DiscoverResult], None] | None = None,
         log_hub: LogHub | None = None,
+        fabric_tests: FabricTestRoutes | None = None,
     ) -> None:
         self.outbox_capacity = outbox_capacity
         self.log_hub = log_hub  # engine log chunks go to their readers (`ctl logs`)
+        self.fabric_tests = fabric_tests  # ib_write_bw results go to the test that asked (`ctl fabric-test`)
         self.caps = caps or Caps()
         self.heartbeat_rate = heartbeat_rate
         self.refusals = refusal_log or RefusalLog(log)
@@ -243,6 +252,8 @@ class FleetService:
                 self._drained.set()
                 if self.log_hub is not None:
                     self.log_hub.node_gone(node_id)
+                if self.fabric_tests is not None:
+                    self.fabric_tests.node_gone(node_id)
             t = self.registry.disconnect(node_id, number, self.clock(), reason)
             if t is not None:
                 if self.observer is not None:
@@ -343,6 +354,10 @@ class FleetService:
                 registry.seen(node_id, session.number, now)
                 if self.on_discover is not None:
                     self.on_discover(node_id, msg)
+            elif isinstance(msg, m.FabricTestResult):
+                registry.seen(node_id, session.number, now)
+                if self.fabric_tests is not None:
+                    self.fabric_tests.on_result(node_id, msg)
             elif isinstance(msg, m.LogChunk):
                 registry.seen(node_id, session.number, now)
                 if self.log_hub is not None:

@@ -92,6 +92,8 @@ class NodeSpec(msgspec.Struct, kw_only=True):
     ib_fabric: str = "ib"  # the fabric names agent.yaml declares (nodes sharing one name share the fabric)
     roce_fabric: str = "roce"
     fabric: str = ""  # a `llmgw sim fabric --out` directory: stand-in ibnetdiscover/saquery print it
+    # Gb/s the stand-in ib_write_bw measures through an adapter (default: 96 % of its rate).
+    bandwidth: dict[str, float] = {}
 
 
 class WrittenPort(msgspec.Struct, kw_only=True):
@@ -238,6 +240,10 @@ def validate(spec: NodeSpec) -> None:
     for name in spec.absent:
         if name in present or not re.fullmatch(r"[A-Za-z0-9_]+", name):
             raise UsageError(f"--absent-adapter {name!r}: name an adapter this node does not have ({', '.join(present)} exist)")
+    for name, gbps in spec.bandwidth.items():
+        if name not in present or not 0 <= gbps <= 10_000:
+            raise UsageError(f"--bandwidth {name}={gbps:g}: name an adapter of this node ({', '.join(present) or 'none'}) "
+                             "and a figure in Gb/s from 0 to 10000")
     for name in spec.init_ports:
         if name not in present:
             raise UsageError(f"--init-port {name!r}: no such adapter ({', '.join(present) or 'none'})")
@@ -422,8 +428,8 @@ def agent_config_text(spec: NodeSpec, root: str) -> str:
         fabrics[0]["devices"] = [*(ib or roce), *spec.absent]  # declared, not there
     if fabrics:
         data["fabrics"] = fabrics
-    if spec.fabric:
-        discovery["tools_dir"] = os.path.join(root, "bin")
+    if spec.fabric or rdma_devices(spec):
+        discovery["tools_dir"] = os.path.join(root, "bin")  # stand-in ib_write_bw (and fabric tools)
     data["discovery"] = discovery
     header = f"# Written by `llmgw sim node` for {spec.node_id}: run `llmgw agent --config {os.path.join(root, 'agent.yaml')}`.\n"
     text = header + yaml.safe_dump(data, sort_keys=False)
@@ -507,6 +513,8 @@ def write_node(directory: str, spec: NodeSpec, force: bool = False) -> NodeResul
             from llmgw.sim.fabric import write_standins
 
             write_standins(os.path.join(root, "bin"), os.path.abspath(spec.fabric))
+        if rdma_devices(spec):
+            write_perftest_standin(root, spec.bandwidth)
         atomic_write(os.path.join(root, "agent.yaml"), config_text.encode())
     except OSError as exc:
         raise UsageError(
@@ -527,6 +535,27 @@ def write_node(directory: str, spec: NodeSpec, force: bool = False) -> NodeResul
         nvlink=spec.nvlink,
         ports=plan.ports,
     )
+
+
+PERFTEST_STANDIN = """#!/bin/sh
+# Written by `llmgw sim node`: a stand-in ib_write_bw that pairs with its peer over TCP and prints
+# perftest's table for this node's adapters (llmgw/sim/perftest.py).
+exec {python} -m llmgw.sim.perftest {node} "$@"
+"""
+
+
+def write_perftest_standin(root: str, bandwidth: dict[str, float]) -> None:
+    import shlex
+    import sys
+
+    from llmgw.sim.perftest import SETTINGS_FILE
+
+    bin_dir = os.path.join(root, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    atomic_write(os.path.join(root, SETTINGS_FILE),
+                 msgspec.json.encode({"bandwidth_gbps": bandwidth}) + b"\n")
+    script = PERFTEST_STANDIN.format(python=shlex.quote(sys.executable), node=shlex.quote(root))
+    atomic_write(os.path.join(bin_dir, "ib_write_bw"), script.encode(), mode=0o755)
 
 
 def set_port(directory: str, device: str, port: int, state: str) -> str:

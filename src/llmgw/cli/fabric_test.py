@@ -1,0 +1,120 @@
+"""`llmgw ctl fabric-test A B`: measure every rail between two nodes with ib_write_bw, from one terminal.
+
+The server runs it over the agents' streams (server/fabric_test.py); this command starts it, prints
+each step on stderr as it happens, then a table (or `-o json`) and exits as a Nagios plugin: 0 every
+rail ok, 1 a rail at warn, 2 a rail crit or failed, 3 the test could not run (a node not connected,
+an agent without the feature, the server unreachable).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from llmgw.cli.render import console, make_table, output_option, print_json, say, text
+from llmgw.errors import LlmgwError
+
+GRADE_STYLES = {"ok": "green", "warn": "yellow", "crit": "red", "unknown": "magenta"}
+
+
+class CouldNotRun(LlmgwError):
+    """The test did not run: the Nagios 'unknown' exit."""
+
+    exit_code = 3
+
+
+def _gbps(value: Any) -> str:
+    return "-" if value is None else f"{value:g} Gb/s"
+
+
+def _progress(event: dict[str, Any]) -> str:
+    kind = event.get("event")
+    if kind == "start":
+        return f"testing {len(event.get('rails') or [])} rails: {event.get('a')} (client) → {event.get('b')} (server)"
+    if kind == "rail_start":
+        return f"rail {event.get('rail')} ({event.get('fabric')}): {event.get('a')} → {event.get('b')} ..."
+    if kind == "rail":
+        line = f"rail {event.get('rail')}: {_gbps(event.get('measured_gbps'))} of {_gbps(event.get('expected_gbps'))}: {event.get('status')}"
+        return line + (f" ({event['detail']})" if event.get("detail") else "")
+    if kind == "note":
+        return f"{event.get('node')}: {event.get('message')}"
+    return str(event.get("message") or "")
+
+
+def render(report: dict[str, Any]) -> None:
+    rows = []
+    for r in report.get("rails") or []:
+        ratio = r.get("ratio")
+        rows.append((
+            f"{r.get('fabric')}#{r.get('rail')}",
+            r.get("a") or "-",
+            r.get("b") or "-",
+            _gbps(r.get("measured_gbps")),
+            _gbps(r.get("expected_gbps") or None),
+            "-" if ratio is None else f"{ratio:.0%}",
+            text(r.get("status"), GRADE_STYLES.get(str(r.get("status")), "")),
+            r.get("detail") or "",
+        ))
+    out = console()
+    a, b = report.get("a"), report.get("b")
+    out.print(make_table(["RAIL", f"ADAPTER {a}", f"ADAPTER {b}", "MEASURED", "EXPECTED", "RATIO", "GRADE", "DETAIL"], rows))
+    counts: dict[str, int] = {}
+    for r in report.get("rails") or []:
+        counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    out.print(text(f"fabric test {a} → {b}: {report.get('status')} ({summary or 'no rails'})",
+                   GRADE_STYLES.get(str(report.get("status")), "")))
+
+
+@click.command("fabric-test")
+@click.argument("node_a")
+@click.argument("node_b")
+@click.option("--rail-timeout", type=click.FloatRange(1, 600), default=60.0, show_default=True,
+              help="Seconds one rail's ib_write_bw may run before it is killed.")
+@click.option("--size", type=click.IntRange(1, 1 << 30), default=65536, show_default=True, help="Message size (-s).")
+@click.option("--iterations", type=click.IntRange(1, 10_000_000), default=5000, show_default=True, help="Iterations (-n).")
+@output_option
+@click.pass_context
+def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: float, size: int, iterations: int,
+                output: str) -> None:
+    """Measure every rail between two nodes: ib_write_bw, adapter by adapter (the Nth of A to the
+    Nth of B, as NCCL pairs them), one rail at a time, each graded against its link's rate (ok from
+    90 %, warn from 70 %, crit below or failed). NODE_B runs the server side.
+
+    \b
+    Exit codes: 0 all ok, 1 a warn, 2 a crit, 3 could not run.
+    llmgw ctl fabric-test gpu-01 gpu-02
+    """
+    from llmgw.api_client import ApiError
+
+    client = ctx.obj["api"]()
+    body = {"a": node_a, "b": node_b, "timeout": rail_timeout, "size": size, "iterations": iterations}
+    report: dict[str, Any] | None = None
+    try:
+        for line in client.stream_lines("/api/v1/fabric-tests", method="POST", body=body):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                raise LlmgwError(f"the server sent a line that is not JSON: {line[:200]}") from None
+            if event.get("event") == "done":
+                report = event
+            else:
+                say(_progress(event), stderr=True)
+    except ApiError as exc:
+        if exc.status in (404, 409, 503):
+            raise CouldNotRun(f"fabric test {node_a} → {node_b} refused: {exc}") from None
+        raise
+    if report is None:
+        raise CouldNotRun(f"fabric test {node_a} → {node_b}: the server ended the answer without a report")
+    if output == "json":
+        print_json(report)
+    else:
+        render(report)
+        if report.get("error"):
+            say(report["error"], stderr=True)
+    sys.exit(int(report.get("exit_code", 3)))

@@ -1,0 +1,236 @@
+"""`ctl fabric-test A B`, the server's side: run ib_write_bw rail by rail between two nodes' agents.
+
+`POST /api/v1/fabric-tests {"a": A, "b": B}` (operator door) pairs the rails (fabric/railtest.py:
+the Nth usable port of each fabric on A with the Nth on B, as NCCL does) and, one rail at a time
+so two runs never share a link:
+
+1. sends B's agent `FabricTest(role=server)` for its port and waits for "ready" with the TCP port
+   its ib_write_bw listens on;
+2. sends A's agent `FabricTest(role=client)` with B's address (its endpoint host, the management
+   address) and that port, and waits for "done";
+3. grades the client's table against the rail's link rate; if the client failed, B's run is
+   cancelled (killed there) instead of waiting out its timeout.
+
+A test is refused at once, before anything is sent, when a node is unknown, not connected, or its
+agent does not list `fabric-test` in Register.features (an agent too old to answer would only
+time out). Every wait has a deadline (the rail timeout plus GRACE; an agent installing perftest
+says so and gets INSTALL_WAIT); a node whose stream ends fails its rail at once. Progress goes to
+the caller as NDJSON lines while the test runs (`emit`), then the report.
+
+Results are matched by request id and node: an unsolicited FabricTestResult is dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import msgspec
+import trio
+
+from llmgw.fabric.perftest import parse
+from llmgw.fabric.railtest import Rail, RailResult, grade, overall, pair_rails, split_port
+from llmgw.server.registry import NodeRegistry
+from llmgw.wire import messages as m
+
+log = logging.getLogger("llmgw.server.fabric_test")
+
+GRACE = 10.0  # beyond the run's own timeout: the agent's queue, the stream, perftest's start
+INSTALL_WAIT = 660.0  # an agent installing perftest (its fabric_test.install_timeout, 600 s, and GRACE)
+DEFAULT_TIMEOUT = 60.0
+MAX_TIMEOUT = 600.0
+QUEUE = 8  # results in flight per request (progress, ready, done)
+
+
+class Refused(Exception):
+    """The test cannot start (one line for the operator) with an HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Route(msgspec.Struct):
+    node_id: str
+    channel: trio.MemorySendChannel[m.FabricTestResult]
+
+
+class FabricTests:
+    def __init__(self, registry: NodeRegistry, sessions: Callable[[], Mapping[str, Any]]) -> None:
+        self.registry = registry
+        self.sessions = sessions  # node id → its live fleet session (FleetService.sessions)
+        self.routes: dict[str, _Route] = {}
+        self._ids = itertools.count(1)
+        self._lock = trio.Lock()  # one test at a time per server: two would share links and skew both
+
+    # ---- from the fleet streams -------------------------------------------------------------------
+
+    def on_result(self, node_id: str, msg: m.FabricTestResult) -> None:
+        """From a stream's reader: never blocks it."""
+        route = self.routes.get(msg.request_id)
+        if route is None or route.node_id != node_id:
+            log.info("node %s: a FabricTestResult nobody asked for (%s); dropped", node_id, msg.request_id[:40])
+            return
+        try:
+            route.channel.send_nowait(msg)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            log.warning("node %s: more fabric test results than expected for %s; dropped one", node_id, msg.request_id[:40])
+
+    def node_gone(self, node_id: str) -> None:
+        """The node's stream ended: whatever waits on it ends now, not at its deadline."""
+        for request_id, route in list(self.routes.items()):
+            if route.node_id == node_id:
+                route.channel.close()
+                del self.routes[request_id]
+
+    # ---- the test ----------------------------------------------------------------------------------
+
+    def check(self, a: str, b: str) -> list[Rail]:
+        """The rails to test, or Refused with the reason (nothing has been sent yet)."""
+        if a == b:
+            raise Refused(400, f"fabric-test needs two different nodes (got {a} twice)")
+        sessions = self.sessions()
+        for node_id in (a, b):
+            node = self.registry.get(node_id)
+            if node is None:
+                raise Refused(404, f"no node {node_id!r} has registered with this server")
+            session = sessions.get(node_id)
+            if session is None or node.state != "ready":
+                raise Refused(503, f"node {node_id} is not connected ({node.state}{': ' + node.reason if node.reason else ''});"
+                                   " its agent must be up to run its side of the test")
+            if not session.supports(m.FEATURE_FABRIC_TEST):
+                raise Refused(409, f"the agent on {node_id} (version {node.version or 'unknown'}) does not run fabric "
+                                   "tests: it has no RDMA port, no ib_write_bw and no way to install perftest, or is too "
+                                   "old; see its log")
+        node_a, node_b = self.registry.get(a), self.registry.get(b)
+        assert node_a is not None and node_b is not None
+        rails, problems = pair_rails(node_a.fabric_status, node_b.fabric_status, _rates(node_a), _rates(node_b))
+        if not rails:
+            raise Refused(409, f"no rail to test between {a} and {b}: {'; '.join(problems)}")
+        return rails
+
+    async def run(self, a: str, b: str, emit: Callable[[dict[str, Any]], Awaitable[None]], *,
+                  rail_timeout: float = DEFAULT_TIMEOUT, size: int = 65536, iterations: int = 5000) -> dict[str, Any]:
+        """Test every rail between A (client) and B (server); `emit` gets each step as it happens."""
+        rails = self.check(a, b)
+        timeout = min(max(float(rail_timeout), 1.0), MAX_TIMEOUT)
+        if self._lock.locked():
+            await emit({"event": "waiting", "message": "another fabric test is running; this one starts after it"})
+        async with self._lock:
+            await emit({"event": "start", "a": a, "b": b, "rails": [msgspec.to_builtins(r) for r in rails]})
+            results: list[RailResult] = []
+            for rail in rails:
+                await emit({"event": "rail_start", "rail": rail.index, "fabric": rail.fabric, "a": rail.a, "b": rail.b})
+                result = await self._rail(a, b, rail, emit, timeout, size, iterations)
+                results.append(result)
+                await emit({"event": "rail", **msgspec.to_builtins(result)})
+        status, code = overall(results)
+        log.info("fabric test %s → %s: %s (%s)", a, b, status,
+                 ", ".join(f"{r.fabric}#{r.rail} {r.status}" for r in results))
+        return {"event": "done", "a": a, "b": b, "status": status, "exit_code": code,
+                "rails": [msgspec.to_builtins(r) for r in results]}
+
+    async def _rail(self, a: str, b: str, rail: Rail, emit: Callable[[dict[str, Any]], Awaitable[None]],
+                    limit: float, size: int, iterations: int) -> RailResult:
+        timeout = limit
+        if not rail.a or not rail.b:
+            return grade(rail, None)
+        base = f"ft-{next(self._ids)}-{secrets.token_hex(4)}"
+        notes: list[str] = []
+        b_dev, b_port = split_port(rail.b)
+        a_dev, a_port = split_port(rail.a)
+        async with self._asking(b, base + "-s") as (server_id, server_results):
+            self._send(b, m.FabricTest(request_id=server_id, role="server", device=b_dev, port=b_port, size=size,
+                                       iterations=iterations, timeout=timeout + GRACE))
+            ready = await self._wait(b, server_results, timeout, notes, emit, want="ready")
+            if ready is None or not ready.ok or ready.phase != "ready":
+                why = _why(b, ready, "did not start its ib_write_bw server")
+                return _with(grade(rail, None, why), notes)
+            host = self._host(b)
+            async with self._asking(a, base + "-c") as (client_id, client_results):
+                self._send(a, m.FabricTest(request_id=client_id, role="client", device=a_dev, port=a_port,
+                                           server_host=host, server_port=ready.tcp_port, size=size,
+                                           iterations=iterations, timeout=timeout))
+                done = await self._wait(a, client_results, timeout, notes, emit, want="done")
+            if done is None or not done.ok:
+                self._send(b, m.FabricTestCancel(request_id=server_id))
+                return _with(grade(rail, parse(done.output) if done else None, _why(a, done, "ran no client")), notes)
+            server_done = await self._wait(b, server_results, GRACE, notes, emit, want="done")
+        table = parse(done.output)
+        if table.result is None and server_done is not None:
+            table = parse(server_done.output)  # the server side prints the same table
+        result = _with(grade(rail, table), notes)
+        result.duration = done.duration
+        return result
+
+    def _host(self, node_id: str) -> str:
+        node = self.registry.get(node_id)
+        return (node.endpoint_host or node.address.rpartition(":")[0].strip("[]")) if node else ""
+
+    def _send(self, node_id: str, msg: msgspec.Struct) -> None:
+        session = self.sessions().get(node_id)
+        if session is not None:
+            session.send(msg)
+
+    def _asking(self, node_id: str, request_id: str) -> _Asking:
+        return _Asking(self, node_id, request_id)
+
+    async def _wait(self, node_id: str, results: trio.MemoryReceiveChannel[m.FabricTestResult], within: float,
+                    notes: list[str], emit: Callable[[dict[str, Any]], Awaitable[None]], *,
+                    want: str) -> m.FabricTestResult | None:
+        """The next result of phase `want` (or a failure), None at the deadline or when the node is gone."""
+        limit = within + GRACE
+        while True:
+            with trio.move_on_after(limit):
+                try:
+                    msg = await results.receive()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    return m.FabricTestResult(request_id="", error=f"the stream to {node_id} ended during the test")
+                for note in msg.notes:
+                    if note not in notes:
+                        notes.append(note)
+                        await emit({"event": "note", "node": node_id, "message": note})
+                if msg.phase == "progress":
+                    limit = INSTALL_WAIT  # installing perftest: minutes, said once
+                    continue
+                if msg.phase == want or not msg.ok:
+                    return msg
+                continue
+            return None
+
+
+class _Asking:
+    """A request id routed to this test while the block runs, forgotten after it."""
+
+    def __init__(self, tests: FabricTests, node_id: str, request_id: str) -> None:
+        self.tests, self.node_id, self.request_id = tests, node_id, request_id
+        self.send, self.receive = trio.open_memory_channel[m.FabricTestResult](QUEUE)
+
+    async def __aenter__(self) -> tuple[str, trio.MemoryReceiveChannel[m.FabricTestResult]]:
+        self.tests.routes[self.request_id] = _Route(self.node_id, self.send)
+        return self.request_id, self.receive
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.tests.routes.pop(self.request_id, None)
+        self.send.close()
+
+
+def _rates(node: Any) -> dict[str, float]:
+    """"mlx5_0/1" → Gb/s, the heartbeat's reading (the Register's inventory before the first one)."""
+    rates = {f"{p.device}/{p.port}": p.rate_gbps for p in node.inventory.ports}
+    rates.update({key: reading.rate_gbps for key, reading in node.ports.items() if reading.rate_gbps})
+    return rates
+
+
+def _why(node_id: str, msg: m.FabricTestResult | None, what: str) -> str:
+    if msg is None:
+        return f"{node_id} {what} in time (no answer before the deadline)"
+    return f"{node_id}: {msg.error or what}"
+
+
+def _with(result: RailResult, notes: list[str]) -> RailResult:
+    result.notes = list(notes)
+    return result

@@ -1,0 +1,133 @@
+"""`llmgw ctl fabric-test A B` end to end: a real server, two real agents on simulated nodes whose
+stand-in ib_write_bw really pair over TCP, the real CLI.
+
+Every rail is reported, the slow one (a `sim node --bandwidth` adapter on B only, so it shows
+only when B's server side and A's client side run on the right adapters and meet) is flagged, the
+exit code follows the worst rail; an agent without the feature is refused at once; a viewer or an
+API key cannot start a test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.harness import (
+    FAST_AGENT,
+    FAST_FLEET,
+    Proc,
+    Server,
+    bearer,
+    make_sim_node,
+    run_llmgw,
+    start_agent,
+    wait_until,
+)
+
+NO_INSTALL = FAST_AGENT + "fabric_test:\n  install: false\n"
+
+
+def ready(server: Server, *node_ids: str) -> bool:
+    nodes = server.nodes()
+    return all(n in nodes and nodes[n]["state"] == "ready" and nodes[n]["heartbeats"] >= 1 for n in node_ids)
+
+
+def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: list[Proc]) -> None:
+    server = Server(tmp_path, FAST_FLEET)
+    procs.append(server.start())
+    a = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--ib-ports", "4")
+    # B's third adapter moves 150 of its 400 Gb/s (crit), its second 330 (82 %: warn).
+    b = make_sim_node(tmp_path, "gpu-02", server.fleet_url, FAST_AGENT, "--ib-ports", "4",
+                      "--bandwidth", "mlx5_2=150", "--bandwidth", "mlx5_1=330")
+    procs += [start_agent(tmp_path, "gpu-01", a), start_agent(tmp_path, "gpu-02", b)]
+    wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready with a heartbeat", procs=procs)
+
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "-o", "json", timeout=120)
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)  # a crit rail: Nagios critical
+    report = json.loads(result.stdout)
+    assert (report["a"], report["b"], report["status"], report["exit_code"]) == ("gpu-01", "gpu-02", "crit", 2)
+    rails = report["rails"]
+    assert [(r["a"], r["b"]) for r in rails] == [(f"mlx5_{i}:1", f"mlx5_{i}:1") for i in range(4)]  # rail to rail
+    assert [r["status"] for r in rails] == ["ok", "warn", "crit", "ok"]
+    assert [r["measured_gbps"] for r in rails] == [384.0, 330.0, 150.0, 384.0]  # 96 % of 400 where healthy
+    assert all(r["expected_gbps"] == 400.0 for r in rails)
+    assert rails[2]["ratio"] == 0.375 and "check the cable" in rails[2]["detail"]
+    # Progress went to stderr as it happened, one line per rail.
+    assert result.stderr.count("rail ") >= 8 and "testing 4 rails" in result.stderr, result.stderr
+
+    table = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", env={"COLUMNS": "250"}, timeout=120)
+    assert table.returncode == 2, table.stderr
+    lines = [line for line in table.stdout.splitlines() if line.startswith("ib#")]
+    assert len(lines) == 4, table.stdout
+    assert "150 Gb/s" in lines[2] and "crit" in lines[2] and "38%" in lines[2]
+    assert "warn" in lines[1] and "ok" in lines[0]
+    assert "fabric test gpu-01 → gpu-02: crit (1 crit, 2 ok, 1 warn)" in table.stdout
+
+    # The same pair the other way round: the slow adapter is now on the client side, and still found.
+    reverse = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", "-o", "json", timeout=120)
+    assert [r["status"] for r in json.loads(reverse.stdout)["rails"]] == ["ok", "warn", "crit", "ok"]
+
+
+def test_all_ok_exits_0_and_roce_picks_its_gid_index(tmp_path: Path, procs: list[Proc]) -> None:
+    server = Server(tmp_path, FAST_FLEET)
+    procs.append(server.start())
+    args = ("--ib-ports", "0", "--roce-ports", "2")
+    procs += [start_agent(tmp_path, n, make_sim_node(tmp_path, n, server.fleet_url, FAST_AGENT, *args))
+              for n in ("gpu-01", "gpu-02")]
+    wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "-o", "json", timeout=120)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    report = json.loads(result.stdout)
+    assert [(r["fabric"], r["status"], r["measured_gbps"]) for r in report["rails"]] == [("roce", "ok", 192.0)] * 2
+    # Each agent chose the RoCE v2 GID with the IPv4 address (index 3 in the simulated table) and said so.
+    assert "mlx5_0/1: RoCE v2 GID index 3" in report["rails"][0]["notes"]
+    assert "RoCE v2 GID index 3" in result.stderr
+
+
+def test_refused_at_once_without_the_feature_and_behind_the_operator_door(tmp_path: Path, procs: list[Proc]) -> None:
+    viewer, operator, key = "viewer-8d1f", "operator-77ac", "sk-client-19e0"
+    digest = lambda s: "sha256:" + hashlib.sha256(s.encode()).hexdigest()  # noqa: E731
+    credentials = (f'gateway:\n  api_keys: ["{digest(key)}"]\napi:\n  viewer_tokens: ["{digest(viewer)}"]\n'
+                   f'  operator_tokens: ["{digest(operator)}"]\n')
+    server = Server(tmp_path, FAST_FLEET + credentials, token=viewer)
+    procs.append(server.start())
+    good = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--ib-ports", "2")
+    old = make_sim_node(tmp_path, "gpu-02", server.fleet_url, NO_INSTALL, "--ib-ports", "2")
+    (tmp_path / "gpu-02" / "bin" / "ib_write_bw").unlink()  # no perftest, and not allowed to install it
+    procs += [start_agent(tmp_path, "gpu-01", good), start_agent(tmp_path, "gpu-02", old)]
+    wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
+    assert "fabric-test" in server.get("/api/v1/nodes/gpu-01")["features"]
+    assert "fabric-test" not in server.get("/api/v1/nodes/gpu-02")["features"]
+
+    started = time.monotonic()
+    result = run_llmgw("ctl", "--server", server.url, "--token", operator, "fabric-test", "gpu-01", "gpu-02")
+    took = time.monotonic() - started
+    assert result.returncode == 3, (result.stdout, result.stderr)  # could not run: Nagios unknown
+    [line] = result.stderr.strip().splitlines()
+    assert "the agent on gpu-02" in line and "does not run fabric tests" in line, line
+    assert took < 20, took  # refused, not timed out (the rail timeout is 60 s)
+    assert "ib_write_bw" not in procs[1].log()  # gpu-01 was never asked to start anything
+
+    # An unknown node, and one that is not connected: refused, with the reason.
+    missing = run_llmgw("ctl", "--server", server.url, "--token", operator, "fabric-test", "gpu-01", "gpu-09")
+    assert missing.returncode == 3 and "no node 'gpu-09'" in missing.stderr
+    procs[2].stop()
+    wait_until(lambda: server.nodes()["gpu-02"]["state"] != "ready", "gpu-02 to go", procs=procs[:2])
+    gone = run_llmgw("ctl", "--server", server.url, "--token", operator, "fabric-test", "gpu-01", "gpu-02")
+    assert gone.returncode == 3 and "node gpu-02 is not connected" in gone.stderr, gone.stderr
+
+    # Only an operator starts a test: a viewer reads, an API key reaches /v1 only.
+    body = {"a": "gpu-01", "b": "gpu-02"}
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        r = http.post("/api/v1/fabric-tests", json=body, headers=bearer(viewer))
+        assert r.status_code == 403 and "may read the fleet but not change it" in r.json()["error"]["message"]
+        for headers in (bearer(key), {}):
+            assert http.post("/api/v1/fabric-tests", json=body, headers=headers).status_code == 401
+        bad = http.post("/api/v1/fabric-tests", content=b"[1]", headers=bearer(operator))
+        assert bad.status_code == 400 and "fabric test request" in bad.json()["error"]["message"]
+    viewer_ctl = run_llmgw("ctl", "--server", server.url, "--token", viewer, "fabric-test", "gpu-01", "gpu-02")
+    assert viewer_ctl.returncode == 1 and "HTTP 403" in viewer_ctl.stderr

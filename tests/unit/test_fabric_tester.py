@@ -1,0 +1,169 @@
+"""The agent's side of `ctl fabric-test`, with real processes: perftest installed the first time with
+the package manager /etc/os-release names (a stand-in `apt-get` on PATH, so nothing is installed),
+the arguments perftest gets (RoCE: -x with the RoCE v2 GID index), a hung ib_write_bw killed with
+its children at the timeout, the server side's readiness read from the kernel's socket table."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from llmgw.agent.fabric_test import FabricTester, install_command, listening, os_family
+from llmgw.catalog.schema import FabricTestSettings
+from llmgw.fabric.perftest import parse
+from llmgw.wire import messages as m
+
+TABLE = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+         " 65536      5000             392.38             392.34 \t\t     0.748336\n")
+
+
+def script(path: Path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+IB = m.Port(device="mlx5_0", port=1, link_layer="InfiniBand", rate_gbps=400.0)
+ROCE = m.Port(device="mlx5_4", port=1, link_layer="Ethernet", rate_gbps=200.0, roce_v2_ipv4_gid_index=3)
+
+
+def client(device: str = "mlx5_0", timeout: float = 30.0) -> m.FabricTest:
+    return m.FabricTest(request_id="t1", role="client", device=device, server_host="10.0.0.2", server_port=18515,
+                        timeout=timeout)
+
+
+async def run(tester: FabricTester, req: m.FabricTest) -> list[msgspec.Struct]:
+    sent: list[msgspec.Struct] = []
+    await tester.run(req, sent.append)
+    return sent
+
+
+def test_os_release_names_the_package_manager() -> None:
+    rocky = 'NAME="Rocky Linux"\nID="rocky"\nID_LIKE="rhel centos fedora"\n'
+    which = {"apt-get": "/usr/bin/apt-get", "dnf": "/usr/bin/dnf"}.get
+    assert os_family(rocky) == ["rocky", "rhel", "centos", "fedora"]
+    assert install_command(rocky, which) == ["/usr/bin/dnf", "install", "-y", "perftest"]
+    assert install_command("ID=pop\nID_LIKE='ubuntu debian'\n", which) == [
+        "/usr/bin/apt-get", "install", "-y", "--no-install-recommends", "perftest"]
+    assert install_command("ID=arch\n", which) is None
+    assert install_command("ID=debian\n", lambda name: None) is None  # no apt-get on PATH: cannot install
+
+
+def test_listening_reads_proc_net_tcp() -> None:
+    text = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+            "   0: 00000000:4853 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1 1\n"
+            "   1: 0100007F:1F90 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 2 1\n")
+    assert listening(text, 0x4853) and not listening(text, 0x1F90) and not listening(text, 1)
+
+
+async def test_missing_perftest_is_installed_with_apt_get_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "apt-get.args"
+    # The stand-in apt-get "installs" an ib_write_bw that prints a table and its arguments.
+    package = tmp_path / "package"
+    package.mkdir()
+    rows = "".join(f"echo '{line}'\n" for line in TABLE.splitlines())
+    script(package / "ib_write_bw", f'echo "args: $*"\n{rows}')
+    script(bin_dir / "apt-get", f'echo "$@" > {record}\n/bin/cp -p {package}/ib_write_bw {bin_dir}/ib_write_bw')
+    os_release = tmp_path / "os-release"
+    os_release.write_text('PRETTY_NAME="Debian GNU/Linux 12"\nID=debian\n')
+    monkeypatch.setenv("PATH", str(bin_dir))
+    tester = FabricTester(FabricTestSettings(install=True, os_release=str(os_release)), ports=lambda: [IB])
+    assert tester.path is None and tester.features == [m.FEATURE_FABRIC_TEST]  # it can run one: it can install
+
+    progress, done = await run(tester, client())
+    assert isinstance(progress, m.FabricTestResult) and progress.phase == "progress"
+    assert progress.notes == ["ib_write_bw missing: installing perftest with apt-get"]
+    assert isinstance(done, m.FabricTestResult) and done.phase == "done" and done.ok, done
+    assert record.read_text().split() == ["install", "-y", "--no-install-recommends", "perftest"]
+    assert done.notes[0].startswith("installed perftest with apt-get (")
+    assert parse(done.output).result is not None and parse(done.output).result.average == 392.34  # type: ignore[union-attr]
+    assert "-d mlx5_0 -i 1 -p 18515 -s 65536 -n 5000 -F --report_gbits 10.0.0.2" in done.output
+    # Installed once: the next test runs it directly.
+    record.unlink()
+    [again] = await run(tester, client())
+    assert isinstance(again, m.FabricTestResult) and again.ok and not record.exists()
+
+
+async def test_an_install_that_gives_no_ib_write_bw_fails_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script(tmp_path / "apt-get", 'echo "E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)" >&2\nexit 100')
+    (tmp_path / "os-release").write_text("ID=ubuntu\n")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    tester = FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release")), ports=lambda: [IB])
+    _, done = await run(tester, client())
+    assert isinstance(done, m.FabricTestResult) and not done.ok
+    assert "installing perftest with apt-get did not give ib_write_bw (exit status 100: E: Could not open lock" in done.error
+
+
+def test_without_ib_write_bw_or_an_installer_the_feature_is_not_advertised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    (tmp_path / "os-release").write_text("ID=debian\n")
+    assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == []
+    script(tmp_path / "apt-get", "exit 0")
+    assert FabricTester(FabricTestSettings(install=False, os_release=str(tmp_path / "os-release"))).features == []
+    assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == [m.FEATURE_FABRIC_TEST]
+
+
+async def test_roce_gets_the_roce_v2_gid_index_and_a_port_without_one_is_refused(tmp_path: Path) -> None:
+    script(tmp_path / "ib_write_bw", 'echo "args: $*"')
+    tester = FabricTester(FabricTestSettings(install=False), str(tmp_path),
+                          ports=lambda: [IB, ROCE, m.Port(device="mlx5_5", port=1, link_layer="Ethernet")])
+    [done] = await run(tester, client("mlx5_4"))
+    assert isinstance(done, m.FabricTestResult) and done.ok and done.gid_index == 3
+    assert done.output.split()[-3:] == ["-x", "3", "10.0.0.2"] and done.notes == ["mlx5_4/1: RoCE v2 GID index 3"]
+    [no_gid] = await run(tester, client("mlx5_5"))
+    assert isinstance(no_gid, m.FabricTestResult) and "has no RoCE v2 GID with an IPv4 address" in no_gid.error
+    [absent] = await run(tester, client("mlx5_9"))
+    assert isinstance(absent, m.FabricTestResult) and absent.error == "this node has no RDMA port mlx5_9/1"
+    [bad] = await run(tester, m.FabricTest(request_id="t", role="client", device="mlx5_0", server_host="-oProxy", server_port=1))
+    assert isinstance(bad, m.FabricTestResult) and "not a host name" in bad.error
+
+
+async def test_a_hung_ib_write_bw_is_killed_with_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    script(tmp_path / "ib_write_bw", f"sleep 300 &\necho $! > {pid_file}\nwait")
+    tester = FabricTester(FabricTestSettings(install=False), str(tmp_path), ports=lambda: [IB])
+    started = time.monotonic()
+    [done] = await run(tester, client(timeout=1.0))
+    assert isinstance(done, m.FabricTestResult) and not done.ok
+    assert done.error == "ib_write_bw did not finish within 1s; killed"
+    assert time.monotonic() - started < 20
+    child = int(pid_file.read_text())
+    try:
+        os.kill(child, 0)
+        with open(f"/proc/{child}/stat") as fh:
+            assert fh.read().rsplit(")", 1)[1].split()[0] == "Z", "the child outlived the kill"
+    except ProcessLookupError:
+        pass
+
+
+async def test_the_server_side_says_ready_once_it_listens(tmp_path: Path) -> None:
+    """A stand-in that listens on its -p port (as perftest does) and exits when a client connects."""
+    import sys
+
+    import trio
+
+    server_py = tmp_path / "serve.py"
+    server_py.write_text("import socket, sys\nport = int(sys.argv[sys.argv.index('-p') + 1])\n"
+                         "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                         "s.bind(('127.0.0.1', port)); s.listen(1); c, _ = s.accept(); print('served', port)\n")
+    script(tmp_path / "ib_write_bw", f'exec {sys.executable} {server_py} "$@"')
+    tester = FabricTester(FabricTestSettings(install=False), str(tmp_path), ports=lambda: [IB])
+    sent: list[msgspec.Struct] = []
+    req = m.FabricTest(request_id="s1", role="server", device="mlx5_0", timeout=30)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tester.run, req, sent.append)
+        while not sent:
+            await trio.sleep(0.02)
+        [ready] = sent
+        assert isinstance(ready, m.FabricTestResult) and ready.phase == "ready" and ready.tcp_port > 0
+        stream = await trio.open_tcp_stream("127.0.0.1", ready.tcp_port)
+        await stream.aclose()
+    done = sent[-1]
+    assert isinstance(done, m.FabricTestResult) and done.phase == "done" and done.ok
+    assert done.output.strip() == f"served {ready.tcp_port}"
