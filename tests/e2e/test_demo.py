@@ -89,6 +89,14 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
             reader.join(timeout=30)
             follow.send_signal(signal.SIGINT)
             assert first and first[0].startswith("=== llmgw: starting"), first  # the supervisor's first line
+        # The printed `ctl fabric-test` measures every rail between the two nodes and grades it (issue 14).
+        test_line = next(line.strip() for line in text.splitlines() if " fabric-test " in line)
+        test_args = shlex.split(test_line)
+        tested = run_llmgw(*test_args[test_args.index("ctl"):], env={**as_operator, "COLUMNS": "250"}, timeout=120)
+        assert tested.returncode == 0, (tested.stdout, tested.stderr)
+        rails = [line for line in tested.stdout.splitlines() if line.startswith("ib#")]
+        assert len(rails) == 4 and all(" ok " in line for line in rails), tested.stdout
+        assert "fabric test gpu-01 → gpu-02: ok (4 ok)" in tested.stdout
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
         assert len(processes_under(work)) >= 8  # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
     finally:
