@@ -5,7 +5,6 @@ its children at the timeout, the server side's readiness read from the kernel's 
 
 from __future__ import annotations
 
-import os
 import stat
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from llmgw.agent.fabric_test import FabricTester, install_command, listening, os
 from llmgw.catalog.schema import FabricTestSettings
 from llmgw.fabric.perftest import parse
 from llmgw.wire import messages as m
+from tests.e2e.harness import pid_alive
 
 TABLE = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
          " 65536      5000             392.38             392.34 \t\t     0.748336\n")
@@ -133,13 +133,7 @@ async def test_a_hung_ib_write_bw_is_killed_with_its_children(tmp_path: Path) ->
     assert isinstance(done, m.FabricTestResult) and not done.ok
     assert done.error == "ib_write_bw did not finish within 1s; killed"
     assert time.monotonic() - started < 20
-    child = int(pid_file.read_text())
-    try:
-        os.kill(child, 0)
-        with open(f"/proc/{child}/stat") as fh:
-            assert fh.read().rsplit(")", 1)[1].split()[0] == "Z", "the child outlived the kill"
-    except ProcessLookupError:
-        pass
+    assert not pid_alive(int(pid_file.read_text())), "the child outlived the kill"
 
 
 async def test_the_server_side_says_ready_once_it_listens(tmp_path: Path) -> None:
@@ -154,16 +148,15 @@ async def test_the_server_side_says_ready_once_it_listens(tmp_path: Path) -> Non
                          "s.bind(('127.0.0.1', port)); s.listen(1); c, _ = s.accept(); print('served', port)\n")
     script(tmp_path / "ib_write_bw", f'exec {sys.executable} {server_py} "$@"')
     tester = FabricTester(FabricTestSettings(install=False), str(tmp_path), ports=lambda: [IB])
-    sent: list[msgspec.Struct] = []
+    send, receive = trio.open_memory_channel[msgspec.Struct](4)
     req = m.FabricTest(request_id="s1", role="server", device="mlx5_0", timeout=30)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(tester.run, req, sent.append)
-        while not sent:
-            await trio.sleep(0.02)
-        [ready] = sent
+        nursery.start_soon(tester.run, req, send.send_nowait)
+        with trio.fail_after(30):
+            ready = await receive.receive()
         assert isinstance(ready, m.FabricTestResult) and ready.phase == "ready" and ready.tcp_port > 0
         stream = await trio.open_tcp_stream("127.0.0.1", ready.tcp_port)
         await stream.aclose()
-    done = sent[-1]
+    done = receive.receive_nowait()
     assert isinstance(done, m.FabricTestResult) and done.phase == "done" and done.ok
     assert done.output.strip() == f"served {ready.tcp_port}"
