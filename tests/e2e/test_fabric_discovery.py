@@ -5,6 +5,7 @@ its adapters by node, sees a cable degrade and the master fail over without spli
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import httpx
@@ -93,3 +94,30 @@ def test_discovery_failover_and_a_degraded_cable(tmp_path: Path, procs: list[Pro
         assert words in one.stdout
     missing = ctl(server.url, "fabrics", "0xdeadbeef")
     assert missing.returncode == 1 and "no fabric" in missing.stderr
+
+
+def test_a_dump_past_the_servers_message_limit_is_refused_by_the_agent_not_the_stream(
+        tmp_path: Path, procs: list[Proc]) -> None:
+    """The server reads messages up to fleet.max_message (256 KiB here) and says so in its Welcome;
+    an ibnetdiscover dump whose compressed form would not fit comes back as an error naming that
+    limit, and the node's stream stays up (a message past the limit would end it at the server)."""
+    fabric_dir = tmp_path / "fabric"
+    make_fabric(fabric_dir)
+    big = (fabric_dir / "ibnetdiscover.txt").read_text() + "# " + os.urandom(512 * 1024).hex() + "\n"
+    (fabric_dir / "ibnetdiscover.txt").write_text(big)  # about 1 MB that compresses to about half
+    server = Server(tmp_path, FABRIC_FAST)
+    procs.append(server.start())
+    config = make_sim_node(tmp_path, "node-1", server.fleet_url, "", "--ib-ports", "2", "--fabric", str(fabric_dir))
+    agent = start_agent(tmp_path, "node-1", config)
+    procs.append(agent)
+
+    def refused() -> str | None:
+        fabrics = server.get("/api/v1/fabrics")
+        failed = [p["message"] for f in fabrics for p in f["problems"] if p["kind"] == "tool_failed"]
+        return failed[0] if failed else None
+
+    message = wait_until(refused, "the oversized dump answered with an error", procs=procs)
+    assert "ibnetdiscover" in message and "the server's fleet.max_message is 262,144 bytes" in message, message
+    assert server.nodes()["node-1"]["connected"] is True
+    assert agent.log().count("registered as node-1") == 1, agent.log()[-2000:]
+    assert "exceeds the limit" not in server.proc.log()  # type: ignore[union-attr]

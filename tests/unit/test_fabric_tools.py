@@ -89,7 +89,18 @@ async def test_failures_say_why(tools_dir: Path) -> None:
 async def test_output_past_the_cap_is_not_sent(tools_dir: Path) -> None:
     tool(tools_dir, "ibnetdiscover", "head -c 300000 /dev/urandom | od -x")
     result = await FabricTools(str(tools_dir), data_cap=1000).run(m.Discover(request_id="r", tool=m.TOOL_IBNETDISCOVER))
-    assert not result.ok and result.truncated and result.data == b"" and "more than this agent sends" in result.error
+    assert not result.ok and result.truncated and result.data == b"" and "more than one message to the server carries" in result.error
+
+
+def test_the_cap_follows_the_smaller_message_limit(tools_dir: Path) -> None:
+    tools = FabricTools(str(tools_dir))
+    tools.fit(256 * 1024, 4 * 1024 * 1024)  # the server's is smaller
+    assert tools.data_cap == (256 * 1024 - fabric_tools.ENVELOPE_ROOM) * 3 // 4
+    assert tools.cap_note == "the server's fleet.max_message is 262,144 bytes"
+    tools.fit(64 * 1024 * 1024, 0)  # a bigger limit never raises the configured cap
+    assert tools.data_cap == fabric_tools.DATA_CAP and tools.cap_note == ""
+    tools.fit(0, 1024 * 1024)  # an old server says nothing: this end's own limit still holds
+    assert tools.data_cap == (1024 * 1024 - fabric_tools.ENVELOPE_ROOM) * 3 // 4
 
 
 async def test_missing_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -183,6 +183,11 @@ class Agent:
             first = await self._receive(channel)
             if isinstance(first, m.Welcome):
                 self.heartbeat_interval = first.heartbeat_interval
+                if self.tools is not None:
+                    # What one message may carry: the server's limit (a bigger one ends the
+                    # stream there) and this end's own (a bigger one is refused here).
+                    own = getattr(channel.connection, "max_message", 0)
+                    self.tools.fit(first.max_message, own)
                 log.info(
                     "registered as %s with server %s (heartbeat every %gs)",
                     self.node_id,

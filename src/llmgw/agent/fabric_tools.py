@@ -8,6 +8,10 @@ killed with its whole process group. Requests run one at a time (an ibnetdiscove
 large fabric sends thousands of MADs; two at once only slow each other); a queue of MAX_QUEUED
 bounds what waits, and a request past it is answered "busy" at once.
 
+What one result may carry follows the server: its Welcome names the largest message it reads
+(fleet.max_message), and output whose compressed form would not fit in one is answered with an
+error saying so, instead of a message that would end the stream at the server (`fit`).
+
 An agent advertises `discover` only when it finds both tools (in `discovery.tools_dir`, then on
 PATH); without them it says which is missing, once, and the server never asks it.
 """
@@ -33,6 +37,7 @@ log = logging.getLogger("llmgw.agent.fabric")
 TEXT_CAP = 64 * 1024 * 1024  # raw output read at most: a 4,000-node, 8-rail fabric prints 12 MB
 COMPRESS_ABOVE = 64 * 1024
 DATA_CAP = 2_500_000  # compressed bytes sent at most: base64 makes it 3.3 MB, under the 4 MiB message limit
+ENVELOPE_ROOM = 8192  # a DiscoverResult's fields besides its data (the error's stderr tail, JSON-escaped)
 STDERR_TAIL = 2048
 MAX_QUEUED = 4
 MAX_TIMEOUT = 600.0
@@ -50,11 +55,26 @@ def find_tool(name: str, tools_dir: str = "") -> str | None:
 class FabricTools:
     def __init__(self, tools_dir: str = "", *, data_cap: int = DATA_CAP) -> None:
         self.paths = {tool: find_tool(command, tools_dir) for tool, command in COMMANDS.items()}
+        self.configured_cap = data_cap
         self.data_cap = data_cap
+        self.cap_note = ""  # where a cap below the configured one came from, for the error text
         missing = [COMMANDS[t] for t, p in self.paths.items() if p is None]
         if missing:
             log.info("%s not found (discovery.tools_dir %r, then PATH): this node cannot map the fabric "
                      "for the server; install infiniband-diags to let it", " and ".join(missing), tools_dir)
+
+    def fit(self, server_max: int, own_max: int = 0) -> None:
+        """Cap the data to what one message carries: `server_max` is the limit the server's Welcome
+        gave (its fleet.max_message; 0: not said), `own_max` this end's. The data travels as
+        base64 in JSON (4 bytes for every 3) beside the result's other fields."""
+        limits = [(server_max, "the server's fleet.max_message"), (own_max, "this agent's message limit")]
+        known = [(size, what) for size, what in limits if size > 0]
+        self.data_cap, self.cap_note = self.configured_cap, ""
+        if known:
+            size, what = min(known)
+            cap = max(0, (size - ENVELOPE_ROOM) * 3 // 4)
+            if cap < self.configured_cap:
+                self.data_cap, self.cap_note = cap, f"{what} is {size:,} bytes"
 
     @property
     def features(self) -> list[str]:
@@ -107,8 +127,9 @@ class FabricTools:
             data = text
         if len(data) > self.data_cap:
             result.truncated = True
-            result.error = result.error or (f"{COMMANDS[req.tool]} printed {len(text):,} bytes; more than this agent "
-                                            f"sends ({self.data_cap:,} after compression)")
+            why = f": {self.cap_note}" if self.cap_note else ""
+            result.error = result.error or (f"{COMMANDS[req.tool]} printed {len(text):,} bytes ({len(data):,} compressed); "
+                                            f"more than one message to the server carries ({self.data_cap:,}{why})")
             data = b""
         result.data = data
         result.ok = not result.error and not result.truncated

@@ -223,6 +223,7 @@ class ControlPlane:
             on_discover=self.fabrics.on_result,
             log_hub=self.log_hub,
             fabric_tests=self.fabric_tests,
+            max_message=int(fleet.max_message),
         )
         fleet_ctx = None if cfg.tls is None else fleet_ssl_context(cfg)
         self.fleet_tls = fleet_ctx is not None

@@ -103,7 +103,9 @@ class FleetService:
         on_discover: Callable[[str, m.DiscoverResult], None] | None = None,
         log_hub: LogHub | None = None,
         fabric_tests: FabricTestRoutes | None = None,
+        max_message: int = 0,  # the listener's limit (fleet.max_message), told to agents in the Welcome
     ) -> None:
+        self.max_message = max_message
         self.outbox_capacity = outbox_capacity
         self.log_hub = log_hub  # engine log chunks go to their readers (`ctl logs`)
         self.fabric_tests = fabric_tests  # ib_write_bw results go to the test that asked (`ctl fabric-test`)
@@ -230,7 +232,8 @@ class FleetService:
             len(first.shards),
             host,
         )
-        session.send(m.Welcome(server_version=__version__, heartbeat_interval=self.registry.heartbeat_interval))
+        session.send(m.Welcome(server_version=__version__, heartbeat_interval=self.registry.heartbeat_interval,
+                               max_message=self.max_message))
         if self.observer is not None:
             self.observer.node_registered(node_id, first)
         self._notify([transition] if transition else [])

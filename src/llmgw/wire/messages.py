@@ -316,10 +316,13 @@ AgentMessage = Register | Heartbeat | ShardStatus | Progress | Fabrics | Discove
 
 
 class Welcome(_Base, tag="Welcome", tag_field="type"):
-    """First server message: the heartbeat interval the server judges liveness by."""
+    """First server message: the heartbeat interval the server judges liveness by, and the largest
+    message it reads (fleet.max_message; 0 from a server too old to say): a bigger one ends the
+    stream, so the agent cuts what it sends (a fabric tool's output) to fit."""
 
     server_version: str
     heartbeat_interval: float
+    max_message: int = 0
 
 
 class Start(_Base, tag="Start", tag_field="type"):
