@@ -6,7 +6,9 @@ server's CPU seconds per 1,000 heartbeats, and the server's peak RSS. Baseline, 
 the same run: the CPU this client process spends per 1,000 heartbeats doing the same HTTP/2
 framing and JSON encoding, so the server's figure reads as a ratio to bare protocol work.
 
-Bars (2-core machine): all ready within 15 s, < 0.25 CPU-s per 1,000 heartbeats, RSS < 300 MB.
+Bar, a ratio to the same run's baseline (issue 17): server CPU per heartbeat <= 1.2x the
+client's (1.04 when it was set); zero failed streams. The time to ready and the peak RSS are
+printed as figures.
 """
 
 from __future__ import annotations
@@ -171,21 +173,18 @@ def main() -> None:
             server.wait(timeout=30)
             log.close()
     ratio = r["server_cpu_per_1k"] / r["client_cpu_per_1k"] if r["client_cpu_per_1k"] else float("nan")
+    print(f"  all nodes ready in {r['ready_s']:.2f} s; server CPU for registration {r['register_cpu_s']:.2f} s; "
+          f"{r['heartbeats']:.0f} heartbeats measured; server peak RSS {r['rss_mb']:.0f} MB (figures, no bars: "
+          "absolute times and sizes move 2-3x from day to day on a shared machine)")
+    # Each bar is a ratio to a baseline measured in the same run (issue 17).
     rows = [
-        ("all nodes ready", f"{r['ready_s']:.2f} s", "< 15 s", r["ready_s"] < 15),
-        ("server CPU for registration", f"{r['register_cpu_s']:.2f} s", "", None),
-        ("heartbeats measured", f"{r['heartbeats']:.0f}", "", None),
-        ("server CPU per 1,000 heartbeats", f"{r['server_cpu_per_1k']:.3f} s", "< 0.25 s", r["server_cpu_per_1k"] < 0.25),
-        ("baseline: client CPU per 1,000 heartbeats", f"{r['client_cpu_per_1k']:.3f} s", "", None),
-        ("ratio server / baseline", f"{ratio:.2f}×", "", None),
-        ("server peak RSS", f"{r['rss_mb']:.0f} MB", "< 300 MB", r["rss_mb"] < 300),
-        ("stream errors", f"{r['errors']:.0f}", "0", r["errors"] == 0),
+        ("server CPU per 1,000 heartbeats", f"{r['server_cpu_per_1k']:.3f} s",
+         f"{r['client_cpu_per_1k']:.3f} s (client)", f"{ratio:.2f}×", "<= 1.2×", ratio <= 1.2),
+        ("failed streams", f"{r['errors']:.0f}", "", "", "0", r["errors"] == 0),
     ]
-    width = max(len(r[0]) for r in rows)
-    for name, value, bar, ok in rows:
-        verdict = "" if ok is None else ("ok" if ok else "OVER BAR")
-        print(f"  {name:<{width}}  {value:>10}  {bar:>9}  {verdict}")
-
+    print(f"  {'':<32}  {'figure':>10}  {'baseline':>18}  {'ratio':>7}  {'bar':>8}")
+    for name, value, baseline, rat, bar, ok in rows:
+        print(f"  {name:<32}  {value:>10}  {baseline:>18}  {rat:>7}  {bar:>8}  {'ok' if ok else 'OVER BAR'}")
 
 if __name__ == "__main__":
     main()

@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 
 from llmgw.agent.procs import cpu_seconds
 
-__all__ = ["cpu_seconds", "free_port"]
+__all__ = ["cpu_seconds", "cpu_tree", "free_port"]
+
+
+def descendants(pid: int) -> list[int]:
+    """pid's children, grandchildren, ... (alive now), from /proc/PID/task/*/children."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                kids = [int(k) for k in Path(f"/proc/{parent}/task/{tid}/children").read_text().split()]
+            except OSError:
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out
+
+
+def cpu_tree(pid: int) -> float:
+    """CPU seconds of a process and every descendant alive now (nginx's worker under its master,
+    llmgw's gateway workers under the server)."""
+    total = cpu_seconds(pid)
+    for child in descendants(pid):
+        try:
+            total += cpu_seconds(child)
+        except ProcessLookupError:
+            pass
+    return total
 
 
 def free_port() -> int:
