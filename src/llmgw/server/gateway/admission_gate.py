@@ -15,8 +15,7 @@ is passed on, never leaked.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 import trio
 
@@ -30,6 +29,23 @@ class AdmissionRejected(Exception):
         super().__init__(f"{reason}; retry after {retry_after}s")
         self.retry_after = retry_after
         self.reason = reason  # "queue full", "over limit", "queue wait expired"
+
+
+class _Admitted:
+    __slots__ = ("gate", "ticket")
+
+    def __init__(self, gate: AdmissionGate) -> None:
+        self.gate = gate
+        self.ticket: Ticket | None = None
+
+    async def __aenter__(self) -> Ticket:
+        self.ticket = await self.gate._acquire()
+        return self.ticket
+
+    async def __aexit__(self, *exc: object) -> None:
+        gate, ticket = self.gate, self.ticket
+        if ticket is not None:
+            gate._wake(gate.core.finish(ticket, trio.current_time()))
 
 
 class AdmissionGate:
@@ -65,14 +81,11 @@ class AdmissionGate:
         now = trio.current_time()
         self._wake(self.core.set_limits(now, limit=limit, max_queue=max_queue, max_wait=max_wait))
 
-    @asynccontextmanager
-    async def admit(self) -> AsyncIterator[Ticket]:
-        """Hold a slot for the body of the `async with`; raises AdmissionRejected instead."""
-        ticket = await self._acquire()
-        try:
-            yield ticket
-        finally:
-            self._wake(self.core.finish(ticket, trio.current_time()))
+    def admit(self) -> _Admitted:
+        """Hold a slot for the body of the `async with`; raises AdmissionRejected instead.
+        A class rather than @asynccontextmanager: the generator-based one was ~3 % of the CPU
+        per request (py-spy, issue 17)."""
+        return _Admitted(self)
 
     async def _acquire(self) -> Ticket:
         ticket = self.core.arrive(trio.current_time())

@@ -9,10 +9,11 @@ byte for byte), and never retried once a byte went to the client.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import os
 import random
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -49,6 +50,16 @@ _peek = msgspec.json.Decoder(_Peek)
 # Everything msgspec's decoder raises on a body it refuses.
 JSON_REFUSED: tuple[type[Exception], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 PREFIX_REFUSED: tuple[type[Exception], ...] = (*JSON_REFUSED, TypeError, AttributeError)  # a body with no usable prompt
+
+
+# Request ids: 32 hex digits as uuid4().hex had, a random prefix per process (so gateway workers
+# and restarts never collide) and a counter; uuid4 was ~2.5 % of the CPU per request (py-spy).
+_RID_PREFIX = os.urandom(8).hex()
+_rid_counter = itertools.count(1)
+
+
+def _request_id() -> bytes:
+    return f"{_RID_PREFIX}{next(_rid_counter):016x}".encode()
 
 
 def openai_error(message: str, kind: str, code: str | int | None = None) -> bytes:
@@ -160,7 +171,7 @@ class Gateway:
     async def handle(self, request: Request, responder: Responder) -> None:
         started = trio.current_time()
         path = request.head.path
-        rid = request.head.get(b"x-request-id") or uuid.uuid4().hex.encode()
+        rid = request.head.get(b"x-request-id") or _request_id()
         extra = [(b"x-request-id", rid)]
         if path == b"/v1/models":
             if request.method != "GET":
@@ -342,10 +353,12 @@ class Gateway:
         relay = [(k, v) for k, v in response.head.headers if k in PASS_RESPONSE_HEADERS]
         relay.append((b"x-request-id", rid))
         if not response.head.chunked:
-            with guard.scope() as scope:
-                body = await response.read(float(settings.upstream_timeout), limit=int(settings.max_response))
-            if scope.cancelled_caught:
-                return None
+            body = response.complete_body(int(settings.max_response))
+            if body is None:
+                with guard.scope() as scope:
+                    body = await response.read(float(settings.upstream_timeout), limit=int(settings.max_response))
+                if scope.cancelled_caught or body is None:
+                    return None
             await responder.respond(status, relay, body)
             return status, True
         await responder.start(status, relay)
