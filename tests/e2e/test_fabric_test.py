@@ -131,3 +131,35 @@ def test_refused_at_once_without_the_feature_and_behind_the_operator_door(tmp_pa
         assert bad.status_code == 400 and "fabric test request" in bad.json()["error"]["message"]
     viewer_ctl = run_llmgw("ctl", "--server", server.url, "--token", viewer, "fabric-test", "gpu-01", "gpu-02")
     assert viewer_ctl.returncode == 1 and "HTTP 403" in viewer_ctl.stderr
+
+
+def test_a_hung_client_is_killed_at_the_rail_timeout_and_the_server_side_with_it(tmp_path: Path, procs: list[Proc]) -> None:
+    server = Server(tmp_path, FAST_FLEET)
+    procs.append(server.start())
+    a = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--ib-ports", "2")
+    b = make_sim_node(tmp_path, "gpu-02", server.fleet_url, FAST_AGENT, "--ib-ports", "2")
+    hung = tmp_path / "gpu-01" / "bin" / "ib_write_bw"
+    marker = f"fabtest-hung-{tmp_path.name}"
+    hung.write_text(f"#!/bin/sh\n# a perftest client that never finishes (a peer that never answers)\nsh -c 'sleep 300' {marker} &\nwait\n")
+    procs += [start_agent(tmp_path, "gpu-01", a), start_agent(tmp_path, "gpu-02", b)]
+    wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--rail-timeout", "2", "-o", "json",
+                       timeout=120)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    rails = json.loads(result.stdout)["rails"]
+    assert [r["status"] for r in rails] == ["crit", "crit"]
+    assert all(r["detail"] == "gpu-01: ib_write_bw did not finish within 2s; killed" for r in rails), rails
+    # Nothing is left running on either node: the client's group was killed, and B's server cancelled
+    # (on its own it would run out its 2 + 10 s).
+    def leftovers() -> list[str]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline or f"llmgw.sim.perftest {tmp_path}" in cmdline:
+                found.append(cmdline)
+        return found
+
+    wait_until(lambda: not leftovers(), "no ib_write_bw left running", deadline=8, procs=procs)

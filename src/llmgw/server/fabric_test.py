@@ -213,9 +213,11 @@ class _Asking:
         self.tests.routes[self.request_id] = _Route(self.node_id, self.send)
         return self.request_id, self.receive
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, kind: object, value: object, tb: object) -> None:
         self.tests.routes.pop(self.request_id, None)
         self.send.close()
+        if kind is not None:  # the test ended early (the caller went away): nothing is left running there
+            self.tests._send(self.node_id, m.FabricTestCancel(request_id=self.request_id))
 
 
 def _rates(node: Any) -> dict[str, float]:
