@@ -163,3 +163,41 @@ def test_a_hung_client_is_killed_at_the_rail_timeout_and_the_server_side_with_it
         return found
 
     wait_until(lambda: not leftovers(), "no ib_write_bw left running", deadline=8, procs=procs)
+
+
+def test_an_agent_without_perftest_installs_it_the_first_time_and_says_so(tmp_path: Path, procs: list[Proc]) -> None:
+    """The real agent, its PATH holding a stand-in apt-get (nothing is really installed): the stand-in
+    ib_write_bw is the "package" it puts in place."""
+    import os
+
+    server = Server(tmp_path, FAST_FLEET)
+    procs.append(server.start())
+    a = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--ib-ports", "1")
+    os_release = tmp_path / "os-release"
+    os_release.write_text('PRETTY_NAME="Ubuntu 22.04.4 LTS"\nID=ubuntu\nID_LIKE=debian\n')
+    b = make_sim_node(tmp_path, "gpu-02", server.fleet_url, FAST_AGENT + f"fabric_test:\n  os_release: {os_release}\n",
+                      "--ib-ports", "1")
+    tool = tmp_path / "gpu-02" / "bin" / "ib_write_bw"
+    package = tmp_path / "perftest.deb-contents"
+    tool.rename(package)
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    apt = fake_bin / "apt-get"
+    apt.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "apt-get.args"}\ncp -p {package} {tool}\n')
+    apt.chmod(0o755)
+    procs += [start_agent(tmp_path, "gpu-01", a),
+              Proc("agent-gpu-02", ["agent", "--config", str(b), "--insecure"], tmp_path,
+                   env={"PATH": f"{fake_bin}:{os.environ['PATH']}"})]
+    wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
+    assert "fabric-test" in server.get("/api/v1/nodes/gpu-02")["features"]  # it can run one: it can install perftest
+
+    first = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "-o", "json", timeout=120)
+    assert first.returncode == 0, (first.stdout, first.stderr)
+    assert "gpu-02: ib_write_bw missing: installing perftest with apt-get" in first.stderr, first.stderr
+    assert "gpu-02: installed perftest with apt-get (" in first.stderr
+    assert (tmp_path / "apt-get.args").read_text().split() == ["install", "-y", "--no-install-recommends", "perftest"]
+    [rail] = json.loads(first.stdout)["rails"]
+    assert rail["status"] == "ok" and any(n.startswith("installed perftest") for n in rail["notes"])
+    (tmp_path / "apt-get.args").unlink()
+    again = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", timeout=120)
+    assert again.returncode == 0 and "installing" not in again.stderr and not (tmp_path / "apt-get.args").exists()
