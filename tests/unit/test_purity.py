@@ -21,6 +21,10 @@ PURE = [
     "llmgw.errors",
     "llmgw.netaddr",
     "llmgw.verdict",
+    "llmgw.doctor",
+    "llmgw.doctor.facts",
+    "llmgw.doctor.node",
+    "llmgw.doctor.cluster",
     "llmgw.wire",
     "llmgw.wire.envelope",
     "llmgw.wire.ids",
@@ -88,7 +92,7 @@ ALLOWED = {
 }
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-PURE_PACKAGES = ("wire", "catalog", "fabric", "placement")  # every module in these is pure
+PURE_PACKAGES = ("wire", "catalog", "fabric", "placement", "doctor")  # every module in these is pure
 
 
 def _source(module: str) -> tuple[Path, ast.Module]:

@@ -6,6 +6,7 @@ import logging
 import random
 import socket
 import ssl
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
@@ -281,14 +282,14 @@ class Agent:
         beats = 0
         while True:
             await trio.sleep(self.heartbeat_interval)
-            ports, gpus = await trio.to_thread.run_sync(self._readings)
+            ports, gpus, host = await trio.to_thread.run_sync(self._readings)
             self._seq += 1
             beats += 1
             # The shard list is taken here, in the task that queues the heartbeat: every status
             # the supervisor queued before it is ahead of it on the stream, so the list never
             # contradicts what the server has already been told.
             shards = self.engines.snapshot() if resync_every and beats % resync_every == 0 else None
-            send(m.Heartbeat(seq=self._seq, ports=ports, gpus=gpus, shards=shards))
+            send(m.Heartbeat(seq=self._seq, sent_at=time.time(), ports=ports, gpus=gpus, shards=shards, host=host))
             seen = self.fabrics_version
             statuses = self._check_fabrics(declared.with_live(inventory.ports, ports))
             if self.fabrics_version != seen:
@@ -301,8 +302,11 @@ class Agent:
             if silent > 3 * self.heartbeat_interval:
                 conn.ping()  # the server is quiet; an HTTP/2 PING tells us it is still there
 
-    def _readings(self) -> tuple[list[m.PortCounters], list[m.GpuHealth]]:
-        return self.hardware.port_counters(), self.hardware.gpu_health()
+    def _readings(self) -> tuple[list[m.PortCounters], list[m.GpuHealth], m.HostFacts | None]:
+        # Host facts are optional to a NodeHardware (a test's fake may have none): doctor then
+        # reports them unknown, as for an older agent.
+        host = getattr(self.hardware, "host_facts", None)
+        return self.hardware.port_counters(), self.hardware.gpu_health(), host() if host is not None else None
 
 
 def make_dialer(

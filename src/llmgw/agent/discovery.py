@@ -49,11 +49,16 @@ class SimGpu(msgspec.Struct, kw_only=True, omit_defaults=True):
     temperature_c: int = 0
     utilization_pct: int = 0
     memory_used_mib: int = 0
+    # What NVML would report for `ctl doctor`: uncorrected ECC errors, NVLink links down, last Xid.
+    ecc_uncorrected: int = 0
+    nvlink_down: int = 0
+    xid: int = 0
 
 
 class SimGpuFile(msgspec.Struct, kw_only=True):
     format: str = SIM_GPU_FORMAT
     node_id: str = ""
+    driver_version: str = ""  # nvmlSystemGetDriverVersion's stand-in
     gpus: list[SimGpu] = []
 
 
@@ -457,8 +462,42 @@ def nvml_health(nv: ModuleType | Any) -> list[GpuHealth]:
         except nv.NVMLError as exc:
             if isinstance(exc, getattr(nv, "NVMLError_GpuIsLost", ())):
                 health.health = "lost"
+        try:
+            health.ecc_uncorrected = int(nv.nvmlDeviceGetTotalEccErrors(
+                handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
+        except (nv.NVMLError, AttributeError):
+            pass  # ECC off or not supported (most PCIe consumer boards): not read
+        health.nvlink_down = _nvlink_down(nv, handle)
         out.append(health)
     return out
+
+
+def _nvlink_down(nv: ModuleType | Any, handle: Any) -> int | None:
+    """Links NVML lists for this GPU that are not up; None when it has no NVLink to ask about."""
+    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+    down, known = 0, False
+    for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            up = nv.nvmlDeviceGetNvLinkState(handle, link) == enabled
+        except nv.NVMLError:
+            continue  # no such link, or NVLink not supported on this GPU
+        known = True
+        down += 0 if up else 1
+    return down if known else None
+
+
+def gpu_driver(cfg: Discovery) -> str:
+    """The NVIDIA driver version ("" when NVML is not there or cannot say)."""
+    if cfg.gpus == "none":
+        return ""
+    if cfg.gpus == "nvml":
+        nv = _nvml.start(retry=False)
+        try:
+            return str(nv.nvmlSystemGetDriverVersion()) if nv is not None else ""
+        except Exception:
+            return ""
+    data = read_sim_gpus(cfg.gpus)
+    return data.driver_version if data is not None else ""
 
 
 # ---- GPUs: dispatch --------------------------------------------------------------------
@@ -506,6 +545,9 @@ def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
             temperature_c=g.temperature_c,
             utilization_pct=g.utilization_pct,
             memory_used_mib=g.memory_used_mib,
+            ecc_uncorrected=g.ecc_uncorrected,
+            nvlink_down=g.nvlink_down if g.nvlink else None,
+            xid=g.xid,
         )
         for g in sorted(data.gpus, key=lambda g: g.index)
     ]
@@ -538,4 +580,5 @@ def discover(cfg: Discovery, server: str | None = None) -> Inventory:
         gpu_note=note,
         mgmt_interface=interface,
         mgmt_interface_source=how,
+        gpu_driver=gpu_driver(cfg) if gpus else "",
     )

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from llmgw.agent import discovery
+from llmgw.agent import discovery, hostfacts
 from llmgw.catalog.schema import Discovery
 from llmgw.wire import messages as m
 
 
 class DiscoveredHardware:
-    def __init__(self, cfg: Discovery, server_host: str | None = None) -> None:
+    def __init__(self, cfg: Discovery, server_host: str | None = None, *, work_dir: str = "", model_cache: str = "") -> None:
         self.cfg = cfg
         self.server_host = server_host
+        self.work_dir = work_dir or "."
+        self.model_cache = model_cache
         self.last: m.Inventory | None = None
 
     def inventory(self) -> m.Inventory:
@@ -26,3 +28,7 @@ class DiscoveredHardware:
 
     def gpu_health(self) -> list[m.GpuHealth]:
         return discovery.read_gpu_health(self.cfg)
+
+    def host_facts(self) -> m.HostFacts:
+        """Memlock limit and model-cache space, for heartbeats (`ctl doctor`)."""
+        return hostfacts.read_host_facts(self.work_dir, self.model_cache, self.cfg.sysfs_root)

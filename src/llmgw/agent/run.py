@@ -58,7 +58,7 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
             log.error("the node certificate %s expired %.0f days ago; the server will refuse it", cfg.tls.cert, -days)  # type: ignore[union-attr]
         elif days < EXPIRY_WARNING_DAYS:
             log.warning("the node certificate %s expires in %.0f days; reissue it with `llmgw ctl cert node`", cfg.tls.cert, days)  # type: ignore[union-attr]
-    hardware = DiscoveredHardware(cfg.discovery, server_host=host)
+    hardware = DiscoveredHardware(cfg.discovery, server_host=host, work_dir=cfg.work_dir, model_cache=cfg.model_cache)
     bind_host = cfg.bind_host or cfg.advertise_host
     if bind_host in ("0.0.0.0", "::"):
         log.warning("bind_host %s: engines listen on every interface of this node; bind them to the "

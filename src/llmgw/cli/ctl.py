@@ -9,6 +9,7 @@ import click
 from llmgw.catalog.units import format_duration
 from llmgw.cli.cert import cert
 from llmgw.cli.day2 import events, logs
+from llmgw.cli.doctor import doctor
 from llmgw.cli.drain import cordon, drain, uncordon
 from llmgw.cli.fabric_test import fabric_test
 from llmgw.cli.fabrics import fabrics
@@ -298,3 +299,4 @@ ctl.add_command(logs)
 ctl.add_command(cordon)
 ctl.add_command(uncordon)
 ctl.add_command(drain)
+ctl.add_command(doctor)

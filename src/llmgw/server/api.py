@@ -24,6 +24,7 @@ import msgspec
 import trio
 
 from llmgw.catalog.units import enc_hook
+from llmgw.doctor.facts import Report
 from llmgw.server.auth import Auth, Door
 from llmgw.server.drain import DrainView
 from llmgw.server.events import QUERY_LIMIT, EventLog, EventQuery
@@ -48,6 +49,12 @@ class Actions(Protocol):
     def uncordon(self, node_id: str, who: str) -> str: ...
     def drain(self, node_id: str, who: str, *, force: bool) -> DrainView | str: ...
     def drain_status(self, node_id: str) -> DrainView | None: ...
+
+
+class Doctor(Protocol):
+    """Doctor's findings (server/doctor.py): graded off the event loop, within a deadline."""
+
+    async def report(self, node: str | None = None, check: str | None = None) -> Report: ...
 
 
 class Clients(Protocol):
@@ -76,10 +83,12 @@ class PublicHandler:
     def __init__(self, *, reads: ReadModel, actions: Actions, auth: Auth, gateway: Clients,
                  render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True,
                  events: EventLog | None = None, engine_logs: EngineLogs | None = None,
-                 pages: Handler | None = None, fabric_tests: FabricTests | None = None) -> None:
+                 pages: Handler | None = None, fabric_tests: FabricTests | None = None,
+                 doctor: Doctor | None = None) -> None:
         self.reads = reads
         self.pages = pages  # /admin/* (server/admin/pages.py): checks the viewer door itself
         self.fabric_tests = fabric_tests  # POST /api/v1/fabric-tests
+        self.doctor = doctor  # GET /api/v1/doctor
         self.events = events  # GET /api/v1/events
         self.engine_logs = engine_logs  # GET /api/v1/replicas/{replica}/logs
         self.actions = actions
@@ -204,6 +213,25 @@ class PublicHandler:
             await send_error(call.responder, 404, "engine logs are not served here", "not_found")
             return
         await self.engine_logs.serve(call.params["replica"], call.request.query, call.responder)
+
+    async def get_doctor(self, call: Call) -> None:
+        """`ctl doctor`: every check's finding; `node=` one node's only, `check=` one check."""
+        from urllib.parse import parse_qs
+
+        from llmgw.doctor import CHECKS
+
+        if self.doctor is None:
+            await send_error(call.responder, 404, "doctor is not served here", "not_found")
+            return
+        args = {k: v[-1] for k, v in parse_qs(call.request.query).items()}
+        check, node = args.get("check") or None, args.get("node") or None
+        if check is not None and check not in CHECKS:
+            await send_error(call.responder, 400, f"no check {check[:60]!r}: one of {', '.join(CHECKS)}", "bad_request")
+            return
+        if node is not None and self.reads.node(node, call.now) is None:
+            await send_error(call.responder, 404, f"no node {node[:80]!r}", "not_found")
+            return
+        await send_json(call.responder, 200, await self.doctor.report(node=node, check=check))
 
     async def list_endpoints(self, call: Call) -> None:
         await send_json(call.responder, 200, self.reads.endpoints())
@@ -359,6 +387,7 @@ API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "fabrics/{fabric}", Door.VIEWER, PublicHandler.get_fabric),
     ApiRoute("GET", "fabrics/{fabric}/topology", Door.VIEWER, PublicHandler.get_topology),
     ApiRoute("GET", "events", Door.VIEWER, PublicHandler.list_events),
+    ApiRoute("GET", "doctor", Door.VIEWER, PublicHandler.get_doctor),
     ApiRoute("GET", "replicas/{replica}/logs", Door.VIEWER, PublicHandler.replica_logs),
     ApiRoute("GET", "nodes/{node}/drain", Door.VIEWER, PublicHandler.drain_status),
     ApiRoute("POST", "reload", Door.OPERATOR, PublicHandler.reload),

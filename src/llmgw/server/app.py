@@ -37,6 +37,7 @@ from llmgw.server.admin.pages import AdminPages
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
 from llmgw.server.control import Controller, Settle, make_reconciler
+from llmgw.server.doctor import DoctorService
 from llmgw.server.drain import Drainer, MarkStore
 from llmgw.server.events import EventFeeds, EventLog, RecordingObserver, chain
 from llmgw.server.fabric_service import FabricCollector, FabricService
@@ -256,6 +257,7 @@ class ControlPlane:
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,
                                       tls=bool(cfg.public_tls and cfg.public_tls.cert))
         self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
+        self.doctor = DoctorService(self.registry, reconciler, self.fabrics)  # GET /api/v1/doctor (issue 14)
         self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
         self.shutdown_event = trio.Event()
 
@@ -264,7 +266,7 @@ class ControlPlane:
         return PublicHandler(reads=self.reads, actions=self.operator, auth=self.auth, gateway=self.gateway,
                              render_metrics=self.metrics.render, clients=clients, admin=admin,
                              events=self.events, engine_logs=self.engine_logs, pages=self.admin_pages,
-                             fabric_tests=self.fabric_tests)
+                             fabric_tests=self.fabric_tests, doctor=self.doctor)
 
     async def run(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -322,7 +323,7 @@ class FleetService:
                 shards = msg.shards
                 if shards is not None:
                     msg = msgspec.structs.replace(msg, shards=None)  # the registry keeps the readings only
-                t = registry.heartbeat(node_id, session.number, msg, now)
+                t = registry.heartbeat(node_id, session.number, msg, now, wall=time.time())
                 if t is not None:
                     self._notify([t])
                 if shards is not None and self.observer is not None:

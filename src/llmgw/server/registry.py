@@ -52,6 +52,18 @@ class Node(msgspec.Struct, kw_only=True):
     connected: bool = False
     cert_not_after: float = 0.0
     heartbeat: Heartbeat | None = None
+    # Port readings kept for `ctl doctor`'s "error counters rising" (issue 14): (time, readings),
+    # oldest first, one every COUNTER_WINDOW / 4 s, at most HISTORY: the oldest is the baseline
+    # the latest reading (`ports`) is compared with, so a rise is seen over about a minute.
+    port_history: list[tuple[float, dict[str, PortCounters]]] = []
+    # The agent's wall clock against the server's (server minus agent, seconds) from its last few
+    # heartbeats; the smallest in magnitude is the skew (a late heartbeat only adds to it).
+    clock_skews: list[float] = []
+
+
+COUNTER_WINDOW = 60.0
+HISTORY = 5
+SKEW_SAMPLES = 4
 
 
 def port_key(device: str, port: int) -> str:
@@ -123,7 +135,7 @@ class NodeRegistry:
         reason = "registered" if old is None else f"registered again (was {old})"
         return Transition(msg.node_id, old, "ready", reason), replaced
 
-    def heartbeat(self, node_id: str, session: int, msg: Heartbeat, now: float) -> Transition | None:
+    def heartbeat(self, node_id: str, session: int, msg: Heartbeat, now: float, wall: float | None = None) -> Transition | None:
         node = self.nodes.get(node_id)
         if node is None or node.session != session:
             return None
@@ -133,6 +145,11 @@ class NodeRegistry:
         node.heartbeat = msg
         if msg.ports:
             node.ports = {port_key(p.device, p.port): p for p in msg.ports}
+            history = node.port_history
+            if not history or now - history[-1][0] >= COUNTER_WINDOW / 4:
+                node.port_history = [*history[-(HISTORY - 1):], (now, node.ports)]
+        if wall is not None and msg.sent_at > 0:
+            node.clock_skews = [*node.clock_skews[-(SKEW_SAMPLES - 1):], wall - msg.sent_at]
         if node.state != "ready":
             old = node.state
             node.state, node.state_since, node.reason = "ready", now, ""

@@ -23,6 +23,7 @@ import msgspec
 import yaml
 
 from llmgw.agent.discovery import SimGpu, SimGpuFile
+from llmgw.agent.hostfacts import SIM_MARKER
 from llmgw.catalog.load import parse_config
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import UsageError
@@ -32,6 +33,7 @@ from llmgw.fsutil import atomic_write
 MAX_RDMA_DEVICES = 32  # one LID block per node (see port_lid)
 NVIDIA_OUI = 0xB83FD2
 SM_LID = 1
+SIM_DRIVER_VERSION = "550.54.15"  # what NVML reports on a DGX H100 of the samples' time
 
 # Bus numbers of the 8 GPUs on an HGX H100 board, as NVML prints them.
 HGX_GPU_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -388,8 +390,11 @@ def plan_node(spec: NodeSpec) -> NodePlan:
             )
         )
 
+    # A real /sys has no such file: it tells the agent these adapters pin no memory (memlock).
+    files[f"sys/{SIM_MARKER}"] = f"{spec.node_id}\n"
     plan.gpu_file = SimGpuFile(
         node_id=spec.node_id,
+        driver_version=SIM_DRIVER_VERSION,
         gpus=[
             SimGpu(
                 index=i,

@@ -79,6 +79,9 @@ class Inventory(_Base):
     # it was found: "address" (it holds mgmt_ip) or "fallback" (eth0, nothing held the address).
     mgmt_interface: str = ""
     mgmt_interface_source: str = ""
+    # The NVIDIA driver version NVML reports (the simulated inventory's for a sim node); "" from
+    # an agent too old to say, or without NVML (`ctl doctor`'s nvml check).
+    gpu_driver: str = ""
 
 
 class FabricDecl(_Base):
@@ -209,6 +212,28 @@ class GpuHealth(_Base):
     temperature_c: int = 0
     utilization_pct: int = 0
     memory_used_mib: int = 0
+    # For `ctl doctor` (issue 14); None: not read (an older agent, or NVML cannot say on this GPU).
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver loaded
+    nvlink_down: int | None = None  # NVLink links the GPU has that are not up
+    xid: int | None = None  # the last Xid event seen (0: none)
+
+
+# HostFacts.memlock_bytes of an unlimited RLIMIT_MEMLOCK.
+MEMLOCK_UNLIMITED = -1
+
+
+class HostFacts(_Base):
+    """Facts about the agent's host that `ctl doctor` grades (issue 14). Every field is optional:
+    None means not read, which doctor reports as `unknown` with the reason."""
+
+    # The agent's RLIMIT_MEMLOCK (soft), inherited by its engines: RDMA registration pins memory,
+    # so it must be unlimited on a node with RDMA adapters. MEMLOCK_UNLIMITED for unlimited.
+    memlock_bytes: int | None = None
+    # The adapters are a simulation's (`llmgw sim node`'s sysfs tree): nothing is pinned.
+    rdma_simulated: bool = False
+    model_cache: str = ""  # the directory weights are fetched into
+    cache_free_bytes: int | None = None  # free to the agent's user on the model cache's file system
+    cache_total_bytes: int | None = None
 
 
 class Heartbeat(_Base, tag="Heartbeat", tag_field="type"):
@@ -220,6 +245,9 @@ class Heartbeat(_Base, tag="Heartbeat", tag_field="type"):
     # (None: not on this one; an older agent never sends it). The server compares it with what
     # it believes, so a divergence heals without a reconnect (level-triggered resync).
     shards: list[ShardReport] | None = None
+    # The host facts doctor grades (None: an older agent); `sent_at` is the agent's wall clock,
+    # which the server compares with its own (clock skew).
+    host: HostFacts | None = None
 
 
 class ShardStatus(_Base, tag="ShardStatus", tag_field="type"):

@@ -1,0 +1,132 @@
+"""`llmgw ctl doctor`: node and fleet diagnosis from one terminal, and from cron (issue 14).
+
+Exit codes are the Nagios plugin convention (llmgw.verdict): 0 all ok, 1 a warning, 2 a critical
+finding, 3 doctor could not run (the server unreachable or refusing; one line on stderr).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+import click
+
+from llmgw.cli.render import console, make_table, output_option, print_json, text
+from llmgw.doctor import CHECKS
+from llmgw.errors import LlmgwError, UsageError
+from llmgw.verdict import EXIT_UNKNOWN
+
+STATUS_STYLES = {"ok": "green", "warn": "yellow", "crit": "bold red", "unknown": "magenta"}
+
+
+class CouldNotRun(LlmgwError):
+    """Doctor could not ask (server unreachable, credentials refused): Nagios's UNKNOWN."""
+
+    exit_code = EXIT_UNKNOWN
+
+
+def _local_report(config_path: str | None, node: str | None, check: str | None, interval: float) -> dict[str, Any]:
+    import msgspec
+
+    from llmgw import doctor as checks
+    from llmgw.agent.selfcheck import local_facts
+    from llmgw.catalog import load_agent_config
+    from llmgw.doctor.facts import ClusterFacts, report
+
+    cfg = load_agent_config(config_path)
+    facts = local_facts(cfg, interval=interval)
+    if node is not None and node != facts.id:
+        raise UsageError(f"--node {node} with --local: this machine is {facts.id} (drop --node, or run it there)")
+    found = checks.run(ClusterFacts(nodes=[facts]), clock=time.monotonic, deadline=time.monotonic() + 30,
+                       check=check, cluster=False, local=True)
+    return msgspec.to_builtins(report(found, nodes=1))
+
+
+def _line(f: dict[str, Any]) -> str:
+    action = f" — {f['action']}" if f.get("action") else ""
+    return f"{f['status'].upper()} {f['node']} {f['check']}: {f['finding']}{action}"
+
+
+def _table(findings: list[dict[str, Any]]) -> Any:
+    from rich.text import Text
+
+    rows: list[tuple[Any, ...]] = []
+    group = None
+    for f in findings:
+        first = f["node"] != group
+        group = f["node"]
+        cell = text(f["finding"])
+        if f.get("action"):
+            cell.append(Text("\n→ "))
+            cell.append(text(f["action"], "dim"))
+        rows.append((f["node"] if first else "", f["check"], text(f["status"].upper(), STATUS_STYLES.get(f["status"], "")), cell))
+    table = make_table(["NODE", "CHECK", "STATUS", "FINDING"], [])
+    group = None
+    for f, row in zip(findings, rows, strict=True):
+        if group is not None and f["node"] != group:
+            table.add_section()
+        group = f["node"]
+        table.add_row(*row)
+    return table
+
+
+def _summary(data: dict[str, Any]) -> str:
+    s = data["summary"]
+    nodes = f"{s['nodes']} node{'s' if s['nodes'] != 1 else ''}"
+    return (f"{data['status'].upper()}: {nodes}, {len(data['findings'])} findings: {s['ok']} ok, {s['warn']} warn, "
+            f"{s['crit']} crit, {s['unknown']} unknown (exit {data['exit_code']})")
+
+
+@click.command()
+@click.option("--node", "node_id", help="Only this node's checks (the fleet-wide checks are left out).")
+@click.option("--local", is_flag=True, help="Run the node checks on this machine, with no server (a node being "
+              "brought up): the agent's own discovery, with --config's settings.")
+@click.option("--config", "config_path", envvar="LLMGW_AGENT_CONFIG", type=click.Path(dir_okay=False),
+              help="With --local: the agent config (discovery, fabrics, model cache, certificate). [env: LLMGW_AGENT_CONFIG]")
+@click.option("--interval", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="With --local: seconds between the two readings of the error counters.")
+@click.option("--check", "check", type=click.Choice(CHECKS), help="Run only this check.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only what is not ok, one line each (for cron mail: "
+              "nothing printed when all is well).")
+@output_option
+@click.pass_context
+def doctor(ctx: click.Context, node_id: str | None, local: bool, config_path: str | None, interval: float,
+           check: str | None, quiet: bool, output: str) -> None:
+    """Check nodes and the fleet: agents, GPUs, NVLink, adapters, ports, counters, memlock, disk,
+    certificates, clocks, fabrics, replicas. Each finding says what to do when it is not ok.
+
+    \b
+    Exit codes (Nagios): 0 all ok, 1 warning, 2 critical, 3 could not run.
+    llmgw ctl doctor                 # the whole fleet
+    llmgw ctl doctor --quiet         # cron: mail only when something is wrong
+    llmgw ctl doctor --local --config /etc/llmgw/agent.yaml
+    """
+    if local:
+        data = _local_report(config_path, node_id, check, interval)
+    else:
+        query = urlencode({k: v for k, v in (("node", node_id), ("check", check)) if v})
+        from llmgw.cli.ctl import api
+
+        try:
+            data = api(ctx).get("/api/v1/doctor" + (f"?{query}" if query else ""))
+        except UsageError:
+            raise
+        except LlmgwError as exc:
+            raise CouldNotRun(str(exc)) from None
+    findings = data["findings"]
+    if quiet:
+        findings = [f for f in findings if f["status"] != "ok"]
+    if output == "json":
+        print_json({**data, "findings": findings})
+    elif quiet:
+        out = console()
+        for f in findings:
+            out.print(text(_line(f)), soft_wrap=True)
+    else:
+        out = console()
+        out.print(_table(findings))
+        out.print(text(_summary(data), STATUS_STYLES.get(data["status"], "")))
+    sys.stdout.flush()
+    sys.exit(int(data["exit_code"]))
