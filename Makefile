@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all demo test browser lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric docs clean
+.PHONY: all demo test browser lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric bench-doctor docs clean
 
 all: test
 
@@ -73,6 +73,9 @@ bench-fetch: $(STAMP)
 
 bench-fabric: $(STAMP)
 	$(BIN)/python bench/bench_fabric.py $(BENCH_ARGS)
+
+bench-doctor: $(STAMP)
+	$(BIN)/python bench/bench_doctor.py $(BENCH_ARGS)
 
 docs: $(STAMP)
 	$(BIN)/python tools/gendocs.py

@@ -99,6 +99,21 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert "fabric test gpu-01 → gpu-02: ok (4 ok)" in tested.stdout
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
         assert len(processes_under(work)) >= 8  # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
+        # `ctl doctor` from cron against the demo (issue 14): all ok, exit 0, nothing to mail; a port
+        # set to INIT makes it exit 2 with one line per problem, the port's among them.
+        quiet = run_llmgw("ctl", "--server", server, "doctor", "--quiet", env=as_operator)
+        assert quiet.returncode == 0 and quiet.stdout == "", quiet.stdout + quiet.stderr
+        node_dir = str(work / "nodes" / "gpu-01")
+        assert run_llmgw("sim", "node", "set-port", node_dir, "mlx5_1", "1", "init").returncode == 0
+
+        def doctor_exits_2() -> subprocess.CompletedProcess[str] | None:
+            result = run_llmgw("ctl", "--server", server, "doctor", "--quiet", env=as_operator)
+            return result if result.returncode == 2 else None
+
+        lines = wait_until(doctor_exits_2, "doctor to find the INIT port", deadline=60, interval=0.5).stdout.splitlines()
+        assert any(line.startswith("CRIT gpu-01 ports: mlx5_1/1 INIT") for line in lines), lines
+        assert all(line.split()[0] in ("WARN", "CRIT") for line in lines), lines
+        assert run_llmgw("sim", "node", "set-port", node_dir, "mlx5_1", "1", "up").returncode == 0
     finally:
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C at the terminal does
         demo.wait(timeout=60)

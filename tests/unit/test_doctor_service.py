@@ -84,3 +84,22 @@ async def test_checks_that_never_come_back_are_unknown_at_the_deadline(
         release.set()
     assert report.exit_code == 3
     assert [f.status for f in report.findings] == [Status.UNKNOWN] and "did not finish" in report.findings[0].finding
+
+
+async def test_a_thousand_nodes_are_graded_on_the_bounded_path() -> None:
+    """The snapshot and the worker over 1,000 nodes: every node graded, every check run (none left
+    unknown by the deadline). Its timing is bench/bench_doctor.py's (`make bench-doctor`)."""
+    registry = NodeRegistry(heartbeat_interval=5.0)
+    for i in range(1000):
+        node_id = f"gpu-{i:04d}"
+        ports = [m.Port(device=f"mlx5_{d}", port=1, state="ACTIVE", rate_gbps=400.0) for d in range(8)]
+        registry.register(m.Register(node_id=node_id, version="x", inventory=m.Inventory(ports=ports, gpu_source="sim")),
+                          now=0.0, session=i + 1)
+        for now in (5.0, 10.0):
+            readings = [m.PortCounters(device=p.device, port=1, state="ACTIVE", rate_gbps=400.0) for p in ports]
+            host = m.HostFacts(memlock_bytes=m.MEMLOCK_UNLIMITED, cache_free_bytes=1 << 40, cache_total_bytes=1 << 41)
+            registry.heartbeat(node_id, i + 1, m.Heartbeat(sent_at=1e9, ports=readings, host=host), now, wall=1e9)
+    report = await DoctorService(registry, reconciler(), clock=lambda: 11.0, wall=lambda: 1e9).report()
+    assert report.summary.nodes == 1000
+    assert {f.node for f in report.findings} >= {f"gpu-{i:04d}" for i in range(1000)}
+    assert report.exit_code == 0, [f for f in report.findings if f.status != Status.OK][:3]

@@ -1,0 +1,172 @@
+"""`llmgw ctl doctor` end to end (issue 14): a real server, real agents on simulated nodes and a
+simulated fabric, and the real `ctl` process whose exit code cron and Nagios read.
+
+A healthy fleet exits 0; then an INIT port (exit 2), a degraded cable (exit 1), a declared adapter
+that is absent (exit 2) and a node certificate about to expire (exit 1, or 2 when closer) are each
+found with the right check, status and subject; a server that is not there exits 3 with one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.harness import (
+    FAST_FLEET,
+    Proc,
+    Server,
+    ctl,
+    free_port,
+    make_sim_node,
+    one_error_line,
+    run_llmgw,
+    start_agent,
+    tls_agent_config,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+FABRIC_FAST = FAST_FLEET + """\
+fabric:
+  discover_interval: 1s
+  sm_interval: 0.5s
+  tool_timeout: 5s
+"""
+NODES = ["node-1", "node-2", "node-3", "node-4"]
+
+
+def make_fabric(out: Path, *flags: str) -> None:
+    result = run_llmgw("sim", "fabric", "--node-ids", ",".join(NODES), "--rails", "2", "--group-size", "2",
+                       "--spines", "2", "--out", str(out), "-o", "json", *flags)
+    assert result.returncode == 0, result.stderr
+
+
+def doctor(server: Server, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    result = ctl(server.url, "doctor", "-o", "json", *args, env=env)
+    assert result.returncode in (0, 1, 2, 3), result.stderr
+    return result.returncode, json.loads(result.stdout) if result.stdout.strip() else {}
+
+
+def problems(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    return [(f["node"], f["check"], f["status"], f.get("subject", "")) for f in data.get("findings", []) if f["status"] != "ok"]
+
+
+def wait_for_exit(server: Server, code: int, what: str, procs: list[Proc], *args: str,
+                  env: dict[str, str] | None = None) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        rc, data = doctor(server, *args, env=env)
+        return data if rc == code else None
+
+    return wait_until(check, what, procs=procs, deadline=60, interval=0.5)
+
+
+def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_path: Path, procs: list[Proc]) -> None:
+    fabric_dir = tmp_path / "fabric"
+    make_fabric(fabric_dir)
+    server = Server(tmp_path, FABRIC_FAST)
+    procs.append(server.start())
+    dirs = {}
+    for node in ("node-1", "node-2"):
+        config = make_sim_node(tmp_path, node, server.fleet_url, "", "--ib-ports", "2", "--fabric", str(fabric_dir))
+        dirs[node] = config.parent
+        procs.append(start_agent(tmp_path, node, config))
+
+    # Healthy: every check ok once the fabric is mapped and each port has two readings.
+    healthy = wait_for_exit(server, 0, "doctor to exit 0 on the healthy fleet", procs)
+    assert problems(healthy) == []
+    checks = {(f["node"], f["check"]) for f in healthy["findings"]}
+    assert {("node-1", "ports"), ("node-2", "memlock"), ("node-2", "clock"), ("(cluster)", "fabrics")} <= checks
+    fabric = next(f for f in healthy["findings"] if f["check"] == "fabrics")
+    assert "topology known" in fabric["finding"], fabric
+    table = ctl(server.url, "doctor")
+    assert table.returncode == 0 and "OK: 2 nodes" in table.stdout, table.stdout
+    quiet = ctl(server.url, "doctor", "--quiet")
+    assert quiet.returncode == 0 and quiet.stdout == "", quiet.stdout  # cron mails nothing
+
+    # A port left in INIT (its subnet manager gone): critical, at the node, naming the port.
+    assert run_llmgw("sim", "node", "set-port", str(dirs["node-1"]), "mlx5_1", "1", "init").returncode == 0
+    found = wait_for_exit(server, 2, "the INIT port found", procs)
+    assert ("node-1", "ports", "crit", "mlx5_1/1") in problems(found), problems(found)
+    quiet = ctl(server.url, "doctor", "--quiet")
+    assert quiet.returncode == 2
+    lines = quiet.stdout.strip().splitlines()
+    assert len(lines) == len(problems(found)) >= 1 and all(line.split()[0] in ("WARN", "CRIT", "UNKNOWN") for line in lines)
+    assert any(line.startswith("CRIT node-1 ports: mlx5_1/1 INIT") and "subnet manager" in line for line in lines), lines
+    narrowed = ctl(server.url, "doctor", "--node", "node-2")
+    assert narrowed.returncode == 0, narrowed.stdout  # the other node is fine
+    assert run_llmgw("sim", "node", "set-port", str(dirs["node-1"]), "mlx5_1", "1", "up").returncode == 0
+    wait_for_exit(server, 0, "doctor back to 0 once the port is ACTIVE", procs)
+
+    # A cable of node-2 trains at 1x (the topology says so): a warning of the fabric.
+    make_fabric(fabric_dir, "--degrade", "node-2")
+    found = wait_for_exit(server, 1, "the degraded cable found", procs)
+    [(where, check, status, _)] = problems(found)
+    assert (where, check, status) == ("(cluster)", "fabrics", "warn")
+    cable = next(f for f in found["findings"] if f["status"] == "warn")
+    assert "node-2" in cable["finding"] and cable["action"], cable
+
+    # A node whose agent declares an adapter it does not have: critical, naming the adapter.
+    config = make_sim_node(tmp_path, "node-3", server.fleet_url, "", "--ib-ports", "2", "--fabric", str(fabric_dir),
+                           "--absent-adapter", "mlx5_7")
+    procs.append(start_agent(tmp_path, "node-3", config))
+    found = wait_for_exit(server, 2, "the absent adapter found", procs, "--node", "node-3", "--check", "adapters")
+    assert problems(found) == [("node-3", "adapters", "crit", "mlx5_7")]
+
+
+def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[Proc]) -> None:
+    cadir = tmp_path / "ca"
+    for args in (("init",), ("server", "--ip", "127.0.0.1"), ("node", "gpu-01", "--days", "5"), ("node", "gpu-02", "--days", "2")):
+        result = run_llmgw("ctl", "cert", *args, "--dir", str(cadir))
+        assert result.returncode == 0, result.stderr
+    token = "doctor-viewer-token"
+    config = FAST_FLEET + (
+        f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / 'server.crt'}\n  key: {cadir / 'server.key'}\n"
+        "  require_identity: true\n"
+        f'api:\n  viewer_tokens: ["sha256:{hashlib.sha256(token.encode()).hexdigest()}"]\n'
+    )
+    server = Server(tmp_path, config, insecure=False, token=token)
+    procs.append(server.start())
+    for node in ("gpu-01", "gpu-02"):
+        base = make_sim_node(tmp_path, node, server.fleet_url)
+        agent_config = tls_agent_config(base, cadir / "ca.crt", cadir / f"node-{node}.crt", cadir / f"node-{node}.key")
+        procs.append(Proc(f"agent-{node}", ["agent", "--config", str(agent_config)], tmp_path))
+    viewer = {"LLMGW_TOKEN": token}
+    refused = ctl(server.url, "doctor")
+    assert refused.returncode == 3 and len(refused.stderr.strip().splitlines()) == 1  # no credential: could not run
+
+    five = wait_for_exit(server, 1, "gpu-01's certificate found expiring", procs, "--node", "gpu-01", env=viewer)
+    assert problems(five) == [("gpu-01", "cert", "warn", "")]
+    assert "certificate expires in 5.0 days" == next(f["finding"] for f in five["findings"] if f["check"] == "cert")
+    two = wait_for_exit(server, 2, "gpu-02's certificate found expiring", procs, "--node", "gpu-02", "--check", "cert", env=viewer)
+    assert problems(two) == [("gpu-02", "cert", "crit", "")]
+    whole = ctl(server.url, "doctor", "--quiet", env=viewer)
+    assert whole.returncode == 2 and len(whole.stdout.strip().splitlines()) == 2, whole.stdout
+
+
+def test_doctor_without_a_server_exits_3_with_one_line(tmp_path: Path) -> None:
+    result = ctl(f"http://127.0.0.1:{free_port()}", "doctor")
+    assert result.returncode == 3
+    assert "cannot reach the llmgw server" in one_error_line(result)
+    assert result.stdout == ""
+
+
+def test_doctor_local_reads_a_simulated_node_as_its_agent_would(tmp_path: Path) -> None:
+    result = run_llmgw("sim", "node", "--dir", str(tmp_path / "n"), "--node-id", "n-1", "--ib-ports", "2",
+                       "--init-port", "mlx5_1")
+    assert result.returncode == 0, result.stderr
+    local = run_llmgw("ctl", "doctor", "--local", "--config", str(tmp_path / "n" / "agent.yaml"), "--interval", "0",
+                      "-o", "json")
+    assert local.returncode == 2, local.stderr
+    data = json.loads(local.stdout)
+    assert problems(data) == [("n-1", "ports", "crit", "mlx5_1/1")]
+    assert {f["check"] for f in data["findings"]}.isdisjoint({"agent", "clock"})  # they need a server
+    # No config: this machine's own discovery (without GPUs, NVML is unknown and says why).
+    bare = run_llmgw("ctl", "doctor", "--local", "--check", "nvml", "--interval", "0", "-o", "json")
+    assert bare.returncode in (0, 3), bare.stderr
+    [nvml] = json.loads(bare.stdout)["findings"]
+    assert nvml["status"] in ("ok", "unknown") and nvml["finding"]
