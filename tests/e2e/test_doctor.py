@@ -141,7 +141,7 @@ def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[
 
     five = wait_for_exit(server, 1, "gpu-01's certificate found expiring", procs, "--node", "gpu-01", env=viewer)
     assert problems(five) == [("gpu-01", "cert", "warn", "")]
-    assert "certificate expires in 5.0 days" == next(f["finding"] for f in five["findings"] if f["check"] == "cert")
+    assert next(f["finding"] for f in five["findings"] if f["check"] == "cert") == "certificate expires in 5.0 days"
     two = wait_for_exit(server, 2, "gpu-02's certificate found expiring", procs, "--node", "gpu-02", "--check", "cert", env=viewer)
     assert problems(two) == [("gpu-02", "cert", "crit", "")]
     whole = ctl(server.url, "doctor", "--quiet", env=viewer)
