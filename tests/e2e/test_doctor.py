@@ -76,7 +76,8 @@ def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_pa
         dirs[node] = config.parent
         procs.append(start_agent(tmp_path, node, config))
 
-    # Healthy: every check ok once the fabric is mapped and each port has two readings.
+    # Healthy: every check ok once both nodes are in, the fabric is mapped and each port has two readings.
+    wait_until(lambda: len(server.nodes()) == 2, "both nodes registered", procs=procs)
     healthy = wait_for_exit(server, 0, "doctor to exit 0 on the healthy fleet", procs)
     assert problems(healthy) == []
     checks = {(f["node"], f["check"]) for f in healthy["findings"]}
