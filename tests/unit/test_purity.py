@@ -56,6 +56,7 @@ PURE = [
     "llmgw.agent.engines.multinode",
     "llmgw.server.observe",
     "llmgw.server.moves",
+    "llmgw.server.rollout",
     "llmgw.server.reconcile",
     "llmgw.server.replicas",
     "llmgw.server.states",

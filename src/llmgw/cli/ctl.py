@@ -15,6 +15,7 @@ from llmgw.cli.fabric_test import fabric_test
 from llmgw.cli.fabrics import fabrics
 from llmgw.cli.progress import LinesUnder, progress_line
 from llmgw.cli.render import console, make_table, output_option, print_json, say, styled_state, text
+from llmgw.cli.rollout import rollout, rollout_cell
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -213,11 +214,12 @@ def models(ctx: click.Context, output: str) -> None:
     if output == "json":
         print_json(data)
         return
-    rows = [(d["name"], f"{d['ready']}/{d['replicas']}", ",".join(d["profiles"]) or "-", d["balancer"], d["source"]) for d in data]
+    rows = [(d["name"], f"{d['ready']}/{d['replicas']}", ",".join(d["profiles"]) or "-", d["balancer"], d["source"],
+             rollout_cell(d.get("rollout"))) for d in data]
     if not rows:
         say("no models in the catalog")
         return
-    console().print(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE"], rows))
+    console().print(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE", "ROLLOUT"], rows))
 
 
 @ctl.command()
@@ -300,3 +302,4 @@ ctl.add_command(cordon)
 ctl.add_command(uncordon)
 ctl.add_command(drain)
 ctl.add_command(doctor)
+ctl.add_command(rollout)

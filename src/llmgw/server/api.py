@@ -196,7 +196,7 @@ class PublicHandler:
             await send_json(call.responder, 200, replica)
 
     async def list_models(self, call: Call) -> None:
-        await send_json(call.responder, 200, self.reads.models())
+        await send_json(call.responder, 200, self.reads.models(call.now))
 
     async def list_events(self, call: Call) -> None:
         try:

@@ -150,8 +150,11 @@ class Mover(Observer):
                 busy.add(move.model)
                 self._surge(move, old, now)
         self._forget_ended()
-        for replica in list(self.replicas.values()):
-            if replica.state == ReplicaState.DRAINING and replica.out_of_rotation:
+        # Only a move retires a replica (DRAINING): with none retiring, no replica is looked at.
+        retiring = [self.replicas.get(mv.replica) for mv in self.moves.values()
+                    if mv.state in (MoveState.RETIRING, MoveState.BELOW)]
+        for replica in retiring:
+            if replica is not None and replica.state == ReplicaState.DRAINING and replica.out_of_rotation:
                 self.stop_replica(replica, now, replica.reason, drain=True)
 
     def _surge(self, move: Move, old: Replica, now: float) -> None:

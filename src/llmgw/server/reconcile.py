@@ -28,7 +28,6 @@ from llmgw.catalog.schema import Model, Profile
 from llmgw.fabric.locality import Places
 from llmgw.placement import NodeCapacity, NoFit, Request, place
 from llmgw.placement.multi import MultiPlacement, place_multi
-from llmgw.server.moves import Mover
 from llmgw.server.replicas import (
     PAST_SHARDS,
     REFUSED_ENDPOINT,
@@ -38,6 +37,7 @@ from llmgw.server.replicas import (
     Settings,
     Shard,
 )
+from llmgw.server.rollout import Roller
 from llmgw.server.states import GONE, HOLDING, LEAVING, SERVING, Illegal, ReplicaState, ShardState
 from llmgw.wire import messages as m
 
@@ -146,7 +146,7 @@ def new_engine_key() -> str:
     return secrets.token_urlsafe(32)
 
 
-class Reconciler(Mover):
+class Reconciler(Roller):
     def __init__(self, models: Sequence[Model], settings: Settings, rng: random.Random | None = None,
                  new_key: Callable[[], str] = new_engine_key) -> None:
         super().__init__(settings, rng)
@@ -181,6 +181,8 @@ class Reconciler(Mover):
             if n.endpoint_host:
                 self.endpoint_hosts[n.node_id] = n.endpoint_host
         self._advance_moves(now)  # first: a failed successor is seen failed, before its backoff ends
+        self._roll(self.models, now)  # rolling replacement: a move for the next replica that runs an old spec
+        self._advance_moves(now)  # and its surge, placed in this pass
         # Failed replicas whose backoff passed go back to pending (their shards are gone).
         for replica in self.replicas.values():
             if replica.state == ReplicaState.FAILED and now >= replica.next_attempt_at and replica.gone():
@@ -301,6 +303,7 @@ class Reconciler(Mover):
             spec = shard_spec(model, profile, replica.id, shard_id, list(result.gpus), result.port, self.new_key())
             replica.attempt = attempt
             replica.profile = profile.name
+            replica.profile_order = [p.name for p in model.profiles]
             self._remember_past(replica)
             self._set_shards(replica, [
                 Shard(
@@ -347,6 +350,7 @@ class Reconciler(Mover):
         usage.hold_port(multi.ranks[0].node_id, multi.master_port)
         replica.attempt = attempt
         replica.profile = profile.name
+        replica.profile_order = [p.name for p in model.profiles]
         self._remember_past(replica)
         self._set_shards(replica, shards)
         self._replica_to(replica, ReplicaState.STARTING, now, "", "placed")

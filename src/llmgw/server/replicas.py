@@ -81,6 +81,9 @@ class Replica(msgspec.Struct, kw_only=True):
     # (not counted against the catalog's replicas until then) and the nodes it must avoid.
     replaces: str = ""
     avoid: list[str] = []
+    # The model's profile names, in order, when this replica was placed (rollout.py: a new order
+    # is a change); empty for an adopted one, whose placement this server did not see.
+    profile_order: list[str] = []
     # Draining: the gateway has synced since it left rotation, so its shards may get Drain.
     out_of_rotation: bool = False
 

@@ -22,6 +22,7 @@ from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.moves import Move
 from llmgw.server.reconcile import Reconciler, Replica, ReplicaState
 from llmgw.server.registry import Node, NodeRegistry
+from llmgw.server.rollout import Rollout
 from llmgw.server.weights import ProgressView, WeightsBoard
 from llmgw.wire import messages as m
 
@@ -124,6 +125,24 @@ class ReplicaView(msgspec.Struct, kw_only=True):
     move: MoveView | None = None  # being replaced, or replacing another (drain, rollout, spread)
 
 
+class RolloutView(msgspec.Struct, kw_only=True):
+    """A model's latest rolling replacement (rollout.py)."""
+
+    state: str  # rolling | halted | done
+    what: str  # what changed: "args", "env, gpus", ...
+    replaced: int
+    total: int
+    note: str  # what it does now, or why it halted
+    state_since: float
+
+
+def rollout_view(ro: Rollout | None, now: float) -> RolloutView | None:
+    if ro is None:
+        return None
+    return RolloutView(state=str(ro.state), what=ro.what, replaced=ro.replaced, total=ro.total, note=ro.note,
+                       state_since=_wall(now, ro.state_since))
+
+
 class ModelView(msgspec.Struct, kw_only=True):
     name: str
     source: str
@@ -131,6 +150,7 @@ class ModelView(msgspec.Struct, kw_only=True):
     ready: int
     profiles: list[str]
     balancer: str
+    rollout: RolloutView | None = None
 
 
 class EndpointView(msgspec.Struct, kw_only=True):
@@ -238,7 +258,7 @@ class ReadModel(Protocol):
     def node(self, node_id: str, now: float) -> NodeView | None: ...
     def replicas(self, now: float) -> list[ReplicaView]: ...
     def replica(self, replica_id: str, now: float) -> ReplicaView | None: ...
-    def models(self) -> list[ModelView]: ...
+    def models(self, now: float = 0.0) -> list[ModelView]: ...
     def endpoints(self) -> list[EndpointView]: ...
     def fabrics(self) -> list[dict[str, Any]]: ...
     def fabric(self, fabric_id: str) -> dict[str, Any] | None: ...
@@ -288,7 +308,7 @@ class FleetReads:
         replica = self.reconciler.replicas.get(replica_id)
         return None if replica is None else replica_view(replica, now, self.weights, self.reconciler.move_of(replica_id))
 
-    def models(self) -> list[ModelView]:
+    def models(self, now: float = 0.0) -> list[ModelView]:
         reconciler = self.reconciler
         return [
             ModelView(
@@ -298,6 +318,7 @@ class FleetReads:
                 ready=sum(1 for r in reconciler.of_model(model.name) if r.state == ReplicaState.READY),
                 profiles=[p.name for p in model.profiles],
                 balancer=model.balancer,
+                rollout=rollout_view(reconciler.rollouts.get(model.name), now),
             )
             for model in reconciler.models.values()
         ]
