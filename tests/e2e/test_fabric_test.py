@@ -191,13 +191,16 @@ def test_an_agent_without_perftest_installs_it_the_first_time_and_says_so(tmp_pa
     wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
     assert "fabric-test" in server.get("/api/v1/nodes/gpu-02")["features"]  # it can run one: it can install perftest
 
-    first = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "-o", "json", timeout=120)
+    # gpu-02 is the client side: its install happens before B's server starts (prepare), not while it waits.
+    first = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", "-o", "json", timeout=120)
     assert first.returncode == 0, (first.stdout, first.stderr)
     assert "gpu-02: ib_write_bw missing: installing perftest with apt-get" in first.stderr, first.stderr
     assert "gpu-02: installed perftest with apt-get (" in first.stderr
     assert (tmp_path / "apt-get.args").read_text().split() == ["install", "-y", "--no-install-recommends", "perftest"]
-    [rail] = json.loads(first.stdout)["rails"]
-    assert rail["status"] == "ok" and any(n.startswith("installed perftest") for n in rail["notes"])
+    report = json.loads(first.stdout)
+    assert [r["status"] for r in report["rails"]] == ["ok"]
+    assert report["notes"][0] == "gpu-02: ib_write_bw missing: installing perftest with apt-get"
+    assert report["notes"][1].startswith("gpu-02: installed perftest with apt-get (")
     (tmp_path / "apt-get.args").unlink()
-    again = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", timeout=120)
+    again = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", timeout=120)
     assert again.returncode == 0 and "installing" not in again.stderr and not (tmp_path / "apt-get.args").exists()

@@ -160,3 +160,16 @@ async def test_the_server_side_says_ready_once_it_listens(tmp_path: Path) -> Non
     done = receive.receive_nowait()
     assert isinstance(done, m.FabricTestResult) and done.phase == "done" and done.ok
     assert done.output.strip() == f"served {ready.tcp_port}"
+
+
+async def test_prepare_only_makes_sure_ib_write_bw_is_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    (tmp_path / "os-release").write_text("ID=debian\n")
+    script(tmp_path / "apt-get", f"/bin/cp -p {tmp_path / 'pkg'} {tmp_path / 'ib_write_bw'}")
+    script(tmp_path / "pkg", "echo should-not-run; exit 1")
+    tester = FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release")), ports=lambda: [IB])
+    progress, done = await run(tester, m.FabricTest(request_id="p", role="prepare"))
+    assert isinstance(done, m.FabricTestResult) and done.ok and done.output == "" and tester.path is not None
+    assert isinstance(progress, m.FabricTestResult) and progress.phase == "progress"
+    [again] = await run(tester, m.FabricTest(request_id="p2", role="prepare"))
+    assert isinstance(again, m.FabricTestResult) and again.ok and not again.notes

@@ -8,6 +8,8 @@ on the same stream:
   prints `Waiting for client to connect` before it binds, into a pipe that buffers it) answer
   "ready" with the port; then wait for it to finish and answer "done" with what it printed.
 - client role: run `ib_write_bw ... SERVER_HOST` against that port and answer "done".
+- prepare: only make sure ib_write_bw is here (installing perftest if need be), before any rail
+  starts, so that one side's install never outlasts the other side's waiting server.
 
 Both sides run with `--report_gbits -F` (-F: a CPU-frequency warning does not fail the run) and the
 size and iterations the server chose. On RoCE the agent passes `-x` with the RoCE v2 GID index that
@@ -192,6 +194,8 @@ class FabricTester:
         if self.path is None and not await self._install(req, send, done):
             return
         assert self.path is not None
+        if req.role == "prepare":
+            return  # ib_write_bw is here (installed now if it was not): the server may pair the sides
         gid = self._gid_index(req, done)
         if done.error:
             return
@@ -211,22 +215,26 @@ class FabricTester:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(perftest)
-            with trio.move_on_after(READY_TIMEOUT):
+            with trio.move_on_after(READY_TIMEOUT) as waiting:
                 # The kernel's socket table has no event to wait on: look every 50 ms.
                 while not await trio.to_thread.run_sync(_listening_now, tcp_port):  # noqa: ASYNC110
                     await trio.sleep(0.05)
+            if waiting.cancelled_caught:
+                done.error = f"{TOOL} did not listen on TCP port {tcp_port} within {READY_TIMEOUT:g}s; killed"
+                nursery.cancel_scope.cancel()
+            else:
+                # Listening: the client may come; perftest ends the nursery when it finishes (or its timeout).
                 send(m.FabricTestResult(request_id=req.request_id, phase="ready", ok=True, tcp_port=tcp_port,
                                         gid_index=gid, notes=list(done.notes)))
-                await trio.sleep_forever()
-            done.error = f"{TOOL} did not listen on TCP port {tcp_port} within {READY_TIMEOUT:g}s; killed"
-            nursery.cancel_scope.cancel()
         if box:
             done.error = ""
             self._finish(done, *box[0][:4], timeout)
 
     def _check(self, req: m.FabricTest) -> str:
         if req.role not in m.FABRIC_TEST_ROLES:
-            return f"unknown role {req.role!r} (server or client)"
+            return f"unknown role {req.role!r} ({', '.join(m.FABRIC_TEST_ROLES)})"
+        if req.role == "prepare":
+            return ""
         if not safe_device(req.device):
             return f"device {req.device!r} is not an RDMA device name"
         if req.role == "client" and (not req.server_host or not 0 < req.server_port < 65536):

@@ -4,6 +4,7 @@
 the Nth usable port of each fabric on A with the Nth on B, as NCCL does) and, one rail at a time
 so two runs never share a link:
 
+0. (once) asks both agents to `prepare`: have ib_write_bw, installing perftest if need be;
 1. sends B's agent `FabricTest(role=server)` for its port and waits for "ready" with the TCP port
    its ib_write_bw listens on;
 2. sends A's agent `FabricTest(role=client)` with B's address (its endpoint host, the management
@@ -122,16 +123,36 @@ class FabricTests:
         async with self._lock:
             await emit({"event": "start", "a": a, "b": b, "rails": [msgspec.to_builtins(r) for r in rails]})
             results: list[RailResult] = []
+            notes: list[str] = []
+            unready = await self._prepare((a, b), emit, notes)
             for rail in rails:
                 await emit({"event": "rail_start", "rail": rail.index, "fabric": rail.fabric, "a": rail.a, "b": rail.b})
-                result = await self._rail(a, b, rail, emit, timeout, size, iterations)
+                if unready:
+                    result = grade(rail, None, unready)
+                else:
+                    result = await self._rail(a, b, rail, emit, timeout, size, iterations)
                 results.append(result)
                 await emit({"event": "rail", **msgspec.to_builtins(result)})
         status, code = overall(results)
         log.info("fabric test %s → %s: %s (%s)", a, b, status,
                  ", ".join(f"{r.fabric}#{r.rail} {r.status}" for r in results))
-        return {"event": "done", "a": a, "b": b, "status": status, "exit_code": code,
+        return {"event": "done", "a": a, "b": b, "status": status, "exit_code": code, "notes": notes,
                 "rails": [msgspec.to_builtins(r) for r in results]}
+
+    async def _prepare(self, nodes: tuple[str, ...], emit: Callable[[dict[str, Any]], Awaitable[None]],
+                       notes: list[str]) -> str:
+        """Both agents make sure ib_write_bw is there first (an install takes minutes: it must not
+        happen while the other side's server waits). "" when both are ready, else why not."""
+        base = f"ft-{next(self._ids)}-{secrets.token_hex(4)}"
+        for node_id in nodes:
+            async with self._asking(node_id, f"{base}-p-{node_id}") as (request_id, results):
+                self._send(node_id, m.FabricTest(request_id=request_id, role="prepare"))
+                said: list[str] = []
+                done = await self._wait(node_id, results, 0.0, said, emit, want="done")
+                notes.extend(f"{node_id}: {note}" for note in said)
+            if done is None or not done.ok:
+                return _why(node_id, done, "could not get ib_write_bw ready")
+        return ""
 
     async def _rail(self, a: str, b: str, rail: Rail, emit: Callable[[dict[str, Any]], Awaitable[None]],
                     limit: float, size: int, iterations: int) -> RailResult:

@@ -412,7 +412,8 @@ class LogCancel(_Base, tag="LogCancel", tag_field="type"):
     request_id: str
 
 
-FABRIC_TEST_ROLES = ("server", "client")
+# "prepare": only make sure ib_write_bw is there (install perftest if need be), before any rail runs.
+FABRIC_TEST_ROLES = ("server", "client", "prepare")
 
 
 class FabricTest(_Base, tag="FabricTest", tag_field="type"):
@@ -423,7 +424,7 @@ class FabricTest(_Base, tag="FabricTest", tag_field="type"):
 
     request_id: str
     role: str  # FABRIC_TEST_ROLES
-    device: str  # "mlx5_0"
+    device: str = ""  # "mlx5_0" ("" for prepare)
     port: int = 1
     server_host: str = ""  # client: the server side's address
     server_port: int = 0  # client: the TCP port the server side said it listens on
