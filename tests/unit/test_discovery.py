@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from llmgw.agent import discovery
+from llmgw.agent.nvml_events import XidWatch
 from llmgw.catalog.schema import Discovery
 from llmgw.fabric import sysfs
 from tests.realfixtures import REAL, load_flat
@@ -37,6 +38,7 @@ def real_tree(request, tmp_path):
 def fresh_nvml(monkeypatch):
     """A new NVML session and log-once memory, so tests do not see each other's state."""
     monkeypatch.setattr(discovery, "_nvml", discovery._Nvml())
+    monkeypatch.setattr(discovery, "_xids", XidWatch())
     monkeypatch.setattr(discovery, "_logged", set())
 
 
@@ -387,6 +389,66 @@ def test_nvml_present_through_discover(fresh_nvml, monkeypatch):
     assert inv.gpu_source == "nvml"
     assert [g.nvlink for g in inv.gpus] == [{1: 2}, {0: 2}]
     assert [h.temperature_c for h in discovery.read_gpu_health(cfg)] == [40, 41]
+
+
+def doctor_nvml(pending: list[SimpleNamespace]) -> SimpleNamespace:
+    """The fake NVML with what doctor reads: ECC counts, a link down, the driver, Xid events."""
+    nv = fake_nvml(HGX_BUSES[:2], {0: [("gpu", 0x2A)] * 2, 1: [("gpu", 0x18)] * 2})
+    link_state = nv.nvmlDeviceGetNvLinkState
+    nv.nvmlDeviceGetNvLinkState = lambda h, link: 0 if (h, link) == (1, 1) else link_state(h, link)
+    nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC = 1, 0
+    nv.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: 3 if (h, kind, counter) == (0, 1, 0) else 0
+    nv.nvmlSystemGetDriverVersion = lambda: "550.54.15"
+    nv.nvmlEventTypeXidCriticalError = 8
+    nv.registered = []
+    nv.nvmlEventSetCreate = lambda: "event-set"
+    nv.nvmlDeviceRegisterEvents = lambda h, kind, event_set: nv.registered.append((h, kind, event_set))
+    nv.nvmlDeviceGetIndex = lambda h: h
+
+    def wait(event_set, timeout_ms):
+        assert timeout_ms == 0  # never blocks the heartbeat
+        if pending:
+            return pending.pop(0)
+        raise _FakeNvmlError("timeout")
+
+    nv.nvmlEventSetWait = wait
+    return nv
+
+
+def test_nvml_gives_doctor_ecc_links_down_the_driver_and_xids(fresh_nvml, monkeypatch):
+    import sys
+
+    pending = [SimpleNamespace(device=1, eventData=79)]
+    nv = doctor_nvml(pending)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    cfg = Discovery(sysfs_root="/nonexistent", gpus="nvml")
+    assert discovery.discover(cfg).gpu_driver == "550.54.15"
+    health = discovery.read_gpu_health(cfg)
+    assert [(h.ecc_uncorrected, h.nvlink_down, h.xid) for h in health] == [(3, 0, 0), (0, 1, 79)]
+    assert nv.registered == [(0, 8, "event-set"), (1, 8, "event-set")]
+    again = discovery.read_gpu_health(cfg)  # the Xid is drained, and still reported
+    assert [h.xid for h in again] == [0, 79]
+
+
+def test_without_xid_events_or_ecc_doctor_is_told_not_read(fresh_nvml, monkeypatch):
+    import sys
+
+    nv = fake_nvml(HGX_BUSES[:1], {0: []})  # no event sets, no ECC query, no NVLink
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    [health] = discovery.read_gpu_health(Discovery(sysfs_root="/nonexistent", gpus="nvml"))
+    assert (health.ecc_uncorrected, health.nvlink_down, health.xid) == (None, None, None)
+
+
+def test_an_xid_is_reported_for_an_hour_then_forgotten():
+    now = [0.0]
+    pending = [SimpleNamespace(device=0, eventData=13)]
+    watch = XidWatch(clock=lambda: now[0])
+    nv = doctor_nvml(pending)
+    assert watch.poll(nv) == {0: 13}
+    now[0] = 3599.0
+    assert watch.poll(nv) == {0: 13}
+    now[0] = 3601.0
+    assert watch.poll(nv) == {}
 
 
 # ---- GPUs: simulated file ----------------------------------------------------------------------

@@ -100,6 +100,8 @@ def test_gpu_health() -> None:
     assert statuses(grade("gpu-health", healthy(gpus=[m.GpuHealth(index=0)]))) == [CRIT]  # GPU 1 fell off
     found = grade("gpu-health", gpus())  # GPU 1 without ECC readings (an older agent)
     assert statuses(found) == [OK] and "ECC not reported for GPU 1" in found[0].finding
+    found = grade("gpu-health", healthy(gpus=[m.GpuHealth(index=0, ecc_uncorrected=0), m.GpuHealth(index=1, ecc_uncorrected=0)]))
+    assert statuses(found) == [OK] and "Xids not reported" in found[0].finding  # where NVML delivers none
     assert statuses(grade("gpu-health", healthy(gpus=None))) == [UNKNOWN]  # no heartbeat yet
 
 

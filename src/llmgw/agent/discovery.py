@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from llmgw.agent import netif
+from llmgw.agent.nvml_events import XidWatch
 from llmgw.catalog.schema import Discovery
 from llmgw.fabric import sysfs
 from llmgw.wire.messages import Gpu, GpuHealth, Inventory, Port, PortCounters
@@ -364,6 +365,7 @@ def _nvml_init() -> tuple[Any, str]:
 
 
 _nvml = _Nvml()
+_xids = XidWatch()
 
 
 def _pci_key(info: Any) -> tuple[int, int, int]:
@@ -531,7 +533,11 @@ def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
         if nv is None:
             return []
         try:
-            return nvml_health(nv)
+            health = nvml_health(nv)
+            xids = _xids.poll(nv)  # None: this driver delivers no Xid events (xid stays unread)
+            for h in health:
+                h.xid = None if xids is None else xids.get(h.index, 0)
+            return health
         except Exception as exc:
             _log_once(f"GPU health from NVML failed ({type(exc).__name__}: {exc})")
             return []

@@ -150,6 +150,8 @@ def check_gpu_health(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
     unread = [h.index for h in readings.values() if h.ecc_uncorrected is None]
     note = "" if not unread else ("; ECC not reported" if len(unread) == len(readings) else
                                   f"; ECC not reported for GPU {', '.join(map(str, unread))}")
+    if readings and all(h.xid is None for h in readings.values()):
+        note += "; Xids not reported (no NVML Xid events on this node)"
     return [_f(n, "gpu-health", OK, f"{len(n.inventory.gpus)} GPUs healthy, no uncorrected ECC errors or Xids{note}")]
 
 
