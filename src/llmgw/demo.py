@@ -330,6 +330,7 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         say(f"  export LLMGW_TOKEN={token}")
         say(f"  {cmd} ctl --server {public} logs -f {small}")
         say(f"  {cmd} ctl --server {public} events --watch")
+        say(f"  {cmd} ctl --server {public} doctor")
         if len(node_ids) >= 2:
             say(f"  {cmd} ctl --server {public} fabric-test {node_ids[0]} {node_ids[1]}")
         say(f"Logs: {logs}   Ctrl-C stops everything.")

@@ -101,13 +101,17 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert len(processes_under(work)) >= 8  # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
         # `ctl doctor` from cron against the demo (issue 14): all ok, exit 0, nothing to mail; a port
         # set to INIT makes it exit 2 with one line per problem, the port's among them.
-        quiet = run_llmgw("ctl", "--server", server, "doctor", "--quiet", env=as_operator)
+        doctor_args = shlex.split(next(line for line in text.splitlines() if line.rstrip().endswith(" doctor")))
+        doctor_args = doctor_args[doctor_args.index("ctl"):]  # as printed (path aside)
+        printed = run_llmgw(*doctor_args, env=as_operator)
+        assert printed.returncode == 0 and printed.stdout.strip().splitlines()[-1].startswith("OK: 2 nodes"), printed.stdout
+        quiet = run_llmgw(*doctor_args, "--quiet", env=as_operator)
         assert quiet.returncode == 0 and quiet.stdout == "", quiet.stdout + quiet.stderr
         node_dir = str(work / "nodes" / "gpu-01")
         assert run_llmgw("sim", "node", "set-port", node_dir, "mlx5_1", "1", "init").returncode == 0
 
         def doctor_exits_2() -> subprocess.CompletedProcess[str] | None:
-            result = run_llmgw("ctl", "--server", server, "doctor", "--quiet", env=as_operator)
+            result = run_llmgw(*doctor_args, "--quiet", env=as_operator)
             return result if result.returncode == 2 else None
 
         lines = wait_until(doctor_exits_2, "doctor to find the INIT port", deadline=60, interval=0.5).stdout.splitlines()
