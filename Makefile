@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all demo test browser lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric bench-doctor docs clean
+.PHONY: all demo test browser lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric bench-doctor bench-admin docs clean
 
 all: test
 
@@ -76,6 +76,9 @@ bench-fabric: $(STAMP)
 
 bench-doctor: $(STAMP)
 	$(BIN)/python bench/bench_doctor.py $(BENCH_ARGS)
+
+bench-admin: $(STAMP) browser
+	$(BIN)/python bench/bench_admin.py $(BENCH_ARGS)
 
 docs: $(STAMP)
 	$(BIN)/python tools/gendocs.py

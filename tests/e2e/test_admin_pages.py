@@ -243,7 +243,7 @@ def test_static_files_are_content_hashed_and_cached(cluster: Cluster) -> None:
 def _fabric_page(cluster: Cluster, watched: Watched) -> Any:
     page = watched.page
     page.goto(f"{cluster.server.url}/admin/fabrics/{cluster.fabric_id}")
-    page.wait_for_function("window.llmgwFabric && window.llmgwFabric.ready")
+    page.wait_for_function("() => window.llmgwFabric && window.llmgwFabric.ready")
     return page
 
 

@@ -18,7 +18,9 @@
 (function () {
   const fabricId = document.body.dataset.fabric;
   const canvas = document.getElementById("fabric-canvas");
-  const ctx = canvas.getContext("2d");
+  // Opaque: the compositor copies the canvas without blending it over the page.
+  const ctx = canvas.getContext("2d", { alpha: false });
+  const BACKGROUND = "#0f1419";
   const stage = document.getElementById("fabric-stage");
   const message = document.getElementById("fabric-message");
   const counts = document.getElementById("fabric-counts");
@@ -38,6 +40,7 @@
   const api = window.llmgwFabric = {
     ready: false, switches: 0, adapters: 0, cables: 0, bundles: 0, degraded: 0, frames: 0, refreshes: 0,
     selected: null, error: "",
+    timing: { scene: 0, blit: 0, overlay: 0, n: 0 }, // ms spent in each part of draw(), for bench-admin
     markers: () => markerPositions(),
     screenOf: (key) => { const n = model && model.byKey.get(key); return n ? toScreen(n.x, n.y) : null; },
     search: (q) => find(q),
@@ -74,6 +77,8 @@
         topoStamp = stamp;
         const keep = selected >= 0 ? model.nodes[selected].key : null;
         model = layout(topo);
+        markDown();
+        computeFlows();
         hover = -1;
         selected = keep !== null && model.byKey.has(keep) ? model.byKey.get(keep).i : -1;
         if (!view.fitted) fit();
@@ -103,6 +108,8 @@
                            rx: Math.max(0, now.rcv_bytes - before.rcv_bytes) / dt });
         }
       }
+      markDown();
+      computeFlows();
       dirty = true;
       if (selected >= 0) openPanel(selected);
     } catch (_) { /* the topology's message says what is wrong */ }
@@ -221,6 +228,9 @@
     const m = { topo, nodes, byKey, bundles, hidden, devices, rateList, W, H: rows * rowHeight, rowHeight, grid, cell,
                 paths: null };
     m.paths = buildPaths(m);
+    m.degradedBundles = bundles.filter((b) => b.degraded);
+    m.switchList = nodes.filter((n) => n.kind === "switch");
+    m.adapterRow = nodes.filter((n) => n.kind === "adapter").sort((p, q) => p.x - q.x);
     return m;
   }
 
@@ -314,6 +324,22 @@
     return null;
   }
 
+  // Which adapters' ports are not ACTIVE (they glow red): set when a ports document arrives.
+  let downStamp = "";
+  function markDown() {
+    if (!model || !ports) return;
+    const down = [];
+    for (const n of model.nodes) {
+      if (n.kind !== "adapter") continue;
+      const p = portOf(n);
+      n.portKey = p ? p.key : null;
+      n.down = !!(p && p.state && p.state.toUpperCase() !== "ACTIVE");
+      if (n.down) down.push(n.i);
+    }
+    api.down = down.length;
+    downStamp = down.join(",");
+  }
+
   function related(i) {
     const n = model.nodes[i];
     const nodes = new Set([i]), bundles = new Set();
@@ -321,34 +347,43 @@
     return { nodes, bundles };
   }
 
-  function draw(now) {
-    api.frames += 1;
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.clearRect(0, 0, canvas.width, canvas.height);
-    if (!model) return false;
+  // The scene (cables, nodes, down ports) is drawn into an offscreen canvas once per view; while
+  // a pan or zoom is under way each frame only moves or scales that picture (one drawImage), and
+  // the scene is drawn sharp again once the pointer and the wheel rest for IDLE_MS. Rasterising
+  // 20,000 cables costs 100+ ms a frame on a 2-core machine without a GPU; a blit costs a few.
+  const IDLE_MS = 160;
+  const scene = { canvas: document.createElement("canvas"), key: "", scale: 0, tx: 0, ty: 0 };
+  let lastWheel = -1e9;
+
+  function sceneKey(focus) {
+    return [topoStamp, byRail, focus, downStamp, canvas.width, canvas.height].join("|");
+  }
+
+  function drawScene(c, rel) {
     const s = view.scale;
-    const focus = hover >= 0 ? hover : selected;
-    const rel = focus >= 0 ? related(focus) : null;
-    ctx.setTransform(dpr * s, 0, 0, dpr * s, dpr * view.tx, dpr * view.ty);
-    ctx.lineCap = "round";
-    ctx.globalAlpha = rel ? FADE : 1;
+    scene.canvas.width = canvas.width; scene.canvas.height = canvas.height;
+    c.setTransform(1, 0, 0, 1, 0, 0);
+    c.clearRect(0, 0, canvas.width, canvas.height);
+    c.setTransform(dpr * s, 0, 0, dpr * s, dpr * view.tx, dpr * view.ty);
+    c.lineCap = "round";
+    c.globalAlpha = rel ? FADE : 1;
     for (const g of model.paths) {
-      ctx.strokeStyle = g.colour;
-      ctx.lineWidth = g.width / s;
-      ctx.stroke(g.path);
+      c.strokeStyle = g.colour;
+      c.lineWidth = g.width / s;
+      c.stroke(g.path);
     }
     if (rel) {
-      ctx.globalAlpha = 1;
+      c.globalAlpha = 1;
       for (const bi of rel.bundles) {
         const b = model.bundles[bi];
-        ctx.strokeStyle = bundleColour(model, b);
-        ctx.lineWidth = (bundleWidth(b) + 1) / s;
-        ctx.beginPath(); ctx.moveTo(b.a.x, b.a.y); ctx.lineTo(b.b.x, b.b.y); ctx.stroke();
+        c.strokeStyle = bundleColour(model, b);
+        c.lineWidth = (bundleWidth(b) + 1) / s;
+        c.beginPath(); c.moveTo(b.a.x, b.a.y); c.lineTo(b.b.x, b.b.y); c.stroke();
       }
     }
     // Nodes, in screen pixels, only those in view.
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    const adapterPx = Math.min(6, Math.max(1.5, AW * s * 0.5)), switchPx = Math.min(14, Math.max(4, 40 * s));
+    c.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const adapterPx = adapterSize(), switchPx = switchSize();
     const down = [];
     const fills = new Map();
     for (const n of model.nodes) {
@@ -362,34 +397,64 @@
       if (!fills.has(key)) fills.set(key, { colour, faded, path: new Path2D() });
       const size = n.kind === "switch" ? switchPx : adapterPx;
       fills.get(key).path.rect(x - size / 2, y - size / 2, size, size);
-      if (n.kind === "adapter" && ports) {
-        const p = portOf(n);
-        if (p && p.state && p.state.toUpperCase() !== "ACTIVE") down.push({ x, y, size });
-      }
+      if (n.kind === "adapter" && n.down) down.push({ x, y, size });
     }
     for (const f of fills.values()) {
-      ctx.globalAlpha = f.faded ? FADE : 1;
-      ctx.fillStyle = f.colour;
-      ctx.fill(f.path);
+      c.globalAlpha = f.faded ? FADE : 1;
+      c.fillStyle = f.colour;
+      c.fill(f.path);
     }
-    ctx.globalAlpha = 1;
+    c.globalAlpha = 1;
     // Down ports glow red.
     for (const d of down) {
       const r = Math.max(8, d.size * 2.5);
-      const glow = ctx.createRadialGradient(d.x, d.y, 0, d.x, d.y, r);
+      const glow = c.createRadialGradient(d.x, d.y, 0, d.x, d.y, r);
       glow.addColorStop(0, "rgba(248,81,73,0.95)"); glow.addColorStop(1, "rgba(248,81,73,0)");
-      ctx.fillStyle = glow;
-      ctx.fillRect(d.x - r, d.y - r, 2 * r, 2 * r);
+      c.fillStyle = glow;
+      c.fillRect(d.x - r, d.y - r, 2 * r, 2 * r);
     }
+    scene.scale = view.scale; scene.tx = view.tx; scene.ty = view.ty;
+  }
+
+  function adapterSize() { return Math.min(6, Math.max(1.5, AW * view.scale * 0.5)); }
+  function switchSize() { return Math.min(14, Math.max(4, 40 * view.scale)); }
+
+  function draw(now) {
+    api.frames += 1;
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.fillStyle = BACKGROUND;
+    ctx.fillRect(0, 0, canvas.width, canvas.height);
+    if (!model) return false;
+    const focus = hover >= 0 ? hover : selected;
+    const rel = focus >= 0 ? related(focus) : null;
+    const key = sceneKey(focus);
+    const interacting = (drag && drag.moved) || performance.now() - lastWheel < IDLE_MS;
+    const moved = scene.scale !== view.scale || scene.tx !== view.tx || scene.ty !== view.ty;
+    const t0 = performance.now();
+    if (scene.key !== key || (moved && !interacting)) {
+      drawScene(scene.canvas.getContext("2d"), rel);
+      scene.key = key;
+    }
+    const t1 = performance.now();
+    const k = view.scale / scene.scale;
+    ctx.setTransform(k, 0, 0, k, dpr * (view.tx - k * scene.tx), dpr * (view.ty - k * scene.ty));
+    ctx.imageSmoothingEnabled = false; // mid-zoom the picture is scaled: nearest pixels, half the cost
+    ctx.drawImage(scene.canvas, 0, 0);
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const t2 = performance.now();
     const moving = drawParticles(now, rel);
     drawMarkers(rel);
+    const switchPx = switchSize();
     drawLabels(rel, switchPx);
     if (focus >= 0) {
       const n = model.nodes[focus], p = toScreen(n.x, n.y);
       ctx.strokeStyle = "#ffffff"; ctx.lineWidth = 2;
       ctx.strokeRect(p.x - switchPx, p.y - switchPx, 2 * switchPx, 2 * switchPx);
     }
-    return moving;
+    const t3 = performance.now(), tm = api.timing;
+    tm.scene += t1 - t0; tm.blit += t2 - t1; tm.overlay += t3 - t2; tm.n += 1;
+    // Keep drawing while particles run, a gesture goes on, or the sharp scene is still due.
+    return moving || interacting || moved;
   }
 
   function markerPositions() {
@@ -403,8 +468,7 @@
   function drawMarkers(rel) {
     ctx.font = "bold 11px system-ui, sans-serif";
     ctx.textAlign = "center"; ctx.textBaseline = "middle";
-    for (const b of model.bundles) {
-      if (!b.degraded) continue;
+    for (const b of model.degradedBundles) {
       const p = toScreen((b.a.x + b.b.x) / 2, (b.a.y + b.b.y) / 2);
       if (p.x < -10 || p.x > width + 10 || p.y < -10 || p.y > height + 10) continue;
       ctx.globalAlpha = rel && !rel.bundles.has(b.i) ? 0.35 : 1;
@@ -419,65 +483,85 @@
   function drawLabels(rel, switchPx) {
     ctx.font = "11px system-ui, sans-serif";
     const s = view.scale;
-    // Switch labels once their row has room for them; adapter labels, written downwards, once
-    // adapters are a line of text apart.
-    const adapterRoom = AW * s >= 13;
-    for (const n of model.nodes) {
-      if (n.kind === "adapter" && !adapterRoom) continue;
+    ctx.textAlign = "center"; ctx.textBaseline = "top";
+    ctx.fillStyle = "#d8dee6";
+    // Switch labels once their row has room for them.
+    for (const n of model.switchList) {
       const x = n.x * s + view.tx, y = n.y * s + view.ty;
-      if (x < -60 || x > width + 60 || y < -200 || y > height + 20) continue;
-      if (n.kind === "switch" && !switchRoom(n)) continue;
+      if (x < -60 || x > width + 60 || y < -20 || y > height + 20 || !switchRoom(n)) continue;
       ctx.globalAlpha = rel && !rel.nodes.has(n.i) ? FADE : 1;
-      const text = n.label.length > 28 ? n.label.slice(0, 27) + "…" : n.label;
-      if (n.kind === "switch") {
-        ctx.textAlign = "center"; ctx.textBaseline = "top";
-        ctx.fillStyle = "#d8dee6";
-        ctx.fillText(text, x, y + switchPx / 2 + 3);
-      } else {
-        ctx.save();
-        ctx.translate(x, y + 6);
-        ctx.rotate(Math.PI / 2);
+      ctx.fillText(clipLabel(n.label), x, y + switchPx / 2 + 3);
+    }
+    // Adapter labels, written downwards, once adapters are a line of text apart: only those in
+    // view (the adapter row is sorted by x).
+    const row = model.adapterRow;
+    if (AW * s >= 13 && row.length) {
+      const y = row[0].y * s + view.ty;
+      if (y > -200 && y < height + 20) {
+        const left = (-60 - view.tx) / s, right = (width + 60 - view.tx) / s;
+        let lo = 0, hi = row.length;
+        while (lo < hi) { const mid = (lo + hi) >> 1; if (row[mid].x < left) lo = mid + 1; else hi = mid; }
         ctx.textAlign = "left"; ctx.textBaseline = "middle";
         ctx.fillStyle = "#9aa5b1";
-        ctx.fillText(text, 0, 0);
-        ctx.restore();
+        for (let k = lo; k < row.length && row[k].x <= right; k++) {
+          const n = row[k];
+          ctx.globalAlpha = rel && !rel.nodes.has(n.i) ? FADE : 1;
+          ctx.save();
+          ctx.translate(n.x * s + view.tx, y + 6);
+          ctx.rotate(Math.PI / 2);
+          ctx.fillText(clipLabel(n.label), 0, 0);
+          ctx.restore();
+        }
       }
     }
     ctx.globalAlpha = 1;
   }
 
+  function clipLabel(text) { return text.length > 28 ? text.slice(0, 27) + "…" : text; }
+
   function switchRoom(n) { return n.gap * view.scale >= Math.min(28, n.label.length) * 6.5 + 10; }
 
-  function drawParticles(now, rel) {
-    if (!ports || !rates.size) return false;
-    const s = view.scale;
-    const dots = new Path2D();
-    let count = 0, moving = false;
-    const uplinkLoad = new Map(); // leaf → bytes/s its adapters send up
+  // The cables that carry traffic now, worked out when a ports document arrives (not per frame):
+  // each adapter's cable both ways, and each leaf's uplinks carrying what its adapters send.
+  let flows = [];
+  function computeFlows() {
+    flows = [];
+    if (!model || !rates.size) return;
+    const uplinkLoad = new Map(); // leaf → bytes/s its adapters move
     for (const b of model.bundles) {
       if (!b.host) continue;
       const adapter = b.a.kind === "adapter" ? b.a : b.b, sw = adapter === b.a ? b.b : b.a;
-      const port = portOf(adapter);
-      const rate = port ? rates.get(port.key) : null;
-      if (!rate) continue;
+      const rate = adapter.portKey ? rates.get(adapter.portKey) : null;
+      if (!rate || (rate.tx <= 0 && rate.rx <= 0)) continue;
       uplinkLoad.set(sw, (uplinkLoad.get(sw) || 0) + rate.tx + rate.rx);
-      count = emit(dots, count, adapter, sw, rate.tx, b.rate, now, s, rel, b.i, 0);
-      count = emit(dots, count, sw, adapter, rate.rx, b.rate, now, s, rel, b.i, 0.5);
-      moving = moving || rate.tx > 0 || rate.rx > 0;
+      if (rate.tx > 0) flows.push({ from: adapter, to: sw, bytes: rate.tx, gbps: b.rate, bi: b.i, phase: 0 });
+      if (rate.rx > 0) flows.push({ from: sw, to: adapter, bytes: rate.rx, gbps: b.rate, bi: b.i, phase: 0.5 });
     }
     for (const [leaf, load] of uplinkLoad) {
       const ups = leaf.bundles.filter((b) => !b.host);
       for (const b of ups) {
-        const other = b.a === leaf ? b.b : b.a;
-        count = emit(dots, count, leaf, other, load / 2 / ups.length, b.rate * b.links.length, now, s, rel, b.i, 0.25);
-        count = emit(dots, count, other, leaf, load / 2 / ups.length, b.rate * b.links.length, now, s, rel, b.i, 0.75);
+        const other = b.a === leaf ? b.b : b.a, share = load / 2 / ups.length, gbps = b.rate * b.links.length;
+        flows.push({ from: leaf, to: other, bytes: share, gbps, bi: b.i, phase: 0.25 });
+        flows.push({ from: other, to: leaf, bytes: share, gbps, bi: b.i, phase: 0.75 });
       }
+    }
+    api.flows = flows.length;
+  }
+
+  function drawParticles(now, rel) {
+    if (!flows.length) return false;
+    const s = view.scale;
+    const dots = new Path2D();
+    let count = 0;
+    for (const f of flows) {
+      count = emit(dots, count, f.from, f.to, f.bytes, f.gbps, now, s, rel, f.bi, f.phase);
+      if (count >= MAX_PARTICLES) break;
     }
     ctx.fillStyle = "#f0f6fc";
     ctx.globalAlpha = 0.9;
     ctx.fill(dots);
     ctx.globalAlpha = 1;
-    return moving;
+    return true;
   }
 
   // Dots from `from` to `to`: 1-4 of them by how full the cable is, faster the fuller.
@@ -631,6 +715,7 @@
   let drag = null;
   canvas.addEventListener("wheel", (e) => {
     e.preventDefault();
+    lastWheel = performance.now();
     const r = canvas.getBoundingClientRect();
     zoomAt(Math.exp(-e.deltaY * 0.0015), e.clientX - r.left, e.clientY - r.top);
   }, { passive: false });
