@@ -332,6 +332,12 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         say(f"  {cmd} ctl --server {public} events --watch")
         say(f"  {cmd} ctl --server {public} doctor")
         if len(node_ids) >= 2:
+            # Every demo node runs a rank of the 2-node replica, which has no other pair to go to.
+            last = node_ids[-1]
+            say(f"  {cmd} ctl --server {public} drain {last} --force   # the 2-node replica has nowhere else to go: "
+                f"down until uncordon")
+            say(f"  {cmd} ctl --server {public} uncordon {last}")
+        if len(node_ids) >= 2:
             say(f"  {cmd} ctl --server {public} fabric-test {node_ids[0]} {node_ids[1]}")
         say(f"Logs: {logs}   Ctrl-C stops everything.")
         while True:

@@ -89,6 +89,25 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
             reader.join(timeout=30)
             follow.send_signal(signal.SIGINT)
             assert first and first[0].startswith("=== llmgw: starting"), first  # the supervisor's first line
+        # The printed `ctl drain` works as printed: the node ends up running nothing, the small
+        # model's replica moved to the other node, the 2-node one said to be down; `uncordon` brings it back.
+        drain_line = next(line.strip() for line in text.splitlines() if " drain " in line and "ctl --server" in line)
+        drain_args = shlex.split(drain_line, comments=True)
+        drained = run_llmgw(*drain_args[drain_args.index("ctl"):], env=as_operator, timeout=150)
+        assert drained.returncode == 0, (drained.stdout, drained.stderr)
+        assert "DOWN (--force): " in drained.stdout and "llama-3.1-70b-instruct" in drained.stdout, drained.stdout
+        after = json.loads(run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator).stdout)
+        small_nodes = [r["shards"][0]["node"] for r in after if r["model"] == "llama-3.1-8b-instruct" and r["state"] == "ready"]
+        assert small_nodes == ["gpu-01", "gpu-01"], after
+        uncordon_line = next(line.strip() for line in text.splitlines() if " uncordon " in line)
+        uncordon_args = shlex.split(uncordon_line)
+        assert run_llmgw(*uncordon_args[uncordon_args.index("ctl"):], env=as_operator).returncode == 0
+
+        def all_ready() -> bool:
+            listed = json.loads(run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator).stdout)
+            return len(listed) == 3 and all(r["state"] == "ready" for r in listed)
+
+        wait_until(all_ready, "all three replicas ready again after uncordon", deadline=120)
         # The printed `ctl fabric-test` measures every rail between the two nodes and grades it (issue 14).
         test_line = next(line.strip() for line in text.splitlines() if " fabric-test " in line)
         test_args = shlex.split(test_line)

@@ -215,6 +215,9 @@ class Mover(Observer):
             move.state = new
             move.state_since = now
             self.generation += 1
+        successor = self.replicas.get(move.successor) if new in MOVE_ENDED else None
+        if successor is not None:
+            successor.avoid = []  # the constraint was the move's: a cordon, not this, keeps it off a node after
         move.note = note
         self._note(move, f"move of {move.replica} {new}: {note}", detail=tuple(move.tail) if new == MoveState.FAILED else ())
 
