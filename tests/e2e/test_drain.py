@@ -148,7 +148,7 @@ def test_drain_with_nowhere_to_go_stops_nothing_then_force_stops_and_marks_survi
     wait_until(lambda: not pid_alive(before[on_01]), "the forced engine to exit", procs=procs)
     assert not any(s["node"] == "gpu-01" and s["state"] != "stopped" for r in replicas(server) for s in r["shards"])
     pending = [r for r in replicas(server) if r["state"] == "pending"]
-    assert len(pending) == 1 and "gpu-01: not a place for this move" in pending[0]["reason"], pending
+    assert len(pending) == 1 and "gpu-01: cordoned; gpu-02: cordoned" in pending[0]["reason"], pending
 
     # Marks survive a restart of the server (nodes.sqlite in its state dir).
     server.proc.stop()
