@@ -11,7 +11,7 @@ import pytest
 from llmgw.fabric import declared, gputopo, hca
 from llmgw.sim.node import NodeSpec, nvlink_peers, plan_node
 from llmgw.sim.profiles import BASE, PROFILES
-from llmgw.wire.messages import FabricDecl, Port, PortCounters
+from llmgw.wire.messages import FabricDecl, FabricStatus, Port, PortCounters
 from tests.realfixtures import REAL
 
 NERSC = hca.parse_ibstat((REAL / "ibstat" / "nersc-8x-connectx5-edr-fdr-eth.txt").read_text())
@@ -123,3 +123,9 @@ def test_absent_and_init_flags_reach_agent_yaml_and_sysfs(tmp_path):
         {"name": "ib", "kind": "infiniband", "devices": ["mlx5_0", "mlx5_1", "mlx5_7"]}]
     state = tmp_path / "n" / "sys" / "class" / "infiniband" / "mlx5_1" / "ports" / "1" / "state"
     assert state.read_text() == "2: INIT\n"
+
+
+def test_fabric_devices_name_adapters_as_the_fabric_map_does():
+    statuses = [FabricStatus(name="ib", kind="infiniband", usable=True, ports=["mlx5_10:1", "mlx5_2:1", "mlx5_2:2"]),
+                FabricStatus(name="roce", kind="roce", usable=False, ports=["mlx5_4:1"])]
+    assert declared.fabric_devices(statuses) == {"ib": ["mlx5_2", "mlx5_2/2", "mlx5_10"]}  # usable fabrics only

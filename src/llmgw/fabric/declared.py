@@ -139,10 +139,15 @@ def placement_view(fabrics: Sequence[FabricDecl], statuses: Sequence[FabricStatu
 
 
 def fabric_devices(statuses: Sequence[FabricStatus]) -> dict[str, list[str]]:
-    """Each usable fabric's devices (`ib` → [mlx5_0, mlx5_1]), from the ports its verdict lists
-    (`mlx5_0:1`): where multi-node placement reads the node in the fabric map."""
+    """Each usable fabric's adapters (`ib` → [mlx5_0, mlx5_1]), from the ports its verdict lists
+    (`mlx5_0:1`; a port other than 1 is `mlx5_0/2`, as the fabric map names it): where multi-node
+    placement reads the node in the map."""
     out: dict[str, list[str]] = {}
     for status in statuses:
         if status.usable and status.ports:
-            out[status.name] = sorted({p.rpartition(":")[0] or p for p in status.ports}, key=natural_key)
+            names = set()
+            for port in status.ports:
+                device, _, number = port.rpartition(":")
+                names.add(device if number == "1" else f"{device}/{number}" if device else port)
+            out[status.name] = sorted(names, key=natural_key)
     return out
