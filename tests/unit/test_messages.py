@@ -34,12 +34,18 @@ AGENT_SAMPLES = [
     m.Heartbeat(seq=7, sent_at=1.5, ports=[m.PortCounters(device="mlx5_0", port=1, symbol_error=3)]),
     m.ShardStatus(shard_id="s1", replica_id="r1", state="failed", exit_code=1, tail=["boom"]),
     m.Progress(shard_id="s1", source="hf://x", done_bytes=10, total_bytes=100),
+    m.FabricTestResult(request_id="ft-1-s", phase="ready", ok=True, tcp_port=18515, gid_index=3,
+                       notes=["mlx5_4/1: RoCE v2 GID index 3"]),
+    m.FabricTestResult(request_id="ft-1-c", output=" #bytes ...\n", error="ib_write_bw exited with status 1", exit_code=1),
 ]
 SERVER_SAMPLES = [
     m.Welcome(server_version="0.1.0", heartbeat_interval=5.0),
     m.Start(spec=m.ShardSpec(shard_id="s1", replica_id="r1", model="x", profile="p", engine="sim")),
     m.Stop(shard_id="s1", grace=3.0),
     m.Drain(shard_id="s1"),
+    m.FabricTest(request_id="ft-1-c", role="client", device="mlx5_0", server_host="10.0.0.2", server_port=18515),
+    m.FabricTest(request_id="ft-1-p", role="prepare"),
+    m.FabricTestCancel(request_id="ft-1-s"),
 ]
 
 

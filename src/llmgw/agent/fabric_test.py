@@ -39,6 +39,7 @@ import trio
 from llmgw.agent.fabric_tools import find_tool, run_tool, safe_device
 from llmgw.catalog.schema import FabricTestSettings
 from llmgw.wire import messages as m
+from llmgw.wire.ids import printable, quote
 
 log = logging.getLogger("llmgw.agent.fabric_test")
 
@@ -184,6 +185,10 @@ class FabricTester:
             done.error = f"cannot run {TOOL}: {exc.strerror or exc}"
         done.duration = round(time.monotonic() - started, 3)
         done.ok = not done.error
+        if req.role != "prepare" or done.error:
+            log.log(logging.INFO if done.ok else logging.WARNING, "fabric test %s (%s side, %s/%d): %s",
+                    quote(req.request_id[:40]), quote(req.role[:16]), quote(req.device[:64]), req.port,
+                    "done" if done.ok else printable(done.error))
         send(done)
 
     async def _run(self, req: m.FabricTest, send: Callable[[msgspec.Struct], None], done: m.FabricTestResult) -> None:

@@ -36,6 +36,7 @@ from llmgw.fabric.perftest import parse
 from llmgw.fabric.railtest import Rail, RailResult, grade, overall, pair_rails, split_port
 from llmgw.server.registry import NodeRegistry
 from llmgw.wire import messages as m
+from llmgw.wire.ids import quote
 
 log = logging.getLogger("llmgw.server.fabric_test")
 
@@ -73,12 +74,12 @@ class FabricTests:
         """From a stream's reader: never blocks it."""
         route = self.routes.get(msg.request_id)
         if route is None or route.node_id != node_id:
-            log.info("node %s: a FabricTestResult nobody asked for (%s); dropped", node_id, msg.request_id[:40])
+            log.info("node %s: a FabricTestResult nobody asked for (%s); dropped", node_id, quote(msg.request_id[:40]))
             return
         try:
             route.channel.send_nowait(msg)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            log.warning("node %s: more fabric test results than expected for %s; dropped one", node_id, msg.request_id[:40])
+            log.warning("node %s: more fabric test results than expected for %s; dropped one", node_id, quote(msg.request_id[:40]))
 
     def node_gone(self, node_id: str) -> None:
         """The node's stream ended: whatever waits on it ends now, not at its deadline."""
