@@ -4,6 +4,7 @@ again while the other serves on."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import threading
@@ -12,7 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.e2e.harness import FAST_FLEET, Proc, Server, start_sim_engine, wait_until
+from tests.e2e.harness import FAST_FLEET, Proc, Server, ctl, start_sim_engine, wait_until
 
 WORKERS = """\
 gateway:
@@ -119,3 +120,22 @@ def test_two_workers_serve_one_port_and_a_killed_one_comes_back(tmp_path: Path, 
     assert back["worker-1"]["pid"] == workers["worker-1"]["pid"]  # the other one was never restarted
     print(f"\n{counts['ok']} requests served; {counts['reset']} reset(s) seen by clients with retries off")
     assert "exited with signal 9; starting it again" in server.proc.log() if server.proc else True
+
+    # A reload reaches every worker: with an API key configured, every new connection, whichever
+    # worker the kernel hands it to (the restarted one too), wants it.
+    key = "sk-workers-reload"
+    digest = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    server.config.write_text(FAST_FLEET + WORKERS.rstrip("\n") + f'\n  api_keys: ["{digest}"]\n' + static)
+    result = ctl(server.url, "reload")
+    assert result.returncode == 0, result.stderr
+
+    def refused_without_key() -> bool:
+        return all(httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 401 for _ in range(10))
+
+    # Each worker applies it when its feed delivers it (milliseconds apart): ten in a row.
+    wait_until(refused_without_key, "every worker to want the API key", procs=procs)
+    keyed = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0,
+                          http_client=httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30))
+    for i in range(20):
+        assert httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 401
+        chat(keyed, i)
