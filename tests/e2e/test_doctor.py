@@ -118,6 +118,14 @@ def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_pa
     found = wait_for_exit(server, 2, "the absent adapter found", procs, "--node", "node-3", "--check", "adapters")
     assert problems(found) == [("node-3", "adapters", "crit", "mlx5_7")]
 
+    # Symbol errors rising on a port of node-1 (its agent reads them from sysfs each heartbeat):
+    # a warning naming the port and the rise.
+    counter = dirs["node-1"] / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error"
+    counter.write_text("57\n")
+    found = wait_for_exit(server, 1, "the rising symbol errors found", procs, "--node", "node-1", "--check", "counters")
+    assert problems(found) == [("node-1", "counters", "warn", "mlx5_0/1")]
+    assert "symbol_error +57" in found["findings"][0]["finding"]
+
 
 def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[Proc]) -> None:
     cadir = tmp_path / "ca"

@@ -50,25 +50,23 @@ def _line(f: dict[str, Any]) -> str:
 
 
 def _table(findings: list[dict[str, Any]]) -> Any:
+    """One row per finding, grouped by node (the node named once, a rule between groups); what to
+    do under a finding that is not ok."""
     from rich.text import Text
 
-    rows: list[tuple[Any, ...]] = []
+    table = make_table(["NODE", "CHECK", "STATUS", "FINDING"], [])
     group = None
     for f in findings:
         first = f["node"] != group
+        if first and group is not None:
+            table.add_section()
         group = f["node"]
         cell = text(f["finding"])
         if f.get("action"):
             cell.append(Text("\n→ "))
             cell.append(text(f["action"], "dim"))
-        rows.append((f["node"] if first else "", f["check"], text(f["status"].upper(), STATUS_STYLES.get(f["status"], "")), cell))
-    table = make_table(["NODE", "CHECK", "STATUS", "FINDING"], [])
-    group = None
-    for f, row in zip(findings, rows, strict=True):
-        if group is not None and f["node"] != group:
-            table.add_section()
-        group = f["node"]
-        table.add_row(*row)
+        table.add_row(text(f["node"]) if first else "", text(f["check"]),
+                      text(f["status"].upper(), STATUS_STYLES.get(f["status"], "")), cell)
     return table
 
 

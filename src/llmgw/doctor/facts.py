@@ -1,7 +1,7 @@
 """What doctor's checks read (facts) and what they say (findings). Pure: msgspec Structs only.
 
 The server builds the facts from its registry, reconciler and fabric map (server/doctor.py);
-`ctl doctor --local` builds one node's from the agent's own discovery (cli/doctor_local.py).
+`ctl doctor --local` builds one node's from the agent's own discovery (agent/selfcheck.py).
 Every fact an older agent does not send is None, and the check that needs it says `unknown`
 with that reason instead of guessing.
 """

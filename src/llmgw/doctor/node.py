@@ -261,7 +261,7 @@ def check_port_rate(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
             if status != OK:
                 out.append(_f(n, "port-rate", status, f"{key} runs at {rate:g} Gb/s; fabric {fabric} runs at {expected:g}",
                               f"ibstat {key.split('/')[0]} shows its width and speed: reseat or replace the cable or "
-                              "transceiver (mlxlink -d DEVICE -c for the link's own view)", key))
+                              f"transceiver (mlxlink -d {key.split('/')[0]} -c for the link's own view)", key))
     summary = ", ".join(f"{fabric} {max(r for _, r in ports):g} Gb/s" for fabric, ports in sorted(rates.items()))
     return out or [_f(n, "port-rate", OK, f"every port at its fabric's rate ({summary})")]
 
