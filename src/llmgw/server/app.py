@@ -11,6 +11,8 @@ for a port in use) and serves until a signal. What each part does lives in its m
                       are rows there; the admin pages are a handler of their own (server/admin/)
     control.py        the reconciler's driver; reconcile.py, observe.py and states.py its pure core
     fleet_service.py  the fleet port's streams; gateway/ the /v1 proxy
+    gwfeed.py         the gateway feed: what gateway workers (gateway/workers.py starts the local
+                      ones) and gateways on other machines are told, and their metrics
 """
 
 from __future__ import annotations

@@ -1,0 +1,62 @@
+"""The gateway feed's state (llmgw.server.gwfeed): what a local worker and a remote gateway are
+sent, and /metrics' merge of every follower's metrics under a `worker` label."""
+
+from __future__ import annotations
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from llmgw.catalog.schema import Admission, GatewaySettings, Model
+from llmgw.server.gwfeed import Follower, GatewayFeedService, WorkerMetrics, divide_admission
+from llmgw.wire.gateway import GatewayConfig, GatewayEndpoints, decode_to_gateway
+
+
+def test_admission_is_divided_among_local_workers_rounded_up() -> None:
+    model = Model(name="m", admission=Admission(max_in_flight=5, max_queue=10))
+    assert divide_admission(model, 2).admission.max_in_flight == 3
+    assert divide_admission(model, 2).admission.max_queue == 5
+    assert divide_admission(model, 8).admission.max_in_flight == 1  # never 0, which means unlimited
+    assert divide_admission(model, 1) is model
+    unlimited = Model(name="u")
+    assert divide_admission(unlimited, 4).admission.max_in_flight == 0
+
+
+def test_local_workers_get_their_share_and_remote_gateways_the_catalog() -> None:
+    feed = GatewayFeedService(local_workers=4, api_socket="/state/api.sock")
+    models = [Model(name="m", admission=Admission(max_in_flight=8))]
+    feed.publish_config(models, [], GatewaySettings(max_attempts=2))
+    local = decode_to_gateway(feed._local_config)
+    remote = decode_to_gateway(feed._config)
+    assert isinstance(local, GatewayConfig) and isinstance(remote, GatewayConfig)
+    assert local.models[0].admission.max_in_flight == 2 and local.api_url == "/state/api.sock"
+    assert remote.models[0].admission.max_in_flight == 8 and remote.api_url == ""
+    assert local.settings.max_attempts == 2
+    feed.publish_endpoints({"m": {"http://b:1", "http://a:1"}}, {"http://a:1": "k"})
+    endpoints = decode_to_gateway(feed._endpoints)
+    assert isinstance(endpoints, GatewayEndpoints)
+    assert endpoints.ready == {"m": ["http://a:1", "http://b:1"]} and endpoints.keys == {"http://a:1": "k"}
+    # Shutting down: nothing more is published (the followers keep the last state).
+    feed.freeze()
+    feed.publish_endpoints({}, {})
+    assert decode_to_gateway(feed._endpoints) == endpoints
+
+
+def test_metrics_of_every_follower_in_one_scrape_with_a_worker_label() -> None:
+    feed = GatewayFeedService()
+    for name, n in (("worker-0", 3), ("worker-1", 5)):
+        reg = CollectorRegistry()
+        Counter("llmgw_requests", "Gateway requests.", ["model", "code"], registry=reg).labels("m", "200").inc(n)
+        feed.followers[id(name)] = Follower(name=name, peer="unknown", metrics=generate_latest(reg).decode())
+    own = CollectorRegistry()
+    Counter("llmgw_requests", "Gateway requests.", ["model", "code"], registry=own).labels("m", "200").inc(7)
+    scrape = CollectorRegistry()
+    scrape.register(WorkerMetrics(feed, own))
+    text = generate_latest(scrape).decode()
+    assert text.count("# TYPE llmgw_requests_total counter") == 1  # one family, not three
+    assert 'llmgw_requests_total{code="200",model="m"} 7.0' in text
+    assert 'llmgw_requests_total{code="200",model="m",worker="worker-0"} 3.0' in text
+    assert 'llmgw_requests_total{code="200",model="m",worker="worker-1"} 5.0' in text
+    # A follower whose text does not parse is left out, not the whole scrape.
+    feed.followers[0] = Follower(name="bad", peer="unknown", metrics="llmgw_requests_total{ 1 2 3\n")
+    assert 'worker="worker-0"' in generate_latest(scrape).decode()
+    assert msgspec.json.encode(feed.followers[0])
