@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -10,12 +11,15 @@ from tests.e2e.harness import (
     FAST_AGENT,
     Proc,
     Server,
+    ctl,
+    ctl_json,
     engines_config,
     make_sim_node,
     replicas,
     start_agent,
     wait_until,
 )
+from tests.faults.fleet import CATALOG, FAULT_AGENT, FAULT_FLEET, FAULT_GATEWAY, MODEL, Load
 
 TWO_REPLICAS = """\
 models:
@@ -58,3 +62,51 @@ def test_first_start_waits_for_expected_nodes_then_spreads(tmp_path: Path, procs
 
     nodes = wait_until(ready, "two replicas ready", procs=procs)
     assert sorted(nodes) == ["gpu-01", "gpu-02"], nodes
+
+
+def test_a_late_node_gets_one_replica_moved_to_it_under_load_with_no_failed_request(tmp_path: Path, procs: list[Proc]) -> None:
+    """One node with both replicas of a model; a second node joins; within the (short) cooldown
+    one replica moves there, successor ready first, the old one out of rotation and drained,
+    while the official openai client sends requests without a single failure."""
+    server = Server(tmp_path, FAULT_FLEET + FAULT_GATEWAY + "placement:\n  spread: nodes\n  spread_cooldown: 2s\n"
+                    + CATALOG.replace('args: ["--ttft-ms"', 'args: ["--startup-delay", "2", "--ttft-ms"'))
+    procs.append(server.start())
+    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAULT_AGENT, "--gpus", "2") for node in ("gpu-01", "gpu-02")}
+    procs.append(start_agent(tmp_path, "gpu-01", configs["gpu-01"], "--stop-engines-on-exit"))
+
+    def on(*want: str) -> list[dict[str, Any]] | None:
+        """Exactly the replicas wanted, ready on these nodes, every one in rotation and healthy."""
+        rs = replicas(server)
+        eps = {e["endpoint"]: e for e in server.get("/api/v1/endpoints") if e["model"] == MODEL}
+        ok = (sorted(r["shards"][0]["node"] for r in rs) == sorted(want) and all(r["state"] == "ready" for r in rs)
+              and all(eps.get(r["shards"][0]["endpoint"], {}).get("healthy") for r in rs))
+        return rs if ok else None
+
+    before = wait_until(lambda: on("gpu-01", "gpu-01"), "both replicas ready on gpu-01", deadline=60, procs=procs)
+    seen_moving: list[dict[str, Any]] = []
+    with Load(server.url) as load:
+        load.wait_successes(20, "requests served before the second node joins")
+        procs.append(start_agent(tmp_path, "gpu-02", configs["gpu-02"], "--stop-engines-on-exit"))
+
+        def moving() -> dict[str, Any] | None:
+            row = next((r for r in replicas(server) if (r.get("move") or {}).get("kind") == "spread"), None)
+            if row is not None:
+                seen_moving.append(row)
+                # The operator's table, while it happens: the replica being moved says so.
+                table = ctl(server.url, "replicas").stdout
+                return row if "spread" in table or on("gpu-01", "gpu-02") else None
+            return None
+
+        row = wait_until(moving, "ctl replicas to show a spread move", deadline=60, procs=procs)
+        assert row["move"]["reason"].startswith(f"spread: 2 of 2 replicas of {MODEL} on gpu-01"), row
+        after = wait_until(lambda: on("gpu-01", "gpu-02"), "one replica moved to gpu-02", deadline=60, procs=procs)
+        load.wait_successes(20, "requests served after the move")
+    assert load.failures(avoidable_only=False) == [], load.report("spread move", "")
+    assert len(load.outcomes) >= 40
+    # One replica stayed, one was replaced by a successor on gpu-02; no other move happened.
+    assert len({r["id"] for r in before} & {r["id"] for r in after}) == 1
+    events = ctl_json(server.url, "events", "--model", MODEL)
+    spread = [e for e in events if e["kind"] == "spread"]
+    assert any("asked: spread: 2 of 2 replicas of chat on gpu-01" in e["message"] for e in spread), spread
+    assert any(" done: " in e["message"] for e in spread), spread
+    assert sum("asked:" in e["message"] for e in spread) == 1, spread

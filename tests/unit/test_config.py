@@ -77,6 +77,15 @@ def test_expect_nodes_must_be_node_ids() -> None:
     assert error_of("reconcile:\n  expect_nodes: [gpu-01, 'a b']\n").startswith("server.yaml:1 reconcile: expect_nodes[1]: invalid node id 'a b'")
 
 
+def test_placement_spread_choices_and_cooldown() -> None:
+    cfg = parse_config("placement:\n  spread: leaves\n  spread_cooldown: 30s\n", ServerConfig, "s.yaml")
+    assert (cfg.placement.spread, cfg.placement.spread_cooldown) == ("leaves", 30.0)
+    default = parse_config("", ServerConfig, "s.yaml").placement
+    assert (default.spread, default.spread_cooldown) == ("nodes", 300.0)  # the defaults: nodes, 5 min
+    assert error_of("placement:\n  spread: node\n") == 'server.yaml:2 placement.spread: expected one of leaves, nodes, off, got "node"'
+    assert error_of("placement:\n  spread_cooldown: soon\n").startswith("server.yaml:2 placement.spread_cooldown:")
+
+
 def test_bad_duration() -> None:
     assert error_of(SERVER.replace("5s", "soon")) == 'server.yaml:4 fleet.heartbeat_interval: expected a duration like 30s, 2m or 1h30m, got "soon"'
 

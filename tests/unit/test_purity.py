@@ -53,6 +53,7 @@ PURE = [
     "llmgw.placement.gpus",
     "llmgw.placement.single",
     "llmgw.placement.multi",
+    "llmgw.placement.spread",
     "llmgw.agent.engines.multinode",
     "llmgw.server.observe",
     "llmgw.server.moves",

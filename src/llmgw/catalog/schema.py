@@ -248,9 +248,9 @@ class ReconcileSettings(_Config):
     # After a start, wait this long (or until every node seen before has registered) before
     # placing anything, so engines that agents report are adopted, not placed twice.
     settle: Duration = Duration(10)
-    # Nodes a first start waits for too (the settle period is cut short once they and every
-    # node seen before have registered): a fleet started together, like `llmgw demo`'s, spreads
-    # a model's replicas over all of it instead of placing them on whichever node came first.
+    # Nodes a first start (no known nodes in state_dir yet) waits for, up to `settle`: a fleet
+    # started together, like `llmgw demo`'s, spreads a model's replicas over all of it instead
+    # of placing them on whichever node came first. Later starts wait for the known nodes.
     expect_nodes: list[str] = []
     backoff_initial: Duration = Duration(2)
     backoff_max: Duration = Duration(300)
@@ -261,6 +261,17 @@ class ReconcileSettings(_Config):
             problem = id_problem(node_id, "node id")
             if problem:
                 raise ValueError(f"expect_nodes[{i}]: {problem}")
+
+
+class PlacementSettings(_Config):
+    """Spreading as a standing rule (issue 18): when 2 or more replicas of one model share a node
+    (`leaves`: one leaf switch, where the fabric map knows the nodes' cables) and another ready,
+    uncordoned node could take one, one is moved (successor ready first, then the old one
+    drained), one move per model at a time, never while the model is below its desired ready
+    count, and at most once per `spread_cooldown` per model so a flapping node causes no churn."""
+
+    spread: Literal["nodes", "leaves", "off"] = "nodes"
+    spread_cooldown: Duration = Duration(300)
 
 
 class FabricSettings(_Config):
@@ -287,6 +298,7 @@ class ServerConfig(_Config):
     public_tls: TlsPublic | None = None
     fleet: FleetSettings = msgspec.field(default_factory=FleetSettings)
     reconcile: ReconcileSettings = msgspec.field(default_factory=ReconcileSettings)
+    placement: PlacementSettings = msgspec.field(default_factory=PlacementSettings)
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     api: ApiSettings = msgspec.field(default_factory=ApiSettings)
     fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)

@@ -162,7 +162,7 @@ class ControlPlane:
         self.known_nodes = KnownNodes(cfg.state_dir)
         # What happened, kept across restarts (its writer task starts first in run()).
         self.events = EventLog(cfg.state_dir, retention=float(cfg.events.retention))
-        reconciler = make_reconciler(cfg.models, cfg.reconcile)
+        reconciler = make_reconciler(cfg.models, cfg.reconcile, placement=cfg.placement)
         settle = Settle(cfg.reconcile, self.registry, self.known_nodes)
         feed = GatewayFeed(reconciler, settle, trio.current_time)
         # Relays every streamed answer; its task starts (nursery.start) before the public port opens.

@@ -17,7 +17,7 @@ import msgspec
 import trio
 import trio.lowlevel
 
-from llmgw.catalog.schema import Model, ReconcileSettings
+from llmgw.catalog.schema import Model, PlacementSettings, ReconcileSettings
 from llmgw.fabric.declared import fabric_devices, placement_view
 from llmgw.fabric.locality import Places
 from llmgw.server.known_nodes import KnownNodes
@@ -32,14 +32,18 @@ log = logging.getLogger("llmgw.server.reconcile")
 STEP_BUDGET = 0.005  # seconds of reconcile work between two chances for everything else to run
 
 
-def make_reconciler(models: Sequence[Model], settings: ReconcileSettings, rng: random.Random | None = None) -> Reconciler:
-    """The reconciler for a catalog and the config's reconcile section."""
+def make_reconciler(models: Sequence[Model], settings: ReconcileSettings, rng: random.Random | None = None,
+                    placement: PlacementSettings | None = None) -> Reconciler:
+    """The reconciler for a catalog and the config's reconcile and placement sections."""
+    placement = placement or PlacementSettings()
     return Reconciler(
         models,
         Settings(
             backoff_initial=float(settings.backoff_initial),
             backoff_max=float(settings.backoff_max),
             port_range=settings.port_range,
+            spread=placement.spread,
+            spread_cooldown=float(placement.spread_cooldown),
         ),
         rng,
     )
@@ -57,14 +61,16 @@ class Settle:
         self.started_at = 0.0
         self.settled = False
         self.expected: set[str] = set()
-        self.rejoining: set[str] = set()  # the expected nodes seen before this start
+        self.rejoining: set[str] = set()  # the nodes seen before this start (empty: a first start)
 
     def start(self, now: float) -> None:
         self.started_at = now
         self.settled = False
         known = set(self.known.ids) if self.known is not None else set()  # as of this start
         self.rejoining = known
-        self.expected = known | set(self.settings.expect_nodes)
+        # expect_nodes is for a first start; after one, every node seen is known (and a lost
+        # one, dropped from the known nodes, is not waited for because the config names it).
+        self.expected = known or set(self.settings.expect_nodes)
         if known and self.settings.settle > 0:
             log.info("waiting up to %gs for %d known nodes to report their engines before placing replicas",
                      self.settings.settle, len(self.expected))
@@ -87,7 +93,7 @@ class Settle:
         missing = sorted(self.expected - self._connected())
         if missing:
             names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            verb = "re-register" if set(missing) & self.rejoining else "register"  # known before, or expect_nodes
+            verb = "re-register" if self.rejoining else "register"  # known before, or expect_nodes
             return (f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for up to "
                     f"{left:.0f}s more, until {names} {verb}{'s' if len(missing) == 1 else ''}")
         return f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for {left:.0f}s more"
@@ -246,6 +252,9 @@ class Controller:
     def nodes(self) -> list[NodeInfo]:
         out = []
         cordoned = self.cordoned()
+        # placement.spread: leaves reads the leaf switches each node's adapters are cabled to.
+        places = self.places() if self.reconciler.settings.spread == "leaves" else None
+        by_node = places.by_node if places is not None else {}
         for n in self.registry.nodes.values():
             fabrics, notes = placement_view(n.fabrics, n.fabric_status, list(n.ports.values()))
             out.append(NodeInfo(
@@ -261,6 +270,7 @@ class Controller:
                 address=n.inventory.mgmt_ip or n.endpoint_host,
                 fabric_devices=fabric_devices(n.fabric_status),
                 cordoned=n.id in cordoned,
+                leaves=sorted({place.leaf_name for place in by_node.get(n.id, {}).values()}),
             ))
         return out
 

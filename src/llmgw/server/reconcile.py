@@ -28,6 +28,9 @@ from llmgw.catalog.schema import Model, Profile
 from llmgw.fabric.locality import Places
 from llmgw.placement import NodeCapacity, NoFit, Request, place
 from llmgw.placement.multi import MultiPlacement, place_multi
+from llmgw.placement.single import Placement
+from llmgw.placement.spread import SpreadModel, SpreadNode, SpreadReplica, crowded, decide
+from llmgw.server.moves import NoRoom
 from llmgw.server.replicas import (
     PAST_SHARDS,
     REFUSED_ENDPOINT,
@@ -38,7 +41,16 @@ from llmgw.server.replicas import (
     Shard,
 )
 from llmgw.server.rollout import Roller
-from llmgw.server.states import GONE, HOLDING, LEAVING, SERVING, Illegal, ReplicaState, ShardState
+from llmgw.server.states import (
+    GONE,
+    HOLDING,
+    LEAVING,
+    MOVE_ENDED,
+    SERVING,
+    Illegal,
+    ReplicaState,
+    ShardState,
+)
 from llmgw.wire import messages as m
 
 __all__ = [
@@ -86,6 +98,8 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     address: str = ""
     cordoned: bool = False  # no new placements (`ctl cordon`); what runs there stays
     fabric_devices: dict[str, list[str]] = {}  # usable fabric → its devices (where the fabric map is read)
+    # The leaf switches its adapters are cabled to (the fabric map), for `placement.spread: leaves`.
+    leaves: list[str] = []
 
 
 class _Usage:
@@ -156,6 +170,7 @@ class Reconciler(Roller):
         self.places: Places | None = None
         self.models: dict[str, Model] = {}
         self._profiles: dict[str, frozenset[str]] = {}  # model → its profile names (a pass asks once per replica)
+        self.spread_moved_at: dict[str, float] = {}  # model → when its last spread move was asked (the cooldown)
         self.set_catalog(models)
 
     def set_catalog(self, models: Sequence[Model]) -> None:
@@ -180,6 +195,7 @@ class Reconciler(Roller):
         for n in nodes:
             if n.endpoint_host:
                 self.endpoint_hosts[n.node_id] = n.endpoint_host
+        self._spread(nodes, now)  # before the moves advance: a spread move asked now surges in this pass
         self._advance_moves(now)  # first: a failed successor is seen failed, before its backoff ends
         self._roll(self.models, now)  # rolling replacement: a move for the next replica that runs an old spec
         self._advance_moves(now)  # and its surge, placed in this pass
@@ -245,6 +261,61 @@ class Reconciler(Roller):
                         self._maybe_forget(replica)
             if replica.state == ReplicaState.STOPPING:
                 self._maybe_forget(replica)
+
+    def _spread(self, nodes: Sequence[NodeInfo], now: float) -> None:
+        """Spreading as a standing rule (placement/spread.py decides, issue 18): one replica of
+        a model whose replicas share a node (or a leaf) while another node could take one is
+        moved by the move primitive (moves.py: successor first, then the old one drained).
+        Cost: one look at each model wanting 2+ replicas; placement is asked only for the few
+        models the decision would move."""
+        mode = self.settings.spread
+        if mode == "off":
+            return
+        cooldown = self.settings.spread_cooldown
+        busy = {mv.model for mv in self.moves.values() if mv.state not in MOVE_ENDED}
+        models: list[SpreadModel] = []
+        for model in self.models.values():
+            last = self.spread_moved_at.get(model.name)
+            if model.replicas < 2 or model.name in busy or (last is not None and now - last < cooldown):
+                continue
+            holding = []
+            for replica in map(self.replicas.__getitem__, self._of_model.get(model.name, ())):
+                if replica.state in (ReplicaState.STARTING, ReplicaState.READY) and not replica.replaces and replica.shards:
+                    holding.append(SpreadReplica(id=replica.id, nodes=tuple(sorted({s.node for s in replica.shards})),
+                                                 ready=replica.state == ReplicaState.READY))
+            models.append(SpreadModel(name=model.name, desired=model.replicas, replicas=tuple(holding), last_move_at=last))
+        if not models:
+            return
+        fleet = [SpreadNode(node_id=n.node_id, ready=n.state == "ready" and n.connected, cordoned=n.cordoned,
+                            leaves=tuple(n.leaves)) for n in nodes]
+        names = crowded(models, fleet, mode, now, cooldown)
+        if not names:
+            return
+        usage = _Usage(nodes, self.replicas.values(), self.generation)
+        fits = {name: self._fits(name, usage) for name in names}
+        for move in decide([x for x in models if x.name in fits], fleet, mode, now, fits, cooldown):
+            asked = self.request_move(move.replica, now, reason=move.reason, kind="spread", avoid=move.avoid,
+                                      no_room=NoRoom.FAIL)
+            if isinstance(asked, str):
+                self.log.append(f"spread of {move.model} not asked: {asked}")
+                continue
+            self.spread_moved_at[move.model] = now
+            self.log.append(f"move {asked.id} asked: {move.reason}")
+
+    def _fits(self, model_name: str, usage: _Usage) -> list[str]:
+        """The nodes where one more single-node replica of the model fits now (any of its profiles)."""
+        model = self.models[model_name]
+        out = []
+        for capacity in usage.for_model(model_name):
+            for profile in model.profiles:
+                if profile.nodes > 1:
+                    continue
+                req = Request(replica_id=f"{model_name}.spread", gpus=profile.gpus, gpu_kind=profile.gpu_kind,
+                              gpu_memory_mib=profile.gpu_memory_mib)
+                if isinstance(place(req, [capacity], self.settings.port_range), Placement):
+                    out.append(capacity.node_id)
+                    break
+        return out
 
     def _multinode_checks(self, by_id: dict[str, NodeInfo], now: float) -> None:
         """A multi-node replica whose fabric is no longer usable on one of its nodes (a cable

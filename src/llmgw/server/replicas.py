@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import re
+from typing import Literal
 
 import msgspec
 
@@ -127,6 +128,10 @@ class Settings(msgspec.Struct, kw_only=True):
     backoff_initial: float = 2.0
     backoff_max: float = 300.0
     port_range: tuple[int, int] = (20000, 29999)
+    # Spreading a model's replicas as a standing rule (placement/spread.py): over nodes, leaf
+    # switches or not at all, and at most one spread move per model this often.
+    spread: Literal["nodes", "leaves", "off"] = "nodes"
+    spread_cooldown: float = 300.0
 
 
 class ReplicaBook:
