@@ -349,6 +349,14 @@ class Reconciler(Roller):
         capacities = usage.for_model(model.name)
         if replica.avoid:
             capacities = [msgspec.structs.replace(c, state=AVOIDED) if c.node_id in replica.avoid else c for c in capacities]
+        replaced = self.replicas.get(replica.replaces) if replica.replaces else None
+        if replaced is not None:
+            # A successor does not count the replica it replaces (that one leaves once this one
+            # is ready): a rollout keeps its replicas spread instead of stacking successors on
+            # the fullest node, which spreading would then have to undo with a move of its own.
+            leaving = {s.node for s in replaced.shards}
+            capacities = [msgspec.structs.replace(c, replicas_of_model=c.replicas_of_model - 1) if c.node_id in leaving else c
+                          for c in capacities]
         reasons: list[str] = []
         attempt = replica.attempt + 1
         for profile in model.profiles:
