@@ -164,6 +164,27 @@ def test_a_hung_client_is_killed_at_the_rail_timeout_and_the_server_side_with_it
 
     wait_until(lambda: not leftovers(), "no ib_write_bw left running", deadline=8, procs=procs)
 
+    # Ctrl-C on the operator's terminal ends the test at once: the runs it started on both nodes too
+    # (the rail timeout here is 60 s).
+    import signal
+    import subprocess
+    import sys
+
+    from tests.e2e.harness import llmgw_env
+
+    with subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02"],
+                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=llmgw_env()) as ctl:
+        assert ctl.stderr is not None
+        seen = ""
+        while "rail 0 (ib)" not in seen:
+            seen += ctl.stderr.readline() or "(eof)"
+            assert "(eof)" not in seen, seen
+        wait_until(lambda: len(leftovers()) >= 2, "both sides of rail 0 running", procs=procs)
+        ctl.send_signal(signal.SIGINT)
+        ctl.wait(timeout=30)
+    wait_until(lambda: not leftovers(), "no ib_write_bw left after Ctrl-C", deadline=8, procs=procs)
+    assert "Traceback" not in procs[0].log(), procs[0].log()[-3000:]
+
 
 def test_an_agent_without_perftest_installs_it_the_first_time_and_says_so(tmp_path: Path, procs: list[Proc]) -> None:
     """The real agent, its PATH holding a stand-in apt-get (nothing is really installed): the stand-in

@@ -180,7 +180,7 @@ class FabricTester:
             with scope:
                 await self._run(req, send, done)
             if scope.cancelled_caught and not done.error:
-                done.error = f"{TOOL} stopped: the server cancelled it (its partner failed)"
+                done.error = f"{TOOL} stopped: the server cancelled it (its partner failed, or the test was stopped)"
         except OSError as exc:
             done.error = f"cannot run {TOOL}: {exc.strerror or exc}"
         done.duration = round(time.monotonic() - started, 3)

@@ -316,6 +316,7 @@ class PublicHandler:
             await send_error(call.responder, exc.status, str(exc), _REFUSED_CODES.get(exc.status, "conflict"))
             return
         log.info("fabric test %s → %s requested by %s", body.a, body.b, call.who)
+        call.responder.watch_disconnect()  # Ctrl-C on `ctl fabric-test` ends the test, and the runs on both nodes
         await call.responder.start(200, [(b"content-type", b"application/x-ndjson")])
 
         async def emit(event: dict) -> None:
