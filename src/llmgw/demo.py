@@ -29,6 +29,7 @@ import msgspec
 import trio
 
 from llmgw.errors import LlmgwError, UsageError
+from llmgw.sim.traffic import advance as advance_traffic
 
 SMALL_MODEL = "llama-3.1-8b-instruct"
 LARGE_MODEL = "llama-3.1-70b-instruct"
@@ -99,6 +100,10 @@ state_dir: {work / 'state'}
 {tls}fleet:
   heartbeat_interval: 2s
   lost_after: 1m
+fabric:
+  # The simulated fabric's map for `ctl fabrics` and /admin/fabrics/ (issue 15), kept fresh.
+  discover_interval: 30s
+  sm_interval: 15s
 reconcile:
   tick: 2s
   # Nothing is placed until the demo's nodes have all registered (issue 18: with a fixed 4 s,
@@ -272,11 +277,13 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         fleet.start("server", server_args)
         await _wait_for(lambda: httpx.get(f"{public}/healthz", timeout=2).status_code == 200, "the server", fleet, 30)
         scheme = "https" if opts.tls else "http"
-        say(f"  ✓ server: {public} (gateway, API, metrics); fleet port {scheme}://{opts.host}:{opts.fleet_port}")
+        say(f"  ✓ server: {public} (gateway, API, metrics, admin pages); fleet port {scheme}://{opts.host}:{opts.fleet_port}")
+        fabric_dir = await _make_fabric(work, node_ids)
         for node_id in node_ids:
             node_dir = work / "nodes" / node_id
             args = ["sim", "node", "--dir", str(node_dir), "--node-id", node_id, "--gpus", str(opts.gpus),
-                    "--server", f"{scheme}://{opts.host}:{opts.fleet_port}", "--force", "-o", "json"]
+                    "--server", f"{scheme}://{opts.host}:{opts.fleet_port}", "--fabric", str(fabric_dir), "--force",
+                    "-o", "json"]
             result = await trio.run_process([sys.executable, "-m", "llmgw", *args], capture_stdout=True, capture_stderr=True, check=False)
             if result.returncode != 0:
                 raise LlmgwError(f"llmgw sim node failed: {result.stderr.decode(errors='replace').strip()}")
@@ -310,6 +317,7 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             return ready if len(ready) == 3 and len(replicas) == 3 else None
 
         ready = await _wait_for(replicas_ready, "the replicas to become ready", fleet, opts.timeout)
+        fabric_id = await _wait_for_fabric(public, auth, fleet, say)
         summary = ", ".join(
             f"{r['model']} on " + " + ".join(f"{sh['node']} GPUs {sh['gpus']}" for sh in sorted(r["shards"], key=lambda sh: sh["rank"]))
             + (f" ({len(r['shards'])}-node replica)" if len(r["shards"]) > 1 else "")
@@ -339,10 +347,18 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             say(f"  {cmd} ctl --server {public} uncordon {last}")
         if len(node_ids) >= 2:
             say(f"  {cmd} ctl --server {public} fabric-test {node_ids[0]} {node_ids[1]}")
+        say(f"Look at it: {public}/admin/ (sign in with the token above)"
+            + (f"; the fabric, live: {public}/admin/fabrics/{fabric_id}" if fabric_id else ""))
         say(f"Logs: {logs}   Ctrl-C stops everything.")
+        roots = [work / "nodes" / n / "sys" for n in node_ids]
+        last = time.monotonic()
         while True:
             await trio.sleep(1)
             fleet.check_alive()
+            now = time.monotonic()
+            # The engines' simulated InfiniBand traffic: the fabric page's particles move.
+            await trio.to_thread.run_sync(advance_traffic, roots, now - last, time.time())
+            last = now
     except trio.Cancelled:
         stopped_by_operator = True  # Ctrl-C or SIGTERM: the demo only ever ends this way when all is well
         raise
@@ -357,6 +373,36 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
                     await trio.to_thread.run_sync(shutil.rmtree, work, True)
                 else:
                     say(f"logs kept in {logs}")
+
+
+async def _make_fabric(work: Path, node_ids: list[str]) -> Path:
+    """`llmgw sim fabric` for the demo's nodes: their stand-in ibnetdiscover and saquery print it."""
+    out = work / "fabric"
+    args = ["sim", "fabric", "--node-ids", ",".join(node_ids), "--rails", "4", "--group-size", str(len(node_ids)),
+            "--spines", "2", "--out", str(out), "-o", "json"]
+    result = await trio.run_process([sys.executable, "-m", "llmgw", *args], capture_stdout=True, capture_stderr=True,
+                                    check=False)
+    if result.returncode != 0:
+        raise LlmgwError(f"llmgw sim fabric failed: {result.stderr.decode(errors='replace').strip()}")
+    return out
+
+
+async def _wait_for_fabric(public: str, auth: dict[str, str], fleet: Fleet, say: Callable[[str], None]) -> str:
+    """The fabric's id once the server has its map (an agent ran ibnetdiscover); "" if it is late."""
+
+    def found() -> dict[str, Any] | None:
+        fabrics = httpx.get(f"{public}/api/v1/fabrics", timeout=2, headers=auth).json()
+        return next((f for f in fabrics if f.get("topology")), None)
+
+    try:
+        fabric = await _wait_for(found, "the fabric map", fleet, 30)
+    except LlmgwError:
+        say("  … fabric: not mapped yet (`ctl fabrics` shows it once an agent has run ibnetdiscover)")
+        return ""
+    topo = fabric["topology"]
+    say(f"  ✓ fabric {fabric['id']}: {topo['switches']} switches, {topo['adapters']} adapters (simulated InfiniBand, "
+        f"mapped by ibnetdiscover on {fabric['discovered_by'].split('/')[0] or 'a node'})")
+    return str(fabric["id"])
 
 
 async def _start_fileserver(fleet: Fleet, work: Path, host: str) -> str:

@@ -76,6 +76,19 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert {r["state"] for r in json.loads(listed.stdout)} == {"ready"}, listed.stderr
         small_nodes = [r["shards"][0]["node"] for r in json.loads(listed.stdout) if r["model"] == "llama-3.1-8b-instruct"]
         assert sorted(small_nodes) == ["gpu-01", "gpu-02"], small_nodes
+        # The demo has a simulated fabric, mapped; the printed fabric page serves it, and its
+        # traffic moves (the counters' deltas between two readings: the page's particles).
+        fabric_url = re.search(r"the fabric, live: (\S+)", text).group(1)  # type: ignore[union-attr]
+        jar = {"llmgw_admin": token}
+        assert httpx.get(fabric_url, cookies=jar, timeout=10).status_code == 200
+        assert "✓ fabric 0x" in text and "6 switches, 8 adapters" in text, text
+
+        def sent() -> int:
+            ports = httpx.get(f"{fabric_url}/ports.json", cookies=jar, timeout=10).json()["ports"]
+            return sum(p.get("xmit_bytes") or 0 for p in ports.values())
+
+        first = sent()
+        wait_until(lambda: sent() > first, "the simulated traffic to move the counters", deadline=30, interval=0.5)
         # The printed `ctl logs -f` works as printed: the engine's log streams.
         logs_line = next(line.strip() for line in text.splitlines() if " logs -f " in line)
         logs_args = shlex.split(logs_line)

@@ -271,11 +271,11 @@
 
   function fit() {
     if (!model) return;
-    const pad = 40;
-    const s = Math.min((width - 2 * pad) / Math.max(1, model.W), (height - 2 * pad) / Math.max(1, model.H + AW));
+    const pad = 40, below = 100; // room under the adapters for their labels
+    const s = Math.min((width - 2 * pad) / Math.max(1, model.W), (height - pad - below) / Math.max(1, model.H));
     view.scale = s;
     view.tx = pad + (width - 2 * pad - model.W * s) / 2;
-    view.ty = height - pad - (height - 2 * pad - model.H * s) / 2;
+    view.ty = height - below - (height - pad - below - model.H * s) / 2;
     view.fitted = true;
     dirty = true;
   }
