@@ -351,14 +351,14 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             + (f"; the fabric, live: {public}/admin/fabrics/{fabric_id}" if fabric_id else ""))
         say(f"Logs: {logs}   Ctrl-C stops everything.")
         roots = [work / "nodes" / n / "sys" for n in node_ids]
-        last = time.monotonic()
+        traffic_at = time.monotonic()
         while True:
             await trio.sleep(1)
             fleet.check_alive()
             now = time.monotonic()
             # The engines' simulated InfiniBand traffic: the fabric page's particles move.
-            await trio.to_thread.run_sync(advance_traffic, roots, now - last, time.time())
-            last = now
+            await trio.to_thread.run_sync(advance_traffic, roots, now - traffic_at, time.time())
+            traffic_at = now
     except trio.Cancelled:
         stopped_by_operator = True  # Ctrl-C or SIGTERM: the demo only ever ends this way when all is well
         raise
