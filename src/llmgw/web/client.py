@@ -202,22 +202,26 @@ class Upstream:
             _close_soon(conn)
 
     async def _connect(self) -> _Conn:
+        stream: trio.SocketStream | None = None
         try:
-            with trio.fail_after(self.connect_timeout):
+            # move_on_after, not fail_after: trio's fail_after is a generator context manager
+            # around it, ~1.5 % of the CPU of a 200-stream burst (py-spy, issue 17).
+            with trio.move_on_after(self.connect_timeout):
                 if self.unix_path:
                     stream = await trio.open_unix_socket(self.unix_path)
                 elif self._family is not None:
                     stream = await _connect_literal(self._family, self.host, self.port)
                 else:
                     stream = await trio.open_tcp_stream(self.host, self.port)
-        except trio.TooSlowError:
-            raise UpstreamError("connect", f"connect to {self.host}:{self.port} timed out") from None
         except OSError as exc:
             raise UpstreamError("connect", f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
-        try:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
+        if stream is None:
+            raise UpstreamError("connect", f"connect to {self.host}:{self.port} timed out")
+        if self._family is None:  # trio.SocketStream sets TCP_NODELAY itself; a Unix socket has none
+            try:
+                stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
         return _Conn(stream)
 
     async def request(
