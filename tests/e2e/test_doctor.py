@@ -127,6 +127,29 @@ def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_pa
     assert "symbol_error +57" in found["findings"][0]["finding"]
 
 
+def test_doctor_finds_gpu_faults_the_agent_reports(tmp_path: Path, procs: list[Proc]) -> None:
+    server = Server(tmp_path, FAST_FLEET)
+    procs.append(server.start())
+    config = make_sim_node(tmp_path, "gpu-01", server.fleet_url)
+    procs.append(start_agent(tmp_path, "gpu-01", config))
+    node_dir = str(config.parent)
+    healthy = wait_for_exit(server, 0, "the GPUs healthy", procs, "--node", "gpu-01", "--check", "gpu-health")
+    assert "8 GPUs healthy" in healthy["findings"][0]["finding"]
+
+    assert run_llmgw("sim", "node", "set-gpu", node_dir, "3", "--xid", "79").returncode == 0
+    found = wait_for_exit(server, 2, "the Xid found", procs, "--node", "gpu-01", "--check", "gpu-health")
+    assert problems(found) == [("gpu-01", "gpu-health", "crit", "GPU 3")]
+    assert "Xid 79 (GPU has fallen off the bus)" in found["findings"][0]["finding"]
+    assert run_llmgw("sim", "node", "set-gpu", node_dir, "5", "--nvlink-down", "2").returncode == 0
+    found = wait_for_exit(server, 2, "the NVLink links down found", procs, "--node", "gpu-01", "--check", "nvlink")
+    assert problems(found) == [("gpu-01", "nvlink", "crit", "GPU 5")]
+    assert run_llmgw("sim", "node", "set-gpu", node_dir, "3", "--xid", "0").returncode == 0
+    assert run_llmgw("sim", "node", "set-gpu", node_dir, "5", "--nvlink-down", "0").returncode == 0
+    wait_for_exit(server, 0, "the GPUs well again", procs, "--node", "gpu-01")
+    bad = run_llmgw("sim", "node", "set-gpu", node_dir, "9", "--xid", "79")
+    assert bad.returncode == 2 and "no GPU 9" in one_error_line(bad)
+
+
 def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[Proc]) -> None:
     cadir = tmp_path / "ca"
     for args in (("init",), ("server", "--ip", "127.0.0.1"), ("node", "gpu-01", "--days", "5"), ("node", "gpu-02", "--days", "2")):

@@ -181,3 +181,25 @@ def set_port_command(directory: str, device: str, port: int, state: str) -> None
 
     line = set_port(directory, device, port, state)
     say(f"{device}/{port} in {directory}: {line}")
+
+
+@node.command("set-gpu")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("index", type=click.IntRange(min=0))
+@click.option("--health", type=click.Choice(["ok", "error", "lost"]), help="What NVML says of the GPU.")
+@click.option("--ecc", type=click.IntRange(min=0), help="Uncorrected ECC errors since the driver loaded.")
+@click.option("--xid", type=click.IntRange(min=0), help="The last Xid event (79: fallen off the bus; 0: none).")
+@click.option("--nvlink-down", type=click.IntRange(min=0), help="NVLink links of this GPU that are down.")
+def set_gpu_command(directory: str, index: int, health: str | None, ecc: int | None, xid: int | None,
+                    nvlink_down: int | None) -> None:
+    """Make a simulated GPU go bad, or well again (the running agent reports it on its next heartbeat).
+
+    \b
+    llmgw sim node set-gpu /tmp/node-1 3 --xid 79
+    llmgw sim node set-gpu /tmp/node-1 3 --xid 0 --ecc 0 --nvlink-down 0 --health ok
+    """
+    from llmgw.sim.gpu_faults import set_gpu
+
+    gpu = set_gpu(directory, index, health=health, ecc=ecc, xid=xid, nvlink_down=nvlink_down)
+    say(f"GPU {gpu.index} in {directory}: {gpu.health}, {gpu.ecc_uncorrected} uncorrected ECC errors, "
+        f"Xid {gpu.xid or 'none'}, {gpu.nvlink_down} NVLink links down")
