@@ -419,8 +419,21 @@
   function adapterSize() { return Math.min(6, Math.max(1.5, AW * view.scale * 0.5)); }
   function switchSize() { return Math.min(14, Math.max(4, 40 * view.scale)); }
 
+  // While a gesture goes on, the last full frame is moved and scaled by the compositor (a CSS
+  // transform on the canvas): nothing is painted, so a frame costs what compositing one layer
+  // costs. The frame is drawn whole again once the gesture rests (IDLE_MS).
+  const shown = { scale: 0, tx: 0, ty: 0, key: "" };
+
   function draw(now) {
     api.frames += 1;
+    if (model && shown.key && ((drag && drag.moved) || performance.now() - lastWheel < IDLE_MS)
+        && shown.key === sceneKey(hover >= 0 ? hover : selected)) {
+      const k = view.scale / shown.scale;
+      canvas.style.transform = "translate(" + (view.tx - k * shown.tx) + "px, " + (view.ty - k * shown.ty) + "px) scale(" + k + ")";
+      api.timing.n += 1;
+      return true;
+    }
+    canvas.style.transform = "";
     ctx.setTransform(1, 0, 0, 1, 0, 0);
     ctx.fillStyle = BACKGROUND;
     ctx.fillRect(0, 0, canvas.width, canvas.height);
@@ -453,6 +466,7 @@
     }
     const t3 = performance.now(), tm = api.timing;
     tm.scene += t1 - t0; tm.blit += t2 - t1; tm.overlay += t3 - t2; tm.n += 1;
+    Object.assign(shown, { scale: view.scale, tx: view.tx, ty: view.ty, key });
     // Keep drawing while particles run, a gesture goes on, or the sharp scene is still due.
     return moving || interacting || moved;
   }
