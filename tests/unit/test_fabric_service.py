@@ -137,3 +137,26 @@ async def test_a_topology_becomes_what_placement_reads(tmp_path: Path) -> None:
     n2 = service.places.by_node["n2"]
     assert sorted(n2) == ["mlx5_0", "mlx5_1"] and n2["mlx5_1"].short == "cable to leaf-g1-r1 trained 1xNDR (others 4xNDR)"
     assert n2["mlx5_0"].leaf == service.places.by_node["n1"]["mlx5_0"].leaf and not n2["mlx5_0"].short
+
+
+async def test_smir_goes_through_one_port_per_master_so_a_split_stays_seen(tmp_path: Path) -> None:
+    service, fleet = setup(tmp_path)
+    service.tick()  # every port of no known fabric yet: one SMIR per node
+    for node, session in fleet.sessions.items():
+        for msg in session.sent:
+            data = smir_text(failover=(node == "n1"))  # n1's port names the other master
+            result = m.DiscoverResult(request_id=msg.request_id, tool=msg.tool, device=msg.device, port=msg.port,
+                                      ok=True, data=data, size=len(data))
+            await service._process(service.pending.pop(msg.request_id), result)
+    (fabric,) = service.report.fabrics
+    assert "sm_disagree" in {p.kind.value for p in fabric.problems}
+    for session in fleet.sessions.values():
+        session.sent.clear()
+    for minute in (1, 2, 3):  # whichever port the rotation picks, the other side is asked too
+        service.clock = service.wall = lambda minute=minute: 100.0 + 61 * minute  # type: ignore[misc]
+        service.pending.clear()
+        service.tick()
+        asked = sorted(p.node for p in service.pending.values() if p.tool == m.TOOL_SMIR and p.fabric == fabric.id)
+        assert len(asked) == 2 and asked[0] == "n1" and asked[1] in ("n2", "n3"), asked  # (others: ports of no fabric yet)
+        for session in fleet.sessions.values():
+            session.sent.clear()

@@ -4,8 +4,9 @@ Observe → decide → act, level-triggered like the rest of the control plane. 
 looks at the connected agents that answer `Discover` (Register.features has `discover`) and their
 active InfiniBand ports, and asks:
 
-- `saquery SMIR` through one port of each known fabric every `fabric.sm_interval` (60 s), and
-  through a few ports of no known fabric yet (UNKNOWN_PER_TICK), which is how fabrics are found;
+- `saquery SMIR` through one port per master subnet manager of each known fabric (one port, unless
+  ports disagree on the master) every `fabric.sm_interval` (60 s), and through a few ports of no
+  known fabric yet (UNKNOWN_PER_TICK), which is how fabrics are found;
 - `ibnetdiscover` through one port of each fabric every `fabric.discover_interval` (5 min).
 
 A port belongs to the fabric its last SMIR named, or to the fabric whose topology lists its
@@ -159,13 +160,23 @@ class FabricService:
             return free[self._rotation % len(free)] if free else None
 
         for fabric, candidates in sorted(by_fabric.items()):
-            # SMIR first: it is cheap and a failover should not wait behind a sweep.
+            # SMIR first: it is cheap and a failover should not wait behind a sweep. Through one
+            # port per master subnet manager the ports last named: ports that disagree on the
+            # master (a split subnet) keep being asked, each side, every interval.
             if now - self._last_sm.get(fabric, -1e18) >= float(self.settings.sm_interval):
-                chosen = pick(candidates)
+                by_master: dict[str, list[tuple[str, str]]] = {}
+                for key in candidates:
+                    by_master.setdefault(self.port_master.get(key, ""), []).append(key)
+                chosen = pick(candidates)  # the rotation over every port, as with one master
                 if chosen is not None:
                     self._ask(chosen, m.TOOL_SMIR, fabric, now)
                     self._last_sm[fabric] = now
                     used.add(chosen[0])
+                    covered = {self.port_master.get(chosen, "")}
+                    for master, ports in sorted(by_master.items()):
+                        if master and master not in covered and (other := pick(ports)) is not None:
+                            self._ask(other, m.TOOL_SMIR, fabric, now)  # the other side of a split
+                            used.add(other[0])
             if now - self._last_topology.get(fabric, -1e18) >= float(self.settings.discover_interval):
                 chosen = pick(candidates)
                 if chosen is not None:
