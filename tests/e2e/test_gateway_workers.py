@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -139,3 +140,11 @@ def test_two_workers_serve_one_port_and_a_killed_one_comes_back(tmp_path: Path, 
     for i in range(20):
         assert httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 401
         chat(keyed, i)
+
+    # SIGTERM: the server lets its workers finish (each drains and exits 0), none is started again.
+    assert server.proc is not None
+    assert server.proc.stop(timeout=30) == 0
+    log = server.proc.log()
+    for worker in ("worker-0", "worker-1"):
+        assert re.search(rf"gateway {worker} \(pid \d+\) stopped \(exit code 0\)", log), log[-3000:]
+

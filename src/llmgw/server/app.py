@@ -329,6 +329,8 @@ class ControlPlane:
             async with trio.open_nursery() as draining:
                 for http in self.http_servers:
                     draining.start_soon(http.drain, grace)
+                if self.worker_pool is not None:
+                    draining.start_soon(self.worker_pool.drain, grace)
             if left := sum(h.active_requests for h in self.http_servers):
                 log.warning("shutting down: %d request(s) still in flight after %gs (shutdown_grace) are cut", left, grace)
             log.info("shutting down: closing %d fleet streams", len(self.fleet.sessions))

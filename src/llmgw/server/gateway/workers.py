@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import signal
 import subprocess
 import sys
 
@@ -29,6 +31,8 @@ class WorkerPool:
         self.debug = debug
         self.pids: dict[int, int] = {}  # worker index → pid of its current process
         self.restarts = 0
+        self.stopping = False
+        self._gone = trio.Event()  # set when the last worker has exited after drain()
 
     def command(self, index: int) -> list[str]:
         return [sys.executable, "-m", "llmgw", *(["--debug"] if self.debug else []), "gateway",
@@ -42,9 +46,23 @@ class WorkerPool:
             log.info("gateway: %d worker(s) on %s", self.count, self.listen)
             task_status.started()
 
+    async def drain(self, grace: float) -> None:
+        """Shutdown: SIGTERM to every worker (each stops accepting and lets its requests in
+        flight finish for up to shutdown_grace), none started again; wait for them, a second
+        more than `grace`. Cancelling the pool afterwards kills what is left."""
+        self.stopping = True
+        for pid in list(self.pids.values()):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if self.pids:
+            with trio.move_on_after(grace + 1):
+                await self._gone.wait()
+
     async def _keep(self, index: int) -> None:
         wait = BACKOFF[0]
-        while True:
+        while not self.stopping:
             started = trio.current_time()
             async with trio.open_nursery() as nursery:
                 process: trio.Process = await nursery.start(functools.partial(
@@ -52,6 +70,11 @@ class WorkerPool:
                 self.pids[index] = process.pid
             code = process.returncode
             self.pids.pop(index, None)
+            if self.stopping:
+                log.info("gateway worker-%d (pid %d) stopped (exit code %s)", index, process.pid, code)
+                if not self.pids:
+                    self._gone.set()
+                return
             self.restarts += 1
             quick = trio.current_time() - started < QUICK_DEATH
             log.warning("gateway worker-%d (pid %d) exited with %s; starting it again%s", index, process.pid,
