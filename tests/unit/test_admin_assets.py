@@ -4,6 +4,7 @@ animates, and escaping of what peers send."""
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgspec
 from hypothesis import given
@@ -66,3 +67,59 @@ def test_what_a_peer_sends_is_text_on_the_page(name: str) -> None:
     body = page.split('<main id="main" data-refresh="15">', 1)[1]
     assert "<script" not in body.replace("&lt;script", "")
     assert render.esc(name) in body
+
+
+# -- the login form's cookie (the e2e tests walk it over plain HTTP; here the TLS flag too) -----------
+
+
+class _Head:
+    def __init__(self, headers: dict[bytes, bytes]) -> None:
+        self.headers = headers
+
+    def get(self, name: bytes) -> bytes | None:
+        return self.headers.get(name)
+
+
+class _Request:
+    def __init__(self, body: bytes, headers: dict[bytes, bytes] | None = None, method: str = "POST",
+                 path: str = "/admin/login") -> None:
+        self.head = _Head(headers or {})
+        self.body, self.method, self.path, self.query = body, method, path, ""
+        self.tls = None
+        self.peer = "10.0.0.9:4000"
+
+
+class _Responder:
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: dict[bytes, bytes] = {}
+        self.body = b""
+
+    async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status, self.headers, self.body = status, dict(headers), body
+
+
+def _pages(tls: bool) -> Any:
+    from llmgw.catalog.schema import ApiSettings, ServerConfig
+    from llmgw.server.admin.pages import AdminPages
+    from llmgw.server.auth import Auth
+
+    cfg = ServerConfig(api=ApiSettings(viewer_tokens=["sha256:" + hashlib.sha256(b"view-me").hexdigest()]))
+    return AdminPages(reads=None, auth=Auth(cfg, insecure=False), assets=Assets({"admin.css": b"", "admin.js": b""}),
+                      tls=tls)  # type: ignore[arg-type]
+
+
+async def test_the_cookie_is_secure_over_tls_and_never_holds_a_bad_token() -> None:
+    for tls in (True, False):
+        out = _Responder()
+        await _pages(tls).login(_Request(b"token=view-me&next=/admin/nodes/n1"), out)  # type: ignore[arg-type]
+        assert out.status == 303 and out.headers[b"location"] == b"/admin/nodes/n1"
+        cookie = out.headers[b"set-cookie"].decode()
+        assert cookie.startswith("llmgw_admin=view-me;") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert ("; Secure" in cookie) is tls
+    # A token that could break out of the header (or is simply wrong) never reaches Set-Cookie.
+    for body in (b"token=view-me%0d%0aSet-Cookie:%20x=1", b"token=view-me;%20Path=/x", b"token="):
+        out = _Responder()
+        await _pages(True).login(_Request(body), out)  # type: ignore[arg-type]
+        assert out.status == 401 and b"set-cookie" not in out.headers
+        assert b"view-me" not in out.body
