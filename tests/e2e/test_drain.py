@@ -131,6 +131,9 @@ def test_drain_with_nowhere_to_go_stops_nothing_then_force_stops_and_marks_survi
     before = pids(server)
     on_01 = next(rid for rid, node in (ready_on(server, 2) or {}).items() if node == "gpu-01")
 
+    # --timeout: the command gives up waiting (exit 1, said), the drain goes on server-side.
+    result = ctl(server, "drain", "gpu-01", "--timeout", "0")
+    assert result.returncode == 1 and "timed out after 0s" in one_error_line(result), result.stderr
     # gpu-02 takes no new placements: the replica on gpu-01 has nowhere to go.
     result = ctl(server, "drain", "gpu-01", "--timeout", "60", timeout=90)
     assert result.returncode == 1, result.stdout + result.stderr

@@ -45,6 +45,9 @@ def test_a_rollout_replaces_one_at_a_time_and_never_drops_below_desired() -> Non
     fleet = nodes("gpu-01", "gpu-02")
     old = {s.spec.replica_id for s in bring_up(rec, fleet)}
     rec.set_catalog([chat(args=["--new-flag"])])
+    # Before any pass has begun it, a reader already sees it due (`ctl reload && ctl rollout status`).
+    due = rec.rollout_of(rec.models["chat"])
+    assert due is not None and due.state == RolloutState.ROLLING and due.total == 2 and due.what == "args"
     replaced: list[str] = []
     for t in range(1, 40):
         new = settle(rec, fleet, t)
@@ -107,4 +110,4 @@ def test_a_reload_without_a_run_change_starts_nothing() -> None:
     fleet = nodes("gpu-01", "gpu-02")
     bring_up(rec, fleet)
     rec.set_catalog([msgspec.structs.replace(chat(), replicas=2)])
-    assert settle(rec, fleet, 1) == [] and rec.rollouts == {}
+    assert settle(rec, fleet, 1) == [] and rec.rollouts == {} and rec.rollout_of(rec.models["chat"]) is None

@@ -111,6 +111,23 @@ class Roller(Mover):
             self._fingerprints[model.name] = known
         return known[1]
 
+    def rollout_of(self, model: Model) -> Rollout | None:
+        """The model's rollout as a reader should see it: one that a reload made due but that no
+        pass has begun yet shows as rolling (`ctl reload && ctl rollout status` must not read
+        "no rollout" in between, nor during the settle period after a restart)."""
+        ro = self.rollouts.get(model.name)
+        target = self._fingerprint(model)
+        if ro is not None and ro.target == target:
+            return ro
+        stale = sorted({w for r in self.of_model(model.name)
+                        if r.state in (ReplicaState.READY, ReplicaState.STARTING) and not r.replaces
+                        and (w := changed(r, model))})
+        if not stale:
+            return None
+        count = sum(1 for r in self.of_model(model.name) if r.state not in LEAVING and changed(r, model))
+        return Rollout(model=model.name, target=target, what="; ".join(stale), total=count,
+                       note="begins at the next reconcile pass")
+
     def _roll(self, models: Mapping[str, Model], now: float) -> None:
         for name in [n for n in self.rollouts if n not in models]:
             del self.rollouts[name]

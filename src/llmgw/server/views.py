@@ -318,7 +318,7 @@ class FleetReads:
                 ready=sum(1 for r in reconciler.of_model(model.name) if r.state == ReplicaState.READY),
                 profiles=[p.name for p in model.profiles],
                 balancer=model.balancer,
-                rollout=rollout_view(reconciler.rollouts.get(model.name), now),
+                rollout=rollout_view(reconciler.rollout_of(model), now),
             )
             for model in reconciler.models.values()
         ]
