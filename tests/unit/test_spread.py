@@ -262,3 +262,29 @@ def test_the_reconciler_spreads_over_leaves_it_is_told_of() -> None:
     assert successor.node == "gpu-03"
     [move] = rec.moves.values()
     assert move.reason == "spread: 2 of 2 replicas of small on leaf leaf-a; gpu-03 can take one"
+
+
+def test_the_controller_hands_the_reconciler_each_nodes_leaves_from_the_fabric_map() -> None:
+    """The server's path: Controller.nodes() reads fabric/locality's Places (what fabric_service
+    keeps) into NodeInfo.leaves, only when `placement.spread: leaves` needs them."""
+    from llmgw.catalog.schema import PlacementSettings, ReconcileSettings
+    from llmgw.fabric.locality import Place, Places
+    from llmgw.server.control import Controller, Settle, make_reconciler
+    from llmgw.server.registry import NodeRegistry
+
+    fabric = places("ib0", analyse(parse_topology(generate(
+        FabricSpec(nodes=["node-1", "node-2", "node-3"], rails=1, group_size=2, spines=1)).ibnetdiscover)))
+    view = Places(by_node={n: dict(devices) for n, devices in fabric.items()})
+    assert all(isinstance(p, Place) for devices in view.by_node.values() for p in devices.values())
+    for mode, want in (("leaves", True), ("nodes", False)):
+        registry = NodeRegistry(1.0)
+        for i, node in enumerate(("node-1", "node-2", "node-3")):
+            registry.register(m.Register(node_id=node, version="0.1.0"), 0.0, session=i + 1)
+        reconciler = make_reconciler([], ReconcileSettings(), placement=PlacementSettings(spread=mode))  # type: ignore[arg-type]
+        controller = Controller(reconciler, registry, settle=Settle(ReconcileSettings(), registry), links={},
+                                places=lambda: view)
+        leaves = {n.node_id: n.leaves for n in controller.nodes()}
+        if want:
+            assert leaves["node-1"] == leaves["node-2"] != leaves["node-3"] and len(leaves["node-1"]) == 1, leaves
+        else:
+            assert all(v == [] for v in leaves.values()), leaves
