@@ -2,7 +2,7 @@
 stand-in ibnetdiscover prints a two-leaf fabric. A four-node replica lands under one leaf (the
 node ids are interleaved across the leaves, so an order by id alone would mix them); once a cable
 of one of its nodes trains short, the next placement goes under the other leaf, and the server's
-log says why."""
+log and the placement event (`ctl events`) say why."""
 
 from __future__ import annotations
 
@@ -104,5 +104,13 @@ def test_a_replica_lands_under_one_leaf_and_a_short_cable_moves_the_next(tmp_pat
     wait_until(lambda: replicas(server) == [], "the first replica gone", DEADLINE, procs)
     scale(server, 1)
     assert wait_until(lambda: ready_nodes(server), "the next 4-node replica ready", DEADLINE, procs) == sorted(LEAF_2)
+    why = "under one leaf: leaf-g2-r0; gpu-3: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)"
     log = server.proc.log()  # type: ignore[union-attr]
-    assert "under one leaf: leaf-g2-r0; gpu-3: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)" in log, log[-3000:]
+    assert why in log, log[-3000:]
+
+    def placement_event() -> list[str] | None:  # what `ctl events` shows an operator
+        events = server.get("/api/v1/events")
+        found = [e["message"] for e in events if e["kind"] == "placement" and why in e["message"]]
+        return found or None
+
+    wait_until(placement_event, "the placement event saying where and why", DEADLINE, procs)

@@ -122,3 +122,5 @@ def test_the_fabric_map_the_driver_sets_decides_where_and_the_log_says_why():
     assert [s.node for s in starts] == ["gpu-2", "gpu-4"]
     [line] = [line for line in rec.drain_log() if line.startswith("placed ")]
     assert line.endswith("; under one leaf: leaf-g2-r0; gpu-1: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)"), line
+    [replica] = rec.replicas.values()  # kept on the replica for its placement event
+    assert replica.placement == ["under one leaf: leaf-g2-r0", "gpu-1: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)"]

@@ -295,6 +295,7 @@ def replica_events(seen: dict[str, _ReplicaSeen], replicas: Iterable[Any], event
             continue
         if state == "starting" and (before is None or before.shards != shards):
             why = "new replica" if before is None or not before.shards else f"replacing {', '.join(before.shards)} ({before.state})"
+            why += "".join(f"; {note}" for note in getattr(r, "placement", ()))  # the fabric map's say
             events.record("placement", f"placed {r.id} ({r.model}/{r.profile}) on {where}: {why}",
                           node=node, model=r.model, replica=r.id)
             continue

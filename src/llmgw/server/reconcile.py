@@ -420,6 +420,7 @@ class Reconciler(Roller):
             replica.attempt = attempt
             replica.profile = profile.name
             replica.profile_order = [p.name for p in model.profiles]
+            replica.placement = []
             self._remember_past(replica)
             self._set_shards(replica, [
                 Shard(
@@ -467,6 +468,7 @@ class Reconciler(Roller):
         replica.attempt = attempt
         replica.profile = profile.name
         replica.profile_order = [p.name for p in model.profiles]
+        replica.placement = list(multi.notes)
         self._remember_past(replica)
         self._set_shards(replica, shards)
         self._replica_to(replica, ReplicaState.STARTING, now, "", "placed")

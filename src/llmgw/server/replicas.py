@@ -78,6 +78,9 @@ class Replica(msgspec.Struct, kw_only=True):
     # Shards of earlier attempts: shard id -> (node, seen_at), the last few. A node that
     # comes back reporting one of them is that replica's own engine returning, not a stranger.
     past: dict[str, tuple[str, float]] = {}
+    # Where the last placement put a multi-node replica and why (the fabric map's notes: "under
+    # one leaf: leaf-2", "gpu-07: cable to leaf-1 trained 4xDDR (others 4xHDR)"); the event says it.
+    placement: list[str] = []
     # A move's successor (moves.py): the id of the replica it replaces while the move surges
     # (not counted against the catalog's replicas until then) and the nodes it must avoid.
     replaces: str = ""
