@@ -70,8 +70,10 @@
   async function loadTopology() {
     try {
       const topo = await getJson("/api/v1/fabrics/" + encodeURIComponent(fabricId) + "/topology");
-      const stamp = topo.discovered_at + ":" + topo.links.length + ":" + topo.switches.length + ":" + topo.adapters.length
-        + ":" + topo.summary.degraded_links;
+      // What the picture depends on (not when it was discovered: that changes every discovery):
+      // the counts, and which cables are degraded.
+      const stamp = JSON.stringify([topo.summary, topo.links.length,
+        topo.links.filter((l) => l.degraded).map((l) => l.a.guid + ":" + l.a.port + "-" + l.b.guid + ":" + l.b.port)]);
       api.refreshes += 1;
       if (stamp !== topoStamp) {
         topoStamp = stamp;
@@ -325,7 +327,9 @@
   }
 
   // Which adapters' ports are not ACTIVE (they glow red): set when a ports document arrives.
-  let downStamp = "";
+  // A port the agent reads as anything but ACTIVE (DOWN, INIT, ARMED) is down; one whose node the
+  // server does not know (UNKNOWN) is not.
+  let downStamp = 0, downList = "";
   function markDown() {
     if (!model || !ports) return;
     const down = [];
@@ -333,11 +337,13 @@
       if (n.kind !== "adapter") continue;
       const p = portOf(n);
       n.portKey = p ? p.key : null;
-      n.down = !!(p && p.state && p.state.toUpperCase() !== "ACTIVE");
+      const state = p && p.state ? p.state.toUpperCase() : "UNKNOWN";
+      n.down = state !== "ACTIVE" && state !== "UNKNOWN";
       if (n.down) down.push(n.i);
     }
     api.down = down.length;
-    downStamp = down.join(",");
+    const list = down.join(",");
+    if (list !== downList) { downList = list; downStamp += 1; }
   }
 
   function related(i) {
@@ -351,7 +357,7 @@
   // a pan or zoom is under way each frame only moves or scales that picture (one drawImage), and
   // the scene is drawn sharp again once the pointer and the wheel rest for IDLE_MS. Rasterising
   // 20,000 cables costs 100+ ms a frame on a 2-core machine without a GPU; a blit costs a few.
-  const IDLE_MS = 160;
+  const IDLE_MS = 250;
   const scene = { canvas: document.createElement("canvas"), key: "", scale: 0, tx: 0, ty: 0 };
   let lastWheel = -1e9;
 
