@@ -69,7 +69,7 @@ def test_a_late_node_gets_one_replica_moved_to_it_under_load_with_no_failed_requ
     one replica moves there, successor ready first, the old one out of rotation and drained,
     while the official openai client sends requests without a single failure."""
     server = Server(tmp_path, FAULT_FLEET + FAULT_GATEWAY + "placement:\n  spread: nodes\n  spread_cooldown: 2s\n"
-                    + CATALOG.replace('args: ["--ttft-ms"', 'args: ["--startup-delay", "2", "--ttft-ms"'))
+                    + CATALOG.replace('args: ["--ttft-ms"', 'args: ["--startup-delay", "3", "--ttft-ms"'))
     procs.append(server.start())
     configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAULT_AGENT, "--gpus", "2") for node in ("gpu-01", "gpu-02")}
     procs.append(start_agent(tmp_path, "gpu-01", configs["gpu-01"], "--stop-engines-on-exit"))
@@ -89,19 +89,23 @@ def test_a_late_node_gets_one_replica_moved_to_it_under_load_with_no_failed_requ
         procs.append(start_agent(tmp_path, "gpu-02", configs["gpu-02"], "--stop-engines-on-exit"))
 
         def moving() -> dict[str, Any] | None:
+            """The move in the API, then in the operator's table while it happens (the successor
+            takes 3 s to start): the replica being moved says so."""
             row = next((r for r in replicas(server) if (r.get("move") or {}).get("kind") == "spread"), None)
             if row is not None:
                 seen_moving.append(row)
-                # The operator's table, while it happens: the replica being moved says so.
                 table = ctl(server.url, "replicas").stdout
-                return row if "spread" in table or on("gpu-01", "gpu-02") else None
+                if "spread" in table:
+                    return row
+                assert not on("gpu-01", "gpu-02"), f"the move ended before ctl replicas showed it:\n{table}"
             return None
 
         row = wait_until(moving, "ctl replicas to show a spread move", deadline=60, procs=procs)
         assert row["move"]["reason"].startswith(f"spread: 2 of 2 replicas of {MODEL} on gpu-01"), row
         after = wait_until(lambda: on("gpu-01", "gpu-02"), "one replica moved to gpu-02", deadline=60, procs=procs)
         load.wait_successes(20, "requests served after the move")
-    assert load.failures(avoidable_only=False) == [], load.report("spread move", "")
+    line = load.report("spread move", "one replica moved from gpu-01 to gpu-02")
+    assert load.failures(avoidable_only=False) == [], line
     assert len(load.outcomes) >= 40
     # One replica stayed, one was replaced by a successor on gpu-02; no other move happened.
     assert len({r["id"] for r in before} & {r["id"] for r in after}) == 1
