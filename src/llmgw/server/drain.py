@@ -185,7 +185,7 @@ class Drainer:
 
     def _on(self, node_id: str) -> list:
         """Replicas holding anything on the node (a shard starting, serving or stopping)."""
-        return [r for r in self.reconciler.replicas.values()
+        return [r for r in self.reconciler.on_node(node_id)
                 if any(s.node == node_id and s.state in HOLDING for s in r.shards)]
 
     def after_pass(self) -> None:

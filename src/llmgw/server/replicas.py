@@ -210,6 +210,10 @@ class ReplicaBook:
         """The replicas spanning nodes, by id: the multi-node checks walk these, not every replica."""
         return [self.replicas[rid] for rid in sorted(self._multi) if rid in self.replicas]
 
+    def on_node(self, node_id: str) -> list[Replica]:
+        """Replicas with a shard on `node_id` (indexed: what a drain looks at costs what is there)."""
+        return self._on(node_id)
+
     def _on(self, node_id: str) -> list[Replica]:
         return [self.replicas[rid] for rid in sorted(self._on_node.get(node_id, ())) if rid in self.replicas]
 
