@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -38,10 +38,30 @@ class Place(msgspec.Struct, frozen=True, gc=False):
     short: str = ""  # the cable trained below its kind's norm: why, for people; "" when it did not
 
 
+class Located(msgspec.Struct, frozen=True, gc=False):
+    """Where a set of a node's adapters sits: per tier, the groups they are in (tier 0: their
+    leaves), the leaves' names, and the short cables among them in words ("" when none)."""
+
+    levels: tuple[tuple[str, ...], ...]
+    leaves: tuple[str, ...]
+    short: str = ""
+
+
 class Places(msgspec.Struct, gc=False):
-    """Every analysed fabric's adapters by node and device: what multi-node placement reads."""
+    """Every analysed fabric's adapters by node and device: what multi-node placement reads.
+    `whole`: each node's `locate` over all its adapters, computed once when the view is built
+    (off the event loop), since a fabric usually takes every adapter of a node."""
 
     by_node: dict[str, dict[str, Place]] = {}
+    whole: dict[str, Located] = {}
+
+
+def locate(mine: Sequence[Place]) -> Located:
+    """Where these adapters (one node's, of one fabric) sit. One map's paths are all as long;
+    zip stops at the shortest should two fabrics' maps differ."""
+    levels = tuple(tuple(sorted(set(tier))) for tier in zip(*(p.path for p in mine), strict=False))
+    return Located(levels=levels, leaves=tuple(sorted({p.leaf_name for p in mine})),
+                   short="; ".join(p.short for p in mine if p.short))
 
 
 def switch_name(description: str, guid: str) -> str:
@@ -118,4 +138,5 @@ def merge(fabrics: Mapping[str, Mapping[str, Mapping[str, Place]]]) -> Places:
     for fabric in sorted(fabrics):
         for node, devices in fabrics[fabric].items():
             by_node.setdefault(node, {}).update(devices)
-    return Places(by_node=by_node)
+    whole = {node: locate([devices[d] for d in sorted(devices)]) for node, devices in by_node.items()}
+    return Places(by_node=by_node, whole=whole)

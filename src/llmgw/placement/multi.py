@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from llmgw.fabric.locality import Place, Places
+from llmgw.fabric.locality import Located, Places, locate
 from llmgw.placement.gpus import choose_gpus
 from llmgw.placement.single import (
     NodeCapacity,
@@ -103,17 +103,18 @@ def place_multi(req: Request, count: int, nodes: Sequence[NodeCapacity], port_ra
 def _locate(entry: Entry, fabric: str, places: Places | None) -> _Located:
     """Where the node's adapters of `fabric` sit, from the map (nothing when the map lacks it)."""
     node = entry[1]
-    mine: list[Place] = []
+    found: Located | None = None
     if places is not None:
         devices = places.by_node.get(node.node_id, {})
         wanted = node.fabric_devices.get(fabric)
-        mine = [devices[d] for d in wanted if d in devices] if wanted else [devices[d] for d in sorted(devices)]
-    if not mine:
+        if devices and (not wanted or devices.keys() == set(wanted)):
+            found = places.whole.get(node.node_id)  # every adapter: located when the view was built
+        elif devices:
+            mine = [devices[d] for d in wanted or () if d in devices]
+            found = locate(mine) if mine else None
+    if found is None or not found.levels:
         return _Located(entry=entry, levels=(), leaves=(), short="")
-    depth = max(len(p.path) for p in mine)
-    levels = tuple(tuple(sorted({p.path[min(k, len(p.path) - 1)] for p in mine})) for k in range(depth))
-    leaves = tuple(sorted({p.leaf_name for p in mine}))
-    return _Located(entry=entry, levels=levels, leaves=leaves, short="; ".join(p.short for p in mine if p.short))
+    return _Located(entry=entry, levels=found.levels, leaves=found.leaves, short=found.short)
 
 
 def _pick(located: list[_Located], count: int) -> tuple[list[_Located], int, tuple[str, ...]]:
