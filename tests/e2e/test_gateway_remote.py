@@ -52,10 +52,12 @@ def ready_endpoints(server: Server) -> set[str]:
             for s in r["shards"] if s.get("endpoint") and s.get("rank", 0) == 0}
 
 
-def start_gateway(tmp: Path, name: str, control_plane: str, *args: str) -> tuple[Proc, str]:
-    port = free_port()
-    proc = Proc(name, ["gateway", "--control-plane", control_plane, "--listen", f"127.0.0.1:{port}", *args], tmp)
-    return proc, f"http://127.0.0.1:{port}"
+def start_gateway(tmp: Path, name: str, control_plane: str, *args: str) -> tuple[Proc, str, str]:
+    """The process, its client URL and its metrics URL (--metrics-listen)."""
+    port, metrics = free_port(), free_port()
+    proc = Proc(name, ["gateway", "--control-plane", control_plane, "--listen", f"127.0.0.1:{port}",
+                       "--metrics-listen", f"127.0.0.1:{metrics}", *args], tmp)
+    return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}"
 
 
 def scale(server: Server, n: int) -> None:
@@ -64,11 +66,11 @@ def scale(server: Server, n: int) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def followed(server: Server, gw: str, what: str, procs: list[Proc]) -> set[str]:
+def followed(server: Server, gw_metrics: str, what: str, procs: list[Proc]) -> set[str]:
     """Wait until the gateway's rotation is the control plane's ready set; say how long it took."""
     want = wait_until(lambda: (r := ready_endpoints(server)) and r, f"{what}: ready in the control plane", procs=procs)
     seen = time.monotonic()
-    got = wait_until(lambda: rotation(gw) == ready_endpoints(server) and rotation(gw),
+    got = wait_until(lambda: rotation(gw_metrics) == ready_endpoints(server) and rotation(gw_metrics),
                      f"{what}: the gateway's rotation to follow", procs=procs)
     print(f"\n{what}: in the gateway's rotation {time.monotonic() - seen:.3f}s after the control plane showed it")
     assert got == want or got == ready_endpoints(server)
@@ -80,11 +82,13 @@ def test_a_gateway_only_process_follows_the_control_plane(tmp_path: Path, procs:
     procs.append(server.start())
     agent = start_agent(tmp_path, "node-a", make_sim_node(tmp_path, "node-a", server.fleet_url))
     procs.append(agent)
-    gw_proc, gw = start_gateway(tmp_path, "gateway", server.fleet_url, "--insecure")
+    gw_proc, gw, gw_metrics = start_gateway(tmp_path, "gateway", server.fleet_url, "--insecure")
     procs.append(gw_proc)
     wait_until(lambda: httpx.get(f"{gw}/healthz", timeout=2).status_code == 200, "the gateway to serve", procs=procs)
-    one = followed(server, gw, "the first replica", procs)
+    one = followed(server, gw_metrics, "the first replica", procs)
     assert len(one) == 1
+    # Its metrics name engine addresses: on the metrics listener, never on the client port.
+    assert httpx.get(f"{gw}/metrics", timeout=5).status_code == 404
 
     client = openai.OpenAI(base_url=f"{gw}/v1", api_key="unused", max_retries=0, timeout=30)
 
@@ -95,30 +99,30 @@ def test_a_gateway_only_process_follows_the_control_plane(tmp_path: Path, procs:
     chat()
     scale(server, 2)  # an engine added ...
     wait_until(lambda: len(ready_endpoints(server)) == 2, "a second replica ready", procs=procs)
-    assert len(followed(server, gw, "a replica added", procs)) == 2
+    assert len(followed(server, gw_metrics, "a replica added", procs)) == 2
     scale(server, 1)  # ... and one removed
     wait_until(lambda: len(ready_endpoints(server)) == 1, "back to one replica", procs=procs)
-    kept = followed(server, gw, "a replica removed", procs)
+    kept = followed(server, gw_metrics, "a replica removed", procs)
     assert len(kept) == 1
 
     # The control plane stops: the gateway serves on with what it had, and says so.
     assert server.proc is not None
     server.proc.stop()
     procs.remove(server.proc)
-    wait_until(lambda: connected(gw) == 0, "the gateway to notice", procs=[gw_proc])
+    wait_until(lambda: connected(gw_metrics) == 0, "the gateway to notice", procs=[gw_proc])
     for _ in range(5):
         chat()
-    assert rotation(gw) == kept
+    assert rotation(gw_metrics) == kept
     assert "lost the control plane" in gw_proc.log() and "serving with the last endpoint set" in gw_proc.log()
 
     # Back: it follows again, and a change made now reaches it.
     procs.append(server.start())
-    wait_until(lambda: connected(gw) == 1, "the gateway to follow again", procs=procs)
+    wait_until(lambda: connected(gw_metrics) == 1, "the gateway to follow again", procs=procs)
     assert "following the control plane at" in gw_proc.log()
     wait_until(lambda: len(ready_endpoints(server)) == 1, "the engine adopted by the new control plane", procs=procs)
     scale(server, 2)
     wait_until(lambda: len(ready_endpoints(server)) == 2, "a second replica after the restart", procs=procs)
-    assert len(followed(server, gw, "a replica added after the restart", procs)) == 2
+    assert len(followed(server, gw_metrics, "a replica added after the restart", procs)) == 2
     chat()
 
 
@@ -144,22 +148,22 @@ def test_only_a_gateway_certificate_follows_as_a_gateway(tmp_path: Path, procs: 
     procs.append(server.start())
     ca = str(cadir / "ca.crt")
 
-    def gateway(name: str, crt: str) -> tuple[Proc, str]:
-        proc, url = start_gateway(tmp_path, f"gateway-{name}", server.fleet_url,
+    def gateway(name: str, crt: str) -> tuple[Proc, str, str]:
+        proc, url, metrics = start_gateway(tmp_path, f"gateway-{name}", server.fleet_url,
                                   "--cert", str(cadir / f"{crt}.crt"), "--key", str(cadir / f"{crt}.key"), "--ca", ca)
         procs.append(proc)
-        return proc, url
+        return proc, url, metrics
 
-    _, good_url = gateway("good", "gateway-gw-1")
+    _, good_url, good_metrics = gateway("good", "gateway-gw-1")
     wait_until(lambda: httpx.get(f"{good_url}/healthz", timeout=2).status_code == 200, "the gateway to follow",
                procs=procs)
-    assert rotation(good_url) == {f"http://127.0.0.1:{engine_port}"}
+    assert rotation(good_metrics) == {f"http://127.0.0.1:{engine_port}"}
     # Its name in the control plane's metrics is its certificate's.
     wait_until(lambda: 'worker="gw-1"' in httpx.get(f"{server.url}/metrics", timeout=5).text,
                "the gateway's metrics in the control plane's scrape", procs=procs)
 
     for name, crt in (("node", "node-gpu-01"), ("viewer", "viewer-dash")):
-        bad, _ = gateway(name, crt)
+        bad, _, _ = gateway(name, crt)
         wait_until(lambda bad=bad: "not a gateway certificate" in bad.log(), f"a {name} certificate refused as a gateway",
                    procs=procs)
         assert " serving (following" not in bad.log()  # it never got a configuration, so it never opened its port

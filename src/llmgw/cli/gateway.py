@@ -13,6 +13,9 @@ from llmgw.cli.logs import setup_logging
               help="The server's fleet port, https://HOST:PORT (http:// only with --insecure). [env: LLMGW_CONTROL_PLANE]")
 @click.option("--listen", envvar="LLMGW_LISTEN", default="127.0.0.1:8080", show_default=True,
               help="HOST:PORT to serve /v1, /healthz and /metrics on. [env: LLMGW_LISTEN]")
+@click.option("--metrics-listen", envvar="LLMGW_METRICS_LISTEN", default="", metavar="HOST:PORT",
+              help="Serve this gateway's /metrics here (never on the client port: they name engine addresses; "
+                   "the control plane's /metrics shows them too). [env: LLMGW_METRICS_LISTEN]")
 @click.option("--cert", envvar="LLMGW_GATEWAY_CERT", type=click.Path(dir_okay=False),
               help="Gateway certificate (from `llmgw ctl cert gateway NAME`). [env: LLMGW_GATEWAY_CERT]")
 @click.option("--key", envvar="LLMGW_GATEWAY_KEY", type=click.Path(dir_okay=False),
@@ -26,7 +29,8 @@ from llmgw.cli.logs import setup_logging
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.pass_context
 def gateway(ctx: click.Context, control_plane: str | None, listen: str, cert: str | None, key: str | None,
-            ca: str | None, name: str, insecure: bool, worker: int | None, feed_socket: str, log_level: str) -> None:
+            ca: str | None, name: str, insecure: bool, worker: int | None, feed_socket: str, log_level: str,
+            metrics_listen: str) -> None:
     """Serve the OpenAI-compatible gateway alone, following a control plane.
 
     Gateway capacity then grows past one machine behind any L4 load balancer: every such
@@ -39,4 +43,5 @@ def gateway(ctx: click.Context, control_plane: str | None, listen: str, cert: st
 
     setup_logging(ctx.obj.get("debug", False), log_level)
     trio.run(lambda: run_gateway(control_plane=control_plane, listen=listen, cert=cert, key=key, ca=ca, name=name,
-                                 insecure=insecure, worker=worker, feed_socket=feed_socket))
+                                 insecure=insecure, worker=worker, feed_socket=feed_socket,
+                                 metrics_listen=metrics_listen))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import socket
@@ -15,7 +16,7 @@ log = logging.getLogger("llmgw.gateway")
 
 
 async def run_gateway(*, control_plane: str | None, listen: str, cert: str | None, key: str | None, ca: str | None,
-                      name: str, insecure: bool, worker: int | None, feed_socket: str) -> None:
+                      name: str, insecure: bool, worker: int | None, feed_socket: str, metrics_listen: str = "") -> None:
     from llmgw.server.app import bind_socket, settle_garbage_collector, split_hostport
 
     if worker is not None:
@@ -45,9 +46,10 @@ async def run_gateway(*, control_plane: str | None, listen: str, cert: str | Non
         sock = bind_socket(listen, "gateway port", "--listen")
         gw = GatewayWorker(name or socket.gethostname(), Follow(url=control_plane, ssl_context=ssl_context, insecure=insecure),
                            local=False)
+    metrics_socks = [bind_socket(metrics_listen, "metrics listener", "--metrics-listen")] if metrics_listen else []
     settle_garbage_collector()
     async with trio.open_nursery() as nursery:
-        await nursery.start(gw.serve, [sock])
+        await nursery.start(functools.partial(gw.serve, [sock], metrics_socks=metrics_socks))
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 log.info("gateway %s: received %s", gw.name, signal.Signals(signum).name)

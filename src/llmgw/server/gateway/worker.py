@@ -9,8 +9,8 @@ the config reference), its own keep-alive pools. Two ways to run one:
   socket in the state directory; the rest of the public port (/api/v1, /admin, /metrics) is
   forwarded to the control plane over a second Unix socket.
 - `llmgw gateway --control-plane URL --listen ADDR` on another machine: follows over the fleet
-  port with a gateway certificate (`llmgw ctl cert gateway NAME`) and serves /v1, /healthz and
-  its own /metrics.
+  port with a gateway certificate (`llmgw ctl cert gateway NAME`) and serves /v1 and /healthz,
+  its own /metrics only on --metrics-listen.
 
 When the control plane goes away the worker keeps serving with the last state it had, says so
 (a warning, `llmgw_gateway_control_plane_connected 0`) and dials again with backoff.
@@ -180,10 +180,20 @@ class GatewayWorker:
             await responder.respond(200, [JSON], b'{"status":"ok"}')
         elif self.local and self.api is not None:
             await self._forward(self.api, request, responder)
-        elif path == "/metrics" and not self.local:
-            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4")], generate_latest(self.registry))
         else:
             await responder.respond(404, [JSON], openai_error(f"unknown route {path} on gateway {self.name}",
+                                                             "invalid_request_error", "not_found"))
+
+    async def metrics_door(self, request: Request, responder: Responder) -> None:
+        """The metrics listener of a gateway on another machine (--metrics-listen): its metrics
+        name engine addresses, which never reach the client port (the control plane's /metrics
+        shows them too, behind its viewer door)."""
+        if request.path == "/metrics":
+            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4")], generate_latest(self.registry))
+        elif request.path == "/healthz":
+            await responder.respond(200, [JSON], b'{"status":"ok"}')
+        else:
+            await responder.respond(404, [JSON], openai_error("this listener serves /metrics and /healthz",
                                                              "invalid_request_error", "not_found"))
 
     async def _forward(self, api: Upstream, request: Request, responder: Responder) -> None:
@@ -204,6 +214,7 @@ class GatewayWorker:
         await relay_body(response, responder, self.hub, FORWARD_TIMEOUT)
 
     async def serve(self, socks: Iterable[socket.socket], *, ssl_context: ssl.SSLContext | None = None,
+                    metrics_socks: Iterable[socket.socket] = (),
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Follow, wait for the first configuration, then serve on `socks` until cancelled."""
         async with trio.open_nursery() as nursery:
@@ -217,6 +228,9 @@ class GatewayWorker:
                 ssl_context=ssl_context)
             listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in socks]
             await nursery.start(self.http.serve, listeners)
+            metrics = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in metrics_socks]
+            if metrics:
+                await nursery.start(HttpServer(self.metrics_door).serve, metrics)
             nursery.start_soon(self.gateway.run_scraper)
             nursery.start_soon(self.gateway.run_health_checks)
             nursery.start_soon(self.gateway.run_disconnect_watchdog)
