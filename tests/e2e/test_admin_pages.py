@@ -271,6 +271,25 @@ def test_fabric_page_draws_the_fabric(cluster: Cluster, browser_page: Watched, t
     assert "node-2" in marker["a"] + marker["b"]
     r, g, b, _ = _pixel(page, marker["x"] - 4, marker["y"])  # in the marker's red disc, beside its "!"
     assert r > 200 and g < 120 and b < 120, (r, g, b)
+    # Hovering a spine (no cable of its own to node-2) fades the rest: the marker dims.
+    spine = next(s for s in cluster.topology["switches"] if s["tier"] == "spine" and SWITCH_SCRIPT not in s["description"])
+    at = page.evaluate("key => llmgwFabric.screenOf(key)", spine["guid"])
+    box = page.locator("#fabric-canvas").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + at["x"], box["y"] + at["y"])
+    page.wait_for_function("key => llmgwFabric.hovered === key", arg=spine["guid"])
+    page.wait_for_function("([x, y]) => { const c = document.getElementById('fabric-canvas'), d = window.devicePixelRatio || 1;"
+                           " return c.getContext('2d').getImageData(Math.round(x * d), Math.round(y * d), 1, 1).data[0] < 160; }",
+                           arg=[marker["x"] - 4, marker["y"]])
+    page.screenshot(path=str(tmp_path / "hover.png"))
+    page.mouse.move(box["x"] + 2, box["y"] + 2)
+    page.wait_for_function("() => llmgwFabric.hovered === null")
+    # Colour by rail: the legend names the rails (the adapters' devices).
+    page.check("#fabric-rails")
+    legend = page.locator("#fabric-legend").inner_text()
+    assert "rail mlx5_0" in legend and "rail mlx5_1" in legend, legend
+    page.uncheck("#fabric-rails")
+    assert browser_page.take_errors() == []
 
 
 def test_fabric_search_and_click_open_the_panel(cluster: Cluster, browser_page: Watched, tmp_path: Path) -> None:

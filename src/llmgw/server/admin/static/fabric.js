@@ -756,7 +756,11 @@
     }
     if (e.target !== canvas) return;
     const h = hit(e.clientX - r.left, e.clientY - r.top);
-    if (h !== hover) { hover = h; dirty = true; canvas.title = h >= 0 ? model.nodes[h].label : ""; }
+    if (h !== hover) {
+      hover = h; dirty = true;
+      canvas.title = h >= 0 ? model.nodes[h].label : "";
+      api.hovered = h >= 0 ? model.nodes[h].key : null;
+    }
   });
   window.addEventListener("pointerup", (e) => {
     if (!drag) return;
