@@ -19,18 +19,10 @@ from tests.e2e.harness import (
     start_agent,
     wait_until,
 )
+from tests.e2e.test_replicas import CATALOG as REPLICAS_CATALOG
 from tests.faults.fleet import CATALOG, FAULT_AGENT, FAULT_FLEET, FAULT_GATEWAY, MODEL, Load
 
-TWO_REPLICAS = """\
-models:
-  - name: small
-    replicas: 2
-    profiles:
-      - name: tp1
-        engine: sim
-        gpus: 1
-        args: ["--startup-delay", "0.3"]
-"""
+TWO_REPLICAS = REPLICAS_CATALOG.split("  - name: large")[0]  # small: 2 replicas of 1 GPU
 
 
 def test_first_start_waits_for_expected_nodes_then_spreads(tmp_path: Path, procs: list[Proc]) -> None:
