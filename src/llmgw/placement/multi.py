@@ -73,12 +73,12 @@ def place_multi(req: Request, count: int, nodes: Sequence[NodeCapacity], port_ra
                 places: Places | None = None) -> MultiPlacement | NoFit:
     """`count` nodes on one usable fabric, `req.gpus` GPUs on each, or why no set of them fits.
     `places`: the fabric map's view (where each node's adapters are cabled); None: no map."""
-    fits: list[tuple[tuple[int, int, str], NodeCapacity, list[Gpu]]] = []
+    fits: list[Entry] = []
     for node in nodes:
         free = _free_for(node, req)
         if free is not None and node.address:
             fits.append((_key(node, free, req), node, free))
-    by_fabric: dict[str, list[tuple[tuple[int, int, str], NodeCapacity, list[Gpu]]]] = {}
+    by_fabric: dict[str, list[Entry]] = {}
     for entry in fits:
         for fabric in entry[1].fabrics:
             by_fabric.setdefault(fabric, []).append(entry)
@@ -169,8 +169,9 @@ def _fill(members: list[_Located], count: int, tier: int) -> list[_Located]:
 
 
 def _span(chosen: list[_Located]) -> int:
-    """Switch hops between the farthest two of the chosen: 2 × the first tier they share
-    (0: one leaf); the whole fabric's depth + 1 tiers when the map lacks one of them."""
+    """Switch hops between the farthest two of the chosen: 2 × the first tier they all share (0:
+    one leaf); 2 × the tiers the map has when they share none, and 2 when the map lacks one of
+    them (not known to be farther)."""
     depth = min((len(c.levels) for c in chosen), default=0)
     for tier in range(depth):
         if len({c.levels[tier] for c in chosen}) == 1:
@@ -215,8 +216,7 @@ def _ports(req: Request, fabric: str, group: list[Entry], port_range: tuple[int,
 
 
 def _reasons(req: Request, count: int, nodes: Sequence[NodeCapacity],
-             fits: list[tuple[tuple[int, int, str], NodeCapacity, list[Gpu]]],
-             by_fabric: dict[str, list[tuple[tuple[int, int, str], NodeCapacity, list[Gpu]]]],
+             fits: list[Entry], by_fabric: dict[str, list[Entry]],
              port_range: tuple[int, int]) -> list[str]:
     reasons = [f"needs {count} nodes sharing a usable fabric, {req.gpus} GPUs on each"]
     for fabric, entries in sorted(by_fabric.items()):
