@@ -65,6 +65,16 @@ models:
 """)
 
 
+def make_fabric(fabric_dir: Path, *degraded: str) -> None:
+    """The simulated fabric, with these nodes' last cables degraded and a <script> in spine-2's description."""
+    flags = [arg for node in degraded for arg in ("--degrade", node)]
+    made = run_llmgw("sim", "fabric", "--node-ids", ",".join(NODES), "--rails", "2", "--group-size", "2",
+                     "--spines", "2", *flags, "--out", str(fabric_dir), "-o", "json")
+    assert made.returncode == 0, made.stderr
+    text = fabric_dir / "ibnetdiscover.txt"
+    text.write_text(text.read_text().replace("MF0;spine-2:", f"MF0;{SWITCH_SCRIPT}spine-2:"))
+
+
 class Cluster:
     def __init__(self, tmp: Path, server: Server, fabric_id: str, topology: dict[str, Any], shots: Path) -> None:
         self.tmp = tmp
@@ -81,11 +91,7 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("admin")
     fabric_dir = tmp / "fabric"
-    made = run_llmgw("sim", "fabric", "--node-ids", ",".join(NODES), "--rails", "2", "--group-size", "2",
-                     "--spines", "2", "--degrade", "node-2", "--out", str(fabric_dir), "-o", "json")
-    assert made.returncode == 0, made.stderr
-    text = fabric_dir / "ibnetdiscover.txt"
-    text.write_text(text.read_text().replace("MF0;spine-2:", f"MF0;{SWITCH_SCRIPT}spine-2:"))
+    make_fabric(fabric_dir, "node-2")
     procs: list[Proc] = []
     server = Server(tmp, CONFIG, token=VIEWER)
     try:
@@ -314,4 +320,24 @@ def test_fabric_search_and_click_open_the_panel(cluster: Cluster, browser_page: 
     assert page.locator("#fabric-panel script").count() == 0
     page.screenshot(path=str(tmp_path / "panel.png"))
     (cluster.shots / "panel.png").write_bytes((tmp_path / "panel.png").read_bytes())
+    assert browser_page.take_errors() == []
+
+
+def test_fabric_refresh_keeps_the_view(cluster: Cluster, browser_page: Watched, tmp_path: Path) -> None:
+    """A cable degrades while the page is open: the next refresh draws it, and the view and the
+    open panel stay where the operator left them. (Last in the module: it changes the fabric.)"""
+    page = _fabric_page(cluster, browser_page)
+    page.fill("#fabric-search", "node-1")
+    page.press("#fabric-search", "Enter")
+    page.wait_for_selector("#fabric-panel:not([hidden])")
+    selected, view = page.evaluate("[llmgwFabric.selected, llmgwFabric.view()]")
+    make_fabric(cluster.tmp / "fabric", "node-2", "node-4")
+    wait_until(lambda: cluster.server.get(f"/api/v1/fabrics/{cluster.fabric_id}/topology")["summary"]["degraded_links"] == 2,
+               "the second degraded cable discovered")
+    page.evaluate("llmgwFabric.refresh()")
+    page.wait_for_function("() => llmgwFabric.markers().length === 2")
+    assert page.evaluate("[llmgwFabric.selected, llmgwFabric.view()]") == [selected, view]
+    assert not page.locator("#fabric-panel").is_hidden()
+    assert "2 degraded" in page.locator("#fabric-counts").inner_text()
+    page.screenshot(path=str(tmp_path / "refreshed.png"))
     assert browser_page.take_errors() == []

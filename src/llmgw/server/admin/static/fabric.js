@@ -45,6 +45,8 @@
     screenOf: (key) => { const n = model && model.byKey.get(key); return n ? toScreen(n.x, n.y) : null; },
     search: (q) => find(q),
     fit: () => fit(),
+    refresh: () => loadTopology(), // what the 15 s timer does, at once
+    view: () => ({ ...view }),
     // Draw the next frame whole (the scene too), as after a gesture rests: for bench-admin.
     invalidate: () => { scene.key = ""; shown.key = ""; dirty = true; },
   };
