@@ -115,6 +115,8 @@ def test_refused_at_once_without_the_feature_and_behind_the_operator_door(tmp_pa
     # An unknown node, and one that is not connected: refused, with the reason.
     missing = run_llmgw("ctl", "--server", server.url, "--token", operator, "fabric-test", "gpu-01", "gpu-09")
     assert missing.returncode == 3 and "no node 'gpu-09'" in missing.stderr
+    same = run_llmgw("ctl", "--server", server.url, "--token", operator, "fabric-test", "gpu-01", "gpu-01")
+    assert same.returncode == 3 and "two different nodes" in same.stderr, (same.returncode, same.stderr)
     procs[2].stop()
     wait_until(lambda: server.nodes()["gpu-02"]["state"] != "ready", "gpu-02 to go", procs=procs[:2])
     gone = run_llmgw("ctl", "--server", server.url, "--token", operator, "fabric-test", "gpu-01", "gpu-02")
@@ -129,8 +131,12 @@ def test_refused_at_once_without_the_feature_and_behind_the_operator_door(tmp_pa
             assert http.post("/api/v1/fabric-tests", json=body, headers=headers).status_code == 401
         bad = http.post("/api/v1/fabric-tests", content=b"[1]", headers=bearer(operator))
         assert bad.status_code == 400 and "fabric test request" in bad.json()["error"]["message"]
+        for field, value in (("timeout", -1), ("timeout", 1e9), ("size", 0), ("size", -5), ("iterations", 0)):
+            wild = http.post("/api/v1/fabric-tests", json={**body, field: value}, headers=bearer(operator))
+            assert wild.status_code == 400 and field in wild.json()["error"]["message"], (field, value, wild.text)
     viewer_ctl = run_llmgw("ctl", "--server", server.url, "--token", viewer, "fabric-test", "gpu-01", "gpu-02")
-    assert viewer_ctl.returncode == 1 and "HTTP 403" in viewer_ctl.stderr
+    # Refused is "could not run" (3), never a warning (1) to a Nagios check.
+    assert viewer_ctl.returncode == 3 and "HTTP 403" in viewer_ctl.stderr
 
 
 def test_a_hung_client_is_killed_at_the_rail_timeout_and_the_server_side_with_it(tmp_path: Path, procs: list[Proc]) -> None:

@@ -3,7 +3,8 @@
 The server runs it over the agents' streams (server/fabric_test.py); this command starts it, prints
 each step on stderr as it happens, then a table (or `-o json`) and exits as a Nagios plugin: 0 every
 rail ok, 1 a rail at warn, 2 a rail crit or failed, 3 the test could not run (a node not connected,
-an agent without the feature, the server unreachable).
+an agent without the feature, the same node twice, the server unreachable or refusing the credential):
+a check that could not run never reads as a warning.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import click
 
 from llmgw.cli.render import console, make_table, output_option, print_json, say, text
-from llmgw.errors import LlmgwError
+from llmgw.errors import LlmgwError, UsageError
 
 GRADE_STYLES = {"ok": "green", "warn": "yellow", "crit": "red", "unknown": "magenta"}
 
@@ -88,8 +89,6 @@ def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: floa
     Exit codes: 0 all ok, 1 a warn, 2 a crit, 3 could not run.
     llmgw ctl fabric-test gpu-01 gpu-02
     """
-    from llmgw.api_client import ApiError
-
     client = ctx.obj["api"]()
     body = {"a": node_a, "b": node_b, "timeout": rail_timeout, "size": size, "iterations": iterations}
     report: dict[str, Any] | None = None
@@ -105,10 +104,10 @@ def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: floa
                 report = event
             else:
                 say(_progress(event), stderr=True)
-    except ApiError as exc:
-        if exc.status in (404, 409, 503):
-            raise CouldNotRun(f"fabric test {node_a} → {node_b} refused: {exc}") from None
+    except (UsageError, CouldNotRun):
         raise
+    except LlmgwError as exc:  # refused (no such node, a credential, not connected) or the answer broke off
+        raise CouldNotRun(f"fabric test {node_a} → {node_b} could not run: {exc}") from None
     if report is None:
         raise CouldNotRun(f"fabric test {node_a} → {node_b}: the server ended the answer without a report")
     if output == "json":

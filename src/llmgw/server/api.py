@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Annotated, Protocol
 
 import msgspec
 import trio
@@ -332,11 +332,13 @@ class PublicHandler:
 
 
 class FabricTestRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """What `ctl fabric-test` sends; the bounds are its options' (a direct API call gets the same)."""
+
     a: str
     b: str
-    timeout: float = 60.0
-    size: int = 65536
-    iterations: int = 5000
+    timeout: Annotated[float, msgspec.Meta(ge=1, le=600)] = 60.0
+    size: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] = 65536
+    iterations: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 5000
 
 
 _REFUSED_CODES = {400: "bad_request", 404: "not_found", 409: "conflict", 503: "unavailable"}
