@@ -69,6 +69,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         ctl = next(line for line in text.splitlines() if "ctl --server" in line and line.rstrip().endswith("nodes"))
         server = re.search(r"--server (\S+)", ctl).group(1)  # type: ignore[union-attr]
         token = re.search(r"export LLMGW_TOKEN=(\S+)", text).group(1)  # type: ignore[union-attr]
+        # Followed top to bottom, the token is exported before the first ctl line needs it.
+        assert text.index("export LLMGW_TOKEN=") < text.index("ctl --server"), text
         refused = run_llmgw("ctl", "--server", server, "replicas", env={"LLMGW_TOKEN": ""})
         assert refused.returncode != 0  # the demo has credentials: without the token, refused
         as_operator = {"LLMGW_TOKEN": token}
