@@ -17,6 +17,17 @@ from llmgw.tls.context import check_key_pair, client_context
 DEFAULT_SERVER = "http://127.0.0.1:8080"  # also in llmgw.cli.ctl (kept light to import)
 
 
+def segment(value: str) -> str:
+    """What the operator typed as one path segment (a node or replica id): a '/', '?' or '#' in it
+    cannot reach another route (`ctl drain 'gpu-01/cordon?'` cordoned gpu-01), nor a control
+    character the URL (a traceback); the server answers 'no node ...' instead."""
+    from urllib.parse import quote
+
+    if value in ("", ".", ".."):
+        raise UsageError(f"{value!r} is not a node or replica id")
+    return quote(value, safe="")
+
+
 class ApiError(LlmgwError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)

@@ -92,6 +92,13 @@ def test_drain_moves_every_replica_under_load_without_a_failed_request(tmp_path:
             result = ctl(server, *args, token=token)
             assert result.returncode == 1 and status in one_error_line(result), (args, result.stderr)
     assert server.nodes()["gpu-01"]["mark"] == ""
+    # A typed id is one path segment: it cannot reach another route (this cordoned gpu-01) nor
+    # break the URL (a traceback); the server says there is no such node.
+    for args in (("drain", "gpu-01/cordon?x="), ("cordon", "gpu-01/x/.."), ("cordon", "gpu\x1b]0;t\x07")):
+        result = ctl(server, *args)
+        assert result.returncode == 1 and "no node" in one_error_line(result), (args, result.stderr)
+    assert ctl(server, "uncordon", "..").returncode == 2
+    assert server.nodes()["gpu-01"]["mark"] == ""
 
     with Load(server.url, "chat", threads=3, api_key=KEY) as load:
         result = ctl(server, "drain", "gpu-01", "--timeout", "90", timeout=120)

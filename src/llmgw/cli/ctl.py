@@ -263,7 +263,9 @@ def reload(ctx: click.Context) -> None:
 @click.pass_context
 def forget(ctx: click.Context, node_id: str) -> None:
     """Forget a node that is gone for good (it must be disconnected)."""
-    api(ctx).request("DELETE", f"/api/v1/nodes/{node_id}")
+    from llmgw.api_client import segment
+
+    api(ctx).request("DELETE", f"/api/v1/nodes/{segment(node_id)}")
     say(f"forgot node {node_id}")
 
 
@@ -272,7 +274,9 @@ def forget(ctx: click.Context, node_id: str) -> None:
 @click.pass_context
 def restart(ctx: click.Context, replica_id: str) -> None:
     """Stop a replica; the reconciler places a new one in its stead."""
-    api(ctx).request("POST", f"/api/v1/replicas/{replica_id}/restart")
+    from llmgw.api_client import segment
+
+    api(ctx).request("POST", f"/api/v1/replicas/{segment(replica_id)}/restart")
     say(f"restarting {replica_id}: it is stopped and a new replica is placed")
 
 

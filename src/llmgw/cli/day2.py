@@ -102,6 +102,7 @@ def logs(ctx: click.Context, replica_id: str, shard: int | None, tail: int, foll
     Adopted engines (running since before the agent restarted) are read the same way.
     Needs a viewer or operator credential when the server has any.
     """
+    from llmgw.api_client import segment
     from llmgw.safetext import terminal_text
 
     params: dict[str, Any] = {"tail": tail}
@@ -111,7 +112,7 @@ def logs(ctx: click.Context, replica_id: str, shard: int | None, tail: int, foll
         params["follow"] = 1
     out = sys.stdout
     try:
-        for line in _api(ctx).stream_lines(f"/api/v1/replicas/{replica_id}/logs?{urlencode(params)}"):
+        for line in _api(ctx).stream_lines(f"/api/v1/replicas/{segment(replica_id)}/logs?{urlencode(params)}"):
             # An engine's own output: what was removed is shown (␛[2J), not silently dropped.
             out.write(terminal_text(line, show_removed=True) + "\n")
             out.flush()  # a blocked terminal blocks here; the server and the node wait with it

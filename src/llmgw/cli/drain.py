@@ -24,7 +24,9 @@ def _api(ctx: click.Context) -> Any:
 @click.pass_context
 def cordon(ctx: click.Context, node_id: str) -> None:
     """No new placements on NODE_ID; what runs there stays. Kept across server restarts."""
-    _api(ctx).request("POST", f"/api/v1/nodes/{node_id}/cordon")
+    from llmgw.api_client import segment
+
+    _api(ctx).request("POST", f"/api/v1/nodes/{segment(node_id)}/cordon")
     say(f"node {node_id} cordoned: no new placements; what runs there stays (llmgw ctl uncordon {node_id} to undo)")
 
 
@@ -33,7 +35,9 @@ def cordon(ctx: click.Context, node_id: str) -> None:
 @click.pass_context
 def uncordon(ctx: click.Context, node_id: str) -> None:
     """Allow placements on NODE_ID again (ends a cordon or a drain)."""
-    _api(ctx).request("POST", f"/api/v1/nodes/{node_id}/uncordon")
+    from llmgw.api_client import segment
+
+    _api(ctx).request("POST", f"/api/v1/nodes/{segment(node_id)}/uncordon")
     say(f"node {node_id} uncordoned: placements allowed again")
 
 
@@ -67,8 +71,11 @@ def drain(ctx: click.Context, node_id: str, timeout: float, force: bool, output:
     llmgw ctl drain gpu-03 && systemctl reboot   # on gpu-03, after
     llmgw ctl uncordon gpu-03
     """
+    from llmgw.api_client import segment
+
     client = _api(ctx)
-    view = client.request("POST", f"/api/v1/nodes/{node_id}/drain" + ("?force=1" if force else ""))
+    where = f"/api/v1/nodes/{segment(node_id)}/drain"
+    view = client.request("POST", where + ("?force=1" if force else ""))
     human = output != "json"
     if human:
         say(f"draining {node_id}{' (--force)' if force else ''}: cordoned; {len(view['items'])} replica(s) on it")
@@ -98,7 +105,7 @@ def drain(ctx: click.Context, node_id: str, timeout: float, force: bool, output:
             raise DrainIncomplete(f"drain of {node_id}: timed out after {timeout:g}s; still there: {left}; "
                                   f"the drain goes on (llmgw ctl drain {node_id} to follow it again)")
         time.sleep(POLL_INTERVAL)  # ok: polling the server for progress
-        view = client.get(f"/api/v1/nodes/{node_id}/drain")
+        view = client.get(where)
     _finish(view, output)
     if human:
         say(f"node {node_id} drained: it runs nothing" + (f"; {len(view['down'])} replica(s) down" if view["down"] else "")
