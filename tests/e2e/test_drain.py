@@ -125,8 +125,9 @@ def test_drain_moves_every_replica_under_load_without_a_failed_request(tmp_path:
     assert any("drain of gpu-01 requested by operator token" in m for m in messages), messages
     assert any(f"move of {on_01} retiring" in m for m in messages) and any(f"move of {on_01} done" in m for m in messages)
 
-    # Uncordon: placements allowed again (a new replica may land there), and said.
-    assert ctl(server, "uncordon", "gpu-01").returncode == 0
+    # Uncordon: placements allowed again (a new replica may land there), and said (-o json: the answer only).
+    undone = ctl(server, "uncordon", "gpu-01", "-o", "json")
+    assert undone.returncode == 0 and json.loads(undone.stdout) == {"node": "gpu-01", "uncordoned": True}, undone.stdout
     assert server.nodes()["gpu-01"]["mark"] == ""
 
 

@@ -42,9 +42,19 @@ DEFAULT_SERVER = "http://127.0.0.1:8080"  # also llmgw.api_client.DEFAULT_SERVER
 @click.pass_context
 def ctl(ctx: click.Context, server: str, token: str | None, cert_file: str | None, key_file: str | None,
         ca_file: str | None, timeout: float, insecure: bool) -> None:
-    """Operator client: nodes, replicas, cert.
+    """Operator client of the server's API (reads, changes, tests), and the cluster's CA.
 
+    \b
+    look    nodes, replicas, models, endpoints, fabrics, events, logs,
+            rollout status, doctor
+    change  cordon, uncordon, drain, restart, forget, reload (operator)
+    test    fabric-test A B (operator)
+    local   cert (the CA's files, no server needed), hash-secret
+
+    \b
     Exit codes: 0 ok, 1 failed, 2 bad usage, 3 server unreachable.
+    doctor and fabric-test are Nagios plugins: 0 ok, 1 warn, 2 crit,
+    3 could not run.
     """
     ctx.ensure_object(dict)
     def make_client() -> ApiClient:

@@ -19,26 +19,36 @@ def _api(ctx: click.Context) -> Any:
     return ctx.obj["api"]()
 
 
+def _mark(ctx: click.Context, node_id: str, action: str, output: str) -> bool:
+    """POST the mark; with -o json print the server's answer and say nothing else."""
+    from llmgw.api_client import segment
+
+    answer = _api(ctx).request("POST", f"/api/v1/nodes/{segment(node_id)}/{action}")
+    if output == "json":
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+        return False
+    return True
+
+
 @click.command()
 @click.argument("node_id")
+@output_option
 @click.pass_context
-def cordon(ctx: click.Context, node_id: str) -> None:
+def cordon(ctx: click.Context, node_id: str, output: str) -> None:
     """No new placements on NODE_ID; what runs there stays. Kept across server restarts."""
-    from llmgw.api_client import segment
-
-    _api(ctx).request("POST", f"/api/v1/nodes/{segment(node_id)}/cordon")
-    say(f"node {node_id} cordoned: no new placements; what runs there stays (llmgw ctl uncordon {node_id} to undo)")
+    if _mark(ctx, node_id, "cordon", output):
+        say(f"node {node_id} cordoned: no new placements; what runs there stays (llmgw ctl uncordon {node_id} to undo)")
 
 
 @click.command()
 @click.argument("node_id")
+@output_option
 @click.pass_context
-def uncordon(ctx: click.Context, node_id: str) -> None:
+def uncordon(ctx: click.Context, node_id: str, output: str) -> None:
     """Allow placements on NODE_ID again (ends a cordon or a drain)."""
-    from llmgw.api_client import segment
-
-    _api(ctx).request("POST", f"/api/v1/nodes/{segment(node_id)}/uncordon")
-    say(f"node {node_id} uncordoned: placements allowed again")
+    if _mark(ctx, node_id, "uncordon", output):
+        say(f"node {node_id} uncordoned: placements allowed again")
 
 
 class DrainIncomplete(LlmgwError):

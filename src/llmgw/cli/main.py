@@ -22,7 +22,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     llmgw server   control plane and OpenAI-compatible gateway
     llmgw gateway  the gateway alone, following a control plane
     llmgw agent    node agent (dials out to the server; no SSH)
-    llmgw ctl      operator client: nodes, replicas, cert, ...
+    llmgw ctl      operator client: nodes, models, doctor, drain, fabric-test, cert, ...
     llmgw sim      simulated engines and nodes for machines without GPUs
     llmgw demo     a whole fleet on loopback
     """
