@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +107,26 @@ def test_a_late_node_gets_one_replica_moved_to_it_under_load_with_no_failed_requ
     assert any("asked: spread: 2 of 2 replicas of chat on gpu-01" in e["message"] for e in spread), spread
     assert any(" done: " in e["message"] for e in spread), spread
     assert sum("asked:" in e["message"] for e in spread) == 1, spread
+
+
+def test_spread_off_holds_and_a_reload_turns_it_on(tmp_path: Path, procs: list[Proc]) -> None:
+    """`placement.spread: off` leaves a crowded model alone; a reload (SIGHUP) to `nodes` takes
+    effect at once, without a restart."""
+    config = engines_config(TWO_REPLICAS) + "placement:\n  spread: off\n  spread_cooldown: 1s\n"
+    server = Server(tmp_path, config)
+    procs.append(server.start())
+    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, "--gpus", "2") for node in ("gpu-01", "gpu-02")}
+    procs.append(start_agent(tmp_path, "gpu-01", configs["gpu-01"], "--stop-engines-on-exit"))
+
+    def ready_on() -> list[str] | None:
+        rs = replicas(server)
+        return sorted(r["shards"][0]["node"] for r in rs) if len(rs) == 2 and all(r["state"] == "ready" for r in rs) else None
+
+    assert wait_until(ready_on, "two replicas ready on gpu-01", procs=procs) == ["gpu-01", "gpu-01"]
+    procs.append(start_agent(tmp_path, "gpu-02", configs["gpu-02"], "--stop-engines-on-exit"))
+    wait_until(lambda: server.nodes().get("gpu-02", {}).get("state") == "ready", "gpu-02 ready", procs=procs)
+    assert ready_on() == ["gpu-01", "gpu-01"] and not [r for r in replicas(server) if r.get("move")]
+    server.config.write_text(config.replace("spread: off", "spread: nodes"))
+    server.proc.signal(signal.SIGHUP)  # type: ignore[union-attr]
+    wait_until(lambda: ready_on() == ["gpu-01", "gpu-02"], "one replica moved to gpu-02 after the reload", procs=procs, deadline=60)
+    assert "placement: spread nodes, cooldown 1s" in server.proc.log()  # type: ignore[union-attr]

@@ -83,6 +83,8 @@ def test_placement_spread_choices_and_cooldown() -> None:
     default = parse_config("", ServerConfig, "s.yaml").placement
     assert (default.spread, default.spread_cooldown) == ("nodes", 300.0)  # the defaults: nodes, 5 min
     assert error_of("placement:\n  spread: node\n") == 'server.yaml:2 placement.spread: expected one of leaves, nodes, off, got "node"'
+    assert parse_config("placement:\n  spread: off\n", ServerConfig, "s.yaml").placement.spread_mode == "off"  # YAML's false
+    assert error_of("placement:\n  spread: true\n").startswith("server.yaml:1 placement: spread: true is not a mode")
     assert error_of("placement:\n  spread_cooldown: soon\n").startswith("server.yaml:2 placement.spread_cooldown:")
 
 

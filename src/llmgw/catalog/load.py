@@ -183,7 +183,8 @@ def _literal_values(root: type, path: Path) -> list[str]:
     import msgspec.inspect as mi
 
     info = _type_at(root, path)
-    return [str(v) for v in info.values] if isinstance(info, mi.LiteralType) else []
+    kinds = info.types if isinstance(info, mi.UnionType) else (info,)  # `Literal[...] | bool` too
+    return [str(v) for kind in kinds if isinstance(kind, mi.LiteralType) for v in kind.values]
 
 
 def _field_names(root: type, path: Path) -> list[str]:

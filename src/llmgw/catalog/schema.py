@@ -270,8 +270,19 @@ class PlacementSettings(_Config):
     drained), one move per model at a time, never while the model is below its desired ready
     count, and at most once per `spread_cooldown` per model so a flapping node causes no churn."""
 
-    spread: Literal["nodes", "leaves", "off"] = "nodes"
+    # YAML 1.1 reads a bare `off` as false: taken as "off" (`true` names no mode and is refused).
+    spread: Literal["nodes", "leaves", "off"] | bool = "nodes"
     spread_cooldown: Duration = Duration(300)
+
+    def __post_init__(self) -> None:
+        if self.spread is True:
+            raise ValueError("spread: true is not a mode; write nodes, leaves or off")
+        if self.spread is False:
+            self.spread = "off"
+
+    @property
+    def spread_mode(self) -> Literal["nodes", "leaves", "off"]:
+        return "off" if isinstance(self.spread, bool) else self.spread
 
 
 class FabricSettings(_Config):

@@ -42,7 +42,7 @@ def make_reconciler(models: Sequence[Model], settings: ReconcileSettings, rng: r
             backoff_initial=float(settings.backoff_initial),
             backoff_max=float(settings.backoff_max),
             port_range=settings.port_range,
-            spread=placement.spread,
+            spread=placement.spread_mode,
             spread_cooldown=float(placement.spread_cooldown),
         ),
         rng,
@@ -248,6 +248,15 @@ class Controller:
         log.info("catalog: %d models (added: %s; removed: %s)", len(after),
                  ", ".join(sorted(after - before)) or "none", ", ".join(sorted(before - after)) or "none")
         self.wake()
+
+    def set_placement(self, placement: PlacementSettings) -> None:
+        """A reload's placement section takes effect at once (spreading off during an incident)."""
+        settings = self.reconciler.settings
+        new = (placement.spread_mode, float(placement.spread_cooldown))
+        if (settings.spread, settings.spread_cooldown) != new:
+            log.info("placement: spread %s, cooldown %gs", *new)
+            settings.spread, settings.spread_cooldown = new
+            self.wake()
 
     def nodes(self) -> list[NodeInfo]:
         out = []

@@ -38,7 +38,7 @@ class ReloadResult(msgspec.Struct, kw_only=True):
 
 class Operator:
     """The operator actions, over the objects they change. `cfg` is the running config (a
-    reload replaces its catalog, gateway, api and reconcile sections)."""
+    reload replaces its catalog, gateway, api, reconcile and placement sections)."""
 
     def __init__(
         self,
@@ -98,9 +98,10 @@ class Operator:
         if changed:
             log.warning("reload: changes to %s take effect only after a restart", ", ".join(changed))
         self.cfg = msgspec.structs.replace(self.cfg, models=cfg.models, endpoints=cfg.endpoints, gateway=cfg.gateway,
-                                           api=cfg.api, reconcile=cfg.reconcile)
+                                           api=cfg.api, reconcile=cfg.reconcile, placement=cfg.placement)
         self.auth.configure(self.cfg)
         self.gateway.configure(cfg.models, cfg.endpoints, cfg.gateway)
+        self.controller.set_placement(cfg.placement)
         self.controller.set_catalog(cfg.models)
         note = f"; restart needed for {', '.join(changed)}" if changed else ""
         return ReloadResult(ok=True, message=f"reloaded {self.config_path}{note}", models=[m.name for m in cfg.models])
