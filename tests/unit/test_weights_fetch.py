@@ -475,11 +475,15 @@ async def test_the_event_loop_stays_free_while_a_fast_download_runs(tmp_path: Pa
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tick)
+            began = trio.current_time()
             await w.ensure("s1", plan, trio.current_time() + DEADLINE, nursery, Sent())
+            took = trio.current_time() - began
             nursery.cancel_scope.cancel()
     assert size_of(Path(plan.target)) == size
     assert len(gaps) > 5
-    assert max(gaps) < 0.25, sorted(gaps)[-5:]
+    # A download on the loop would show one gap about as long as the download; a loaded machine
+    # stretches both the download and the scheduler's gaps, so the bar scales with the download.
+    assert max(gaps) < max(0.25, 0.5 * took), (took, sorted(gaps)[-5:])
 
 
 async def test_a_shard_that_comes_as_the_last_one_leaves_gets_the_whole_file(tmp_path: Path) -> None:
