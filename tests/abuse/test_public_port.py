@@ -185,6 +185,8 @@ def test_a_64k_head_a_byte_at_a_time_costs_little_cpu(site: Site) -> None:
     (a loaded server reads many bytes per recv). The rescan-per-read bug itself is caught by the
     work counted in bytes (test_web_server's head_bytes_scanned, test_http1's HeadScanner);
     planted back, it read 6.0x here on a loaded machine, so this bar alone would not catch it.
+    Under load the server reads many bytes per recv and the whole thing costs a few ticks, so
+    the ratio is applied once the cost is large enough to be read.
     """
 
     def three_heads(pad: int) -> float:
@@ -203,10 +205,11 @@ def test_a_64k_head_a_byte_at_a_time_costs_little_cpu(site: Site) -> None:
     with Client(site.server.url) as good:
         small = three_heads(15 * 1024)
         large = three_heads(63 * 1024)
-    ratio = large / max(small, 0.01)
+    ratio = large / max(small, 0.05)  # CPU time is read in ticks of 0.01 s: a floor keeps one tick from deciding
     good.say("64 KiB head a byte at a time (3 clients at once)",
              f"answered; server CPU {large:.2f}s, against {small:.2f}s for 16 KiB heads: {ratio:.1f}x (bar 7x, linear 4x)")
-    assert ratio <= 7.0, (large, small, ratio)
+    # Cheap is cheap: under 1 s for all three the growth cannot matter (the bug cost 2.0 s a head).
+    assert large < 1.0 or ratio <= 7.0, (large, small, ratio)
 
 
 def test_slowloris_and_huge_heads_and_smuggling_get_one_line_each(site: Site) -> None:
