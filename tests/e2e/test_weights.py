@@ -164,7 +164,9 @@ models:
 
 def test_a_slow_download_shows_in_ctl_replicas_with_rising_bytes_while_the_replica_stays_starting(
         tmp_path: Path, procs: list[Proc]) -> None:
-    size = 12_000_000
+    # 15 s at 2 MB/s: four `ctl` runs must fall inside the download, and under load (14-21 on
+    # 2 cores) each took seconds; 12 MB (6 s) was over before the third sample.
+    size = 30_000_000
     sparse_file(tmp_path / "files" / "model.safetensors", size)
     files, url = start_fileserver(tmp_path, tmp_path / "files", "--rate", "2MB")
     procs.append(files)
@@ -206,7 +208,7 @@ models:
         return None
 
     line = wait_until(table_line, "the download line under the replica in ctl replicas", procs=procs, deadline=30)
-    assert re.search(r"↓ model\.safetensors  \d+\.\d / 12\.0 MB  \d+ %  \d+ (KB|MB)/s", line), line
+    assert re.search(r"↓ model\.safetensors  \d+\.\d / 30\.0 MB  \d+ %  \d+ (KB|MB)/s", line), line
 
     ready = wait_until(lambda: next((r for r in replicas(server) if r["state"] == "ready"), None), "the replica ready",
                        procs=procs, deadline=60)
@@ -217,7 +219,9 @@ models:
 
 def test_a_replica_restarted_mid_download_stops_waiting_and_its_successor_resumes(tmp_path: Path, procs: list[Proc]) -> None:
     token = "ops-weights-1"
-    size = 12_000_000
+    # 15 s at 2 MB/s: four `ctl` runs must fall inside the download, and under load (14-21 on
+    # 2 cores) each took seconds; 12 MB (6 s) was over before the third sample.
+    size = 30_000_000
     sparse_file(tmp_path / "files" / "model.safetensors", size)
     files, url = start_fileserver(tmp_path, tmp_path / "files", "--rate", "2MB")
     procs.append(files)
