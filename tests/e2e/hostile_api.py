@@ -48,14 +48,38 @@ REPLICAS = [{
     "age": 1.0, "reason": evil("no GPUs"), "shards": [], "tail": [evil("pending tail")],
 }]
 MODELS = [{"name": evil("llama"), "ready": 0, "replicas": 2, "profiles": [evil("h100")], "balancer": evil("p2c"),
-           "source": evil("meta/llama")}]
+           "source": evil("meta/llama"),
+           "rollout": {"state": evil("rolling"), "note": evil("surging"), "replaced": 1, "total": 2, "what": evil("args")}},
+          {"name": "plain", "ready": 1, "replicas": 1, "profiles": ["tp1"], "balancer": "p2c", "source": "plain",
+           "rollout": {"state": "halted", "note": evil("successor failed"), "replaced": 0, "total": 1,
+                       "what": evil("args")}}]
 ENDPOINTS = [{
     "model": evil("llama"), "endpoint": evil("10.0.0.1:8000"), "outstanding": 3, "breaker": evil("open"),
     "breaker_reason": evil("5 failures"), "violations": [evil("kv")], "engine_up": True,
     "load": {"running": 1, "waiting": 2, "kv_cache_usage": 0.5},
 }]
+DOCTOR = {"findings": [{"node": evil("gpu-01"), "check": evil("clock"), "status": "warn", "finding": evil("skew"),
+                        "action": evil("fix ntp")}],
+          "summary": {"ok": 0, "warn": 1, "crit": 0, "unknown": 0, "nodes": 1}, "status": "warn", "exit_code": 1,
+          "took": 0.1}
+EVENTS = [{"id": 1, "time": 1796158209.0, "kind": evil("node"), "node": evil("gpu-01"), "model": evil("llama"),
+           "message": evil("node gone"), "detail": [evil("last line")]}]
+DRAIN = {"node": "gpu-01", "items": [{"replica": evil("r-1"), "model": evil("llama"), "state": evil("ready"),
+                                      "successor": evil("r-9"), "move": evil("failed"), "note": evil("no room")}],
+         "down": [evil("r-2 down")], "failed": [evil("r-1 has no room")], "done": False, "in_progress": False}
+FABRIC_TEST = [
+    {"event": "start", "a": evil("gpu-01"), "b": evil("gpu-02"), "rails": [{}]},
+    {"event": "rail_start", "rail": 0, "fabric": evil("ib"), "a": evil("mlx5_0:1"), "b": evil("mlx5_0:1")},
+    {"event": "note", "node": evil("gpu-02"), "message": evil("installing perftest")},
+    {"event": "rail", "rail": 0, "measured_gbps": 100.0, "expected_gbps": 400.0, "status": evil("crit"),
+     "detail": evil("slow")},
+    {"event": "done", "a": evil("gpu-01"), "b": evil("gpu-02"), "status": "crit", "exit_code": 2, "error": evil("cut"),
+     "rails": [{"fabric": evil("ib"), "rail": 0, "a": evil("mlx5_0:1"), "b": evil("mlx5_0:1"), "measured_gbps": 100.0,
+                "expected_gbps": 400.0, "ratio": 0.25, "status": evil("crit"), "detail": evil("slow")}]},
+]
 ROUTES = {"/api/v1/nodes": NODES, "/api/v1/replicas": REPLICAS, "/api/v1/models": MODELS,
-          "/api/v1/endpoints": ENDPOINTS, "/healthz": {"status": "ok"}}
+          "/api/v1/endpoints": ENDPOINTS, "/api/v1/doctor": DOCTOR, "/api/v1/events": EVENTS,
+          "/api/v1/nodes/gpu-01/drain": DRAIN, "/healthz": {"status": "ok"}}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -77,6 +101,15 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         if self.path == "/api/v1/reload":
             self._send(200, {"ok": True, "message": evil("reloaded")})
+        elif self.path == "/api/v1/nodes/gpu-01/drain":
+            self._send(200, DRAIN)
+        elif self.path == "/api/v1/fabric-tests":
+            data = b"".join(json.dumps(line).encode() + b"\n" for line in FABRIC_TEST)
+            self.send_response(200)
+            self.send_header("content-type", "application/x-ndjson")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self._send(409, {"error": {"message": evil("refused"), "type": "conflict"}})
 

@@ -87,3 +87,27 @@ def test_server_messages_and_refusals_are_plain_lines(hostile_server: str) -> No
         assert refused.returncode == 1
         _clean(refused)
         assert "[/x][bold red]0.1.0" in one_error_line(refused)
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (("doctor",), 1), (("doctor", "--quiet"), 1), (("events",), 0), (("models",), 0),
+    (("fabric-test", "gpu-01", "gpu-02"), 2),
+    # Their one error line carries the server's words (a halted rollout's note, why a drain is stuck).
+    (("rollout", "status", "plain"), 1), (("drain", "gpu-01"), 1),
+])
+def test_the_day2_and_diagnosis_commands_print_hostile_strings_as_inert_text(
+        hostile_server: str, args: tuple[str, ...], code: int) -> None:
+    result = wide_ctl(hostile_server, *args)
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    _clean(result)
+    assert "[/x][bold red]0.1.0" in result.stdout + result.stderr  # the data is there, as text
+    if code == 1 and args[0] in ("rollout", "drain"):
+        one_error_line(result)  # a newline in the server's words starts no line of its own
+
+
+@pytest.mark.parametrize("args", [("doctor", "-o", "json"), ("events", "-o", "json"), ("drain", "gpu-01", "-o", "json"),
+                                  ("fabric-test", "gpu-01", "gpu-02", "-o", "json")])
+def test_day2_json_output_is_escaped(hostile_server: str, args: tuple[str, ...]) -> None:
+    result = ctl(hostile_server, *args)
+    _clean(result)
+    assert "pwned" in result.stdout

@@ -11,6 +11,7 @@ import click
 
 from llmgw.cli.render import output_option, say
 from llmgw.errors import LlmgwError
+from llmgw.safetext import terminal_text
 
 POLL_INTERVAL = 0.5  # seconds between two looks at a drain's progress
 
@@ -107,11 +108,11 @@ def drain(ctx: click.Context, node_id: str, timeout: float, force: bool, output:
             break
         if not view["in_progress"]:
             _finish(view, output)
-            raise DrainIncomplete(f"drain of {node_id} incomplete: " + "; ".join(view["failed"] or ["replicas remain"]) +
+            raise DrainIncomplete(f"drain of {node_id} incomplete: " + terminal_text("; ".join(view["failed"] or ["replicas remain"])) +
                                   (" (--force stops them anyway)" if not force else ""))
         if time.monotonic() > deadline:
             _finish(view, output)
-            left = ", ".join(i["replica"] for i in view["items"] if i["state"] not in ("gone",)) or "?"
+            left = terminal_text(", ".join(i["replica"] for i in view["items"] if i["state"] not in ("gone",)) or "?")
             raise DrainIncomplete(f"drain of {node_id}: timed out after {timeout:g}s; still there: {left}; "
                                   f"the drain goes on (llmgw ctl drain {node_id} to follow it again)")
         time.sleep(POLL_INTERVAL)  # ok: polling the server for progress

@@ -49,6 +49,14 @@ def _debug_requested(argv: list[str]) -> bool:
     return "--debug" in argv or os.environ.get("LLMGW_DEBUG", "") not in ("", "0", "false")
 
 
+def _safe(exc: BaseException) -> str:
+    """An error's text for the terminal: it may quote the server (a halted rollout's note, why a
+    drain is stuck: a node's words), so no control character gets through; its own lines stay."""
+    from llmgw.safetext import terminal_text
+
+    return "\n".join(terminal_text(line) for line in str(exc).split("\n"))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -69,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     except LlmgwError as exc:
         if _debug_requested(args):
             raise
-        click.echo(f"llmgw: error: {exc}", err=True)
+        click.echo(f"llmgw: error: {_safe(exc)}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

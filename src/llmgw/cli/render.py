@@ -72,11 +72,13 @@ def say(value: object, *, stderr: bool = False) -> None:
 
 
 def make_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Table:
-    table = Table(title=title, box=None, header_style="bold", pad_edge=False, show_edge=False)
+    table = Table(title=text(title) if title is not None else None, box=None, header_style="bold", pad_edge=False,
+                  show_edge=False)
     for i, name in enumerate(columns):
         # Identifiers never wrap; the last column (free text: a reason, a note) wraps instead
-        # of a long reason squeezing the id and state columns out of the table.
-        table.add_column(name, no_wrap=i < len(columns) - 1, overflow="fold")
+        # of a long reason squeezing the id and state columns out of the table. A heading may
+        # hold data too (`ADAPTER <node>`): text, never markup.
+        table.add_column(text(name), no_wrap=i < len(columns) - 1, overflow="fold")
     for row in rows:
         table.add_row(*(_cell(cell) for cell in row))
     return table

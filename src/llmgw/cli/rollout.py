@@ -11,6 +11,7 @@ import click
 
 from llmgw.cli.render import output_option, say
 from llmgw.errors import LlmgwError
+from llmgw.safetext import terminal_text
 
 POLL_INTERVAL = 0.5  # seconds between two looks
 
@@ -64,14 +65,14 @@ def status(ctx: click.Context, model: str, timeout: float, watch: bool, output: 
         state = ro["state"] if ro else "done"
         if state == "halted":
             _json(found, output)
-            raise RolloutHalted(f"rollout of {model} halted: {ro['note'] if ro else ''}; the old replicas serve on "
+            raise RolloutHalted(f"rollout of {model} halted: {terminal_text(ro['note'] if ro else '')}; the old replicas serve on "
                                 "(fix the profile and reload to roll again)")
         if state == "done" or not watch:
             _json(found, output)
             return
         if time.monotonic() > deadline:
             _json(found, output)
-            raise RolloutHalted(f"rollout of {model}: still rolling after {timeout:g}s ({ro['note'] if ro else ''})")
+            raise RolloutHalted(f"rollout of {model}: still rolling after {timeout:g}s ({terminal_text(ro['note'] if ro else '')})")
         time.sleep(POLL_INTERVAL)  # ok: polling the server for progress
 
 
