@@ -29,6 +29,7 @@ import msgspec
 
 from llmgw.server.admin import render
 from llmgw.server.admin.traffic import ports_document
+from llmgw.server.api import send_error
 from llmgw.server.auth import COOKIE, Auth, Door, Role, cookie_value
 from llmgw.server.events import EventLog, EventQuery
 from llmgw.server.views import NodeDetail, ReadModel
@@ -149,8 +150,14 @@ class AdminPages:
     # -- access ---------------------------------------------------------------------------------------
 
     async def refuse(self, request: Request, responder: Responder, status: int, message: str) -> None:
-        """A browser without a credential gets the login form where tokens can be typed."""
+        """A browser without a credential gets the login form where tokens can be typed; the pages'
+        scripts (ports.json) get the API's JSON error, whose one line fabric.js shows."""
         creds = self.auth.creds
+        if request.path.endswith(".json"):
+            headers = [(b"www-authenticate", b'Bearer realm="llmgw viewer"')] if status == 401 else []
+            await send_error(responder, status, message, "unauthorized" if status == 401 else "forbidden",
+                             [NO_STORE, *headers])
+            return
         if status == 401 and (creds.operator_tokens or creds.viewer_tokens):
             presented = request.head.get(b"authorization") is not None or cookie_value(request) is not None
             await self.page(responder, 401, render.login_page(self.assets.url, error=message if presented else "",
