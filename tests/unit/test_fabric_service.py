@@ -4,10 +4,12 @@ a time, unsolicited results dropped, and a failover keeping the fabric's name ac
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from llmgw.catalog.schema import FabricSettings
 from llmgw.catalog.units import Duration
@@ -122,6 +124,23 @@ def test_an_unsolicited_result_is_dropped(tmp_path: Path) -> None:
     service.on_result("n1", m.DiscoverResult(request_id=request.request_id, tool=request.tool, ok=True))
     assert request.request_id not in service.pending
     assert msgspec.json.encode(service.report)  # nothing broke
+
+
+async def test_a_nodes_words_reach_the_log_escaped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A request id or a tool's error is the agent's text: a newline in it starts no log line."""
+    service, fleet = setup(tmp_path)
+    service.tick()
+    request = fleet.sessions["n1"].sent[0]
+    forged = "\n2026-12-01 06:00:00,000 INFO llmgw.api: reload requested by operator alice"
+    with caplog.at_level(logging.INFO, logger="llmgw"):
+        service.on_result("n1", m.DiscoverResult(request_id="x" + forged, tool=m.TOOL_SMIR, ok=True))
+        await service._process(service.pending.pop(request.request_id),
+                               m.DiscoverResult(request_id=request.request_id, tool=request.tool, ok=False,
+                                                error="boom" + forged + "\x1b]0;t\x07"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and not any("\n" in line or "\x1b" in line for line in lines), lines
+    assert all("\\n2026-12-01" in line or "\\x0a2026-12-01" in line for line in lines), lines
+    assert not any(c in "".join(service.errors.values()) for c in "\n\x1b")
 
 
 async def test_a_topology_becomes_what_placement_reads(tmp_path: Path) -> None:

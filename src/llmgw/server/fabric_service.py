@@ -49,6 +49,7 @@ from llmgw.fabric.sysfs import parse_guid
 from llmgw.server.fabric_store import FabricStore
 from llmgw.server.registry import Node, NodeRegistry
 from llmgw.wire import messages as m
+from llmgw.wire.ids import printable, quote
 
 log = logging.getLogger("llmgw.server.fabric")
 
@@ -210,7 +211,7 @@ class FabricService:
         """From the fleet stream's reader: never blocks it (parsing happens in the worker)."""
         pending = self.pending.get(msg.request_id)
         if pending is None or pending.node != node_id or pending.tool != msg.tool:
-            log.info("node %s: a DiscoverResult nobody asked for (%s); dropped", node_id, msg.request_id[:40])
+            log.info("node %s: a DiscoverResult nobody asked for (%s); dropped", node_id, quote(msg.request_id[:40]))
             return
         del self.pending[msg.request_id]
         try:
@@ -228,8 +229,10 @@ class FabricService:
     async def _process(self, pending: Pending, msg: m.DiscoverResult) -> None:
         where = f"{pending.node}/{pending.port}"
         if not msg.ok:
-            self.errors[pending.fabric or where] = f"{msg.tool} on {where}: {msg.error or 'failed'}"
-            log.warning("fabric tool %s on %s: %s", msg.tool, where, msg.error or "failed")
+            # The agent's words (a tool's stderr): escaped for the log, bounded for the API.
+            error = printable((msg.error or "failed")[:500])
+            self.errors[pending.fabric or where] = f"{msg.tool} on {where}: {error}"
+            log.warning("fabric tool %s on %s: %s", msg.tool, where, error)
             return
         text = await trio.to_thread.run_sync(_text, msg)
         if msg.tool == m.TOOL_SMIR:

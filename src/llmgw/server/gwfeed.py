@@ -36,6 +36,7 @@ from llmgw.wire.gateway import (
     decode_from_gateway,
     encode,
 )
+from llmgw.wire.ids import printable
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -114,7 +115,8 @@ class GatewayFeedService:
         if not isinstance(hello, GatewayHello):
             raise StreamRefused("bad_hello", "a gateway stream must open with GatewayHello")
         # A certificate's name wins over what the worker says (a remote gateway is who its certificate says).
-        name = channel.tls_identity or hello.name
+        # Without a certificate (a lab's plain fleet port) the name is the peer's text: escaped, bounded.
+        name = channel.tls_identity or printable(hello.name[:64])
         follower = Follower(name=name, peer=channel.peer, pid=hello.pid, version=hello.version, since=time.time())
         key = id(follower)
         self.followers[key] = follower
