@@ -242,7 +242,7 @@ def _issue_certs(tls_dir: Path, host: str, node_ids: list[str]) -> None:
     ca.init_ca(tls_dir, now=now, name="llmgw demo CA", days=30, force=True)
     ca.issue_server(tls_dir, hosts=["localhost"], ips=[host], now=now, days=30, force=True)
     for node_id in node_ids:
-        ca.issue_node(tls_dir, node_id, now=now, days=30, force=True)
+        ca.issue_client(tls_dir, "node", node_id, now=now, days=30, force=True)
 
 
 async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:

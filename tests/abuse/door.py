@@ -120,7 +120,7 @@ class Certs(msgspec.Struct):
     def node(self, node_id: str) -> tuple[Path, Path]:
         crt, key = self.directory / f"node-{node_id}.crt", self.directory / f"node-{node_id}.key"
         if not crt.exists():
-            ca.issue_node(self.directory, node_id, now=time.time())
+            ca.issue_client(self.directory, "node", node_id, now=time.time())
         return crt, key
 
 

@@ -84,7 +84,7 @@ def test_mutual_tls_identity(tmp_path: Path, procs: list[Proc]) -> None:
 
     # An expired certificate of the right CA: refused.
     now = time.time()
-    ca.issue_node(cadir, "gpu-04", now=now - 10 * 86400, days=1)
+    ca.issue_client(cadir, "node", "gpu-04", now=now - 10 * 86400, days=1)
     expired = Proc("agent-expired", ["agent", "--config", str(tls_agent_config(
         base, ca_crt, cadir / "node-gpu-04.crt", cadir / "node-gpu-04.key", node_id="gpu-04"))], tmp_path)
     procs.append(expired)

@@ -62,7 +62,7 @@ def test_init_force_replaces(ca_dir: Path) -> None:
 
 
 def test_issue_node_writes_files_and_a_record(ca_dir: Path) -> None:
-    issued = store.issue_node(ca_dir, "gpu-01", now=NOW)
+    issued = store.issue_client(ca_dir, "node", "gpu-01", now=NOW)
     crt, key = ca_dir / "node-gpu-01.crt", ca_dir / "node-gpu-01.key"
     assert issued.info.path == str(crt) and issued.info.key == str(key)
     assert _mode(key) == 0o600 and _mode(crt) == 0o644
@@ -78,21 +78,21 @@ def test_issue_node_writes_files_and_a_record(ca_dir: Path) -> None:
 
 
 def test_issue_refuses_to_overwrite_without_force(ca_dir: Path) -> None:
-    store.issue_node(ca_dir, "gpu-01", now=NOW)
+    store.issue_client(ca_dir, "node", "gpu-01", now=NOW)
     crt = ca_dir / "node-gpu-01.crt"
     before = crt.read_bytes(), (ca_dir / "node-gpu-01.key").read_bytes()
     with pytest.raises(LlmgwError, match="already exists; pass --force"):
-        store.issue_node(ca_dir, "gpu-01", now=NOW)
+        store.issue_client(ca_dir, "node", "gpu-01", now=NOW)
     assert (crt.read_bytes(), (ca_dir / "node-gpu-01.key").read_bytes()) == before
     assert len(list((ca_dir / "issued").glob("*.json"))) == 1
-    store.issue_node(ca_dir, "gpu-01", now=NOW + 1, force=True)
+    store.issue_client(ca_dir, "node", "gpu-01", now=NOW + 1, force=True)
     assert crt.read_bytes() != before[0]
 
 
 def test_an_existing_key_alone_blocks_issuing(ca_dir: Path) -> None:
     (ca_dir / "operator-alice.key").write_bytes(b"someone's key")
     with pytest.raises(LlmgwError, match=r"operator-alice\.key already exists"):
-        store.issue_operator(ca_dir, "alice", now=NOW)
+        store.issue_client(ca_dir, "operator", "alice", now=NOW)
     assert (ca_dir / "operator-alice.key").read_bytes() == b"someone's key"
 
 
@@ -105,7 +105,7 @@ def test_an_existing_key_alone_blocks_issuing(ca_dir: Path) -> None:
     ],
 )
 def test_out_prefix(tmp_path: Path, ca_dir: Path, out: str, expected: str) -> None:
-    issued = store.issue_node(ca_dir, "n1", now=NOW, out=f"{tmp_path}/{out}")
+    issued = store.issue_client(ca_dir, "node", "n1", now=NOW, out=f"{tmp_path}/{out}")
     assert issued.info.path == str(tmp_path / expected) + ".crt"
     assert Path(issued.info.key or "").name == Path(expected).name + ".key"
     assert (tmp_path / (expected + ".key")).exists()
@@ -113,7 +113,7 @@ def test_out_prefix(tmp_path: Path, ca_dir: Path, out: str, expected: str) -> No
 
 def test_issue_needs_a_ca(tmp_path: Path) -> None:
     with pytest.raises(LlmgwError, match=r"no CA in .*cert init"):
-        store.issue_node(tmp_path, "gpu-01", now=NOW)
+        store.issue_client(tmp_path, "node", "gpu-01", now=NOW)
 
 
 def test_mismatched_ca_key_is_reported(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_mismatched_ca_key_is_reported(tmp_path: Path) -> None:
     store.init_ca(b, now=NOW)
     (a / "ca.key").write_bytes((b / "ca.key").read_bytes())
     with pytest.raises(LlmgwError, match="does not match"):
-        store.issue_node(a, "gpu-01", now=NOW)
+        store.issue_client(a, "node", "gpu-01", now=NOW)
 
 
 def test_server_needs_a_name(ca_dir: Path) -> None:
@@ -134,10 +134,10 @@ def test_server_needs_a_name(ca_dir: Path) -> None:
 
 def test_list_shows_ca_then_issued_with_status(tmp_path: Path, ca_dir: Path) -> None:
     store.issue_server(ca_dir, hosts=["ctrl"], ips=["127.0.0.1"], now=NOW)
-    store.issue_node(ca_dir, "gpu-01", now=NOW + 1)
-    store.issue_node(ca_dir, "gpu-01", now=NOW + 2, force=True)
-    store.issue_operator(ca_dir, "alice", now=NOW + 3)
-    store.issue_node(ca_dir, "old", now=NOW + 4, not_after=NOW - 86400)
+    store.issue_client(ca_dir, "node", "gpu-01", now=NOW + 1)
+    store.issue_client(ca_dir, "node", "gpu-01", now=NOW + 2, force=True)
+    store.issue_client(ca_dir, "operator", "alice", now=NOW + 3)
+    store.issue_client(ca_dir, "node", "old", now=NOW + 4, not_after=NOW - 86400)
     store.issue_server(ca_dir, hosts=["ctrl"], ips=["127.0.0.1"], now=NOW + 4.5, force=True)
     infos = store.list_certificates(ca_dir, now=NOW + 5)
     assert [(i.kind, i.common_name, i.status) for i in infos] == [
@@ -158,7 +158,7 @@ def test_list_shows_ca_then_issued_with_status(tmp_path: Path, ca_dir: Path) -> 
 
 
 def test_cert_not_after_and_days_left(ca_dir: Path) -> None:
-    issued = store.issue_node(ca_dir, "gpu-01", now=NOW, days=10)
+    issued = store.issue_client(ca_dir, "node", "gpu-01", now=NOW, days=10)
     path = issued.info.path
     assert cert_not_after(path) == NOW + 10 * 86400
     assert days_left(path, NOW) == 10.0
@@ -197,42 +197,42 @@ def test_init_refuses_a_directory_it_cannot_tighten(tmp_path: Path, monkeypatch:
 def test_a_ca_key_others_can_access_is_refused(ca_dir: Path, mode: int) -> None:
     (ca_dir / "ca.key").chmod(mode)
     with pytest.raises(UsageError) as err:
-        store.issue_node(ca_dir, "gpu-01", now=NOW)
+        store.issue_client(ca_dir, "node", "gpu-01", now=NOW)
     assert f"key file {ca_dir / 'ca.key'} is mode {mode:04o}" in str(err.value)
     assert f"chmod 600 {ca_dir / 'ca.key'}" in str(err.value)
     (ca_dir / "ca.key").chmod(0o400)
-    store.issue_node(ca_dir, "gpu-01", now=NOW)
+    store.issue_client(ca_dir, "node", "gpu-01", now=NOW)
 
 
 # -- kinds and revocation (issue 21 items 3 and 4, issue 20's viewer kind) --
 
 
 def test_viewer_kind(ca_dir: Path) -> None:
-    issued = store.issue_viewer(ca_dir, "grafana", now=NOW)
+    issued = store.issue_client(ca_dir, "viewer", "grafana", now=NOW)
     assert issued.info.kind == "viewer" and "OU=viewers" in issued.info.subject
     assert issued.info.path.endswith("viewer-grafana.crt") and "clientAuth" in issued.info.usages
     with pytest.raises(UsageError, match="invalid operator name"):
-        store.issue_viewer(ca_dir, "bad name", now=NOW)
+        store.issue_client(ca_dir, "viewer", "bad name", now=NOW)
 
 
 def test_one_name_holds_one_client_kind(ca_dir: Path) -> None:
-    store.issue_node(ca_dir, "gpu-01", now=NOW)
-    for issue in (store.issue_operator, store.issue_viewer):
+    store.issue_client(ca_dir, "node", "gpu-01", now=NOW)
+    for kind in ("operator", "viewer", "gateway"):
         for force in (False, True):
             with pytest.raises(LlmgwError, match="'gpu-01' already has a node certificate"):
-                issue(ca_dir, "gpu-01", now=NOW, force=force, out=str(ca_dir / f"x-{force}"))
-    store.issue_node(ca_dir, "gpu-01", now=NOW + 1, force=True)  # the same kind, replaced
+                store.issue_client(ca_dir, kind, "gpu-01", now=NOW, force=force, out=str(ca_dir / f"x-{force}"))
+    store.issue_client(ca_dir, "node", "gpu-01", now=NOW + 1, force=True)  # the same kind, replaced
     # A server certificate is no client identity; an expired or revoked one frees the name.
     store.issue_server(ca_dir, hosts=["gpu-01"], ips=[], now=NOW)
-    store.issue_operator(ca_dir, "old", now=NOW, not_after=NOW - 86400)
-    store.issue_node(ca_dir, "old", now=NOW)
+    store.issue_client(ca_dir, "operator", "old", now=NOW, not_after=NOW - 86400)
+    store.issue_client(ca_dir, "node", "old", now=NOW)
     store.revoke(ca_dir, "gpu-01", now=NOW + 2)
-    store.issue_operator(ca_dir, "gpu-01", now=NOW + 3)
+    store.issue_client(ca_dir, "operator", "gpu-01", now=NOW + 3)
 
 
 def test_force_reissue_denies_the_replaced_certificate(ca_dir: Path) -> None:
-    first = store.issue_node(ca_dir, "gpu-01", now=NOW)
-    second = store.issue_node(ca_dir, "gpu-01", now=NOW + 1, force=True)
+    first = store.issue_client(ca_dir, "node", "gpu-01", now=NOW)
+    second = store.issue_client(ca_dir, "node", "gpu-01", now=NOW + 1, force=True)
     assert second.revoked == first.info.serial
     deny = store.deny_list(ca_dir)
     assert [(r.serial, r.common_name, r.kind) for r in deny.revoked] == [(first.info.serial, "gpu-01", "node")]
@@ -242,8 +242,8 @@ def test_force_reissue_denies_the_replaced_certificate(ca_dir: Path) -> None:
 
 def test_revoke_by_serial_prefix_or_name(ca_dir: Path) -> None:
     assert store.deny_list(ca_dir).revoked == []  # init wrote an empty list
-    a = store.issue_node(ca_dir, "gpu-01", now=NOW).info.serial
-    b = store.issue_operator(ca_dir, "alice", now=NOW).info.serial
+    a = store.issue_client(ca_dir, "node", "gpu-01", now=NOW).info.serial
+    b = store.issue_client(ca_dir, "operator", "alice", now=NOW).info.serial
     result = store.revoke(ca_dir, a[:10].upper(), now=NOW, reason="stolen")
     assert [r.serial for r in result.revoked] == [a] and result.already == []
     assert store.revoke(ca_dir, a, now=NOW).already == [a]
@@ -269,7 +269,7 @@ def test_a_damaged_deny_list_is_one_line(ca_dir: Path) -> None:
 def test_the_server_keeps_its_deny_list_when_the_new_file_is_bad(ca_dir: Path) -> None:
     from llmgw.tls.revocation import Revocations
 
-    serial = store.issue_node(ca_dir, "gpu-01", now=NOW).info.serial
+    serial = store.issue_client(ca_dir, "node", "gpu-01", now=NOW).info.serial
     revocations = Revocations(str(ca_dir / "revoked.json"))
     assert revocations.denied == frozenset()
     store.revoke(ca_dir, serial, now=NOW)

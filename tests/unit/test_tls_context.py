@@ -24,7 +24,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     now = time.time()
     store.init_ca(root, now=now)
     store.issue_server(root, hosts=["ctrl"], ips=["127.0.0.1"], now=now)
-    store.issue_node(root, "gpu-01", now=now)
+    store.issue_client(root, "node", "gpu-01", now=now)
     return root
 
 

@@ -50,15 +50,15 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     store.issue_server(pki.root, hosts=["ctrl"], ips=["127.0.0.2"], now=now, out=str(pki.root / "wrong-ip"))
     store.issue_server(pki.root, hosts=["ctrl"], ips=["127.0.0.1"], now=now, out=str(pki.root / "expired-server"), not_after=now - 86400)
     store.issue_server(pki.other, hosts=["ctrl"], ips=["127.0.0.1"], now=now)
-    store.issue_node(pki.root, "gpu-01", now=now)
-    store.issue_node(pki.root, "gpu-old", now=now, not_after=now - 86400)
-    store.issue_node(pki.other, "intruder", now=now)
-    store.issue_operator(pki.root, "alice", now=now)
-    store.issue_viewer(pki.root, "grafana", now=now)
+    store.issue_client(pki.root, "node", "gpu-01", now=now)
+    store.issue_client(pki.root, "node", "gpu-old", now=now, not_after=now - 86400)
+    store.issue_client(pki.other, "node", "intruder", now=now)
+    store.issue_client(pki.root, "operator", "alice", now=now)
+    store.issue_client(pki.root, "viewer", "grafana", now=now)
     for key_type in ("rsa-3072", "ed25519"):
         store.init_ca(root / key_type, now=now, key_type=key_type)
         store.issue_server(root / key_type, hosts=["ctrl"], ips=["127.0.0.1"], now=now, key_type=key_type)
-        store.issue_node(root / key_type, "gpu-01", now=now, key_type=key_type)
+        store.issue_client(root / key_type, "node", "gpu-01", now=now, key_type=key_type)
     return pki
 
 

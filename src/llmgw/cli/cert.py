@@ -14,7 +14,7 @@ from llmgw.tls.defaults import CA_DAYS, DEFAULT_CA_NAME, DEFAULT_KEY_TYPE, KEY_T
 if TYPE_CHECKING:
     from rich.text import Text
 
-    from llmgw.tls.ca import Issued
+    from llmgw.tls.ca import ClientKind, Issued
     from llmgw.tls.info import CertInfo
 
 KEY_TYPE_HELP = (
@@ -191,86 +191,52 @@ def server(
     _print_issued(issued, output, "server certificate")
 
 
-@cert.command()
-@click.argument("node_id")
-@_dir_option
-@_out_option
-@_days_option(LEAF_DAYS)
-@_key_type_option
-@_force_option("Replace existing certificate and key files at the output prefix.")
-@output_option
-def node(ca_dir: str, node_id: str, out: str | None, days: int, key_type: str, force: bool, output: str) -> None:
-    """Issue a node certificate (clientAuth, CN = NODE_ID) for `llmgw agent`.
+# The client kinds (tls.ca.issue_client): one command each, one shape; the help is each one's own.
+_CLIENT_COMMANDS: list[tuple[ClientKind, str, str]] = [
+    ("node", "NODE_ID", """Issue a node certificate (clientAuth, CN = NODE_ID) for `llmgw agent`.
 
     NODE_ID must be the id the agent registers as (its node_id, by default the host name):
     with require_identity the server refuses a stream whose certificate says otherwise.
     Default files: DIR/node-NODE_ID.crt, DIR/node-NODE_ID.key.
-    """
-    from llmgw.tls import ca as ca_store
-
-    issued = ca_store.issue_node(ca_dir, node_id, now=time.time(), days=days, out=out, key_type=key_type, force=force)
-    _print_issued(issued, output, "node certificate")
-
-
-@cert.command()
-@click.argument("name")
-@_dir_option
-@_out_option
-@_days_option(LEAF_DAYS)
-@_key_type_option
-@_force_option("Replace existing certificate and key files at the output prefix.")
-@output_option
-def operator(ca_dir: str, name: str, out: str | None, days: int, key_type: str, force: bool, output: str) -> None:
-    """Issue an operator certificate (clientAuth, OU=operators) for `llmgw ctl`.
+    """),
+    ("operator", "NAME", """Issue an operator certificate (clientAuth, OU=operators) for `llmgw ctl`.
 
     The server tells it from a node certificate by OU=operators; a node certificate never
     grants operator rights. Default files: DIR/operator-NAME.crt, DIR/operator-NAME.key.
-    """
-    from llmgw.tls import ca as ca_store
-
-    issued = ca_store.issue_operator(ca_dir, name, now=time.time(), days=days, out=out, key_type=key_type, force=force)
-    _print_issued(issued, output, "operator certificate")
-
-
-@cert.command()
-@click.argument("name")
-@_dir_option
-@_out_option
-@_days_option(LEAF_DAYS)
-@_key_type_option
-@_force_option("Replace existing certificate and key files at the output prefix.")
-@output_option
-def viewer(ca_dir: str, name: str, out: str | None, days: int, key_type: str, force: bool, output: str) -> None:
-    """Issue a viewer certificate (clientAuth, OU=viewers) for dashboards and scripts.
+    """),
+    ("viewer", "NAME", """Issue a viewer certificate (clientAuth, OU=viewers) for dashboards and scripts.
 
     A viewer may read /api/v1, /admin and /metrics but never mutate; it is neither an operator
     nor a node. Default files: DIR/viewer-NAME.crt, DIR/viewer-NAME.key.
-    """
-    from llmgw.tls import ca as ca_store
-
-    issued = ca_store.issue_viewer(ca_dir, name, now=time.time(), days=days, out=out, key_type=key_type, force=force)
-    _print_issued(issued, output, "viewer certificate")
-
-
-@cert.command()
-@click.argument("name")
-@_dir_option
-@_out_option
-@_days_option(LEAF_DAYS)
-@_key_type_option
-@_force_option("Replace existing certificate and key files at the output prefix.")
-@output_option
-def gateway(ca_dir: str, name: str, out: str | None, days: int, key_type: str, force: bool, output: str) -> None:
-    """Issue a gateway certificate (clientAuth, OU=gateways) for `llmgw gateway` on another machine.
+    """),
+    ("gateway", "NAME", """Issue a gateway certificate (clientAuth, OU=gateways) for `llmgw gateway` on another machine.
 
     It may follow the control plane's gateway feed on the fleet port (the endpoint set and the
     engines' per-shard keys) and nothing more: it is not a node, an operator or a viewer.
     Default files: DIR/gateway-NAME.crt, DIR/gateway-NAME.key.
-    """
-    from llmgw.tls import ca as ca_store
+    """),
+]
 
-    issued = ca_store.issue_gateway(ca_dir, name, now=time.time(), days=days, out=out, key_type=key_type, force=force)
-    _print_issued(issued, output, "gateway certificate")
+
+def _client_command(kind: ClientKind, metavar: str, help_text: str) -> None:
+    @cert.command(name=kind, help=help_text)
+    @click.argument("name", metavar=metavar)
+    @_dir_option
+    @_out_option
+    @_days_option(LEAF_DAYS)
+    @_key_type_option
+    @_force_option("Replace existing certificate and key files at the output prefix.")
+    @output_option
+    def issue(ca_dir: str, name: str, out: str | None, days: int, key_type: str, force: bool, output: str) -> None:
+        from llmgw.tls import ca as ca_store
+
+        issued = ca_store.issue_client(ca_dir, kind, name, now=time.time(), days=days, out=out, key_type=key_type,
+                                       force=force)
+        _print_issued(issued, output, f"{kind} certificate")
+
+
+for _kind, _metavar, _help in _CLIENT_COMMANDS:
+    _client_command(_kind, _metavar, _help)
 
 
 @cert.command()

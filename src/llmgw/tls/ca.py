@@ -16,6 +16,7 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal, get_args
 
 import msgspec
 from cryptography import x509
@@ -49,7 +50,8 @@ from llmgw.tls.defaults import DEFAULT_CA_NAME  # noqa: E402 - re-exported
 
 _KIND_ORDER = {"ca": 0, "server": 1, "node": 2, "operator": 3, "viewer": 4, "gateway": 5}
 # Kinds that identify a client: one name holds one of them, so a name always means one thing.
-CLIENT_KINDS = ("node", "operator", "viewer", "gateway")
+ClientKind = Literal["node", "operator", "viewer", "gateway"]
+CLIENT_KINDS: tuple[ClientKind, ...] = get_args(ClientKind)
 
 
 class IssuedRecord(msgspec.Struct, kw_only=True):
@@ -362,10 +364,30 @@ def issue_server(
     )
 
 
-def _issue_client(
-    directory: str | Path, kind: Kind, name: str, *, now: float, days: int, out: str | None, key_type: str,
-    force: bool, not_after: float | None,
+def issue_client(
+    directory: str | Path,
+    kind: ClientKind,
+    name: str,
+    *,
+    now: float,
+    days: int = LEAF_DAYS,
+    out: str | None = None,
+    key_type: str = DEFAULT_KEY_TYPE,
+    force: bool = False,
+    not_after: float | None = None,
 ) -> Issued:
+    """A clientAuth certificate with CN = `name`, by default DIR/<kind>-<name>.crt and .key. The
+    kind is its OU, which is what the server reads (server/auth.py, fleet/identity):
+        node      OU=nodes: the CN is the node id the agent registers as; the fleet port only
+        operator  OU=operators: `llmgw ctl` against the public API, changes included
+        viewer    OU=viewers: reads /api/v1, /admin and /metrics, never mutates
+        gateway   OU=gateways: follows the gateway feed on the fleet port (the endpoint set and the
+                  engines' keys), never registers as a node, never reaches the API
+    """
+    if kind == "node":
+        validate_node_id(name)
+    else:
+        validate_operator_name(name)
     return _issue(
         directory,
         kind=kind,
@@ -378,75 +400,6 @@ def _issue_client(
         force=force,
         not_after=not_after,
     )
-
-
-def issue_node(
-    directory: str | Path,
-    node_id: str,
-    *,
-    now: float,
-    days: int = LEAF_DAYS,
-    out: str | None = None,
-    key_type: str = DEFAULT_KEY_TYPE,
-    force: bool = False,
-    not_after: float | None = None,
-) -> Issued:
-    """A clientAuth certificate whose CN is the node id the agent registers as."""
-    validate_node_id(node_id)
-    return _issue_client(directory, "node", node_id, now=now, days=days, out=out, key_type=key_type, force=force,
-                         not_after=not_after)
-
-
-def issue_viewer(
-    directory: str | Path,
-    name: str,
-    *,
-    now: float,
-    days: int = LEAF_DAYS,
-    out: str | None = None,
-    key_type: str = DEFAULT_KEY_TYPE,
-    force: bool = False,
-    not_after: float | None = None,
-) -> Issued:
-    """A clientAuth certificate with OU=viewers: reads the API, /admin and /metrics, never mutates."""
-    validate_operator_name(name)
-    return _issue_client(directory, "viewer", name, now=now, days=days, out=out, key_type=key_type, force=force,
-                         not_after=not_after)
-
-
-def issue_gateway(
-    directory: str | Path,
-    name: str,
-    *,
-    now: float,
-    days: int = LEAF_DAYS,
-    out: str | None = None,
-    key_type: str = DEFAULT_KEY_TYPE,
-    force: bool = False,
-    not_after: float | None = None,
-) -> Issued:
-    """A clientAuth certificate with OU=gateways: follows the gateway feed on the fleet port (the
-    endpoint set and the engines' keys), never registers as a node, never reaches the API."""
-    validate_operator_name(name)
-    return _issue_client(directory, "gateway", name, now=now, days=days, out=out, key_type=key_type, force=force,
-                         not_after=not_after)
-
-
-def issue_operator(
-    directory: str | Path,
-    name: str,
-    *,
-    now: float,
-    days: int = LEAF_DAYS,
-    out: str | None = None,
-    key_type: str = DEFAULT_KEY_TYPE,
-    force: bool = False,
-    not_after: float | None = None,
-) -> Issued:
-    """A clientAuth certificate with OU=operators, for `llmgw ctl` against the public API."""
-    validate_operator_name(name)
-    return _issue_client(directory, "operator", name, now=now, days=days, out=out, key_type=key_type, force=force,
-                         not_after=not_after)
 
 
 def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
