@@ -22,6 +22,14 @@ on a slow day while the ratios held): throughput through one worker >= 0.2x the 
 relayed chunk <= 0.8x the bare trio relay's; added TTFT p50 under the 200-stream burst <= 1.0x
 the bare relay's; with 2 workers each serves >= 30 % and CPU per request <= 1.1x one worker's;
 zero failed requests.
+
+Reading the throughput ratio: nginx needs ~10 µs of CPU a request and never uses a whole core
+here, while one gateway worker needs a whole core for its figure; on a shared machine (the dev
+box runs 8 developers' work on 2 cores) the gateway gets less, and its requests/s falls with
+its share while nginx's does not. The table's `cores` column (CPU seconds of the process tree
+÷ wall seconds of the @32 run) says how much of a core each got: a gateway reading 0.45 was
+starved, not slow, and the ratio understates it by about that share. CPU/request is the
+reading that does not depend on the share. The bar stays on throughput, as the issue set it.
 """
 
 from __future__ import annotations
@@ -338,7 +346,9 @@ def main() -> None:
                 load(url, 8, 1.0, tmp)  # warm up connections and pools
                 shares0 = settled_shares(port, "bench") if proc is gateway2 else {}
                 cpu0 = cpu_tree(proc.pid) if proc else 0.0
+                t0 = time.monotonic()
                 r32 = load(url, 32, args.seconds, tmp)
+                wall = time.monotonic() - t0
                 cpu = (cpu_tree(proc.pid) - cpu0) if proc else 0.0
                 shares = {}
                 if proc is gateway2:
@@ -346,18 +356,20 @@ def main() -> None:
                     shares = {w: after.get(w, 0.0) - shares0.get(w, 0.0) for w in after}
                 r1 = load(url, 1, max(args.seconds / 2, 2.0), tmp)
                 results[name] = {"r32": r32, "r1": r1, "cpu_us": cpu / r32["requests"] * 1e6 if proc else None,
+                                 "cores": cpu / wall if proc else None,
                                  "shares": shares}
 
             def us(x: float) -> str:
                 return f"{x * 1e6:,.0f} µs" if x == x else "n/a"
 
             print()
-            print(f"  {'':26} {'req/s @32':>10} {'p50 @1':>10} {'p99 @1':>10} {'p50 @32':>10} {'p99 @32':>10} {'errors':>7} {'CPU/req':>10}")
+            print(f"  {'':26} {'req/s @32':>10} {'p50 @1':>10} {'p99 @1':>10} {'p50 @32':>10} {'p99 @32':>10} {'errors':>7} {'CPU/req':>10} {'cores':>6}")
             for name, r in results.items():
                 cpu = f"{r['cpu_us']:.0f} µs" if r["cpu_us"] is not None else ""
+                cores = f"{r['cores']:.2f}" if r["cores"] is not None else ""
                 errors = r["r32"]["errors"] + r["r1"]["errors"]
                 print(f"  {name:26} {r['r32']['rps']:>10,.0f} {us(r['r1']['p50']):>10} {us(r['r1']['p99']):>10} "
-                      f"{us(r['r32']['p50']):>10} {us(r['r32']['p99']):>10} {errors:>7.0f} {cpu:>10}")
+                      f"{us(r['r32']['p50']):>10} {us(r['r32']['p99']):>10} {errors:>7.0f} {cpu:>10} {cores:>6}")
             gw, gw2 = results["through llmgw"], results["through llmgw, 2 workers"]
             shares = gw2["shares"]
             served = sum(shares.values()) or float("nan")
@@ -395,6 +407,11 @@ def main() -> None:
                 ng = results["through nginx proxy"]
                 bars.append(("requests/s @32, llmgw ÷ nginx proxy", f"{gw['r32']['rps']:,.0f}", f"{ng['r32']['rps']:,.0f}",
                              gw["r32"]["rps"] / ng["r32"]["rps"], ">= 0.20", gw["r32"]["rps"] / ng["r32"]["rps"] >= 0.2))
+                # How much of a core the one-process gateway got while it was measured: below ~0.9
+                # it was waiting for a CPU (other processes on a shared machine), not for work, and
+                # the throughput ratio above reads low by about that share; CPU/request does not.
+                bars.append(("cores llmgw used @32 (1 = a whole core)", f"{gw['cores']:.2f}", "1.00", gw["cores"],
+                             "(figure)", None))
                 bars.append(("CPU/request, llmgw ÷ nginx proxy", f"{gw['cpu_us']:.0f} µs", f"{ng['cpu_us']:.0f} µs",
                              gw["cpu_us"] / ng["cpu_us"], "(figure)", None))
             bars.append(("CPU/chunk, llmgw ÷ bare relay", f"{per_chunk:.1f} µs", f"{floor:.1f} µs", per_chunk / floor,
