@@ -260,3 +260,19 @@ def test_pages_in_chromium_over_tls(cluster: Cluster, tmp_path: Path) -> None:
         assert watched.take_errors() == []
         assert not any(secret in page.content() for secret in SECRETS)
         context.close()
+
+        # A viewer certificate in the browser reads the pages with no sign-in and no cookie.
+        context = browser.new_context(viewport={"width": 1400, "height": 900}, ignore_https_errors=True,
+                                      client_certificates=[{"origin": cluster.url,
+                                                            "certPath": str(cluster.cadir / "viewer-grafana.crt"),
+                                                            "keyPath": str(cluster.cadir / "viewer-grafana.key")}])
+        page = context.new_page()
+        watched = Watched(page)
+        page.goto(f"{cluster.url}/admin/nodes/{NODE}")
+        page.wait_for_selector("table.ports")
+        page.goto(f"{cluster.url}/admin/fabrics/{cluster.fabric_id}")
+        page.wait_for_function("() => window.llmgwFabric && window.llmgwFabric.ready")
+        page.screenshot(path=str(tmp_path / "fabric-viewer-cert.png"))
+        assert watched.take_errors() == []
+        assert context.cookies() == []
+        context.close()
