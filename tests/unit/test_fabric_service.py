@@ -158,6 +158,20 @@ async def test_a_topology_becomes_what_placement_reads(tmp_path: Path) -> None:
     assert n2["mlx5_0"].leaf == service.places.by_node["n1"]["mlx5_0"].leaf and not n2["mlx5_0"].short
 
 
+async def test_a_node_reporting_another_nodes_adapter_guids_takes_no_place(tmp_path: Path) -> None:
+    """n4's agent says it has n2's adapters: the GUIDs name neither node, so n4 does not take n2's
+    place under its leaf (n2 is still found by its adapters' node descriptions)."""
+    service, fleet = setup(tmp_path)
+    ports = [m.Port(device=f"mlx5_{d}", port=1, state="ACTIVE", node_guid=f"0x{node_guid('n2', d):016x}") for d in range(2)]
+    service.registry.register(m.Register(node_id="n4", version="1", inventory=m.Inventory(ports=ports)), 0.0, 4)
+    service.tick()
+    await answer(service, fleet, smir_text())
+    service.tick()
+    topo = generate(FabricSpec(nodes=["n1", "n2", "n3"], rails=2, group_size=3, spines=2))
+    await answer(service, fleet, topo.ibnetdiscover.encode())
+    assert sorted(service.places.by_node) == ["n1", "n2", "n3"], sorted(service.places.by_node)
+
+
 async def test_smir_goes_through_one_port_per_master_so_a_split_stays_seen(tmp_path: Path) -> None:
     service, fleet = setup(tmp_path)
     service.tick()  # every port of no known fabric yet: one SMIR per node

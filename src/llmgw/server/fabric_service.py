@@ -115,6 +115,7 @@ class FabricService:
         self._last_sm: dict[str, float] = {}
         self._last_topology: dict[str, float] = {}
         self._asked_unknown: dict[tuple[str, str], float] = {}
+        self._clashes_logged: set[tuple[str, tuple[str, ...]]] = set()
         self._rotation = 0
         self._requests = 0
         self._results_send, self._results_receive = trio.open_memory_channel[tuple[Pending, m.DiscoverResult]](
@@ -238,8 +239,7 @@ class FabricService:
         if msg.tool == m.TOOL_SMIR:
             self._smir(pending, text)
             return
-        known = {parse_guid(p.node_guid): (n.id, p.device) for n in self.registry.nodes.values()
-                 for p in n.inventory.ports if p.node_guid}
+        known = self._owners()
         fabric = pending.fabric or self.port_fabric.get((pending.node, pending.port), "")
         fabric_map, located = await trio.to_thread.run_sync(lambda: _analysed(text, known, fabric))
         if not fabric:
@@ -253,6 +253,31 @@ class FabricService:
         log.info("fabric %s: %d switches, %d adapters, %d links (%d degraded), %d rail violations, from %s",
                  fabric, fabric_map.summary.switches, fabric_map.summary.adapters, fabric_map.summary.links,
                  fabric_map.summary.degraded_links, len(fabric_map.rail_violations), where)
+
+    def _owners(self) -> dict[str, tuple[str, str]]:
+        """Adapter GUID → (node, device), from what each agent says it has. A GUID two nodes claim
+        is neither's: a node cannot take another's place in the fabric map (and so in multi-node
+        placement, or on the fabric page) by reporting its adapters' GUIDs."""
+        known: dict[str, tuple[str, str]] = {}
+        clash: dict[str, set[str]] = {}
+        for n in self.registry.nodes.values():
+            for p in n.inventory.ports:
+                if not p.node_guid:
+                    continue
+                guid = parse_guid(p.node_guid)
+                owner = known.get(guid)
+                if guid in clash or (owner is not None and owner[0] != n.id):
+                    clash.setdefault(guid, {owner[0]} if owner else set()).add(n.id)
+                    known.pop(guid, None)
+                else:
+                    known[guid] = (n.id, p.device)
+        for guid, nodes in clash.items():
+            key = (guid, tuple(sorted(nodes)))
+            if key not in self._clashes_logged:
+                self._clashes_logged.add(key)
+                log.warning("adapter GUID %s is reported by nodes %s: placed under neither in the fabric map",
+                            guid, ", ".join(quote(x) for x in sorted(nodes)))
+        return known
 
     def _smir(self, pending: Pending, text: str) -> None:
         node = self.registry.get(pending.node)
