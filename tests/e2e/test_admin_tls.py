@@ -14,6 +14,8 @@ real TLS handshake by httpx with those files, or by a headless Chromium:
 from __future__ import annotations
 
 import hashlib
+import html
+import re
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,8 +135,10 @@ def assert_login_form(answer: httpx.Response) -> None:
     """A refusal that shows the sign-in form and nothing of the fleet."""
     assert answer.status_code == 401, (answer.status_code, answer.text[:300])
     assert 'name="token"' in answer.text and "<table" not in answer.text
-    # The node's id appears only in the form's return address (the path asked for), never as data.
-    assert NODE not in answer.text.replace(f'value="/admin/nodes/{NODE}"', "")
+    # The node's id appears only in the form's return address (the path asked for) and in the
+    # refusal's line (a node certificate's own name), never as data.
+    rest = re.sub(r'<p class="crit" role="alert">[^<]*</p>', "", answer.text)
+    assert NODE not in rest.replace(f'value="/admin/nodes/{NODE}"', "")
 
 
 # -- tokens over TLS ----------------------------------------------------------------------------------
@@ -205,15 +209,21 @@ def test_viewer_and_operator_certificates_read_the_pages(cluster: Cluster) -> No
 
 
 def test_node_and_gateway_certificates_are_refused(cluster: Cluster) -> None:
-    for name, common in ((f"node-{NODE}", NODE), ("gateway-gw-1", "gw-1")):
+    for kind, common in (("node", NODE), ("gateway", "gw-1")):
+        name = f"{kind}-{common}"
         with cluster.client(name) as client:
             for path in cluster.pages():
-                assert_login_form(client.get(path))
+                page = client.get(path)
+                assert_login_form(page)  # with why the certificate does not open it
+                assert html.escape(f"'{common}' is neither a viewer nor an operator certificate") in page.text
             for path in [*cluster.json_calls(), "/api/v1/nodes", "/api/v1/replicas"]:
                 answer = client.get(path)
                 assert answer.status_code == 401, (name, path, answer.status_code)
-                assert f"'{common}'" in answer.json()["error"]["message"], answer.text
-            assert client.post("/api/v1/reload").status_code == 401
+                assert f"'{common}' is neither a viewer nor an operator certificate (a {kind} certificate)" in \
+                    answer.json()["error"]["message"], answer.text
+            denied = client.post("/api/v1/reload")
+            assert denied.status_code == 401 and f"'{common}' is not an operator certificate (a {kind} certificate)" in \
+                denied.json()["error"]["message"], denied.text
 
 
 def test_a_revoked_viewer_certificate_is_refused(cluster: Cluster) -> None:
@@ -225,7 +235,9 @@ def test_a_revoked_viewer_certificate_is_refused(cluster: Cluster) -> None:
             assert alice.post("/api/v1/reload").status_code == 200
         wait_until(lambda: mallory.get("/admin/").status_code == 401, "mallory refused after the reload",
                    procs=[cluster.server.proc])
-        assert_login_form(mallory.get(f"/admin/nodes/{NODE}"))
+        page = mallory.get(f"/admin/nodes/{NODE}")
+        assert_login_form(page)
+        assert html.escape("'mallory' is revoked") in page.text
         for path in [*cluster.json_calls(), "/api/v1/nodes"]:
             answer = mallory.get(path)
             assert answer.status_code == 401 and "'mallory' is revoked" in answer.text, (path, answer.text)

@@ -30,7 +30,7 @@ import msgspec
 
 from llmgw.catalog.schema import ServerConfig, sha256_digest
 from llmgw.tls.build import OPERATOR_OU, VIEWER_OU
-from llmgw.tls.identity import HasPeerCert, peer_common_name, peer_units
+from llmgw.tls.identity import HasPeerCert, peer_common_name, peer_kind, peer_units
 from llmgw.web.server import Request
 
 log = logging.getLogger("llmgw.auth")
@@ -107,6 +107,16 @@ def cookie_value(request: Request, name: str = COOKIE) -> bytes | None:
 def cookie_digest(request: Request) -> str | None:
     value = cookie_value(request)
     return hashlib.sha256(value).hexdigest() if value else None
+
+
+def _named(request: Request) -> str:
+    return repr(peer_common_name(request.tls) if request.tls is not None else None)
+
+
+def _kind_of(request: Request) -> str:
+    """What the refused client certificate is, for the hint: "a gateway certificate", say."""
+    kind = peer_kind(request.tls) if request.tls is not None else None
+    return f"a {kind} certificate" if kind else "no llmgw client kind in its OU"
 
 
 class Credentials(msgspec.Struct, frozen=True, kw_only=True):
@@ -343,7 +353,8 @@ class Auth:
         if ident.presented == "certificate" and (revoked := self._revoked_hint(request)):
             return revoked
         if ident.presented == "certificate":
-            return (f"the client {ident.who} is neither a viewer nor an operator certificate (a node's?); issue one "
+            return (f"the client certificate {_named(request)} is neither a viewer nor an operator certificate "
+                    f"({_kind_of(request)}); issue one "
                     "with `llmgw ctl cert viewer NAME` and pass it with --cert and --key")
         return "reading the fleet needs a viewer or operator credential: " + self._ways(
             "viewer", "api.viewer_tokens or api.operator_tokens")
@@ -362,7 +373,6 @@ class Auth:
         if ident.presented == "certificate" and (revoked := self._revoked_hint(request)):
             return revoked
         if ident.presented == "certificate":
-            name = peer_common_name(request.tls) if request.tls is not None else None
-            return (f"the client certificate {name!r} is not an operator certificate (a node's?); "
+            return (f"the client certificate {_named(request)} is not an operator certificate ({_kind_of(request)}); "
                     "issue one with `llmgw ctl cert operator NAME` and pass it with --cert and --key")
         return "this call needs an operator credential: " + self._ways("operator", "api.operator_tokens")

@@ -159,7 +159,10 @@ class AdminPages:
                              [NO_STORE, *headers])
             return
         if status == 401 and (creds.operator_tokens or creds.viewer_tokens):
-            presented = request.head.get(b"authorization") is not None or cookie_value(request) is not None
+            # Say why when something was presented: a token, the cookie, or a client certificate
+            # (a node's or a revoked one would otherwise meet a bare form, with no word of it).
+            presented = (request.head.get(b"authorization") is not None or cookie_value(request) is not None
+                         or (request.tls is not None and bool(request.tls.getpeercert())))
             await self.page(responder, 401, render.login_page(self.assets.url, error=message if presented else "",
                                                               next_path=_safe_next(request.path)))
             return
