@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.e2e.harness import FAST_FLEET, Proc, Server, ctl, start_sim_engine, wait_until
+from tests.e2e.harness import FAST_FLEET, Proc, Server, bearer, ctl, start_sim_engine, wait_until
 
 WORKERS = """\
 gateway:
@@ -148,3 +148,40 @@ def test_two_workers_serve_one_port_and_a_killed_one_comes_back(tmp_path: Path, 
     for worker in ("worker-0", "worker-1"):
         assert re.search(rf"gateway {worker} \(pid \d+\) stopped \(exit code 0\)", log), log[-3000:]
 
+
+
+def test_through_workers_every_door_holds(tmp_path: Path, procs: list[Proc]) -> None:
+    """With workers the API, the admin pages and /metrics are forwarded to the control plane: each
+    still stands behind its door, on whichever worker a connection lands (ten new ones each)."""
+    from tests.e2e.test_doors import KEY, OPERATOR, VIEWER, digest
+
+    proc, url = start_sim_engine(tmp_path, "engine-a", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+    procs.append(proc)
+    config = (FAST_FLEET + WORKERS + f'  api_keys: ["{digest(KEY)}"]\n'
+              f'api:\n  viewer_tokens: ["{digest(VIEWER)}"]\n  operator_tokens: ["{digest(OPERATOR)}"]\n'
+              f"endpoints:\n  - model: chat\n    url: {url}\n")
+    server = Server(tmp_path, config, token=VIEWER)
+    procs.append(server.start())
+
+    def status(method: str, path: str, headers: dict[str, str], cookies: dict[str, str] | None = None) -> set[int]:
+        with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=10, cookies=cookies) as http:
+            return {http.request(method, f"{server.url}{path}", headers=headers).status_code for _ in range(10)}
+
+    wait_until(lambda: len(scrape_with(server, VIEWER)) == 2, "two workers", procs=procs)
+    assert status("GET", "/v1/models", bearer(KEY)) == {200}
+    for path in ("/api/v1/nodes", "/api/v1/models", "/admin/", "/metrics"):
+        for headers in ({}, bearer(KEY), bearer("not-" + VIEWER)):
+            assert status("GET", path, headers) == {401}, (path, headers)
+        assert status("GET", path, bearer(VIEWER)) == {200}, path
+    for headers in (bearer(VIEWER), bearer(OPERATOR)):
+        assert status("GET", "/v1/models", headers) == {401}  # a fleet credential is no API key
+    assert status("POST", "/api/v1/reload", bearer(VIEWER)) == {403}
+    assert status("POST", "/api/v1/reload", bearer(KEY)) == {401}
+    assert status("POST", "/api/v1/reload", {}, cookies={"llmgw_admin": OPERATOR}) == {401}  # the cookie only reads
+    assert status("POST", "/api/v1/reload", bearer(OPERATOR)) == {200}
+
+
+def scrape_with(server: Server, token: str) -> set[str]:
+    text = httpx.get(f"{server.url}/metrics", headers=bearer(token), timeout=5).text
+    return {line.split('worker="', 1)[1].split('"', 1)[0] for line in text.splitlines()
+            if line.startswith("llmgw_gateway_control_plane_connected{") and line.endswith(" 1.0")}
