@@ -202,3 +202,17 @@ def test_doctor_local_reads_a_simulated_node_as_its_agent_would(tmp_path: Path) 
     assert bare.returncode in (0, 3), bare.stderr
     [nvml] = json.loads(bare.stdout)["findings"]
     assert nvml["status"] in ("ok", "unknown") and nvml["finding"]
+
+
+def test_a_nagios_plugin_that_cannot_run_exits_unknown_never_critical(tmp_path: Path) -> None:
+    """doctor and fabric-test are run by Nagios and cron: a typo, a missing config or a bad
+    certificate path is 3 (UNKNOWN, the plugin guidelines' rule), not 2, which reads as CRITICAL."""
+    cert = ("--cert", str(tmp_path / "none.crt"), "--key", str(tmp_path / "none.key"))
+    for args in (("doctor", "--check", "nope"), ("doctor", "--local", "--config", str(tmp_path / "none.yaml")),
+                 (*cert, "doctor"), ("fabric-test", "gpu-01"), ("fabric-test", "a", "b", "--rail-timeout", "0"),
+                 (*cert, "fabric-test", "a", "b")):
+        result = run_llmgw("ctl", "--server", "http://127.0.0.1:9", *args)
+        assert result.returncode == 3, (args, result.returncode, result.stderr)
+        one_error_line(result)
+    # Elsewhere bad usage stays 2.
+    assert run_llmgw("ctl", "nodes", "--nope").returncode == 2

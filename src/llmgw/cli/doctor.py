@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import click
 
-from llmgw.cli.render import console, make_table, output_option, print_json, text
+from llmgw.cli.render import NagiosCommand, console, make_table, output_option, print_json, text
 from llmgw.doctor import CHECKS
 from llmgw.errors import LlmgwError, UsageError
 from llmgw.verdict import EXIT_UNKNOWN
@@ -77,7 +77,7 @@ def _summary(data: dict[str, Any]) -> str:
             f"{s['crit']} crit, {s['unknown']} unknown (exit {data['exit_code']})")
 
 
-@click.command()
+@click.command(cls=NagiosCommand)
 @click.option("--node", "node_id", help="Only this node's checks (the fleet-wide checks are left out).")
 @click.option("--local", is_flag=True, help="Run the node checks on this machine, with no server (a node being "
               "brought up): the agent's own discovery, with --config's settings.")
@@ -102,16 +102,17 @@ def doctor(ctx: click.Context, node_id: str | None, local: bool, config_path: st
     llmgw ctl doctor --local --config /etc/llmgw/agent.yaml
     """
     if local:
-        data = _local_report(config_path, node_id, check, interval)
+        try:
+            data = _local_report(config_path, node_id, check, interval)
+        except UsageError as exc:  # no config, a bad one, --node of another machine: doctor could not run
+            raise CouldNotRun(str(exc)) from None
     else:
         query = urlencode({k: v for k, v in (("node", node_id), ("check", check)) if v})
         from llmgw.cli.ctl import api
 
         try:
             data = api(ctx).get("/api/v1/doctor" + (f"?{query}" if query else ""))
-        except UsageError:
-            raise
-        except LlmgwError as exc:
+        except LlmgwError as exc:  # a usage error too (--server's URL): could not run, never CRITICAL
             raise CouldNotRun(str(exc)) from None
     findings = data["findings"]
     if quiet:

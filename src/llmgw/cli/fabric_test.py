@@ -15,8 +15,16 @@ from typing import Any
 
 import click
 
-from llmgw.cli.render import console, make_table, output_option, print_json, say, text
-from llmgw.errors import LlmgwError, UsageError
+from llmgw.cli.render import (
+    NagiosCommand,
+    console,
+    make_table,
+    output_option,
+    print_json,
+    say,
+    text,
+)
+from llmgw.errors import LlmgwError
 
 GRADE_STYLES = {"ok": "green", "warn": "yellow", "crit": "red", "unknown": "magenta"}
 
@@ -70,7 +78,7 @@ def render(report: dict[str, Any]) -> None:
                    GRADE_STYLES.get(str(report.get("status")), "")))
 
 
-@click.command("fabric-test")
+@click.command("fabric-test", cls=NagiosCommand)
 @click.argument("node_a")
 @click.argument("node_b")
 @click.option("--rail-timeout", type=click.FloatRange(1, 600), default=60.0, show_default=True,
@@ -89,10 +97,10 @@ def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: floa
     Exit codes: 0 all ok, 1 a warn, 2 a crit, 3 could not run.
     llmgw ctl fabric-test gpu-01 gpu-02
     """
-    client = ctx.obj["api"]()
     body = {"a": node_a, "b": node_b, "timeout": rail_timeout, "size": size, "iterations": iterations}
     report: dict[str, Any] | None = None
     try:
+        client = ctx.obj["api"]()  # a bad --cert or --ca: could not run, too
         for line in client.stream_lines("/api/v1/fabric-tests", method="POST", body=body):
             if not line.strip():
                 continue
@@ -104,7 +112,7 @@ def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: floa
                 report = event
             else:
                 say(_progress(event), stderr=True)
-    except (UsageError, CouldNotRun):
+    except CouldNotRun:
         raise
     except LlmgwError as exc:  # refused (no such node, a credential, not connected) or the answer broke off
         raise CouldNotRun(f"fabric test {node_a} → {node_b} could not run: {exc}") from None

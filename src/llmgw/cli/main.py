@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "llmgw"
         click.echo(f"llmgw: error: {exc.format_message()} (see `{where} --help`)", err=True)
-        sys.exit(exc.exit_code)
+        sys.exit(getattr(exc.ctx.command, "usage_exit_code", exc.exit_code) if exc.ctx is not None else exc.exit_code)
     except click.ClickException as exc:
         click.echo(f"llmgw: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)

@@ -53,6 +53,13 @@ def console(stderr: bool = False) -> Console:
     )
 
 
+class NagiosCommand(click.Command):
+    """A command that exits as a Nagios plugin (doctor, fabric-test): a mistyped option is UNKNOWN
+    (3), as the plugin guidelines have it, not 2, which a check reads as CRITICAL."""
+
+    usage_exit_code = 3
+
+
 def print_json(data: Any) -> None:
     encoded = msgspec.json.format(msgspec.json.encode(data, enc_hook=enc_hook), indent=2).decode()
     sys.stdout.write(json_text(encoded))
