@@ -74,6 +74,7 @@ def test_one_surge_per_model_at_a_time() -> None:
     assert isinstance(ma, Move) and isinstance(mb, Move)
     first = starts(rec.reconcile(fleet, 2))
     assert len(first) == 1 and ma.state == MoveState.SURGING and mb.state == MoveState.QUEUED
+    assert mb.note == f"waiting for the move of {a} to finish (one per model at a time)"  # what ctl drain prints
     assert isinstance(rec.request_move(a, 2, reason="again"), str)  # already being moved
     ready(rec, first)
     rec.reconcile(fleet, 3)

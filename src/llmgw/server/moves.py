@@ -139,7 +139,7 @@ class Mover(Observer):
             elif old is None:  # RETIRING, BELOW: the old one is gone
                 self._move_to(move, MoveState.DONE, now, f"{move.replica} retired" +
                               (f"; {move.successor} serves instead" if successor is not None else ""))
-        busy = {mv.model for mv in self.moves.values() if mv.state in MOVE_ACTIVE}
+        busy = {mv.model: mv.replica for mv in self.moves.values() if mv.state in MOVE_ACTIVE}
         for move in in_order:
             if move.state != MoveState.QUEUED:
                 continue
@@ -147,8 +147,13 @@ class Mover(Observer):
             if old is None or old.state in LEAVING:
                 self._move_to(move, MoveState.DONE, now, f"{move.replica} was gone before its move began")
             elif move.model not in busy:
-                busy.add(move.model)
+                busy[move.model] = move.replica
                 self._surge(move, old, now)
+            else:  # one surge per model: say whose turn it is (ctl drain printed "[queued]: -")
+                note = f"waiting for the move of {busy[move.model]} to finish (one per model at a time)"
+                if move.note != note:
+                    move.note = note
+                    self.generation += 1
         self._forget_ended()
         # Only a move retires a replica (DRAINING): with none retiring, no replica is looked at.
         retiring = [self.replicas.get(mv.replica) for mv in self.moves.values()
