@@ -188,6 +188,31 @@ def bearer(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
+def token_digest(secret: str) -> str:
+    """The `sha256:<hex>` form a config stores for a token or API key (what `ctl hash-secret` prints)."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()
+
+
+# A fabric service that discovers within a second, for tests that wait on the map.
+SIM_FABRIC_FAST = """\
+fabric:
+  discover_interval: 1s
+  sm_interval: 0.5s
+  tool_timeout: 5s
+"""
+
+
+def make_sim_fabric(out: Path, node_ids: list[str], *flags: str, rails: int = 2, group_size: int = 2,
+                    spines: int = 2) -> dict[str, Any]:
+    """`llmgw sim fabric` into `out` (ibnetdiscover and SMIR text for the simulated nodes); its JSON summary."""
+    result = run_llmgw("sim", "fabric", "--node-ids", ",".join(node_ids), "--rails", str(rails), "--group-size",
+                       str(group_size), "--spines", str(spines), "--out", str(out), "-o", "json", *flags)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def get_json(url: str, timeout: float = 5, verify: Any = True, token: str | None = None) -> Any:
     import httpx
 

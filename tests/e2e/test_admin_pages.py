@@ -25,9 +25,10 @@ from tests.e2e.harness import (
     Server,
     bearer,
     engines_config,
+    make_sim_fabric,
     make_sim_node,
-    run_llmgw,
     start_agent,
+    token_digest,
     wait_until,
 )
 
@@ -40,8 +41,7 @@ GPU_SCRIPT = "<script>window.__pwned_gpu=1</script>H100"
 SWITCH_SCRIPT = "<script>window.__pwned_switch=1</script>"
 
 
-def digest(secret: str) -> str:
-    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()
+digest = token_digest
 
 
 CONFIG = engines_config(f"""\
@@ -68,9 +68,7 @@ models:
 def make_fabric(fabric_dir: Path, *degraded: str) -> None:
     """The simulated fabric, with these nodes' last cables degraded and a <script> in spine-2's description."""
     flags = [arg for node in degraded for arg in ("--degrade", node)]
-    made = run_llmgw("sim", "fabric", "--node-ids", ",".join(NODES), "--rails", "2", "--group-size", "2",
-                     "--spines", "2", *flags, "--out", str(fabric_dir), "-o", "json")
-    assert made.returncode == 0, made.stderr
+    make_sim_fabric(fabric_dir, NODES, *flags)
     text = fabric_dir / "ibnetdiscover.txt"
     text.write_text(text.read_text().replace("MF0;spine-2:", f"MF0;{SWITCH_SCRIPT}spine-2:"))
 

@@ -13,7 +13,6 @@ real TLS handshake by httpx with those files, or by a headless Chromium:
 
 from __future__ import annotations
 
-import hashlib
 import html
 import re
 import ssl
@@ -35,6 +34,7 @@ from tests.e2e.harness import (
     run_llmgw,
     start_agent,
     tls_agent_config,
+    token_digest,
     wait_until,
 )
 
@@ -45,8 +45,7 @@ SECRETS = (KEY, VIEWER, OPERATOR)
 NODE = "gpu-01"
 
 
-def digest(secret: str) -> str:
-    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()
+digest = token_digest
 
 
 def cert(cadir: Path, *args: str) -> None:

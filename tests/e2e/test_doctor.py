@@ -17,10 +17,12 @@ import pytest
 
 from tests.e2e.harness import (
     FAST_FLEET,
+    SIM_FABRIC_FAST,
     Proc,
     Server,
     ctl,
     free_port,
+    make_sim_fabric,
     make_sim_node,
     one_error_line,
     run_llmgw,
@@ -31,19 +33,12 @@ from tests.e2e.harness import (
 
 pytestmark = pytest.mark.e2e
 
-FABRIC_FAST = FAST_FLEET + """\
-fabric:
-  discover_interval: 1s
-  sm_interval: 0.5s
-  tool_timeout: 5s
-"""
+FABRIC_FAST = FAST_FLEET + SIM_FABRIC_FAST
 NODES = ["node-1", "node-2", "node-3", "node-4"]
 
 
 def make_fabric(out: Path, *flags: str) -> None:
-    result = run_llmgw("sim", "fabric", "--node-ids", ",".join(NODES), "--rails", "2", "--group-size", "2",
-                       "--spines", "2", "--out", str(out), "-o", "json", *flags)
-    assert result.returncode == 0, result.stderr
+    make_sim_fabric(out, NODES, *flags)
 
 
 def doctor(server: Server, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:

@@ -4,7 +4,6 @@ its adapters by node, sees a cable degrade and the master fail over without spli
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -13,31 +12,24 @@ import pytest
 
 from tests.e2e.harness import (
     FAST_FLEET,
+    SIM_FABRIC_FAST,
     Proc,
     Server,
     ctl,
+    make_sim_fabric,
     make_sim_node,
-    run_llmgw,
     start_agent,
     wait_until,
 )
 
 pytestmark = pytest.mark.e2e
 
-FABRIC_FAST = FAST_FLEET + """\
-fabric:
-  discover_interval: 1s
-  sm_interval: 0.5s
-  tool_timeout: 5s
-"""
+FABRIC_FAST = FAST_FLEET + SIM_FABRIC_FAST
 NODES = ["node-1", "node-2", "node-3", "node-4"]
 
 
 def make_fabric(out: Path, *flags: str) -> dict:
-    result = run_llmgw("sim", "fabric", "--node-ids", ",".join(NODES), "--rails", "2", "--group-size", "2",
-                       "--spines", "2", "--out", str(out), "-o", "json", *flags)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return make_sim_fabric(out, NODES, *flags)
 
 
 def test_discovery_failover_and_a_degraded_cable(tmp_path: Path, procs: list[Proc]) -> None:

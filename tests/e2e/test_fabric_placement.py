@@ -6,8 +6,6 @@ log and the placement event (`ctl events`) say why."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +15,16 @@ from tests.e2e.harness import (
     Server,
     ctl,
     engines_config,
+    make_sim_fabric,
     make_sim_node,
     replicas,
-    run_llmgw,
     start_agent,
+    token_digest,
     wait_until,
 )
 
 TOKEN = "ops-7c41d9"
-API = f'api:\n  operator_tokens: ["sha256:{hashlib.sha256(TOKEN.encode()).hexdigest()}"]\n'
+API = f'api:\n  operator_tokens: ["{token_digest(TOKEN)}"]\n'
 FABRIC = """\
 fabric:
   discover_interval: 1s
@@ -48,10 +47,7 @@ DEADLINE = 90.0  # eight agents and four engines on a shared two-core machine
 
 
 def make_fabric(out: Path, *flags: str) -> dict[str, Any]:
-    result = run_llmgw("sim", "fabric", "--node-ids", ",".join(LEAF_1 + LEAF_2), "--rails", "1", "--group-size", "4",
-                       "--spines", "2", "--out", str(out), "-o", "json", *flags)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return make_sim_fabric(out, LEAF_1 + LEAF_2, *flags, rails=1, group_size=4)
 
 
 def scale(server: Server, count: int) -> None:
