@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from typing import Any
 
 import click
 
-from llmgw.cli.render import output_option, say
+from llmgw.cli.render import output_option, print_json, say
 from llmgw.errors import LlmgwError
 from llmgw.safetext import terminal_text
 
@@ -26,8 +24,7 @@ def _mark(ctx: click.Context, node_id: str, action: str, output: str) -> bool:
 
     answer = _api(ctx).request("POST", f"/api/v1/nodes/{segment(node_id)}/{action}")
     if output == "json":
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
+        print_json(answer)  # escapes control characters a hostile server could send
         return False
     return True
 
@@ -125,5 +122,4 @@ def drain(ctx: click.Context, node_id: str, timeout: float, force: bool, output:
 
 def _finish(view: dict[str, Any], output: str) -> None:
     if output == "json":
-        sys.stdout.write(json.dumps(view) + "\n")
-        sys.stdout.flush()
+        print_json(view)  # escapes control characters a hostile server could send

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from typing import Any
 
 import click
 
-from llmgw.cli.render import output_option, say
+from llmgw.cli.render import output_option, print_json, say
 from llmgw.errors import LlmgwError
 from llmgw.safetext import terminal_text
 
@@ -78,5 +76,4 @@ def status(ctx: click.Context, model: str, timeout: float, watch: bool, output: 
 
 def _json(found: dict[str, Any], output: str) -> None:
     if output == "json":
-        sys.stdout.write(json.dumps(found) + "\n")
-        sys.stdout.flush()
+        print_json(found)  # escapes control characters a hostile server could send
