@@ -75,6 +75,9 @@ def test_one_surge_per_model_at_a_time() -> None:
     first = starts(rec.reconcile(fleet, 2))
     assert len(first) == 1 and ma.state == MoveState.SURGING and mb.state == MoveState.QUEUED
     assert mb.note == f"waiting for the move of {a} to finish (one per model at a time)"  # what ctl drain prints
+    table = rec.unfinished_by_replica()  # the listing's one walk agrees with move_of for every replica
+    assert {rid: table.get(rid) for rid in rec.replicas} == {rid: rec.move_of(rid) for rid in rec.replicas}
+    assert table[a] is ma and table[b] is mb and table[ma.successor] is ma
     assert isinstance(rec.request_move(a, 2, reason="again"), str)  # already being moved
     ready(rec, first)
     rec.reconcile(fleet, 3)

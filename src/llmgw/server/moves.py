@@ -106,6 +106,17 @@ class Mover(Observer):
                 return move
         return None
 
+    def unfinished_by_replica(self) -> dict[str, Move]:
+        """Every unfinished move under both its replicas' ids: one walk of the move table for a
+        whole listing, where `move_of` per replica walked it once for each."""
+        out: dict[str, Move] = {}
+        for move in self.moves.values():
+            if move.state not in MOVE_ENDED:
+                out.setdefault(move.replica, move)
+                if move.successor:
+                    out.setdefault(move.successor, move)
+        return out
+
     def active_moves(self, model: str) -> list[Move]:
         return [mv for mv in self.moves.values() if mv.model == model and mv.state not in MOVE_ENDED]
 

@@ -302,7 +302,8 @@ class FleetReads:
 
     def replicas(self, now: float) -> list[ReplicaView]:
         replicas = sorted(self.reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
-        return [replica_view(r, now, self.weights, self.reconciler.move_of(r.id)) for r in replicas]
+        moves = self.reconciler.unfinished_by_replica()
+        return [replica_view(r, now, self.weights, moves.get(r.id)) for r in replicas]
 
     def replica(self, replica_id: str, now: float) -> ReplicaView | None:
         replica = self.reconciler.replicas.get(replica_id)
