@@ -69,6 +69,13 @@ def test_what_a_peer_sends_is_text_on_the_page(name: str) -> None:
     assert render.esc(name) in body
 
 
+def test_the_summary_counts_fabrics_in_english() -> None:
+    page = render.cluster_page([], [], [{"id": "0xabc"}], [], 0.0, lambda f: "/admin/static/" + f)
+    assert "· 1 fabric</p>" in page
+    page = render.cluster_page([], [], [{"id": "0xabc"}, {"id": "0xdef"}], [], 0.0, lambda f: "/admin/static/" + f)
+    assert "· 2 fabrics</p>" in page
+
+
 # -- the login form's cookie (the e2e tests walk it over plain HTTP; here the TLS flag too) -----------
 
 

@@ -220,7 +220,7 @@ def cluster_page(nodes: Sequence[NodeView], replicas: Sequence[ReplicaView], fab
     ready = sum(1 for r in replicas if r.state == "ready")
     body = (
         f'<h1>Cluster</h1><p class="summary">{ready_nodes} of {len(nodes)} nodes ready · {ready} of {len(replicas)} '
-        f"replicas ready · {len(fabrics)} fabrics</p>"
+        f"replicas ready · {len(fabrics)} fabric{'' if len(fabrics) == 1 else 's'}</p>"
         f'<section><h2>Nodes</h2>{nodes_table(nodes)}</section>'
         f'<section><h2>Replicas</h2>{replicas_table(replicas)}</section>'
         f'<section><h2>Subnet managers</h2>{sm_table(fabrics, now_wall)}</section>'
