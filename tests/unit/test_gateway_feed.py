@@ -60,3 +60,22 @@ def test_metrics_of_every_follower_in_one_scrape_with_a_worker_label() -> None:
     feed.followers[0] = Follower(name="bad", peer="unknown", metrics="llmgw_requests_total{ 1 2 3\n")
     assert 'worker="worker-0"' in generate_latest(scrape).decode()
     assert msgspec.json.encode(feed.followers[0])
+
+
+def test_reasons_travel_for_models_without_a_ready_replica_bounded_and_optional() -> None:
+    asked: list[str] = []
+
+    def reason(model: str) -> str:
+        asked.append(model)
+        return "r1 pending (no placement: " + "x" * 2000 + ")" if model == "cold" else ""
+
+    feed = GatewayFeedService(not_ready_reason=reason)
+    feed.publish_config([Model(name="warm"), Model(name="cold"), Model(name="quiet")], [], GatewaySettings())
+    feed.publish_endpoints({"warm": {"http://a:1"}}, {})
+    endpoints = decode_to_gateway(feed._endpoints)
+    assert isinstance(endpoints, GatewayEndpoints)
+    assert asked == ["cold", "quiet"]  # a model with a ready replica needs no reason
+    assert list(endpoints.reasons) == ["cold"] and len(endpoints.reasons["cold"]) == 500
+    # An older control plane sends no reasons: the message still decodes, with none.
+    old = msgspec.json.encode({"type": "GatewayEndpoints", "ready": {"warm": ["http://a:1"]}})
+    assert decode_to_gateway(old) == GatewayEndpoints(ready={"warm": ["http://a:1"]})

@@ -174,7 +174,8 @@ class ControlPlane:
         self.feed_socket = os.path.join(cfg.state_dir, "gateway.sock")
         self.api_socket = os.path.join(cfg.state_dir, "api.sock")
         self.followers = GatewayFeedService(local_workers=self.workers if self.workers > 1 else 0,
-                                            api_socket=self.api_socket if self.workers > 1 else "")
+                                            api_socket=self.api_socket if self.workers > 1 else "",
+                                            not_ready_reason=feed.not_ready_reason)
         gateway_registry = CollectorRegistry()
         gateway = Gateway(cfg.gateway, GatewayMetrics(gateway_registry), relay_hub=self.relay_hub,
                           client_door=self.auth.client, not_ready_reason=feed.not_ready_reason, followers=self.followers)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 import trio
@@ -41,6 +41,11 @@ from llmgw.wire.ids import printable
 log = logging.getLogger("llmgw.gateway")
 
 HELLO_TIMEOUT = 10.0  # seconds a new stream has to say who it is
+# Why a model has no ready replica travels with the endpoints, bounded: at most this many models
+# (issue 9's abuse catalog has 1,000), each reason cut at this many characters (the API's bound on
+# a tool's error text); 2,000 × 500 characters stay well under the feed's 4 MiB message.
+MAX_REASONS = 2000
+MAX_REASON = 500
 
 
 class Follower(msgspec.Struct, kw_only=True):
@@ -58,7 +63,10 @@ class Follower(msgspec.Struct, kw_only=True):
 class GatewayFeedService:
     """Sends the latest gateway state to every follower; keeps what they report."""
 
-    def __init__(self, *, local_workers: int = 0, api_socket: str = "") -> None:
+    def __init__(self, *, local_workers: int = 0, api_socket: str = "",
+                 not_ready_reason: Callable[[str], str] = lambda model: "") -> None:
+        self.not_ready_reason = not_ready_reason  # what the one-process gateway logs with its 503
+        self._models: list[str] = []  # the catalog's model names, for their reasons
         self.local_workers = local_workers  # the server's own workers share each model's admission
         self.api_socket = api_socket  # where a local worker forwards /api/v1, /admin and /metrics
         self._config = b""  # for gateways on other machines: the catalog as configured
@@ -74,6 +82,7 @@ class GatewayFeedService:
     def publish_config(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None:
         if self.frozen:
             return
+        self._models = [m.name for m in models]
         data = encode(GatewayConfig(models=list(models), static=list(static), settings=settings))
         n = max(1, self.local_workers)
         local = encode(GatewayConfig(models=[divide_admission(m, n) for m in models], static=list(static),
@@ -85,10 +94,16 @@ class GatewayFeedService:
     def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None:
         if self.frozen:
             return
-        data = encode(GatewayEndpoints(ready={m: sorted(eps) for m, eps in ready.items()}, keys=dict(keys)))
+        lists = {m: sorted(eps) for m, eps in ready.items()}
+        data = encode(GatewayEndpoints(ready=lists, keys=dict(keys), reasons=self._reasons(lists)))
         if data != self._endpoints:
             self._endpoints = data
             self._wake()
+
+    def _reasons(self, ready: Mapping[str, list[str]]) -> dict[str, str]:
+        """Model → why it has no ready replica, for each catalog model without one (bounded)."""
+        unready = [m for m in self._models if not ready.get(m)][:MAX_REASONS]
+        return {m: reason[:MAX_REASON] for m in unready if (reason := self.not_ready_reason(m))}
 
     def freeze(self) -> None:
         """The control plane is shutting down: what it tears down on the way (streams closing,

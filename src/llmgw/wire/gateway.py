@@ -64,6 +64,10 @@ class GatewayConfig(_Base, tag="GatewayConfig", tag_field="type"):
 class GatewayEndpoints(_Base, tag="GatewayEndpoints", tag_field="type"):
     ready: dict[str, list[str]] = {}  # model → endpoints of its ready replicas
     keys: dict[str, str] = {}  # endpoint → the engine key of the shard behind it
+    # Model → why it has no ready replica: what the one-process server logs beside its 503 (the
+    # client's body says only "no ready replica of M"), so a worker's log says the same. Absent
+    # from an older control plane: the worker then says less, nothing breaks.
+    reasons: dict[str, str] = {}
 
 
 FromGateway = GatewayHello | GatewayStats

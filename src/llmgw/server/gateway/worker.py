@@ -100,15 +100,18 @@ class GatewayWorker:
         Gauge("llmgw_gateway_worker_pid", "This gateway process's id (a restarted worker has a new one).",
               registry=self.registry).set(os.getpid())
         self.requests = 0
+        self.reasons: dict[str, str] = {}  # model → why it has no ready replica (GatewayEndpoints.reasons)
         self.following = False
         self.configured = trio.Event()  # the first GatewayConfig came: serving makes sense
         self.api: Upstream | None = None
         self.http: HttpServer | None = None
 
     def _not_ready(self, model: str) -> str:
+        said = self.reasons.get(model, "")  # the control plane's reason, as its own gateway logs it
         if not self.following:
-            return f"gateway {self.name} has lost the control plane and serves its last endpoint set"
-        return "no ready replica (as the control plane last said)"
+            return (f"gateway {self.name} has lost the control plane and serves its last endpoint set"
+                    + (f"; it last said: {said}" if said else ""))
+        return said or "no ready replica (as the control plane last said)"
 
     # -- following -------------------------------------------------------------------------------
 
@@ -156,6 +159,7 @@ class GatewayWorker:
             self.configured.set()
         elif isinstance(msg, GatewayEndpoints):
             self.gateway.set_endpoints(msg.ready, msg.keys)
+            self.reasons = msg.reasons
         else:
             return  # a newer control plane's message: skipped
         self.updates.inc()
