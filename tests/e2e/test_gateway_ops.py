@@ -4,6 +4,7 @@ worker's 503 logs the control plane's reason, `gateway.workers` changed by a rel
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,14 +12,20 @@ import httpx
 
 from tests.e2e.harness import (
     FAST_AGENT,
+    FAST_FLEET,
     Proc,
     Server,
+    bearer,
+    ctl,
     engines_config,
     make_sim_node,
     start_agent,
+    start_sim_engine,
+    token_digest,
     wait_until,
 )
-from tests.e2e.test_gateway_workers import WORKERS, scrape
+from tests.e2e.test_gateway_remote import start_gateway
+from tests.e2e.test_gateway_workers import WORKERS, scrape, scrape_with
 
 # A model that cannot be placed: it wants 4 GPUs, the one node has 2.
 TOO_BIG = """\
@@ -78,3 +85,64 @@ def test_a_workers_503_logs_the_reason_the_one_process_server_gives(tmp_path: Pa
                             f"the log line of {rid}", procs=procs)
         assert rid_free.sub("big-ID", logged) == want
     assert "as the control plane last said" not in server_proc.log()
+
+
+def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, procs: list[Proc]) -> None:
+    """Two workers and one gateway on another "machine" follow a real server: `ctl gateways` (JSON
+    and the table) names each with its kind, peer, pid, version, since when, its last report and
+    the requests it served; GET /api/v1/gateways stands behind the viewer door (an API key is
+    refused, on whichever worker the connection lands)."""
+    key, viewer = "sk-gw-ops", "viewer-gw-ops"
+    proc, url = start_sim_engine(tmp_path, "engine-a", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+    procs.append(proc)
+    config = (FAST_FLEET + WORKERS + f'  api_keys: ["{token_digest(key)}"]\n'
+              f'api:\n  viewer_tokens: ["{token_digest(viewer)}"]\n'
+              f"endpoints:\n  - model: chat\n    url: {url}\n")
+    server = Server(tmp_path, config, token=viewer)
+    procs.append(server.start())
+    gw_proc, gw_url, _ = start_gateway(tmp_path, "gateway", server.fleet_url, "--insecure", "--name", "edge-1")
+    procs.append(gw_proc)
+    wait_until(lambda: len(scrape_with(server, viewer)) == 3, "two workers and a remote gateway", procs=procs)
+    wait_until(lambda: httpx.get(f"{gw_url}/v1/models", headers=bearer(key), timeout=5).status_code == 200,
+               "the remote gateway to serve", procs=procs)
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=10) as http:
+        chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for _ in range(6):  # new connections, served by both workers in turn
+            assert http.post(f"{server.url}/v1/chat/completions", headers=bearer(key), json=chat).status_code == 200
+        assert http.post(f"{gw_url}/v1/chat/completions", headers=bearer(key), json=chat).status_code == 200
+        refused = {http.get(f"{server.url}/api/v1/gateways", headers=h).status_code for h in ({}, bearer(key)) for _ in range(5)}
+        assert refused == {401}
+
+    def listed() -> list[dict] | None:
+        result = ctl(server.url, "gateways", "-o", "json", env={"LLMGW_TOKEN": viewer})
+        assert result.returncode == 0, result.stderr
+        rows = json.loads(result.stdout)
+        return rows if len(rows) == 3 and all(r["last_report"] for r in rows) and sum(r["requests"] for r in rows) >= 7 else None
+
+    rows = wait_until(listed, "three gateways that have reported their requests", procs=procs)
+    by_name = {r["name"]: r for r in rows}
+    assert [r["name"] for r in rows] == ["worker-0", "worker-1", "edge-1"]  # the server's own first
+    assert {by_name[n]["kind"] for n in ("worker-0", "worker-1")} == {"worker"} and by_name["edge-1"]["kind"] == "remote"
+    assert by_name["edge-1"]["pid"] == gw_proc.pid and by_name["edge-1"]["peer"].startswith("127.0.0.1:")
+    assert by_name["edge-1"]["requests"] >= 1
+    worker_pids = {int(w["pid"]) for w in scrape_pids(server, viewer).values()}
+    assert {by_name[n]["pid"] for n in ("worker-0", "worker-1")} == worker_pids
+    assert all(r["version"] and r["since"] <= r["last_report"] for r in rows)
+
+    table = ctl(server.url, "gateways", env={"LLMGW_TOKEN": viewer})
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST", "REPORT", "REQUESTS"]
+    assert [line.split()[:2] for line in lines[1:]] == [["worker-0", "worker"], ["worker-1", "worker"], ["edge-1", "remote"]]
+    assert "\x1b" not in table.stdout  # no colour on a pipe
+    # The remote gateway stops: it leaves the list.
+    gw_proc.stop()
+    wait_until(lambda: [r["name"] for r in json.loads(ctl(server.url, "gateways", "-o", "json",
+                                                          env={"LLMGW_TOKEN": viewer}).stdout)] == ["worker-0", "worker-1"],
+               "the stopped gateway to leave the list", procs=procs[:2])
+
+
+def scrape_pids(server: Server, token: str) -> dict[str, dict[str, float]]:
+    text = httpx.get(f"{server.url}/metrics", headers=bearer(token), timeout=5).text
+    return {line.split('worker="', 1)[1].split('"', 1)[0]: {"pid": float(line.rsplit(" ", 1)[1])}
+            for line in text.splitlines() if line.startswith("llmgw_gateway_worker_pid{") and 'worker="worker-' in line}

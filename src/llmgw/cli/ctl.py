@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import click
@@ -45,8 +46,8 @@ def ctl(ctx: click.Context, server: str, token: str | None, cert_file: str | Non
     """Operator client of the server's API (reads, changes, tests), and the cluster's CA.
 
     \b
-    look    nodes, replicas, models, endpoints, fabrics, events, logs,
-            rollout status, doctor
+    look    nodes, replicas, models, endpoints, gateways, fabrics, events,
+            logs, rollout status, doctor
     change  cordon, uncordon, drain, restart, forget, reload (operator)
     test    fabric-test A B (operator)
     local   cert (the CA's files, no server needed), hash-secret
@@ -255,6 +256,27 @@ def endpoints(ctx: click.Context, output: str) -> None:
         say("no endpoints in rotation")
         return
     console().print(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows))
+
+
+@ctl.command()
+@output_option
+@click.pass_context
+def gateways(ctx: click.Context, output: str) -> None:
+    """Gateway workers (gateway.workers) and gateways on other machines that follow the server:
+    who, where, since when, when each last reported and how many requests it served."""
+    data = api(ctx).get("/api/v1/gateways")
+    if output == "json":
+        print_json(data)
+        return
+    if not data:
+        say("no gateway follows this server (gateway.workers: 1 serves the public port itself)")
+        return
+    now = time.time()
+    rows = [(g["name"], g["kind"], g["peer"], str(g["pid"] or "-"), g["version"] or "-",
+             f"{format_duration(now - g['since'])} ago",
+             f"{format_duration(now - g['last_report'])} ago" if g.get("last_report") else "not yet",
+             "-" if g.get("requests") is None else str(g["requests"])) for g in data]
+    console().print(make_table(["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST REPORT", "REQUESTS"], rows))
 
 
 @ctl.command()

@@ -173,6 +173,9 @@ class PublicHandler:
         else:
             await send_error(call.responder, 404, f"no fabric {fabric_id!r}", "not_found")
 
+    async def list_gateways(self, call: Call) -> None:
+        await send_json(call.responder, 200, self.reads.gateways())
+
     async def list_nodes(self, call: Call) -> None:
         await send_json(call.responder, 200, self.reads.nodes(call.now))
 
@@ -391,6 +394,7 @@ API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "fabrics/{fabric}/topology", Door.VIEWER, PublicHandler.get_topology),
     ApiRoute("GET", "events", Door.VIEWER, PublicHandler.list_events),
     ApiRoute("GET", "doctor", Door.VIEWER, PublicHandler.get_doctor),
+    ApiRoute("GET", "gateways", Door.VIEWER, PublicHandler.list_gateways),
     ApiRoute("GET", "replicas/{replica}/logs", Door.VIEWER, PublicHandler.replica_logs),
     ApiRoute("GET", "nodes/{node}/drain", Door.VIEWER, PublicHandler.drain_status),
     ApiRoute("POST", "reload", Door.OPERATOR, PublicHandler.reload),

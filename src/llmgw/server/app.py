@@ -254,7 +254,8 @@ class ControlPlane:
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
                                  end_revoked_streams=self.fleet_listener.recheck, drainer=self.drainer,
                                  record=lambda kind, message: self.events.record(kind, message))
-        self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer)
+        self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer,
+                                followers=self.followers)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,

@@ -53,11 +53,28 @@ class Follower(msgspec.Struct, kw_only=True):
 
     name: str
     peer: str
+    kind: str = "remote"  # "worker": one of this server's own (the Unix socket); "remote": another machine's
     pid: int = 0
     version: str = ""
     since: float = 0.0  # unix time it connected
     metrics: str = ""  # its last metrics text
     requests: int = 0
+    last_report: float = 0.0  # unix time of its last GatewayStats; 0: none yet
+
+
+class GatewayView(msgspec.Struct, kw_only=True):
+    """GET /api/v1/gateways, `ctl gateways`: one follower. `requests` and `last_report` are null
+    until it has reported. Which config a follower applied is not shown: the feed has no
+    acknowledgement (each message is the whole state, sent until the stream breaks)."""
+
+    name: str
+    kind: str
+    peer: str
+    pid: int
+    version: str
+    since: float
+    last_report: float | None
+    requests: int | None
 
 
 class GatewayFeedService:
@@ -114,6 +131,11 @@ class GatewayFeedService:
         self._changed.set()
         self._changed = trio.Event()
 
+    def views(self) -> list[GatewayView]:
+        return sorted((GatewayView(name=f.name, kind=f.kind, peer=f.peer, pid=f.pid, version=f.version, since=f.since,
+                                   last_report=f.last_report or None, requests=f.requests if f.last_report else None)
+                       for f in list(self.followers.values())), key=lambda v: (v.kind != "worker", v.name, v.since))
+
     def served(self) -> dict[str, int]:
         """Requests each connected worker finished (for the bench and `ctl`)."""
         return {f.name: f.requests for f in self.followers.values()}
@@ -132,7 +154,8 @@ class GatewayFeedService:
         # A certificate's name wins over what the worker says (a remote gateway is who its certificate says).
         # Without a certificate (a lab's plain fleet port) the name is the peer's text: escaped, bounded.
         name = channel.tls_identity or printable(hello.name[:64])
-        follower = Follower(name=name, peer=channel.peer, pid=hello.pid, version=hello.version, since=time.time())
+        follower = Follower(name=name, peer=channel.peer, kind="worker" if local else "remote", pid=hello.pid,
+                            version=printable(hello.version[:64]), since=time.time())
         key = id(follower)
         self.followers[key] = follower
         self.connects += 1
@@ -145,6 +168,7 @@ class GatewayFeedService:
                     if isinstance(msg, GatewayStats):
                         follower.metrics = msg.metrics
                         follower.requests = msg.requests
+                        follower.last_report = time.time()
                 nursery.cancel_scope.cancel()
         finally:
             del self.followers[key]

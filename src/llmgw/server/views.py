@@ -19,6 +19,7 @@ from llmgw.server.control import Settle
 from llmgw.server.fabric_service import FabricService
 from llmgw.server.gateway.enginemetrics import EngineLoad
 from llmgw.server.gateway.proxy import Gateway
+from llmgw.server.gwfeed import GatewayFeedService, GatewayView
 from llmgw.server.moves import Move
 from llmgw.server.reconcile import Reconciler, Replica, ReplicaState
 from llmgw.server.registry import Node, NodeRegistry
@@ -263,6 +264,7 @@ class ReadModel(Protocol):
     def fabrics(self) -> list[dict[str, Any]]: ...
     def fabric(self, fabric_id: str) -> dict[str, Any] | None: ...
     def fabric_topology(self, fabric_id: str) -> dict[str, Any] | None: ...
+    def gateways(self) -> list[GatewayView]: ...
 
 
 class FleetReads:
@@ -270,7 +272,8 @@ class FleetReads:
 
     def __init__(self, registry: NodeRegistry, reconciler: Reconciler, gateway: Gateway,
                  weights: WeightsBoard | None = None, fabrics: FabricService | None = None,
-                 marks: Marks | None = None) -> None:
+                 marks: Marks | None = None, followers: GatewayFeedService | None = None) -> None:
+        self.followers = followers  # gateway workers and gateways on other machines (gwfeed.py)
         self.marks = marks
         self.weights = weights
         self.registry = registry
@@ -283,6 +286,9 @@ class FleetReads:
         if service is None:
             return []
         return [s for s in (service.summary(f) for f in service.fabric_ids()) if s is not None]
+
+    def gateways(self) -> list[GatewayView]:
+        return self.followers.views() if self.followers is not None else []
 
     def fabric(self, fabric_id: str) -> dict[str, Any] | None:
         return self.fabric_map.detail(fabric_id) if self.fabric_map else None
