@@ -7,7 +7,7 @@ import trio
 import trio.lowlevel
 
 from llmgw.web import http1
-from llmgw.web.client import Upstream, UpstreamError
+from llmgw.web.client import Upstream, UpstreamError, Watch
 from tests.unit.loopback import DEADLINE, closed_port, serve_tcp
 
 
@@ -163,6 +163,62 @@ async def test_no_head_in_time_is_a_timeout(autojump_clock: trio.testing.MockClo
         assert info.value.kind == "timeout"
         assert trio.current_time() - start == pytest.approx(30, abs=0.1)
         assert up._idle == []
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("why", ["timeout", "evicted"])
+async def test_a_fired_watch_ends_the_wait_for_the_head_and_the_connection(why: str, autojump_clock: trio.testing.MockClock) -> None:
+    """The gateway's way (no cancel scope): whoever owns the watch fires it, the task blocked on
+    the engine socket wakes at once, and the connection is closed, never pooled."""
+    engine_saw_close = trio.Event()
+
+    async def engine(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        await read_request(stream, buf)
+        assert await stream.receive_some(65536) == b""  # the gateway closed its side
+        engine_saw_close.set()
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        watch = Watch()
+
+        async def owner() -> None:
+            await trio.sleep(7)
+            watch.fire(why)
+
+        nursery.start_soon(owner)
+        start = trio.current_time()
+        with pytest.raises(UpstreamError) as info, trio.fail_after(60):  # a wait the fire missed fails here
+            await up.request(b"POST", b"/", [], b"{}", head_timeout=7, watch=watch)
+        assert info.value.kind == why
+        assert trio.current_time() - start == pytest.approx(7, abs=0.1)  # no scope of its own: the owner's time
+        assert up._idle == [] and watch.fd == -1
+        with trio.fail_after(DEADLINE):
+            await engine_saw_close.wait()
+        # fired before the exchange (while connecting, say): it ends before sending anything
+        with pytest.raises(UpstreamError) as info:
+            await up.request(b"POST", b"/", [], b"{}", head_timeout=7, watch=watch)
+        assert info.value.kind == why and up._idle == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_watch_that_never_fires_leaves_the_connection_pooled() -> None:
+    async def engine(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        while await read_request(stream, buf) is not None:
+            await stream.send_all(ok(b"fine"))
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_tcp(nursery, engine)
+        up = Upstream(f"http://127.0.0.1:{port}")
+        for _ in range(2):
+            watch = Watch()
+            response = await up.request(b"POST", b"/", [], b"{}", head_timeout=DEADLINE, watch=watch)
+            assert response.complete_body() == b"fine" and watch.fd == -1
+            watch.fire("evicted")  # after the exchange: touches nothing
+            assert len(up._idle) == 1
+        await up.aclose()
         nursery.cancel_scope.cancel()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import os
 import random
 import time
@@ -27,7 +28,7 @@ from llmgw.server.gateway.probes import EngineProbes
 from llmgw.server.gateway.retry import FailureKind, should_retry
 from llmgw.server.gateway.routes import Route, RouteTable, log_breaker
 from llmgw.server.metrics import GatewayMetrics
-from llmgw.web.client import Response, Upstream, UpstreamError
+from llmgw.web.client import Response, Upstream, UpstreamError, Watch
 from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import ClientGone, Request, Responder
 
@@ -74,14 +75,18 @@ class Followers(Protocol):
     def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None: ...
 
 
-class _Attempt:
+class _Attempt(Watch):
     """One upstream attempt in flight, so that the health check that takes its endpoint out of
-    rotation can cancel what it is waiting on (`scope()` guards each wait; an attempt evicted
-    between two waits finds the next one cancelled at once)."""
+    rotation can end what it is waiting on. While it waits for the engine's head the attempt is
+    a Watch (no cancel scope: see llmgw.web.client.Watch), its head timeout kept in the
+    gateway's table (`due`, checked by run_disconnect_watchdog); past the head, or when that
+    task is not running, `scope()` guards each wait (an attempt evicted between two waits finds
+    the next one cancelled at once)."""
 
     __slots__ = ("_scope", "evicted", "reason")
 
     def __init__(self) -> None:
+        super().__init__()
         self._scope: trio.CancelScope | None = None
         self.evicted = False
         self.reason = ""
@@ -95,6 +100,7 @@ class _Attempt:
     def evict(self, reason: str) -> None:
         self.evicted = True
         self.reason = reason
+        self.fire("evicted")
         if self._scope is not None:
             self._scope.cancel()
 
@@ -129,6 +135,11 @@ class Gateway:
         self._authorized = client_door
         self._attempts: dict[str, set[_Attempt]] = {}  # upstream attempts in flight, by endpoint
         self._unwatched: dict[Responder, float] = {}  # plain requests in flight with no hang-up watcher yet
+        # Head timeouts of the attempts waiting on a Watch (see _Attempt): run_disconnect_watchdog
+        # fires those past due. `_next_due` is at most the earliest due time (attempts that ended
+        # leave it early, which costs one scan), so the table is scanned only when one may be due.
+        self._ticking = False  # run_disconnect_watchdog is running: attempts may use a Watch
+        self._next_due = math.inf
 
     # -- what the control plane tells us (llmgw.server.gateway.routes) -------------------------------
 
@@ -271,9 +282,23 @@ class Gateway:
             self._attempts.setdefault(endpoint, set()).add(guard)
             try:
                 try:
-                    with guard.scope():
-                        response = await self.upstream(endpoint).request(
-                            b"POST", target, headers, request.body, head_timeout=head_timeout)
+                    if self._ticking:
+                        guard.due = due = trio.current_time() + head_timeout
+                        if due < self._next_due:
+                            self._next_due = due
+                        try:
+                            response = await self.upstream(endpoint).request(
+                                b"POST", target, headers, request.body, head_timeout=head_timeout, watch=guard)
+                        except UpstreamError as exc:
+                            if exc.kind != "evicted":
+                                raise
+                            # response stays None: moves on below, as a cancelled guard scope does
+                        finally:
+                            guard.due = math.inf
+                    else:
+                        with guard.scope():
+                            response = await self.upstream(endpoint).request(
+                                b"POST", target, headers, request.body, head_timeout=head_timeout)
                 except UpstreamError as exc:
                     outcome = False
                     failure = _failure(exc.kind)
@@ -418,16 +443,36 @@ class Gateway:
         socket, then cancelled) cost 117-148 µs per request on the loaded 2-core machine where
         the bare relay measured 106 µs per chunk (24-30 µs quiet), a sixth of the gateway's
         per-request budget, for requests most of which (an embedding, a short answer, a 429)
-        are over before it could matter. Here a fast request costs a dict insert and delete."""
-        while True:
-            await trio.sleep(WATCH_AFTER)
-            if not self._unwatched:
-                continue
-            due = trio.current_time() - WATCH_AFTER
-            for responder, since in list(self._unwatched.items()):
-                if since <= due:
-                    del self._unwatched[responder]
-                    responder.watch_disconnect()
+        are over before it could matter. Here a fast request costs a dict insert and delete.
+
+        It also fires the head timeouts of attempts waiting on a Watch (see _Attempt), so they
+        end within WATCH_AFTER of being due; while it does not run, attempts use cancel scopes."""
+        self._ticking = True
+        try:
+            while True:
+                await trio.sleep(WATCH_AFTER)
+                now = trio.current_time()
+                if now >= self._next_due:
+                    self._fire_due(now)
+                if not self._unwatched:
+                    continue
+                due = now - WATCH_AFTER
+                for responder, since in list(self._unwatched.items()):
+                    if since <= due:
+                        del self._unwatched[responder]
+                        responder.watch_disconnect()
+        finally:
+            self._ticking = False
+
+    def _fire_due(self, now: float) -> None:
+        earliest = math.inf
+        for attempts in list(self._attempts.values()):
+            for attempt in list(attempts):
+                if attempt.due <= now:
+                    attempt.fire("timeout")
+                elif attempt.due < earliest:
+                    earliest = attempt.due
+        self._next_due = earliest
 
     async def aclose(self) -> None:
         await self.table.aclose()
