@@ -361,6 +361,26 @@ def tls_agent_config(base: Path, ca: Path, cert: Path, key: Path, node_id: str |
     return out
 
 
+def served_serial(port: int, ca: Path) -> int:
+    """The serial of the certificate a new TLS handshake with 127.0.0.1:port sees (verified against `ca`)."""
+    import ssl
+
+    from cryptography import x509
+
+    context = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def file_serial(cert: Path) -> int:
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(cert.read_bytes()).serial_number
+
+
 def ctl(server_url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`llmgw ctl --server URL ARGS` as a real process (no LLMGW_TOKEN from the test's own environment)."""
     base = {"LLMGW_TOKEN": "", "LLMGW_CA": "", "LLMGW_CERT": "", "LLMGW_KEY": ""}

@@ -25,7 +25,8 @@ gateway:
 def scrape(server: Server) -> dict[str, dict[str, float]]:
     """Per worker: its pid, whether it follows, and the requests it finished (from the one /metrics)."""
     out: dict[str, dict[str, float]] = {}
-    for line in httpx.get(f"{server.url}/metrics", timeout=5).text.splitlines():
+    text = httpx.get(f"{server.url}/metrics", timeout=5, verify=server.verify, headers=bearer(server.token)).text
+    for line in text.splitlines():
         if line.startswith("#") or 'worker="' not in line:
             continue
         name, value = line.rsplit(" ", 1)
@@ -40,10 +41,10 @@ def scrape(server: Server) -> dict[str, dict[str, float]]:
     return out
 
 
-def client(server: Server, retries: int) -> openai.OpenAI:
+def client(server: Server, retries: int, api_key: str = "unused") -> openai.OpenAI:
     # No keep-alive: every request is a new connection, which the kernel gives to either worker.
-    http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30)
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=retries, http_client=http)
+    http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30, verify=server.verify)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=api_key, max_retries=retries, http_client=http)
 
 
 def chat(c: openai.OpenAI, i: int) -> None:
@@ -51,26 +52,26 @@ def chat(c: openai.OpenAI, i: int) -> None:
     assert r.choices[0].message.content
 
 
-def test_two_workers_serve_one_port_and_a_killed_one_comes_back(tmp_path: Path, procs: list[Proc]) -> None:
-    urls = []
-    for name in ("engine-a", "engine-b"):
-        proc, url = start_sim_engine(tmp_path, name, "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
-        procs.append(proc)
-        urls.append(url)
-    static = "endpoints:\n" + "".join(f"  - model: chat\n    url: {u}\n" for u in urls)
-    server = Server(tmp_path, FAST_FLEET + WORKERS + static)
-    procs.append(server.start())
+def two_workers(server: Server, procs: list[Proc]) -> dict[str, dict[str, float]]:
+    """Wait for both workers to follow the control plane; their scrape (two distinct pids)."""
     workers = wait_until(lambda: (w := scrape(server)) and len(w) == 2 and all(r["connected"] for r in w.values()) and w,
                          "two workers following the control plane", procs=procs)
     assert {int(r["pid"]) for r in workers.values()} - {0} and len({r["pid"] for r in workers.values()}) == 2
+    return workers
 
-    # Both serve: new connections spread across the two sockets.
-    c = client(server, retries=0)
+
+def both_serve(server: Server, procs: list[Proc], api_key: str = "unused") -> None:
+    """New connections spread across the two workers' sockets: both finish requests."""
+    c = client(server, retries=0, api_key=api_key)
     for i in range(40):
         chat(c, i)
     wait_until(lambda: all(r["requests"] > 0 for r in scrape(server).values()), "both workers to have served",
                procs=procs)
 
+
+def kill_one_under_load(server: Server, workers: dict[str, dict[str, float]], procs: list[Proc],
+                        api_key: str = "unused") -> dict[str, dict[str, float]]:
+    """kill -9 worker-0 under load from OpenAI clients; returns the scrape that saw it back, serving."""
     # Load from OpenAI clients, one worker killed: clients that retry see no failure at all; a
     # client with retries off may see a reset on a connection the dead worker held (counted,
     # reported), nothing else.
@@ -80,7 +81,7 @@ def test_two_workers_serve_one_port_and_a_killed_one_comes_back(tmp_path: Path, 
     failures: list[str] = []
 
     def load(retries: int) -> None:
-        c = client(server, retries)
+        c = client(server, retries, api_key)
         i = 0
         while not stop.is_set():
             i += 1
@@ -118,9 +119,25 @@ def test_two_workers_serve_one_port_and_a_killed_one_comes_back(tmp_path: Path, 
         for t in threads:
             t.join(timeout=60)
     assert failures == [], failures
-    assert back["worker-1"]["pid"] == workers["worker-1"]["pid"]  # the other one was never restarted
     print(f"\n{counts['ok']} requests served; {counts['reset']} reset(s) seen by clients with retries off")
     assert "exited with signal 9; starting it again" in server.proc.log() if server.proc else True
+    return back
+
+
+def test_two_workers_serve_one_port_and_a_killed_one_comes_back(tmp_path: Path, procs: list[Proc]) -> None:
+    urls = []
+    for name in ("engine-a", "engine-b"):
+        proc, url = start_sim_engine(tmp_path, name, "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+        procs.append(proc)
+        urls.append(url)
+    static = "endpoints:\n" + "".join(f"  - model: chat\n    url: {u}\n" for u in urls)
+    server = Server(tmp_path, FAST_FLEET + WORKERS + static)
+    procs.append(server.start())
+    workers = two_workers(server, procs)
+
+    both_serve(server, procs)
+    back = kill_one_under_load(server, workers, procs)
+    assert back["worker-1"]["pid"] == workers["worker-1"]["pid"]  # the other one was never restarted
 
     # A reload reaches every worker: with an API key configured, every new connection, whichever
     # worker the kernel hands it to (the restarted one too), wants it.

@@ -17,6 +17,7 @@ for a port in use) and serves until a signal. What each part does lives in its m
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -46,6 +47,7 @@ from llmgw.server.fabric_service import FabricCollector, FabricService
 from llmgw.server.fabric_store import FabricStore
 from llmgw.server.fabric_test import FabricTests
 from llmgw.server.fleet_service import FleetService, Session
+from llmgw.server.gateway.forwarded import trusting_forwarded_peers
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.gateway.workers import WorkerPool
 from llmgw.server.gwfeed import GatewayFeedService, WorkerMetrics
@@ -57,10 +59,11 @@ from llmgw.server.registry import NodeRegistry
 from llmgw.server.views import FleetReads, GatewayFeed
 from llmgw.server.weights import WeightsBoard
 from llmgw.tls import server_context
+from llmgw.tls.context import ServerTls
 from llmgw.tls.revocation import Revocations, fleet_refusal, gateway_refusal
 from llmgw.web.assets import from_package
 from llmgw.web.relay import RelayHub
-from llmgw.web.server import HttpServer, Limits
+from llmgw.web.server import Handler, HttpServer, Limits
 
 log = logging.getLogger("llmgw.server")
 
@@ -147,10 +150,12 @@ class ControlPlane:
             )
         if cfg.tls is not None and (not cfg.tls.cert or not cfg.tls.key):
             raise UsageError("tls: both tls.cert and tls.key are needed for the fleet port")
-        if cfg.public_tls is not None and cfg.gateway.workers != 1:
-            raise UsageError("gateway.workers > 1 with public_tls is not supported yet: the workers terminate no TLS; "
-                             "set gateway.workers: 1, or put TLS in front (an L4/L7 balancer)")
         self.cfg = cfg
+        # The public port's TLS (built now: a bad file is one line before anything starts), handed
+        # to each listener of the public port, to the gateway workers through the feed, and read
+        # again on reload.
+        public_tls = cfg.public_tls
+        self.public_tls = ServerTls(public_tls.cert, public_tls.key, public_tls.ca) if public_tls and public_tls.cert else None
         fleet = cfg.fleet
         require_identity = bool(cfg.tls and cfg.tls.require_identity)
         # Who may call: the deny list, then the doors of the public port.
@@ -175,7 +180,8 @@ class ControlPlane:
         self.api_socket = os.path.join(cfg.state_dir, "api.sock")
         self.followers = GatewayFeedService(local_workers=self.workers if self.workers > 1 else 0,
                                             api_socket=self.api_socket if self.workers > 1 else "",
-                                            not_ready_reason=feed.not_ready_reason)
+                                            not_ready_reason=feed.not_ready_reason,
+                                            public_tls=self.public_tls if self.workers > 1 else None)
         gateway_registry = CollectorRegistry()
         gateway = Gateway(cfg.gateway, GatewayMetrics(gateway_registry), relay_hub=self.relay_hub,
                           client_door=self.auth.client, not_ready_reason=feed.not_ready_reason, followers=self.followers)
@@ -253,13 +259,14 @@ class ControlPlane:
         self.operator = Operator(cfg, config_path=config_path, overrides=overrides, auth=self.auth, gateway=gateway,
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
                                  end_revoked_streams=self.fleet_listener.recheck, drainer=self.drainer,
+                                 public_tls=self.public_tls,
                                  record=lambda kind, message: self.events.record(kind, message))
         self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer,
                                 followers=self.followers)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,
-                                      tls=bool(cfg.public_tls and cfg.public_tls.cert))
+                                      tls=self.public_tls is not None)
         self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
         self.doctor = DoctorService(self.registry, reconciler, self.fabrics)  # GET /api/v1/doctor (issue 14)
         self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
@@ -297,9 +304,11 @@ class ControlPlane:
             await nursery.start(self.fleet_listener.serve, [fleet_listener])
             await nursery.start(self.relay_hub.run)
             if self.workers > 1:
-                # The workers accept on the public port; this process serves what they forward
-                # (/api/v1, /admin, /metrics) on a Unix socket, and feeds them on another.
-                await nursery.start(self._serve_public, unix_socket(self.api_socket), self.handler(clients=False))
+                # The workers accept on the public port (and terminate its TLS); this process serves
+                # what they forward (/api/v1, /admin, /metrics, with the client certificate they
+                # verified) on a Unix socket, and feeds them on another.
+                await nursery.start(functools.partial(self._serve_public, unix_socket(self.api_socket),
+                                                      trusting_forwarded_peers(self.handler(clients=False)), tls=False))
                 await nursery.start(self.feed_listener.serve,
                                     [trio.SocketListener(trio.socket.from_stdlib_socket(unix_socket(self.feed_socket)))])
                 host, port = public_sock.getsockname()[:2]
@@ -343,22 +352,20 @@ class ControlPlane:
         with trio.CancelScope(shield=True):
             await self.gateway.aclose()
 
-    def _http_server(self, handler: PublicHandler) -> HttpServer:
-        ssl_context = None
-        public_tls = self.cfg.public_tls
-        if public_tls is not None and public_tls.cert:
-            ssl_context = server_context(public_tls.cert, public_tls.key, public_tls.ca or None,
-                                         require_client_cert=False, alpn=("http/1.1",))
+    def _http_server(self, handler: Handler, *, tls: bool) -> HttpServer:
         gw = self.cfg.gateway
-        return HttpServer(
+        http = HttpServer(
             handler,
             limits=Limits(max_body=int(gw.max_body), body_timeout=float(gw.body_timeout),
                           header_timeout=float(gw.header_timeout), max_connections=int(gw.max_connections)),
-            ssl_context=ssl_context,
         )
+        if tls and self.public_tls is not None:
+            self.public_tls.attach(http)
+        return http
 
-    async def _serve_public(self, sock: socket.socket, handler: PublicHandler, *, task_status: trio.TaskStatus[None]) -> None:
-        http = self._http_server(handler)
+    async def _serve_public(self, sock: socket.socket, handler: Handler, *, tls: bool = True,
+                            task_status: trio.TaskStatus[None]) -> None:
+        http = self._http_server(handler, tls=tls)
         self.http_servers.append(http)
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         await http.serve([listener], task_status=task_status)

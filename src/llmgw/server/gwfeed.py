@@ -25,8 +25,9 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint, TlsPublic
 from llmgw.fleet import ChannelClosed, FleetChannel, StreamRefused
+from llmgw.tls.context import ServerTls
 from llmgw.wire.gateway import (
     GatewayConfig,
     GatewayEndpoints,
@@ -81,11 +82,12 @@ class GatewayFeedService:
     """Sends the latest gateway state to every follower; keeps what they report."""
 
     def __init__(self, *, local_workers: int = 0, api_socket: str = "",
-                 not_ready_reason: Callable[[str], str] = lambda model: "") -> None:
+                 not_ready_reason: Callable[[str], str] = lambda model: "", public_tls: ServerTls | None = None) -> None:
         self.not_ready_reason = not_ready_reason  # what the one-process gateway logs with its 503
         self._models: list[str] = []  # the catalog's model names, for their reasons
         self.local_workers = local_workers  # the server's own workers share each model's admission
         self.api_socket = api_socket  # where a local worker forwards /api/v1, /admin and /metrics
+        self.public_tls = public_tls  # the public port's TLS, which the server's own workers terminate
         self._config = b""  # for gateways on other machines: the catalog as configured
         self._local_config = b""  # for the server's own workers: admission divided among them
         self._endpoints = encode(GatewayEndpoints())
@@ -102,8 +104,11 @@ class GatewayFeedService:
         self._models = [m.name for m in models]
         data = encode(GatewayConfig(models=list(models), static=list(static), settings=settings))
         n = max(1, self.local_workers)
+        tls = self.public_tls
         local = encode(GatewayConfig(models=[divide_admission(m, n) for m in models], static=list(static),
-                                     settings=settings, api_url=self.api_socket))
+                                     settings=settings, api_url=self.api_socket,
+                                     public_tls=TlsPublic(cert=tls.cert, key=tls.key, ca=tls.ca) if tls else None,
+                                     public_tls_digest=tls.digest if tls else ""))
         if data != self._config or local != self._local_config:
             self._config, self._local_config = data, local
             self._wake()

@@ -22,11 +22,13 @@ from llmgw.server.control import Controller
 from llmgw.server.drain import Drainer, DrainView
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.registry import NodeRegistry
+from llmgw.tls.context import ServerTls
 from llmgw.tls.revocation import Revocations
 
 log = logging.getLogger("llmgw.server")
 
 # Settings a reload reads but that take effect only after a restart (listeners, TLS, the fleet).
+# The files public_tls names are read again on every reload all the same (ServerTls).
 RESTART_ONLY = ("listen", "fleet_listen", "admin_listen", "tls", "public_tls", "fleet", "state_dir")
 
 
@@ -54,6 +56,7 @@ class Operator:
         end_revoked_streams: Callable[[], int],
         drainer: Drainer | None = None,
         record: Callable[[str, str], None] = lambda kind, message: None,
+        public_tls: ServerTls | None = None,
     ) -> None:
         self.record = record  # into the event log (kind, message)
         self.cfg = cfg
@@ -66,12 +69,15 @@ class Operator:
         self.revocations = revocations
         self.end_revoked_streams = end_revoked_streams
         self.drainer = drainer
+        self.public_tls = public_tls
         self._reload_lock = trio.Lock()
 
     async def reload(self) -> ReloadResult:
         """Re-read the config file; the catalog (models, static endpoints, gateway settings)
         takes effect at once, listener and TLS settings need a restart. The deny list
-        (tls.deny_list) is re-read too, and fleet streams of certificates it now names end.
+        (tls.deny_list) is re-read too, and fleet streams of certificates it now names end; so are
+        the public port's certificate files (a certificate renewed in place reaches new handshakes,
+        the gateway workers' too, which take the new digest with the gateway settings).
 
         The file is read and parsed in a worker thread: a big catalog (or a hostile one) must not
         hold the gateway and the fleet streams while it parses (a ~300-byte reload froze the
@@ -89,9 +95,27 @@ class Operator:
                 log.error("reload failed, keeping the running config: %s", exc)
                 self.record("reload", f"config reload refused, the running config stays: {exc}")
                 return ReloadResult(ok=False, message=f"{exc}; the running config stays")
+            tls_problem = await self._reload_public_tls()
             result = self._apply_reload(cfg)
+            if tls_problem:
+                result = ReloadResult(ok=False, message=f"{result.message}; but {tls_problem}", models=result.models)
             self.record("reload", f"config reloaded: {result.message}")
             return result
+
+    async def _reload_public_tls(self) -> str:
+        """Read the public port's certificate, key and CA files again (off the event loop); what
+        went wrong, or "". A file that cannot be used leaves the running certificate in place."""
+        tls = self.public_tls
+        if tls is None:
+            return ""
+        try:
+            changed = await trio.to_thread.run_sync(tls.reload)
+        except UsageError as exc:
+            log.error("reload: public_tls: %s; the running certificate stays", exc)
+            return f"public_tls: {exc}; the running certificate stays"
+        if changed:
+            log.info("reload: public port certificate re-read from %s (new handshakes use it)", tls.cert)
+        return ""
 
     def _apply_reload(self, cfg: ServerConfig) -> ReloadResult:
         changed = [k for k in RESTART_ONLY if getattr(cfg, k) != getattr(self.cfg, k)]

@@ -6,11 +6,13 @@ key or a key from another pair is reported as one line naming the file, not "[SS
 
 from __future__ import annotations
 
+import hashlib
 import os
 import ssl
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from cryptography.hazmat.primitives import serialization
 
@@ -120,6 +122,49 @@ def server_context(
         _load_ca(ctx, ca)
         ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return ctx
+
+
+class TakesContext(Protocol):
+    """A listener that hands each new connection its `ssl_context` (web.server.HttpServer)."""
+
+    ssl_context: ssl.SSLContext | None
+
+
+class ServerTls:
+    """The public port's TLS, built from its files (`public_tls` cert, key and optional client CA)
+    with `server_context`, and built again from the same files on `reload()` (SIGHUP, `ctl
+    reload`): a certificate renewed in place (certbot, cert-manager) reaches the next handshake of
+    every listener `attach`ed here without a restart, while open connections keep theirs.
+    `digest` changes when any of the files does (gateway workers rebuild theirs on it)."""
+
+    def __init__(self, cert: str, key: str, ca: str = "", *, alpn: Sequence[str] = ("http/1.1",)) -> None:
+        self.cert, self.key, self.ca = cert, key, ca
+        self.alpn = tuple(alpn)
+        self.context, self.digest = self._build()
+        self._listeners: list[TakesContext] = []
+
+    def _build(self) -> tuple[ssl.SSLContext, str]:
+        ctx = server_context(self.cert, self.key, self.ca or None, require_client_cert=False, alpn=self.alpn)
+        digest = hashlib.sha256()
+        for path in (self.cert, self.key, self.ca):
+            digest.update(_read(path, "certificate") if path else b"")
+            digest.update(b"\0")
+        return ctx, digest.hexdigest()
+
+    def attach(self, listener: TakesContext) -> None:
+        listener.ssl_context = self.context
+        self._listeners.append(listener)
+
+    def reload(self) -> bool:
+        """Read the files again; True when they changed. A UsageError (one line naming the file)
+        leaves the running context in place."""
+        context, digest = self._build()
+        if digest == self.digest:
+            return False
+        self.context, self.digest = context, digest
+        for listener in self._listeners:
+            listener.ssl_context = context
+        return True
 
 
 def client_context(

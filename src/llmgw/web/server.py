@@ -25,6 +25,7 @@ import trio
 
 from llmgw.netaddr import peer_name
 from llmgw.tls.explain import explain_tls_error
+from llmgw.tls.identity import HasPeerCert
 from llmgw.tls.net import handshake
 from llmgw.web.http1 import (
     CONTINUE,
@@ -71,7 +72,9 @@ class ClientGone(DropConnection):
 class Request:
     __slots__ = ("body", "head", "method", "path", "peer", "query", "tls")
 
-    def __init__(self, head: RequestHead, body: bytes, peer: str, tls: ssl.SSLObject | trio.SSLStream | None) -> None:
+    # `tls`: the verified client certificate's holder (the connection's TLS stream; on the control
+    # plane's api socket, the one a gateway worker verified: server/gateway/forwarded.py).
+    def __init__(self, head: RequestHead, body: bytes, peer: str, tls: HasPeerCert | None) -> None:
         self.head = head
         self.method = head.method.decode("latin-1")
         self.path = head.path.decode("latin-1")

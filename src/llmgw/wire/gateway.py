@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint, TlsPublic
 from llmgw.catalog.units import dec_hook, enc_hook
 from llmgw.wire.messages import MessageError, Unknown, _decode
 
@@ -59,6 +59,11 @@ class GatewayConfig(_Base, tag="GatewayConfig", tag_field="type"):
     settings: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     # A local worker forwards the rest of the public port (/api/v1, /admin, /metrics) here.
     api_url: str = ""
+    # A local worker terminates the public port's TLS with these files (the server's public_tls);
+    # the digest of their contents changes when a reload found them renewed in place. Never sent
+    # to a gateway on another machine.
+    public_tls: TlsPublic | None = None
+    public_tls_digest: str = ""
 
 
 class GatewayEndpoints(_Base, tag="GatewayEndpoints", tag_field="type"):

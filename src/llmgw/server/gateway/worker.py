@@ -30,12 +30,14 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw import __version__
-from llmgw.catalog.schema import GatewaySettings, ServerConfig
-from llmgw.errors import leaves
+from llmgw.catalog.schema import GatewaySettings, ServerConfig, TlsPublic
+from llmgw.errors import UsageError, leaves
 from llmgw.fleet import FleetChannel, dial
 from llmgw.server.auth import Auth
+from llmgw.server.gateway import forwarded
 from llmgw.server.gateway.proxy import JSON, Gateway, openai_error
 from llmgw.server.metrics import GatewayMetrics, watch_gateway
+from llmgw.tls.context import ServerTls
 from llmgw.web.client import Upstream, UpstreamError
 from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import HttpServer, Limits, Request, Responder
@@ -56,6 +58,7 @@ STATS_EVERY = 1.0  # seconds between two metrics reports to the control plane
 BACKOFF = (0.1, 5.0)  # first and longest wait between two dials of the control plane
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection",
               b"content-length", b"host"}
+NOT_FORWARDED = HOP_BY_HOP | forwarded.HEADERS  # the client's address and certificate: the worker's to say
 FORWARD_TIMEOUT = 600.0  # an API answer (or an event stream's silence) may take this long
 
 
@@ -79,10 +82,13 @@ class Follow:
 
 
 class GatewayWorker:
-    def __init__(self, name: str, follow: Follow, *, local: bool) -> None:
+    def __init__(self, name: str, follow: Follow, *, local: bool, public_tls: ServerTls | None = None) -> None:
         self.name = name
         self.follow = follow
         self.local = local  # a local worker forwards the non-/v1 paths to the control plane
+        # The client port's TLS: a remote gateway's own files (--public-tls-*), a local worker's
+        # from the control plane (its public_tls, in GatewayConfig).
+        self.public_tls = public_tls
         self.registry = CollectorRegistry()
         self.metrics = GatewayMetrics(self.registry)
         self.hub = RelayHub(coalesce=float(GatewaySettings().stream_coalesce))
@@ -156,7 +162,10 @@ class GatewayWorker:
             self.auth.configure(ServerConfig(gateway=msg.settings))
             if self.local and msg.api_url and self.api is None:
                 self.api = Upstream("http://control-plane", unix_path=msg.api_url, max_idle=16)
-            self.configured.set()
+            if self.local and msg.public_tls is not None:
+                self._take_tls(msg.public_tls, msg.public_tls_digest)
+            if not self.local or msg.public_tls is None or self.public_tls is not None:
+                self.configured.set()  # with TLS to terminate, not before a context is built
         elif isinstance(msg, GatewayEndpoints):
             self.gateway.set_endpoints(msg.ready, msg.keys)
             self.reasons = msg.reasons
@@ -164,6 +173,20 @@ class GatewayWorker:
             return  # a newer control plane's message: skipped
         self.updates.inc()
         self.last_update.set_to_current_time()
+
+    def _take_tls(self, files: TlsPublic, digest: str) -> None:
+        """The control plane's public_tls, built here with the same builder; rebuilt when the
+        files' digest changed (renewed and reloaded). A failure keeps the running context."""
+        tls = self.public_tls
+        try:
+            if tls is None:
+                self.public_tls = ServerTls(files.cert, files.key, files.ca)
+                log.info("gateway %s: public port TLS with %s", self.name, files.cert)
+            elif digest != tls.digest and tls.reload():
+                log.info("gateway %s: public port TLS reloaded from %s", self.name, files.cert)
+        except UsageError as exc:
+            log.error("gateway %s: public_tls: %s%s", self.name, exc,
+                      "; the running certificate stays" if tls is not None else "; not serving until it can be read")
 
     async def _report(self, channel: FleetChannel) -> None:
         while True:
@@ -202,7 +225,7 @@ class GatewayWorker:
 
     async def _forward(self, api: Upstream, request: Request, responder: Responder) -> None:
         """/api/v1, /admin and /metrics, passed to the control plane as they came (its doors decide)."""
-        headers = [(k, v) for k, v in request.head.headers if k not in HOP_BY_HOP]
+        headers = [(k, v) for k, v in request.head.headers if k not in NOT_FORWARDED] + forwarded.peer_headers(request)
         try:
             response = await api.request(request.head.method, request.head.target, headers, request.body,
                                          head_timeout=FORWARD_TIMEOUT)
@@ -217,8 +240,7 @@ class GatewayWorker:
         await responder.start(response.status, relay)
         await relay_body(response, responder, self.hub, FORWARD_TIMEOUT)
 
-    async def serve(self, socks: Iterable[socket.socket], *, ssl_context: ssl.SSLContext | None = None,
-                    metrics_socks: Iterable[socket.socket] = (),
+    async def serve(self, socks: Iterable[socket.socket], *, metrics_socks: Iterable[socket.socket] = (),
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Follow, wait for the first configuration, then serve on `socks` until cancelled."""
         async with trio.open_nursery() as nursery:
@@ -228,8 +250,9 @@ class GatewayWorker:
             settings = self.gateway.settings
             self.http = HttpServer(self, limits=Limits(
                 max_body=int(settings.max_body), body_timeout=float(settings.body_timeout),
-                header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)),
-                ssl_context=ssl_context)
+                header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)))
+            if self.public_tls is not None:
+                self.public_tls.attach(self.http)
             listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in socks]
             await nursery.start(self.http.serve, listeners)
             metrics = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in metrics_socks]
