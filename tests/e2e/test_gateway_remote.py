@@ -6,11 +6,14 @@ TLS only a gateway certificate may follow, and a gateway certificate is never a 
 from __future__ import annotations
 
 import re
+import signal
+import ssl
 import time
 from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from tests.e2e.harness import (
     FAST_FLEET,
@@ -18,10 +21,14 @@ from tests.e2e.harness import (
     Server,
     ctl,
     engines_config,
+    file_serial,
     free_port,
     make_sim_node,
+    one_error_line,
     run_llmgw,
+    served_serial,
     start_agent,
+    start_sim_engine,
     wait_until,
 )
 
@@ -181,3 +188,69 @@ def test_only_a_gateway_certificate_follows_as_a_gateway(tmp_path: Path, procs: 
     procs.append(agent)
     wait_until(lambda: "not a node certificate" in agent.log(), "the gateway certificate refused as a node", procs=[server.proc] if server.proc else [])
     assert server.nodes() == {}
+
+
+def test_a_remote_gateway_serves_its_clients_over_tls(tmp_path: Path, procs: list[Proc]) -> None:
+    """--public-tls-cert/--public-tls-key: a client that verifies the CA is served; SIGHUP re-reads
+    a certificate renewed in place, as the server's reload does for its public port."""
+    cadir = tmp_path / "ca"
+    cert(cadir, "init")
+    cert(cadir, "server", "--ip", "127.0.0.1")
+    ca = cadir / "ca.crt"
+    engine, engine_url = start_sim_engine(tmp_path, "engine", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+    procs.append(engine)
+    server = Server(tmp_path, FAST_FLEET + f"endpoints:\n  - model: chat\n    url: {engine_url}\n")
+    procs.append(server.start())
+    gw_proc, plain_url, _ = start_gateway(tmp_path, "gateway", server.fleet_url, "--insecure",
+                                          "--public-tls-cert", str(cadir / "server.crt"),
+                                          "--public-tls-key", str(cadir / "server.key"))
+    procs.append(gw_proc)
+    url = plain_url.replace("http://", "https://")
+    port = int(url.rsplit(":", 1)[1])
+    verify = ssl.create_default_context(cafile=str(ca))
+    wait_until(lambda: httpx.get(f"{url}/healthz", timeout=2, verify=verify).status_code == 200,
+               "the gateway to serve over TLS", procs=procs)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                           http_client=httpx.Client(verify=verify, timeout=30))
+    reply = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert reply.choices[0].message.content
+    with pytest.raises(httpx.HTTPError):  # plain HTTP on its TLS port: no answer, as on the server's
+        httpx.get(f"{plain_url}/healthz", timeout=5)
+    wait_until(lambda: "did not speak TLS" in gw_proc.log(), "the gateway's line for the plain-HTTP client", procs=procs)
+
+    before = served_serial(port, ca)
+    assert before == file_serial(cadir / "server.crt")
+    cert(cadir, "server", "--ip", "127.0.0.1", "--force")
+    after = file_serial(cadir / "server.crt")
+    gw_proc.signal(signal.SIGHUP)
+    wait_until(lambda: served_serial(port, ca) == after, "new handshakes to see the renewed certificate", procs=procs)
+    assert f"client port certificate re-read from {cadir / 'server.crt'}" in gw_proc.log()
+    reply = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "again"}], max_tokens=2)
+    assert reply.choices[0].message.content
+
+    # A renewal that went wrong (a key of another pair) is one line; the running certificate stays.
+    (cadir / "server.key").write_bytes((cadir / "ca.key").read_bytes())
+    gw_proc.signal(signal.SIGHUP)
+    wait_until(lambda: "the running certificate stays" in gw_proc.log(), "the refused renewal's line", procs=procs)
+    assert served_serial(port, ca) == after and gw_proc.alive()
+
+
+def test_a_remote_gateway_with_unusable_tls_files_says_so_in_one_line(tmp_path: Path) -> None:
+    cadir = tmp_path / "ca"
+    cert(cadir, "init")
+    cert(cadir, "server", "--ip", "127.0.0.1")
+    cert(cadir, "viewer", "dash")
+    crt = str(cadir / "server.crt")
+
+    def gateway(*args: str) -> str:
+        result = run_llmgw("gateway", "--control-plane", "http://127.0.0.1:9", "--insecure",
+                           "--listen", f"127.0.0.1:{free_port()}", *args, timeout=30)
+        assert result.returncode == 2, (result.returncode, result.stderr)
+        return one_error_line(result)
+
+    missing = str(tmp_path / "missing.key")
+    assert f"key file {missing} does not exist" in gateway("--public-tls-cert", crt, "--public-tls-key", missing)
+    other = str(cadir / "viewer-dash.key")
+    assert f"key file {other} does not match certificate {crt}" in gateway("--public-tls-cert", crt,
+                                                                          "--public-tls-key", other)
+    assert "--public-tls-key is missing" in gateway("--public-tls-cert", crt)
