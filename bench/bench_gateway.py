@@ -3,8 +3,9 @@
 Non-streaming, against a fixed-response upstream (nginx `return 200` if nginx is installed,
 else `llmgw sim engine --fixed`), with wrk as the load generator (a small built-in one when
 wrk is absent), in one run: straight to the upstream (the baseline), through `llmgw server`
-(a router-only config with a static endpoint), and through nginx as a reverse proxy when
-nginx is there. For each: requests/s at 32 connections, p50/p99 latency at 1 and 32
+(a router-only config with a static endpoint), through nginx as a reverse proxy when
+nginx is there, and through a minimal trio proxy (MIN_PROXY: reads and writes, no HTTP parsing;
+the floor for any trio process, printed beside nginx as llmgw ÷ floor, a figure, not a bar). For each: requests/s at 32 connections, p50/p99 latency at 1 and 32
 connections; for llmgw its CPU time per request, read from /proc.
 
 Streaming: 200 concurrent streams of 200 chunks each from `llmgw sim engine` (tokens spaced
@@ -243,6 +244,38 @@ trio.run(trio.serve_tcp, handle, int(sys.argv[1]))
 """
 
 
+# The floor for a trio proxy of non-streamed requests: one task per client connection, one
+# upstream connection each, os.read/os.write with trio.lowlevel.wait_readable, no HTTP parsing at
+# all (a request is one read, its answer one read: true of wrk's small requests and nginx's
+# small answers). What any trio proxy needs of the machine per request: the two reads, two writes
+# and four epoll registrations. llmgw ÷ this is printed as a figure beside the bar against nginx.
+MIN_PROXY = r"""
+import os, socket, sys, trio
+UPSTREAM = ("127.0.0.1", int(sys.argv[2]))
+async def handle(client):
+    fd = client.socket.fileno()
+    up = socket.create_connection(UPSTREAM)
+    up.setblocking(False)
+    up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    ufd = up.fileno()
+    try:
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            os.write(ufd, data)
+            await trio.lowlevel.wait_readable(ufd)
+            os.write(fd, os.read(ufd, 65536))
+    finally:
+        up.close()
+trio.run(trio.serve_tcp, handle, int(sys.argv[1]))
+"""
+
+
 def run_streams(port: int, streams: int) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", STREAM_CLIENT, "127.0.0.1", str(port), str(streams), str(ROOT / "src")],
                          capture_output=True, text=True, check=True).stdout
@@ -302,7 +335,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         procs = Procs(tmp)
         try:
-            up_port, gw_port, fleet_port, proxy_port, stream_port, gw2_port = (free_port() for _ in range(6))
+            up_port, gw_port, fleet_port, proxy_port, stream_port, gw2_port, floor_port = (free_port() for _ in range(7))
             if nginx:
                 procs.start("upstream", [str(nginx), "-c", str(nginx_conf(tmp, up_port, None)), "-p", str(tmp)])
                 upstream_kind = "nginx `return 200` (fixed JSON)"
@@ -326,11 +359,12 @@ def main() -> None:
             gateway0 = start_gateway("llmgw-nocoalesce", gw0_port, free_port(), "  stream_coalesce: 0\n")
             gateway2 = start_gateway("llmgw-workers2", gw2_port, free_port(), "  workers: 2\n")
             relay = procs.start("bare-relay", [sys.executable, "-c", BARE_RELAY, str(relay_port), str(stream_port)])
+            floor_proxy = procs.start("trio-floor", [sys.executable, "-c", MIN_PROXY, str(floor_port), str(up_port)])
             nginx_proxy = None
             if nginx:
                 # Its own instance, apart from the upstream's, so /proc gives each one's CPU.
                 nginx_proxy = procs.start("nginx-proxy", [str(nginx), "-c", str(nginx_conf(tmp, proxy_port, up_port)), "-p", str(tmp)])
-            for port in [up_port, gw_port, gw0_port, gw2_port, stream_port] + ([proxy_port] if nginx else []):
+            for port in [up_port, gw_port, gw0_port, gw2_port, stream_port, floor_port] + ([proxy_port] if nginx else []):
                 wait_http(f"http://127.0.0.1:{port}/health" if port == stream_port else f"http://127.0.0.1:{port}/")
             time.sleep(0.5)
             print(f"bench-gateway: upstream {upstream_kind}; load generator {'wrk' if wrk else 'built-in (wrk not installed)'}; "
@@ -342,6 +376,7 @@ def main() -> None:
             else:
                 print("  nginx not installed: no nginx-proxy baseline (`apt-get install nginx-light wrk` adds it); "
                       "its ratios are skipped")
+            targets.append(("through a minimal trio proxy", floor_port, floor_proxy))
             targets.append(("through llmgw, 2 workers", gw2_port, gateway2))
             results: dict[str, dict[str, Any]] = {}
             for name, port, proc in targets:
@@ -366,12 +401,12 @@ def main() -> None:
                 return f"{x * 1e6:,.0f} µs" if x == x else "n/a"
 
             print()
-            print(f"  {'':26} {'req/s @32':>10} {'p50 @1':>10} {'p99 @1':>10} {'p50 @32':>10} {'p99 @32':>10} {'errors':>7} {'CPU/req':>10} {'cores':>6}")
+            print(f"  {'':28} {'req/s @32':>10} {'p50 @1':>10} {'p99 @1':>10} {'p50 @32':>10} {'p99 @32':>10} {'errors':>7} {'CPU/req':>10} {'cores':>6}")
             for name, r in results.items():
                 cpu = f"{r['cpu_us']:.0f} µs" if r["cpu_us"] is not None else ""
                 cores = f"{r['cores']:.2f}" if r["cores"] is not None else ""
                 errors = r["r32"]["errors"] + r["r1"]["errors"]
-                print(f"  {name:26} {r['r32']['rps']:>10,.0f} {us(r['r1']['p50']):>10} {us(r['r1']['p99']):>10} "
+                print(f"  {name:28} {r['r32']['rps']:>10,.0f} {us(r['r1']['p50']):>10} {us(r['r1']['p99']):>10} "
                       f"{us(r['r32']['p50']):>10} {us(r['r32']['p99']):>10} {errors:>7.0f} {cpu:>10} {cores:>6}")
             gw, gw2 = results["through llmgw"], results["through llmgw, 2 workers"]
             shares = gw2["shares"]
@@ -443,6 +478,12 @@ def main() -> None:
                              "(figure)", None))
                 bars.append(("CPU/request, llmgw ÷ nginx proxy", f"{gw['cpu_us']:.0f} µs", f"{ng['cpu_us']:.0f} µs",
                              gw["cpu_us"] / ng["cpu_us"], "(figure)", None))
+            # The trio floor (MIN_PROXY): how far llmgw is from what a trio process can do at all.
+            fl = results["through a minimal trio proxy"]
+            bars.append(("requests/s @32, llmgw ÷ trio floor", f"{gw['r32']['rps']:,.0f}", f"{fl['r32']['rps']:,.0f}",
+                         gw["r32"]["rps"] / fl["r32"]["rps"], "(figure)", None))
+            bars.append(("CPU/request, llmgw ÷ trio floor", f"{gw['cpu_us']:.0f} µs", f"{fl['cpu_us']:.0f} µs",
+                         gw["cpu_us"] / fl["cpu_us"], "(figure)", None))
             bars.append(("CPU/chunk, llmgw ÷ bare relay", f"{per_chunk:.1f} µs", f"{floor:.1f} µs", per_chunk / floor,
                          "<= 0.80", per_chunk / floor <= 0.8))
             ttft_ratio = added_ttft / added_bare if added_bare > 0 else float("inf")
