@@ -40,14 +40,18 @@ class ChunkedResponder(Protocol):
 
 
 async def relay_body(response: Response, responder: ChunkedResponder, hub: RelayHub, idle_timeout: float,
-                     on_first: Callable[[], None] | None = None) -> None:
+                     on_first: Callable[[], None] | None = None, on_spliced: Callable[[], None] | None = None) -> None:
     """Relay `response`'s chunked body byte for byte to the client, as it arrives (SSE: event by
-    event). Raises UpstreamError (engine side) or ClientGone (client side); see the module."""
+    event). Raises UpstreamError (engine side) or ClientGone (client side); see the module.
+    `on_spliced` is called when the hub takes the stream: the hub watches the client's hang-up
+    from then on (llmgw.web.relayhub), so the caller needs no watcher task of its own."""
     sink = responder.chunked_body_sink()
     upstream, initial = response.take_body()
     client_fd = sink.fd
     try:
         if client_fd is not None and hub.splices:
+            if on_spliced is not None:
+                on_spliced()
             chunks, leftover = await hub.relay(upstream.fd, client_fd, initial, idle_timeout, on_first)
         else:
             chunks, leftover = await relay_in_task(upstream, sink, initial, idle_timeout, on_first)

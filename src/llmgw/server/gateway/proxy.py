@@ -230,12 +230,11 @@ class Gateway:
         code = 500
         # A client that hangs up, streaming or not, cancels its upstream request and frees its
         # admission slot at once (a non-streamed one used to keep both for upstream_timeout).
-        # Streams are watched from the start; a plain request only once it has taken
-        # WATCH_AFTER (see run_disconnect_watchdog): most are over before that.
-        if streaming:
-            responder.watch_disconnect()
-        else:
-            self._unwatched[responder] = started
+        # A request gets a watcher task once it has taken WATCH_AFTER (run_disconnect_watchdog):
+        # most plain ones are over before that, and a stream the relay hub takes is watched by
+        # the hub from then on (on_spliced below). Streams used to get a watcher at once, started
+        # and cancelled per stream: ~9 % of the gateway's samples in a 200-stream burst.
+        self._unwatched[responder] = started
         try:
             async with route.gate.admit():
                 code = await self._forward(route, request, responder, rid, streaming, started)
@@ -390,7 +389,8 @@ class Gateway:
         try:
             with guard.scope():
                 await relay_body(response, responder, self.hub, float(settings.upstream_timeout),
-                                 functools.partial(self._first_token, route.name, started))
+                                 functools.partial(self._first_token, route.name, started),
+                                 functools.partial(self._spliced, responder))
         except UpstreamError as exc:
             # Bytes already went out: no retry. Cut the response so the client sees it broke.
             log.warning("model %s: %s broke mid-stream: %s", route.name, endpoint, exc)
@@ -401,6 +401,10 @@ class Gateway:
             responder.close = True
             return status, False
         return status, True
+
+    def _spliced(self, responder: Responder) -> None:
+        """The relay hub took the stream, and watches its client's hang-up from now on."""
+        self._unwatched.pop(responder, None)
 
     def _first_token(self, model: str, started: float) -> None:
         self.metrics.first_token(model, trio.current_time() - started)
