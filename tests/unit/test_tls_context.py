@@ -153,3 +153,32 @@ def test_a_key_others_can_read_is_refused(pki: Path, tmp_path: Path, mode: int) 
     assert f"chmod 600 {node_key}" in _usage_error(client_context, str(pki / "ca.crt"), str(pki / "node-gpu-01.crt"), str(node_key))
     node_key.chmod(0o600)
     client_context(str(pki / "ca.crt"), str(pki / "node-gpu-01.crt"), str(node_key))
+
+
+class _Listener:
+    ssl_context: ssl.SSLContext | None = None
+
+
+def test_server_tls_rebuilds_from_renewed_files_and_keeps_the_running_context_on_a_bad_one(tmp_path: Path) -> None:
+    from llmgw.tls.context import ServerTls
+
+    root = tmp_path / "ca"
+    now = time.time()
+    store.init_ca(root, now=now)
+    store.issue_server(root, hosts=["ctrl"], ips=["127.0.0.1"], now=now)
+    tls = ServerTls(str(root / "server.crt"), str(root / "server.key"), str(root / "ca.crt"))
+    listener = _Listener()
+    tls.attach(listener)
+    first, digest = tls.context, tls.digest
+    assert listener.ssl_context is first and first.verify_mode == ssl.CERT_OPTIONAL
+    assert first.get_ca_certs() and tls.reload() is False and tls.context is first  # unchanged files
+
+    store.issue_server(root, hosts=["ctrl"], ips=["127.0.0.1"], now=now, force=True)  # renewed in place
+    assert tls.reload() is True and tls.digest != digest
+    assert listener.ssl_context is tls.context is not first
+
+    renewed = tls.context
+    shutil.copy(root / "ca.key", root / "server.key")  # a key of another pair
+    message = _usage_error(tls.reload)
+    assert "does not match certificate" in message
+    assert tls.context is renewed and listener.ssl_context is renewed
