@@ -101,7 +101,13 @@ class ApiClient:
                 ) from None
             raise Unreachable(f"request to {self.server}{path} failed: {exc}") from None
         if response.status_code >= 400:
-            raise ApiError(f"{method} {path}: HTTP {response.status_code}: {_error_message(response)}", response.status_code)
+            message = _error_message(response)
+            if response.status_code == 400 and "on a TLS port" in message and self.server.startswith("http://"):
+                raise Unreachable(  # the server's plain-text answer on its TLS port (web.server._plain_on_tls)
+                    f"the llmgw server at {self.server} speaks TLS on that port (public_tls in its config): "
+                    "use an https:// URL with --ca"
+                )
+            raise ApiError(f"{method} {path}: HTTP {response.status_code}: {message}", response.status_code)
         try:
             return response.json()
         except ValueError:

@@ -176,6 +176,7 @@ def test_every_door_answers_through_a_tls_worker_as_on_one_process(pair: Pair) -
 
 
 def test_plain_http_on_the_tls_port_meets_what_one_process_gives(pair: Pair) -> None:
+    """A 400 in plain text that says to use https:// (and the server's log line), never an empty reply."""
     def plain(server: Server) -> str:
         try:
             answer = httpx.get(server.url.replace("https://", "http://") + "/v1/models", headers=bearer(KEY), timeout=10)
@@ -185,6 +186,7 @@ def test_plain_http_on_the_tls_port_meets_what_one_process_gives(pair: Pair) -> 
 
     want = plain(pair.single)
     assert {plain(pair.workers) for _ in range(TRIES)} == {want}
+    assert want.startswith("400 ") and "plain HTTP request on a TLS port; use an https:// URL" in want
     for server in (pair.single, pair.workers):
         assert server.proc is not None
         wait_until(lambda server=server: "did not speak TLS (is it configured with an http:// URL" in server.proc.log(),

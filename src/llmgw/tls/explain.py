@@ -236,6 +236,12 @@ def _common(err: ssl.SSLError | ssl.CertificateError | None, exc: BaseException,
     return f"TLS with {peer} failed: {text}"
 
 
+def is_plain_http(exc: BaseException) -> bool:
+    """Whether a failed server handshake met a plain-HTTP request: OpenSSL recognises one from its
+    first bytes ("GET ", "POST", "HEAD", "PUT ", "CONNECT": HTTP_REQUEST, HTTPS_PROXY_REQUEST)."""
+    return getattr(_find_ssl_error(exc), "reason", None) in ("HTTP_REQUEST", "HTTPS_PROXY_REQUEST")
+
+
 def explain_tls_error(
     exc: BaseException,
     host: str,

@@ -24,7 +24,7 @@ import msgspec
 import trio
 
 from llmgw.netaddr import peer_name
-from llmgw.tls.explain import explain_tls_error
+from llmgw.tls.explain import explain_tls_error, is_plain_http
 from llmgw.tls.identity import HasPeerCert
 from llmgw.tls.net import handshake
 from llmgw.web.http1 import (
@@ -419,6 +419,8 @@ class HttpServer:
                         await handshake(tls)
                 except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
                     log.info("TLS handshake with %s failed: %s", peer, explain_tls_error(exc, peer, side="server"))
+                    if is_plain_http(exc):
+                        await self._plain_on_tls(tcp)
                     return
                 stream = tls
             async with trio.open_nursery() as nursery:
@@ -534,6 +536,23 @@ class HttpServer:
                 return
             if responder.close:
                 return
+
+    async def _plain_on_tls(self, tcp: trio.SocketStream) -> None:
+        """A plain-HTTP request on a TLS port is answered in plain text, as nginx does ("400 The
+        plain HTTP request was sent to HTTPS port"): the client reads why and what to do, not
+        "empty reply from server". The mirror of the ClientHello check in `_read_head`. Its write
+        side is shut first and what else it sent is read and dropped briefly: closing with the
+        request unread would reset the connection before the client reads the answer."""
+        headers, body = self.render_error(HttpError(400, "plain HTTP request on a TLS port; use an https:// URL"))
+        with trio.move_on_after(LINGER_SECONDS):
+            try:
+                await tcp.send_all(response_head(400, headers, content_length=len(body), close=True) + body)
+                await tcp.send_eof()
+                dropped = 0
+                while dropped < LINGER_BYTES and (data := await tcp.receive_some(65536)):
+                    dropped += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     async def _error(self, conn: _Connection, exc: HttpError) -> None:
         headers, body = self.render_error(exc)
