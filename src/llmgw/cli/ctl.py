@@ -282,7 +282,8 @@ def gateways(ctx: click.Context, output: str) -> None:
 @ctl.command()
 @click.pass_context
 def reload(ctx: click.Context) -> None:
-    """Make the server re-read its config file (catalog, endpoints, gateway settings).
+    """Make the server re-read its config file (catalog, endpoints, gateway settings),
+    its deny list and the certificate files public_tls names (also on its gateway workers).
 
     Needs an operator credential (--token or an operator certificate).
     """
