@@ -196,3 +196,32 @@ async def test_many_waiters_with_random_cancellations_leak_nothing(
     assert len(outcomes) == 200
     assert set(outcomes) == {"done", "cancelled", "queue wait expired", "queue full"}
     assert gate.in_flight == 0 and gate.queued == 0 and gate.core._queue == {}
+
+
+async def test_admit_now_never_overtakes_a_waiter_and_release_passes_the_slot_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The gateway's way in (admit_now, else acquire; then release): a newcomer takes a free slot
+    at once, but not while someone waits for one, and its release admits the waiter."""
+    waits: list[float] = []
+    gate = AdmissionGate(limit=1, max_queue=4, max_wait=60, on_admit=waits.append)
+    t0 = trio.current_time()
+    first = gate.admit_now(t0)
+    assert first is not None and gate.in_flight == 1
+    assert gate.admit_now(trio.current_time()) is None  # no slot
+    admitted_at: list[float] = []
+
+    async def waiter() -> None:
+        ticket = await gate.acquire()
+        admitted_at.append(trio.current_time())
+        gate.release(ticket)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.queued == 1
+        await trio.sleep(3)  # ok: virtual time (autojump_clock)
+        gate.release(first)  # the slot goes to the waiter, not to the next newcomer
+        assert gate.admit_now(trio.current_time()) is None
+    assert admitted_at == [pytest.approx(t0 + 3.0)] and gate.in_flight == 0
+    assert waits == [0.0, pytest.approx(3.0)] and gate.admitted_total == 2

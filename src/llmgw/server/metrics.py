@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import bisect
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from llmgw.server.hwmetrics import HardwareCollector
 from llmgw.server.registry import Node, NodeState
@@ -123,41 +126,90 @@ def watch_gateway(registry: CollectorRegistry, gateway: object) -> None:
     registry.register(_GatewayState(lambda: gateway))
 
 
+class _Counts(Collector):
+    """A labelled counter kept in a plain dict, exported at scrape time as prometheus_client's
+    Counter would be (`<name>_total`, without the `_created` twin). prometheus_client takes a
+    lock per increment (and per histogram bucket and sum): the gateway's three metric calls per
+    request cost 4.6 µs there against ~1 µs here (timeit, issue 17; with admit_now, same-run A/B
+    at wrk -c32: 90 -> 79 µs of CPU per request). The gateway is one trio
+    thread, scraped from that thread, so nothing here needs a lock."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def inc(self, key: tuple[str, ...]) -> None:
+        values = self.values
+        values[key] = values.get(key, 0.0) + 1.0
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for key, value in list(self.values.items()):
+            family.add_metric(list(key), value)
+        yield family
+
+
+class _Histogram(Collector):
+    """A labelled histogram kept in plain lists (see _Counts), exported as prometheus_client's
+    Histogram would be: cumulative `le` buckets, `_sum` and `_count`."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str], buckets: Sequence[float]) -> None:
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.bounds = tuple(float(b) for b in buckets)
+        self._le = [floatToGoString(b) for b in (*self.bounds, math.inf)]
+        self.cells: dict[tuple[str, ...], list[float]] = {}  # per label set: a count per bucket (+Inf last), then the sum
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        cell = self.cells.get(key)
+        if cell is None:
+            cell = self.cells[key] = [0.0] * (len(self.bounds) + 2)
+        cell[bisect.bisect_left(self.bounds, value)] += 1.0  # le: the first bound >= value
+        cell[-1] += value
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
+        for key, cell in list(self.cells.items()):
+            total, buckets = 0.0, []
+            for le, n in zip(self._le, cell, strict=False):
+                total += n
+                buckets.append((le, total))
+            family.add_metric(list(key), buckets, cell[-1])
+        yield family
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry, gateway: Callable[[], object] | None = None) -> None:
         if gateway is not None:
             registry.register(_GatewayState(gateway))
-        self.requests = Counter("llmgw_requests", "Gateway requests by model and HTTP status.", ["model", "code"], registry=registry)
-        self.duration = Histogram("llmgw_request_duration_seconds", "Gateway request duration.", ["model"],
-                                  buckets=LATENCY_BUCKETS, registry=registry)
-        self.ttft = Histogram("llmgw_time_to_first_token_seconds", "Time to the first streamed token through the gateway.",
-                              ["model"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.retries = Counter("llmgw_upstream_retries", "Requests retried on another endpoint, by reason.", ["model", "reason"],
-                               registry=registry)
-        self.admission_wait = Histogram("llmgw_admission_wait_seconds", "Time a request waited for an admission slot.", ["model"],
-                                        buckets=LATENCY_BUCKETS, registry=registry)
-        self.rejected = Counter("llmgw_admission_rejected", "Requests answered 429, by reason.", ["model", "reason"], registry=registry)
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (metric._name, *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+        self.requests = _Counts("llmgw_requests", "Gateway requests by model and HTTP status.", ["model", "code"])
+        self.duration = _Histogram("llmgw_request_duration_seconds", "Gateway request duration.", ["model"], LATENCY_BUCKETS)
+        self.ttft = _Histogram("llmgw_time_to_first_token_seconds", "Time to the first streamed token through the gateway.",
+                               ["model"], LATENCY_BUCKETS)
+        self.retries = _Counts("llmgw_upstream_retries", "Requests retried on another endpoint, by reason.", ["model", "reason"])
+        self.admission_wait = _Histogram("llmgw_admission_wait_seconds", "Time a request waited for an admission slot.", ["model"],
+                                         LATENCY_BUCKETS)
+        self.rejected = _Counts("llmgw_admission_rejected", "Requests answered 429, by reason.", ["model", "reason"])
+        for collector in (self.requests, self.duration, self.ttft, self.retries, self.admission_wait, self.rejected):
+            registry.register(collector)
 
     def finished(self, model: str, code: int, seconds: float) -> None:
-        self._child(self.requests, model, str(code)).inc()
-        self._child(self.duration, model).observe(seconds)
+        self.requests.inc((model, str(code)))
+        self.duration.observe((model,), seconds)
 
     def first_token(self, model: str, seconds: float) -> None:
-        self._child(self.ttft, model).observe(seconds)
+        self.ttft.observe((model,), seconds)
 
     def retried(self, model: str, reason: str) -> None:
-        self._child(self.retries, model, reason).inc()
+        self.retries.inc((model, reason))
 
     def admitted(self, model: str, wait: float) -> None:
-        self._child(self.admission_wait, model).observe(wait)
+        self.admission_wait.observe((model,), wait)
 
     def rejected_for(self, model: str, reason: str) -> None:
-        self._child(self.rejected, model, reason).inc()
+        self.rejected.inc((model, reason))

@@ -72,6 +72,11 @@ class Admission:
         """Queue depth (waiters that are still waiting)."""
         return len(self._queue)
 
+    def has_room_now(self) -> bool:
+        """Whether `arrive` would admit at once (a slot free and nobody waiting), with no expired
+        waiter left to sweep first (a queue that is empty has none)."""
+        return not self._queue and (self.limit <= 0 or self.in_flight < self.limit)
+
     def _has_room(self) -> bool:
         return self.limit <= 0 or self.in_flight < self.limit
 

@@ -87,6 +87,23 @@ class AdmissionGate:
         per request (py-spy, issue 17)."""
         return _Admitted(self)
 
+    def admit_now(self, now: float) -> Ticket | None:
+        """A slot at once when one is free and nobody waits (the common case), else None (then
+        `acquire`); hand the ticket to `release` when done. The gateway's way: no coroutine and
+        no context manager object per request (`admit` cost ~5 µs a request, this ~1.5; timeit,
+        issue 17)."""
+        core = self.core
+        if not core.has_room_now():
+            return None
+        return self._admitted(core.arrive(now))
+
+    async def acquire(self) -> Ticket:
+        """Wait for a slot (raises AdmissionRejected instead); then `release`."""
+        return await self._acquire()
+
+    def release(self, ticket: Ticket) -> None:
+        self._wake(self.core.finish(ticket, trio.current_time()))
+
     async def _acquire(self) -> Ticket:
         ticket = self.core.arrive(trio.current_time())
         if ticket.state is TicketState.QUEUED:
@@ -107,6 +124,9 @@ class AdmissionGate:
             if self.on_reject is not None:
                 self.on_reject(ticket.reason)
             raise AdmissionRejected(ticket.retry_after, ticket.reason)
+        return self._admitted(ticket)
+
+    def _admitted(self, ticket: Ticket) -> Ticket:
         self.admitted_total += 1
         if self.on_admit is not None:
             self.on_admit(ticket.waited or 0.0)
