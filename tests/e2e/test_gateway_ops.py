@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import threading
 from pathlib import Path
 
 import httpx
@@ -25,7 +27,8 @@ from tests.e2e.harness import (
     wait_until,
 )
 from tests.e2e.test_gateway_remote import start_gateway
-from tests.e2e.test_gateway_workers import WORKERS, scrape, scrape_with
+from tests.e2e.test_gateway_workers import WORKERS, chat, client, scrape, scrape_with
+from tests.faults.fleet import Load
 
 # A model that cannot be placed: it wants 4 GPUs, the one node has 2.
 TOO_BIG = """\
@@ -146,3 +149,124 @@ def scrape_pids(server: Server, token: str) -> dict[str, dict[str, float]]:
     text = httpx.get(f"{server.url}/metrics", headers=bearer(token), timeout=5).text
     return {line.split('worker="', 1)[1].split('"', 1)[0]: {"pid": float(line.rsplit(" ", 1)[1])}
             for line in text.splitlines() if line.startswith("llmgw_gateway_worker_pid{") and 'worker="worker-' in line}
+
+
+def resized_config(n: int, urls: list[str]) -> str:
+    return (FAST_FLEET + f"gateway:\n  workers: {n}\n  shutdown_grace: 20s\n"
+            + "endpoints:\n" + "".join(f"  - model: chat\n    url: {u}\n" for u in urls))
+
+
+def test_a_reload_resizes_the_workers_under_load_with_no_failed_request(tmp_path: Path, procs: list[Proc]) -> None:
+    """`gateway.workers` 2 → 3 by `ctl reload`, then 3 → 2 by SIGHUP, while openai clients (no
+    retries, keep-alive, half of them streaming) send one request after another: the third
+    worker starts and serves, then drains and exits 0 (retired, not started again); the first two
+    are never restarted, and not one request fails."""
+    urls = []
+    for name in ("engine-a", "engine-b"):
+        proc, url = start_sim_engine(tmp_path, name, "--served-model-name", "chat", "--ttft-ms", "5", "--itl-ms", "5")
+        procs.append(proc)
+        urls.append(url)
+    server = Server(tmp_path, resized_config(2, urls))
+    server_proc = server.start()
+    procs.append(server_proc)
+    before = wait_until(lambda: (w := scrape(server)) and len(w) == 2 and all(r["connected"] for r in w.values()) and w,
+                        "two workers following", procs=procs)
+    with Load(server.url, workers=4) as load, FreshConnections(server, threads=3) as fresh:
+        load.wait_successes(30, "load running")
+        server.config.write_text(resized_config(3, urls))
+        result = ctl(server.url, "reload")
+        assert result.returncode == 0 and "restart" not in result.stdout + result.stderr, result
+        # The new worker serves connections the kernel hands it (the load's new ones, and ours).
+        with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30) as http:
+            def third_serves() -> dict[str, dict[str, float]] | None:
+                http.get(f"{server.url}/v1/models")
+                w = scrape(server)
+                return w if len(w) == 3 and w.get("worker-2", {}).get("requests", 0) > 0 else None
+            grown = wait_until(third_serves, "worker-2 started and serving", procs=procs)
+        load.wait_successes(30, "load served by three workers")
+        fresh.wait(30, "new connections served by three workers")
+        server.config.write_text(resized_config(2, urls))
+        server_proc.signal(signal.SIGHUP)
+        wait_until(lambda: re.search(r"gateway worker-2 \(pid \d+\) retired \(exit code 0\)", server_proc.log()),
+                   "worker-2 drained and retired", procs=procs)
+        wait_until(lambda: set(scrape(server)) == {"worker-0", "worker-1"}, "worker-2 gone from /metrics", procs=procs)
+        load.wait_successes(30, "load served by two workers again")
+        fresh.wait(30, "new connections served by two workers again")
+    assert load.failures(avoidable_only=False) == [], load.report("resize", "")
+    assert fresh.failures == [], fresh.failures
+    after = scrape(server)
+    for name in ("worker-0", "worker-1"):  # never restarted
+        assert after[name]["pid"] == before[name]["pid"] == grown[name]["pid"]
+    log = server_proc.log()
+    assert "gateway: 2 → 3 worker(s)" in log and "gateway: 3 → 2 worker(s)" in log
+    assert "starting it again" not in log
+    # 2 → 1 is no live change: one clear line says a restart is needed, and two workers serve on.
+    server.config.write_text(resized_config(1, urls))
+    result = ctl(server.url, "reload")
+    assert result.returncode == 0, result.stderr
+    assert "gateway.workers 2 → 1 needs a restart of the server" in result.stdout and "2 kept" in result.stdout, result.stdout
+    assert re.search(r"WARNING llmgw.server: reload: gateway.workers 2 → 1 needs a restart", server_proc.log())
+    assert set(scrape(server)) == {"worker-0", "worker-1"} and "gateway: 2 → 1" not in server_proc.log()
+    print(f"\n{load.successes()} keep-alive and {fresh.ok} new-connection requests, none failed; "
+          f"worker-2 served {grown['worker-2']['requests']:.0f} by the time it was seen serving")
+
+
+class FreshConnections:
+    """Threads of openai clients (no retries) that open a new connection for every request, so the
+    kernel hands requests to every worker listening, the new one and the retiring one too."""
+
+    def __init__(self, server: Server, threads: int) -> None:
+        self.server = server
+        self.ok = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+
+    def __enter__(self) -> FreshConnections:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+
+    def _run(self, n: int) -> None:
+        c = client(self.server, retries=0)
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            try:
+                chat(c, i)
+                self.ok += 1
+            except Exception as exc:
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+
+    def wait(self, more: int, what: str) -> None:
+        target = self.ok + more
+        wait_until(lambda: self.ok >= target, what, deadline=60)
+
+
+def test_one_process_to_workers_by_reload_is_refused_with_one_line(tmp_path: Path, procs: list[Proc]) -> None:
+    """workers: 1 → 2 cannot be done live (the one process accepts on the public port itself):
+    the reload says so in one line, applies the rest of the config, and the one process serves on."""
+    proc, url = start_sim_engine(tmp_path, "engine-a", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+    procs.append(proc)
+    server = Server(tmp_path, resized_config(1, [url]))
+    server_proc = server.start()
+    procs.append(server_proc)
+    key = "sk-one-process"
+    viewer = "viewer-one-process"
+    server.config.write_text(resized_config(2, [url]).replace("  shutdown_grace", f'  api_keys: ["{token_digest(key)}"]\n  shutdown_grace')
+                             + f'api:\n  viewer_tokens: ["{token_digest(viewer)}"]\n')
+    result = ctl(server.url, "reload")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "gateway.workers" in line]
+    assert len(lines) == 1 and "gateway.workers 1 → 2 needs a restart of the server" in lines[0], result.stdout
+    # The rest applied (the API key is wanted now), still by the one process: no worker follows.
+    assert httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 401
+    assert httpx.get(f"{server.url}/v1/models", headers=bearer(key), timeout=5).status_code == 200
+    listed = ctl(server.url, "gateways", "-o", "json", env={"LLMGW_TOKEN": viewer})
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed
+    assert "gateway: 1 → 2" not in server_proc.log()

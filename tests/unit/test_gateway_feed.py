@@ -79,3 +79,18 @@ def test_reasons_travel_for_models_without_a_ready_replica_bounded_and_optional(
     # An older control plane sends no reasons: the message still decodes, with none.
     old = msgspec.json.encode({"type": "GatewayEndpoints", "ready": {"warm": ["http://a:1"]}})
     assert decode_to_gateway(old) == GatewayEndpoints(ready={"warm": ["http://a:1"]})
+
+
+def test_a_resized_pool_gets_admission_divided_by_the_new_count() -> None:
+    feed = GatewayFeedService(local_workers=2, api_socket="/state/api.sock")
+    feed.publish_config([Model(name="m", admission=Admission(max_in_flight=12, max_queue=6))], [], GatewaySettings())
+    woken = feed._changed
+    for count, in_flight, queue in ((3, 4, 2), (2, 6, 3), (5, 3, 2)):
+        feed.set_local_workers(count)
+        local = decode_to_gateway(feed._local_config)
+        assert isinstance(local, GatewayConfig)
+        assert (local.models[0].admission.max_in_flight, local.models[0].admission.max_queue) == (in_flight, queue)
+        assert woken.is_set()  # every follower's send loop wakes to send its new share
+        woken = feed._changed
+    remote = decode_to_gateway(feed._config)
+    assert isinstance(remote, GatewayConfig) and remote.models[0].admission.max_in_flight == 12  # per remote gateway

@@ -233,7 +233,8 @@ class GatewaySettings(_Config):
     # own balancer, breakers and admission, fed by the control plane over a Unix socket in the
     # state directory; /api/v1, /admin and /metrics reach the control plane through them. A
     # model's admission.max_in_flight and max_queue are divided among the workers (rounded up),
-    # so the engines see about the configured total. A restart applies a change.
+    # so the engines see about the configured total. A reload applies a change between two
+    # counts above 1 live; 1 <-> N needs a restart (llmgw.server.operator.workers_refusal).
     workers: Positive | Literal["auto"] = 1
 
     def __post_init__(self) -> None:

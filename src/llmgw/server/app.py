@@ -260,7 +260,8 @@ class ControlPlane:
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
                                  end_revoked_streams=self.fleet_listener.recheck, drainer=self.drainer,
                                  public_tls=self.public_tls,
-                                 record=lambda kind, message: self.events.record(kind, message))
+                                 record=lambda kind, message: self.events.record(kind, message),
+                                 feed=self.followers, worker_pool=lambda: self.worker_pool, cores=os.cpu_count() or 1)
         self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer,
                                 followers=self.followers)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)

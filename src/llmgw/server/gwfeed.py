@@ -85,6 +85,7 @@ class GatewayFeedService:
                  not_ready_reason: Callable[[str], str] = lambda model: "", public_tls: ServerTls | None = None) -> None:
         self.not_ready_reason = not_ready_reason  # what the one-process gateway logs with its 503
         self._models: list[str] = []  # the catalog's model names, for their reasons
+        self._catalog: tuple[list[Model], list[StaticEndpoint], GatewaySettings] | None = None  # as last published
         self.local_workers = local_workers  # the server's own workers share each model's admission
         self.api_socket = api_socket  # where a local worker forwards /api/v1, /admin and /metrics
         self.public_tls = public_tls  # the public port's TLS, which the server's own workers terminate
@@ -101,6 +102,7 @@ class GatewayFeedService:
     def publish_config(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None:
         if self.frozen:
             return
+        self._catalog = (list(models), list(static), settings)
         self._models = [m.name for m in models]
         data = encode(GatewayConfig(models=list(models), static=list(static), settings=settings))
         n = max(1, self.local_workers)
@@ -112,6 +114,13 @@ class GatewayFeedService:
         if data != self._config or local != self._local_config:
             self._config, self._local_config = data, local
             self._wake()
+
+    def set_local_workers(self, count: int) -> None:
+        """The server now runs `count` workers (a reload resized the pool): each model's admission
+        is divided anew, and every worker is sent its new share."""
+        self.local_workers = count
+        if self._catalog is not None:
+            self.publish_config(*self._catalog)
 
     def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None:
         if self.frozen:

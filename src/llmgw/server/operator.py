@@ -21,6 +21,8 @@ from llmgw.server.auth import Auth
 from llmgw.server.control import Controller
 from llmgw.server.drain import Drainer, DrainView
 from llmgw.server.gateway.proxy import Gateway
+from llmgw.server.gateway.workers import WorkerPool
+from llmgw.server.gwfeed import GatewayFeedService
 from llmgw.server.registry import NodeRegistry
 from llmgw.tls.context import ServerTls
 from llmgw.tls.revocation import Revocations
@@ -30,6 +32,19 @@ log = logging.getLogger("llmgw.server")
 # Settings a reload reads but that take effect only after a restart (listeners, TLS, the fleet).
 # The files public_tls names are read again on every reload all the same (ServerTls).
 RESTART_ONLY = ("listen", "fleet_listen", "admin_listen", "tls", "public_tls", "fleet", "state_dir")
+
+
+def workers_refusal(old: int, new: int) -> str:
+    """Why a reload cannot change `gateway.workers` from `old` to `new` processes live, or "".
+    N ↔ M is live (the pool starts or retires workers on the shared port). 1 ↔ N is not: the
+    one-process server accepts on the public port with a socket bound without SO_REUSEPORT
+    (no worker could bind beside it) and serves /api/v1 there itself; with workers it holds
+    the port bound but not listening and serves the API on api.sock. Switching means closing
+    a listening socket, which resets the connections in its accept queue."""
+    if old == new or (old > 1 and new > 1):
+        return ""
+    return (f"gateway.workers {old} → {new} needs a restart of the server (one process accepts on the public port "
+            f"itself, workers share it: only a change between two worker counts applies live); {old} kept")
 
 
 class ReloadResult(msgspec.Struct, kw_only=True):
@@ -57,8 +72,14 @@ class Operator:
         drainer: Drainer | None = None,
         record: Callable[[str, str], None] = lambda kind, message: None,
         public_tls: ServerTls | None = None,
+        feed: GatewayFeedService | None = None,
+        worker_pool: Callable[[], WorkerPool | None] = lambda: None,
+        cores: int = 1,
     ) -> None:
         self.record = record  # into the event log (kind, message)
+        self.feed = feed  # divides each model's admission among the local workers
+        self.worker_pool = worker_pool  # the gateway workers (started once the public port is bound)
+        self.cores = cores  # what `gateway.workers: auto` means here
         self.cfg = cfg
         self.config_path = config_path
         self.overrides = overrides or {}
@@ -121,6 +142,18 @@ class Operator:
         changed = [k for k in RESTART_ONLY if getattr(cfg, k) != getattr(self.cfg, k)]
         if changed:
             log.warning("reload: changes to %s take effect only after a restart", ", ".join(changed))
+        old, new = self.cfg.gateway.worker_count(self.cores), cfg.gateway.worker_count(self.cores)
+        workers_note = workers_refusal(old, new)
+        if workers_note:
+            log.warning("reload: %s; the rest of the config is reloaded", workers_note)
+            cfg = msgspec.structs.replace(cfg, gateway=msgspec.structs.replace(cfg.gateway, workers=self.cfg.gateway.workers))
+        elif new != old:
+            log.info("reload: gateway workers %d → %d", old, new)
+            # The feed first: the catalog below goes out with admission divided by the new count.
+            if self.feed is not None:
+                self.feed.set_local_workers(new)
+            if (pool := self.worker_pool()) is not None:
+                pool.resize(new)
         self.cfg = msgspec.structs.replace(self.cfg, models=cfg.models, endpoints=cfg.endpoints, gateway=cfg.gateway,
                                            api=cfg.api, reconcile=cfg.reconcile, placement=cfg.placement)
         self.auth.configure(self.cfg)
@@ -128,6 +161,7 @@ class Operator:
         self.controller.set_placement(cfg.placement)
         self.controller.set_catalog(cfg.models)
         note = f"; restart needed for {', '.join(changed)}" if changed else ""
+        note += f"; {workers_note}" if workers_note else ""
         return ReloadResult(ok=True, message=f"reloaded {self.config_path}{note}", models=[m.name for m in cfg.models])
 
     def _reload_deny_list(self) -> None:

@@ -3,7 +3,11 @@
 SO_REUSEPORT. This module owns them: each runs in the pool's nursery, one task per worker slot;
 a worker that exits for any reason (a crash, kill -9) is started again, with a backoff when it
 dies at once, while the others serve on (the kernel sends new connections to the sockets that
-are still listening). Cancelling the pool ends them all (SIGTERM, then SIGKILL)."""
+are still listening). Cancelling the pool ends them all (SIGTERM, then SIGKILL).
+
+A reload that changes the count resizes the pool live (`resize`): new slots start and serve; the
+surplus (the highest indices) get SIGTERM and drain as at shutdown (stop accepting, finish their
+requests for up to shutdown_grace, exit 0), and are not started again."""
 
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ class WorkerPool:
         self.restarts = 0
         self.stopping = False
         self._gone = trio.Event()  # set when the last worker has exited after drain()
+        self._slots: set[int] = set()  # worker indices with a task keeping them
+        self._resized = trio.Event()  # set by resize(): run() starts the slots now wanted
 
     def command(self, index: int) -> list[str]:
         return [sys.executable, "-m", "llmgw", *(["--debug"] if self.debug else []), "gateway",
@@ -41,10 +47,29 @@ class WorkerPool:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            for index in range(self.count):
-                nursery.start_soon(self._keep, index)
+            self._start_slots(nursery)
             log.info("gateway: %d worker(s) on %s", self.count, self.listen)
             task_status.started()
+            while True:
+                await self._resized.wait()
+                self._resized = trio.Event()
+                self._start_slots(nursery)
+
+    def _start_slots(self, nursery: trio.Nursery) -> None:
+        for index in range(self.count):
+            if index not in self._slots:  # a slot still draining after a shrink is kept by its task
+                self._slots.add(index)
+                nursery.start_soon(self._keep, index)
+
+    def resize(self, count: int) -> None:
+        """Run `count` workers from now on: start the missing ones, retire the surplus (SIGTERM:
+        each drains for up to shutdown_grace and exits; its slot is not started again)."""
+        old, self.count = self.count, count
+        log.info("gateway: %d → %d worker(s)", old, count)
+        for index, pid in list(self.pids.items()):
+            if index >= count:
+                _terminate(pid)
+        self._resized.set()
 
     async def drain(self, grace: float) -> None:
         """Shutdown: SIGTERM to every worker (each stops accepting and lets its requests in
@@ -52,28 +77,36 @@ class WorkerPool:
         more than `grace`. Cancelling the pool afterwards kills what is left."""
         self.stopping = True
         for pid in list(self.pids.values()):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            _terminate(pid)
         if self.pids:
             with trio.move_on_after(grace + 1):
                 await self._gone.wait()
 
     async def _keep(self, index: int) -> None:
+        try:
+            await self._keep_running(index)
+        finally:
+            self._slots.discard(index)
+
+    async def _keep_running(self, index: int) -> None:
         wait = BACKOFF[0]
-        while not self.stopping:
+        while not self.stopping and index < self.count:
             started = trio.current_time()
             async with trio.open_nursery() as nursery:
                 process: trio.Process = await nursery.start(functools.partial(
                     trio.run_process, self.command(index), check=False, stdin=subprocess.DEVNULL))
                 self.pids[index] = process.pid
+                if index >= self.count:  # resized away while it started
+                    _terminate(process.pid)
             code = process.returncode
             self.pids.pop(index, None)
             if self.stopping:
                 log.info("gateway worker-%d (pid %d) stopped (exit code %s)", index, process.pid, code)
                 if not self.pids:
                     self._gone.set()
+                return
+            if index >= self.count:
+                log.info("gateway worker-%d (pid %d) retired (exit code %s)", index, process.pid, code)
                 return
             self.restarts += 1
             quick = trio.current_time() - started < QUICK_DEATH
@@ -85,3 +118,10 @@ class WorkerPool:
                 wait = min(wait * 2, BACKOFF[1])
             else:
                 wait = BACKOFF[0]
+
+
+def _terminate(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
