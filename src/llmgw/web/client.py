@@ -111,6 +111,11 @@ class Response:
     def status(self) -> int:
         return self.head.status
 
+    @property
+    def released(self) -> bool:
+        """Its connection went back to the pool or was closed: nothing left to `aclose`."""
+        return self._released
+
     def complete_body(self, limit: int | None = None) -> bytes | None:
         """The body, when it came whole with the head (Content-Length, all of it read): most
         plain answers do. No wait, so no cancel scope: two scopes (the read's timeout and the

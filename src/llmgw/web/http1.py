@@ -113,7 +113,11 @@ class ResponseHead(Framing):
     __slots__ = ("http10", "status")
 
     def __init__(self, status: int, http10: bool = False) -> None:
-        super().__init__()
+        self.headers = []  # Framing's fields, without the call (as RequestHead)
+        self.content_length = None
+        self.chunked = False
+        self.close = False
+        self.expect_continue = False
         self.status = status
         self.http10 = http10
 
@@ -169,7 +173,10 @@ def _parse_fields(raw: bytes, start: int, msg: Framing, http10: bool, bad: int) 
 
     Control characters are looked for in the whole block at once (one translate() in C, the
     CRLFs that end lines being the only ones allowed); names are checked the same way, a
-    line at a time. A plain loop: in Python 3.11 it beats comprehensions and map() here."""
+    line at a time. A plain loop: in Python 3.11 it beats comprehensions and map() here. One
+    loop that also acts on the framing headers, and `Connection: keep-alive` (what engines and
+    nginx send) without splitting it into a set: 3.7 -> 2.8 µs for nginx's 5-header response
+    (timeit, issue 17)."""
     close = http10
     block = raw[start:-4]
     if block:
@@ -178,16 +185,17 @@ def _parse_fields(raw: bytes, start: int, msg: Framing, http10: bool, bad: int) 
             raise HttpError(431, "too many header fields")
         if block.translate(None, _FIELD_BYTES) != b"\r\n" * (len(lines) - 1):
             raise HttpError(bad, "control character in a header line")
-        headers = msg.headers
+        append = msg.headers.append
+        special = _SPECIAL
+        content_length: int | None = None
         for line in lines:
             name, sep, value = line.partition(b":")
             if not sep or not name or name.translate(None, _TOKEN_BYTES):
                 # also rejects obsolete line folding and whitespace before the colon (RFC 9112 §5)
                 raise HttpError(bad, "malformed header line")
-            headers.append((name.lower(), value.strip(b" \t")))
-        content_length: int | None = None
-        special = _SPECIAL
-        for name, value in headers:
+            name = name.lower()
+            value = value.strip(b" \t")
+            append((name, value))
             kind = special.get(name)
             if kind is None:
                 continue
@@ -203,7 +211,12 @@ def _parse_fields(raw: bytes, start: int, msg: Framing, http10: bool, bad: int) 
                     raise HttpError(501 if bad == 400 else bad, "only chunked transfer coding is supported")
                 msg.chunked = True
             elif kind == _CONNECTION:
-                tokens = {t.strip() for t in value.lower().split(b",")}
+                lowered = value.lower()
+                if lowered == b"keep-alive":
+                    if http10:
+                        close = False
+                    continue
+                tokens = {t.strip() for t in lowered.split(b",")}
                 if b"close" in tokens:
                     close = True
                 elif b"keep-alive" in tokens and http10:

@@ -500,7 +500,12 @@ class HttpServer:
                 head = await self._read_head(conn, first)
                 if head is None:
                     return
-                body = await self._read_body(conn, head)
+                need = head.content_length or 0  # the whole body came with the head: no wait to set up
+                if len(conn.buf) >= need and not head.chunked and not head.expect_continue and need <= self.limits.max_body:
+                    body = bytes(conn.buf[:need])
+                    del conn.buf[:need]
+                else:
+                    body = await self._read_body(conn, head)
             except HttpError as exc:
                 await self._error(conn, exc)
                 return
@@ -528,7 +533,8 @@ class HttpServer:
                 if not self._active:
                     self._quiet.set()
                 conn.handler_scope = None
-                await conn.stop_watch()
+                if conn.watch_scope is not None:
+                    await conn.stop_watch()
             if conn.eof or self.draining:
                 return
             if not responder.started:

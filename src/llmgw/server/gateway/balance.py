@@ -84,11 +84,12 @@ class _Endpoint:
 class Pick:
     """A request's hold on one endpoint; give it back with `Balancer.release` exactly once."""
 
-    __slots__ = ("_ep", "breaker_token", "endpoint", "released")
+    __slots__ = ("_ep", "breaker", "breaker_token", "endpoint", "released")
 
     def __init__(self, ep: _Endpoint, token: int) -> None:
         self._ep = ep
         self.endpoint = ep.id
+        self.breaker = ep.breaker  # the endpoint's breaker (to log a change the release makes)
         self.breaker_token = token  # tells the breaker which state the request started in
         self.released = False
 

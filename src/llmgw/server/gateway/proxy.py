@@ -86,7 +86,9 @@ class _Attempt(Watch):
     __slots__ = ("_scope", "evicted", "reason")
 
     def __init__(self) -> None:
-        super().__init__()
+        self.due = math.inf  # Watch's fields, without the call
+        self.fd = -1
+        self.why = ""
         self._scope: trio.CancelScope | None = None
         self.evicted = False
         self.reason = ""
@@ -258,7 +260,8 @@ class Gateway:
         """Balancing, retries, and the outcome of each attempt (fed back to the balancer and its breaker)."""
         settings = self.settings
         balancer = route.balancer
-        route.budget.record_request(trio.current_time())
+        now = trio.current_time()  # for the first attempt (a clock read is ~0.15 µs; 9 a request)
+        route.budget.record_request(now)
         key = _affinity_key(request.body) if balancer.policy == "prefix-affinity" else None
         headers = [(b"content-type", b"application/json"), (b"x-request-id", rid)]
         accept = request.head.get(b"accept")
@@ -275,7 +278,9 @@ class Gateway:
         last_error = ""
         while True:
             attempt += 1
-            pick = balancer.pick(trio.current_time(), key=key, exclude=tried)
+            if attempt > 1 or tried:
+                now = trio.current_time()
+            pick = balancer.pick(now, key=key, exclude=tried)
             if pick is None:
                 return await self._unavailable(route, responder, rid, last_error)
             endpoint = pick.endpoint
@@ -286,7 +291,7 @@ class Gateway:
             try:
                 try:
                     if self._ticking:
-                        guard.due = due = trio.current_time() + head_timeout
+                        guard.due = due = now + head_timeout
                         if due < self._next_due:
                             self._next_due = due
                         try:
@@ -362,9 +367,9 @@ class Gateway:
                     waiting.discard(guard)
                     if not waiting:
                         del self._attempts[endpoint]
-                if response is not None:
+                if response is not None and not response.released:
                     await response.aclose()
-                breaker = balancer.breaker(endpoint) if endpoint in balancer else None
+                breaker = pick.breaker if endpoint in balancer else None
                 before = breaker.state if breaker is not None else None
                 balancer.release(pick, trio.current_time(), ok=outcome, reason=last_error)
                 if breaker is not None and breaker.state != before:
