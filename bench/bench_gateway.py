@@ -282,21 +282,27 @@ def run_streams(port: int, streams: int) -> dict[str, Any]:
     return json.loads(out)
 
 
-# What py-spy showed (issue 17), share of the gateway's samples; `py-spy record --format raw`
-# against the server under wrk -c32 (non-streamed) and under 200-stream bursts, on the shared
-# 2-core machine. Printed at the end of every run, next to the figures it explains.
+# What py-spy showed (issue 17): `py-spy record --format raw` against the server under wrk -c32
+# (non-streamed), inclusive share of the gateway's samples for each item, main at 3bde230 against
+# the code after the cuts, in one run on the shared 2-core machine. Printed at the end of every
+# run, next to the figures it explains. py-spy samples wall-clock: a process preempted right after
+# a write shows as time in that write, so the socket writes grow as the Python around them shrinks.
 PROFILE_NOTE = """\
-  profile (py-spy, share of gateway samples)            before   after
-    non-streamed @32: cancel scopes (trio + its @contextmanager) 14.4 %   6.9 %
-                      admission @asynccontextmanager         4.8 %   2.2 %
-                      request ids (uuid4)                    3.4 %   0.6 %
-                      header parsing (_parse_fields)         5.2 %   5.0 %  (kept: already one pass in C calls)
-                      socket writes (2 per request)         19.0 %  (the floor: kernel time)
-    200-stream burst: engine connect (open_tcp_stream)      6.6 %   0.0 %
-                      cancel scopes                          8.6 %   5.5 %
-  same-run A/B against the code before: CPU/request 145 -> 108 µs (wrk -c32, median of 3);
-  CPU per stream in the burst 1,200 -> 1,050 µs (20 tokens each, median of 4). Stream setup
-  stays serial in one process: the burst's added TTFT is what workers and more gateways spread."""
+  profile (py-spy, share of gateway samples, wrk -c32, one run)     before   after
+    cancel scopes per request (head timeout, eviction guard)       10.8 %   0.0 %  (a Watch: see web/client.py)
+    admission (an async context manager, then admit_now/release)    4.6 %   3.0 %
+    metrics (prometheus_client's locks, then plain dicts)           4.2 %   1.7 %
+    header parsing (_parse_fields, two heads a request)             5.2 %   5.2 %  (strict: kept; 3.7 -> 2.8 µs a head)
+    balancer pick + release                                         1.5 %   2.2 %
+    trio's waits (wait_readable, two a request)                     7.8 %   8.0 %  (the floor's too)
+    socket writes (two a request: kernel time, the peer woken)     28.7 %  36.0 %  (the floor)
+  same-run A/B, wrk -c32, 4 rounds interleaved: CPU/request 173 -> 130 µs, 5,740 -> 7,650 req/s
+  (load 3-5 on the 2 cores; an earlier quieter run read 109 -> 79 µs). 200-stream bursts: no
+  hang-up watcher task per stream (~9 % of a burst's samples; the relay hub watches EPOLLRDHUP)
+  and 256 idle engine connections kept, not 64: CPU per stream 720 -> 640 µs and 770 -> 670 µs
+  (20 tokens each, one same-run A/B for each). Earlier cuts (uuid4 request ids, trio.open_tcp_stream
+  for IP literals, fail_after): CPU/request 145 -> 108 µs. What is left is spread thin: no item
+  of the gateway's own above 3 % but the parsing its strictness needs."""
 
 
 def worker_shares(port: int, model: str) -> dict[str, float]:
