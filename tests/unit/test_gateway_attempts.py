@@ -78,7 +78,9 @@ async def test_no_head_within_upstream_timeout_is_a_504(ticking: bool, autojump_
         start = trio.current_time()
         with trio.fail_after(60):
             assert await ask(port) == 504
-        assert 5 <= trio.current_time() - start <= 5 + WATCH_AFTER + 0.01
+        # Not exact: the mock clock may also jump (to the timer task's next tick) while a byte is
+        # in the kernel on its way; never fired would be the 60 s above.
+        assert 5 <= trio.current_time() - start <= 5 + 10 * WATCH_AFTER
         assert gw._attempts == {}
 
 
@@ -99,6 +101,10 @@ async def test_an_endpoint_out_of_rotation_moves_its_waiting_request(ticking: bo
                     if urls[0] in gw._attempts:
                         break
                     await trio.sleep(1)
-                assert gw._evict(urls[0], "failing its health checks") == 1
+                # as the health checks do: out of rotation first (no new request goes there), then
+                # the attempts waiting on it are evicted
+                for _ in range(GatewaySettings().health_failures):
+                    gw.routes["chat"].balancer.health(urls[0], trio.current_time(), ok=False)
+                assert gw._evict(urls[0], "failing its health checks") >= 1
         assert status[-1] == 200 and set(status) == {200}
         assert gw._attempts == {}
