@@ -88,6 +88,18 @@ def test_a_workers_503_logs_the_reason_the_one_process_server_gives(tmp_path: Pa
                             f"the log line of {rid}", procs=procs)
         assert rid_free.sub("big-ID", logged) == want
     assert "as the control plane last said" not in server_proc.log()
+    # A gateway on another machine follows the same feed: the same answer, the same reason logged.
+    gw_proc, gw_url, gw_metrics = start_gateway(tmp_path / "two", "gateway", server.fleet_url, "--insecure")
+    procs.append(gw_proc)
+    updates = re.compile(r"^llmgw_gateway_control_plane_updates_total (\S+)", re.M)
+    wait_until(lambda: (m := updates.search(httpx.get(f"{gw_metrics}/metrics", timeout=5).text)) and float(m.group(1)) >= 2,
+               "the remote gateway to have its config and endpoints", procs=procs)
+    r = httpx.post(f"{gw_url}/v1/chat/completions", timeout=5, json={"model": "big", "messages": [{"role": "user", "content": "hi"}]})
+    rid = r.headers["x-request-id"]
+    assert r.status_code == 503 and r.json()["error"]["message"].replace(rid, "RID") == one["body"]
+    logged = wait_until(lambda: {m.group(1): m.group(2) for m in LOGGED_503.finditer(gw_proc.log())}.get(rid),
+                        "the remote gateway's 503 logged", procs=procs)
+    assert rid_free.sub("big-ID", logged) == want
 
 
 def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, procs: list[Proc]) -> None:
