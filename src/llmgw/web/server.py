@@ -27,6 +27,7 @@ from llmgw.netaddr import peer_name
 from llmgw.tls.explain import explain_tls_error, is_plain_http
 from llmgw.tls.identity import HasPeerCert
 from llmgw.tls.net import handshake
+from llmgw.web.backlog import accept_queued
 from llmgw.web.http1 import (
     CONTINUE,
     LAST_CHUNK,
@@ -202,7 +203,7 @@ class _Connection:
         self.buf = bytearray()
         self.head_scan = HeadScanner()
         self.eof = False
-        self.idle = True  # waiting for a request with nothing read of it: drain() closes it at once
+        self.idle = False  # between two requests, nothing read of the next: drain() closes it (a new one: not)
         # While a head or body is awaited: when it is due (trio time), and the answer if it is late.
         self.deadline = math.inf
         self.late = HEAD_LATE
@@ -314,7 +315,6 @@ class HttpServer:
         self._room = trio.Event()  # set when a connection closes (accept may go on)
         self._accepting: trio.CancelScope | None = None
         self._active: set[Responder] = set()  # requests in a handler
-        self._quiet = trio.Event()  # set when the last active request ends
         self._throttle_cap = LogThrottle()
         self._throttle_accept = LogThrottle()
 
@@ -339,9 +339,12 @@ class HttpServer:
             finally:
                 with trio.CancelScope(shield=True):
                     for listener in listeners:
+                        for queued in accept_queued(listener) if self.draining else ():  # served, not reset by the close
+                            self.connections += 1
+                            connections.start_soon(self._serve_one, trio.SocketStream(queued))
                         await listener.aclose()
             while self.connections:
-                self._room = trio.Event()
+                self._room = self._room if not self._room.is_set() else trio.Event()  # drain() waits on it too
                 await self._room.wait()
             expiry.cancel()
 
@@ -384,9 +387,8 @@ class HttpServer:
             connections.start_soon(self._serve_one, tcp)
 
     async def drain(self, grace: float) -> None:
-        """Graceful stop: accept no more connections, close those waiting for a request, let
-        requests in flight finish (answers say `connection: close`) for up to `grace` seconds.
-        The caller then cancels `serve` to cut whatever is left."""
+        """Graceful stop: accept no more (what is queued is served), close idle keep-alive connections, let requests
+        in flight and new connections' first ones finish (`connection: close`) for up to `grace` s; then cancel `serve`."""
         self.draining = True
         if self._accepting is not None:
             self._accepting.cancel()
@@ -397,9 +399,9 @@ class HttpServer:
             if conn.idle:
                 conn.nursery.cancel_scope.cancel()
         with trio.move_on_after(grace):
-            while self._active:
-                self._quiet = trio.Event()
-                await self._quiet.wait()
+            while self.connections:  # requests in flight, and new connections' first requests
+                self._room = self._room if not self._room.is_set() else trio.Event()  # serve() waits on it too
+                await self._room.wait()
 
     async def _serve_one(self, tcp: trio.SocketStream) -> None:
         peer = peer_name(tcp)
@@ -442,7 +444,7 @@ class HttpServer:
                 await stream.aclose()
 
     async def _read_head(self, conn: _Connection, first: bool) -> RequestHead | None:
-        if self.draining:
+        if self.draining and not first:
             return None
         scanned = conn.head_scan.scanned
         conn.await_until(self.limits.header_timeout if first else self.limits.keepalive_timeout, HEAD_LATE)
@@ -495,7 +497,7 @@ class HttpServer:
     async def _serve_http1(self, conn: _Connection) -> None:
         first = True
         while True:
-            conn.idle = not conn.buf
+            conn.idle = not first and not conn.buf
             try:
                 head = await self._read_head(conn, first)
                 if head is None:
@@ -530,8 +532,6 @@ class HttpServer:
                 return
             finally:
                 self._active.discard(responder)
-                if not self._active:
-                    self._quiet.set()
                 conn.handler_scope = None
                 if conn.watch_scope is not None:
                     await conn.stop_watch()
