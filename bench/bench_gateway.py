@@ -305,6 +305,42 @@ PROFILE_NOTE = """\
   of the gateway's own above 3 % but the parsing its strictness needs."""
 
 
+def start_profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy on the gateway for `seconds` (--profile); None, said once, when it is not installed."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        print("  --profile: py-spy is not installed (`.venv/bin/pip install -e '.[bench]'`); no profile")
+        return None
+    proc = subprocess.Popen([spy, "record", "--rate", "250", "--duration", str(max(1, round(seconds))), "--format", "raw",
+                             "--output", str(out), "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # attached before the load starts
+    return proc
+
+
+def print_profile(proc: subprocess.Popen[bytes] | None, out: Path, top: int = 15) -> None:
+    """The frames with the most samples of their own (py-spy's raw format: one stack a line, then a
+    count). py-spy samples wall-clock: a write after which the process was preempted counts as
+    that write's own time, so read the Python frames' shares among themselves."""
+    if proc is None:
+        return
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode != 0 or not out.exists():
+        print(f"  --profile: py-spy failed: {err.decode(errors='replace').strip()[:300]}")
+        return
+    own: dict[str, int] = {}
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit() or stack.startswith("Thread._bootstrap"):
+            continue  # trio's idle worker threads (blocked on a lock, which py-spy counts as busy)
+        frame = re.sub(r":\d+\)$", ")", stack.rsplit(";", 1)[-1])
+        own[frame] = own.get(frame, 0) + int(n)
+        total += int(n)
+    print(f"  py-spy, through llmgw @32: the {top} frames with most samples of their own ({total:,} samples)")
+    for frame, samples in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {100 * samples / max(total, 1):5.1f} %  {frame}")
+
+
 def worker_shares(port: int, model: str) -> dict[str, float]:
     """Requests each gateway worker finished for `model`, from the server's one /metrics."""
     served: dict[str, float] = {}
@@ -333,6 +369,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--chunks", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3, help="bursts per streaming target (the added TTFT is their median)")
+    parser.add_argument("--profile", action="store_true", help="sample the gateway with py-spy during its @32 run and print "
+                        "the top frames (pip install -e '.[bench]')")
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     nginx = shutil.which("nginx") or (Path("/usr/sbin/nginx") if Path("/usr/sbin/nginx").exists() else None)
@@ -385,15 +423,19 @@ def main() -> None:
             targets.append(("through a minimal trio proxy", floor_port, floor_proxy))
             targets.append(("through llmgw, 2 workers", gw2_port, gateway2))
             results: dict[str, dict[str, Any]] = {}
+            profiled: tuple[subprocess.Popen[bytes] | None, Path] | None = None
             for name, port, proc in targets:
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                 load(url, 8, 1.0, tmp)  # warm up connections and pools
                 shares0 = settled_shares(port, "bench") if proc is gateway2 else {}
+                spy = start_profile(proc.pid, args.seconds, tmp / "profile.txt") if args.profile and proc is gateway else None
                 cpu0 = cpu_tree(proc.pid) if proc else 0.0
                 t0 = time.monotonic()
                 r32 = load(url, 32, args.seconds, tmp)
                 wall = time.monotonic() - t0
                 cpu = (cpu_tree(proc.pid) - cpu0) if proc else 0.0
+                if spy is not None:
+                    profiled = (spy, tmp / "profile.txt")
                 shares = {}
                 if proc is gateway2:
                     after = settled_shares(port, "bench")
@@ -512,6 +554,9 @@ def main() -> None:
             print(f"  {'failed requests or streams':40} {failed:>10} {'':>10} {'':>7} {'0':>9}  {'ok' if failed == 0 else 'OVER BAR'}")
             print()
             print(PROFILE_NOTE)
+            if profiled is not None:
+                print()
+                print_profile(*profiled)
         finally:
             procs.stop()
 
