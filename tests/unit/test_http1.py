@@ -597,3 +597,24 @@ def test_find_head_end_resume_agrees_with_a_full_scan() -> None:
             assert first == raw.index(b"\r\n\r\n") + 4
             continue
         assert http1.find_head_end(raw, cut) == raw.index(b"\r\n\r\n") + 4
+
+
+def test_header_lines_seen_before_parse_as_they_did_and_the_memo_stays_bounded() -> None:
+    """http1._SEEN keeps lines that parsed (a client's and an engine's repeat on every message):
+    the second parse of a head gives what the first gave, a line with a control character is
+    refused whatever was kept, credentials are not kept, and the memo never outgrows its bound."""
+    heads = [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw:8080\r\nUser-Agent: OpenAI/Python 1.54.0\r\n"
+        b"Content-Type: application/json\r\nAuthorization: Bearer sk-secret\r\nContent-Length: 12\r\n\r\n",
+        b"GET / HTTP/1.0\r\nConnection: keep-alive\r\nX-Pad:   spaced \t\r\n\r\n",
+    ]
+    for raw in heads:
+        first, again = http1.parse_request_head(raw), http1.parse_request_head(raw)
+        assert (again.headers, again.content_length, again.close, again.chunked) == \
+               (first.headers, first.content_length, first.close, first.chunked)
+    assert not any(b"sk-secret" in line for line in http1._SEEN)
+    with pytest.raises(http1.HttpError):
+        http1.parse_request_head(b"GET / HTTP/1.1\r\nHost: gw:8080\r\nX-Bad: a\x01b\r\n\r\n")
+    for i in range(http1._SEEN_MAX + 10):
+        http1.parse_request_head(b"GET / HTTP/1.1\r\nX-Unique: %d\r\n\r\n" % i)
+    assert len(http1._SEEN) <= http1._SEEN_MAX

@@ -168,6 +168,20 @@ class HeadScanner:
         self.pos = 0
 
 
+# Header lines already parsed, line -> (name, value): a client sends the same lines on every
+# request (host, user-agent, content-type, the OpenAI SDK's nine x-stainless-* lines) and an engine
+# the same server and content-type lines on every answer. A line found here passed every check
+# below before (its bytes alone decide them) and is checked for control characters with its block
+# all the same; what differs per request (content-length, date) is parsed as always. Bounded: lines
+# of at most _SEEN_LINE bytes, emptied at _SEEN_MAX entries; credentials are never kept. Measured
+# (timeit, issue 17) on 500 heads each: the OpenAI Python SDK's 16-line request head 10.3 -> 5.7 µs,
+# vLLM's 4-line response head (date and content-length varying) 4.2 -> 3.0 µs.
+_SEEN: dict[bytes, tuple[bytes, bytes]] = {}
+_SEEN_MAX = 4096
+_SEEN_LINE = 256
+_NOT_KEPT = frozenset({b"authorization", b"proxy-authorization", b"cookie", b"set-cookie"})
+
+
 def _parse_fields(raw: bytes, start: int, msg: Framing, http10: bool, bad: int) -> None:
     """Header lines of raw[start:] (which ends with the blank line) into msg.
 
@@ -187,15 +201,22 @@ def _parse_fields(raw: bytes, start: int, msg: Framing, http10: bool, bad: int) 
             raise HttpError(bad, "control character in a header line")
         append = msg.headers.append
         special = _SPECIAL
+        seen = _SEEN
         content_length: int | None = None
         for line in lines:
-            name, sep, value = line.partition(b":")
-            if not sep or not name or name.translate(None, _TOKEN_BYTES):
-                # also rejects obsolete line folding and whitespace before the colon (RFC 9112 §5)
-                raise HttpError(bad, "malformed header line")
-            name = name.lower()
-            value = value.strip(b" \t")
-            append((name, value))
+            field = seen.get(line)
+            if field is None:
+                name, sep, value = line.partition(b":")
+                if not sep or not name or name.translate(None, _TOKEN_BYTES):
+                    # also rejects obsolete line folding and whitespace before the colon (RFC 9112 §5)
+                    raise HttpError(bad, "malformed header line")
+                field = (name.lower(), value.strip(b" \t"))
+                if len(line) <= _SEEN_LINE and field[0] not in _NOT_KEPT:
+                    if len(seen) >= _SEEN_MAX:
+                        seen.clear()
+                    seen[line] = field
+            append(field)
+            name, value = field
             kind = special.get(name)
             if kind is None:
                 continue
