@@ -288,3 +288,25 @@ def test_the_controller_hands_the_reconciler_each_nodes_leaves_from_the_fabric_m
             assert leaves["node-1"] == leaves["node-2"] != leaves["node-3"] and len(leaves["node-1"]) == 1, leaves
         else:
             assert all(v == [] for v in leaves.values()), leaves
+
+
+def test_a_node_the_fabric_map_moves_to_another_leaf_is_a_target_at_the_next_pass() -> None:
+    """A pass that found no room remembers the picture, and looks again only once it changes: a
+    node's leaves are part of it. gpu-03 first under the crowded leaf (no better), then the map
+    (a cable moved, a corrected node description) puts it under another: the replica moves."""
+    from tests.unit.test_reconcile import bring_up, starts
+    from tests.unit.test_reconcile import nodes as infos
+
+    rec = spread_reconciler(mode="leaves")
+    two = infos("gpu-01", "gpu-02")
+    for n in two:
+        n.leaves = ["leaf-a"]
+    bring_up(rec, two)
+    three = [*two, *infos("gpu-03")]
+    three[2].leaves = ["leaf-a"]
+    assert rec.reconcile(three, 1) == [] and not rec.moves  # gpu-03 shares their leaf: no move improves it
+    three[2].leaves = ["leaf-b"]
+    [successor] = starts(rec.reconcile(three, 2))
+    assert successor.node == "gpu-03"
+    [move] = rec.moves.values()
+    assert move.reason == "spread: 2 of 2 replicas of small on leaf leaf-a; gpu-03 can take one"

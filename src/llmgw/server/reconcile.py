@@ -315,7 +315,9 @@ class Reconciler(Roller):
             return
         if fleet is None:
             fleet = self._spread_nodes(nodes)
-        picture = (self.generation, hash(tuple((n.node_id, n.ready, n.cordoned) for n in fleet)))
+        # What a no-room answer depends on: the replicas (generation) and each node's readiness,
+        # cordon and leaves (a node the fabric map moves to another leaf may become a target).
+        picture = (self.generation, hash(tuple((n.node_id, n.ready, n.cordoned, n.leaves) for n in fleet)))
         names = [name for name in crowded(models, fleet, mode, now, cooldown) if self._spread_no_room.get(name) != picture]
         if not names:
             return
