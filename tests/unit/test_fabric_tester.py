@@ -5,6 +5,7 @@ its children at the timeout, the server side's readiness read from the kernel's 
 
 from __future__ import annotations
 
+import socket
 import stat
 import time
 from pathlib import Path
@@ -12,11 +13,18 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from llmgw.agent.fabric_test import FabricTester, install_command, listening, os_family
+from llmgw.agent.fabric_test import (
+    BIND_TRIES,
+    FabricTester,
+    free_port,
+    install_command,
+    listening,
+    os_family,
+)
 from llmgw.catalog.schema import FabricTestSettings
 from llmgw.fabric.perftest import parse
 from llmgw.wire import messages as m
-from tests.e2e.harness import pid_alive
+from tests.e2e.harness import make_sim_node, pid_alive
 
 TABLE = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
          " 65536      5000             392.38             392.34 \t\t     0.748336\n")
@@ -175,3 +183,115 @@ async def test_prepare_only_makes_sure_ib_write_bw_is_there(tmp_path: Path, monk
     assert isinstance(progress, m.FabricTestResult) and progress.phase == "progress"
     [again] = await run(tester, m.FabricTest(request_id="p2", role="prepare"))
     assert isinstance(again, m.FabricTestResult) and again.ok and not again.notes
+
+
+def _proc_tree(root: Path, port: int, listeners: dict[int, int], stats: dict[int, int]) -> Path:
+    """A /proc-like tree: net/tcp listing `listeners` (inode → pid) on `port` (and one other
+    socket not listening), each pid's fd link to its socket, and `stats` (pid → process group)."""
+    proc = root / "proc"
+    (proc / "net").mkdir(parents=True)
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    rows = [f"   {i}: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 {inode} 1"
+            for i, inode in enumerate(listeners)]
+    rows.append(f"   9: 0100007F:{port:04X} 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 777 1")
+    (proc / "net" / "tcp").write_text(head + "\n".join(rows) + "\n")
+    for pid, pgrp in stats.items():
+        (proc / str(pid) / "fd").mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (ib write) bw) S 1 {pgrp} {pgrp} 0 -1 4194560\n")
+        (proc / str(pid) / "fd" / "0").symlink_to("/dev/null")
+    for inode, pid in listeners.items():
+        (proc / str(pid) / "fd" / str(3 + inode % 50)).symlink_to(f"socket:[{inode}]")
+    (proc / str(next(iter(stats))) / "fd" / "9").symlink_to("socket:[777]")  # connected, not listening
+    return proc
+
+
+def test_a_listener_counts_only_if_its_socket_is_one_of_the_process_groups_files(tmp_path: Path) -> None:
+    from llmgw.agent.fabric_test import ours_listening
+
+    port = 0x4853
+    # perftest itself (pid 100) listens.
+    proc = _proc_tree(tmp_path / "a", port, {4242: 100}, {100: 100, 200: 200})
+    assert ours_listening(port, 100, str(proc)) == (True, True)
+    # A stranger (pid 200, its own group) listens on the port perftest was told: not ours.
+    proc = _proc_tree(tmp_path / "b", port, {9999: 200}, {100: 100, 200: 200})
+    assert ours_listening(port, 100, str(proc)) == (False, True)
+    # A wrapper script's child (pid 101, in group 100) listens for it.
+    proc = _proc_tree(tmp_path / "c", port, {4243: 101}, {100: 100, 101: 100, 200: 200})
+    assert ours_listening(port, 100, str(proc)) == (True, True)
+    # Nothing listens (the socket of pid 100 on that port is a connection, not a listener).
+    proc = _proc_tree(tmp_path / "d", port, {}, {100: 100})
+    assert ours_listening(port, 100, str(proc)) == (False, False)
+    assert ours_listening(port, 100, str(tmp_path / "absent")) == (False, False)
+
+
+class TakenFirst:
+    """A stranger's listener on a port, and a pick_port that offers that port first (what the
+    race between picking a free port and perftest binding it produces), then free ones."""
+
+    def __init__(self) -> None:
+        self.stranger = socket.create_server(("0.0.0.0", 0))
+        self.stranger.setblocking(False)
+        self.offered: list[int] = []
+
+    def __call__(self) -> int:
+        self.offered.append(free_port() if self.offered else self.stranger.getsockname()[1])
+        return self.offered[-1]
+
+    def nobody_came(self) -> bool:
+        try:
+            self.stranger.accept()[0].close()
+        except BlockingIOError:
+            return True
+        return False
+
+
+async def test_a_taken_port_is_retried_and_the_client_pairs_with_our_ib_write_bw(tmp_path: Path) -> None:
+    """The stand-in ib_write_bw of `llmgw sim node`, as the agent runs it: the first port is
+    another process's; perftest cannot bind it, exits saying so, and runs again on another
+    port, which is the one reported ready; the client side meets it there (both print the table)."""
+    import trio
+
+    node = make_sim_node(tmp_path, "gpu-1", "http://127.0.0.1:1", "", "--ib-ports", "1").parent
+    taken = TakenFirst()
+    tools = str(node / "bin")
+    server = FabricTester(FabricTestSettings(install=False), tools, ports=lambda: [IB], pick_port=taken)
+    send, receive = trio.open_memory_channel[msgspec.Struct](4)
+    req = m.FabricTest(request_id="s1", role="server", device="mlx5_0", timeout=60)
+    with taken.stranger:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.run, req, send.send_nowait)
+            with trio.fail_after(60):
+                ready = await receive.receive()
+            assert isinstance(ready, m.FabricTestResult) and ready.phase == "ready", ready
+            assert ready.tcp_port == taken.offered[1] != taken.offered[0], (ready, taken.offered)
+            assert ready.notes == [f"TCP port {taken.offered[0]} was taken before ib_write_bw could listen on it; trying another"]
+            tester = FabricTester(FabricTestSettings(install=False), tools, ports=lambda: [IB])
+            [mine] = await run(tester, m.FabricTest(request_id="c1", role="client", device="mlx5_0", server_host="127.0.0.1",
+                                                    server_port=ready.tcp_port, timeout=60))
+        done = receive.receive_nowait()
+        assert taken.nobody_came()
+    assert isinstance(done, m.FabricTestResult) and done.phase == "done" and done.ok, done
+    assert isinstance(mine, m.FabricTestResult) and mine.ok, mine
+    assert parse(done.output).result is not None and parse(mine.output).result is not None, (done.output, mine.output)
+
+
+async def test_a_strangers_listener_is_never_reported_ready(tmp_path: Path) -> None:
+    """An ib_write_bw that never listens (it fails opening the device after a moment) on a port
+    another process listens on: no "ready", only its failure; the retry is for bind failures alone."""
+    script(tmp_path / "ib_write_bw", "sleep 1\necho \" Couldn't get context for the device\" >&2\nexit 1")
+    taken = TakenFirst()
+    tester = FabricTester(FabricTestSettings(install=False), str(tmp_path), ports=lambda: [IB], pick_port=taken)
+    with taken.stranger:
+        sent = await run(tester, m.FabricTest(request_id="s2", role="server", device="mlx5_0", timeout=30))
+    [done] = sent
+    assert isinstance(done, m.FabricTestResult) and done.phase == "done" and not done.ok
+    assert done.error == "ib_write_bw exited with status 1: Couldn't get context for the device"
+    assert taken.offered == taken.offered[:1] and done.notes == []
+
+
+async def test_a_port_taken_every_time_gives_up_after_the_bound(tmp_path: Path) -> None:
+    script(tmp_path / "ib_write_bw", 'echo "Couldn\'t listen to port 1" >&2\nexit 1')
+    tester = FabricTester(FabricTestSettings(install=False), str(tmp_path), ports=lambda: [IB], pick_port=TakenFirst())
+    [done] = await run(tester, m.FabricTest(request_id="s3", role="server", device="mlx5_0", timeout=30))
+    assert isinstance(done, m.FabricTestResult) and not done.ok and len(done.notes) == BIND_TRIES
+    assert done.error.startswith(f"ib_write_bw could not listen on any of {BIND_TRIES} free TCP ports (")

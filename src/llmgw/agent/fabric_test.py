@@ -7,6 +7,13 @@ on the same stream:
   process listens on it (seen in /proc/net/tcp and tcp6, not guessed from its banner: perftest
   prints `Waiting for client to connect` before it binds, into a pipe that buffers it) answer
   "ready" with the port; then wait for it to finish and answer "done" with what it printed.
+  The port is free when picked (bound to 0, then closed), not reserved: another process may take
+  it before perftest binds. So a listener counts only if its socket (the inode in /proc/net/tcp)
+  is one of perftest's own open files (/proc/PID/fd of it or its process group): a stranger's
+  listener is never reported ready, which would pair the client with the wrong process. And a
+  perftest that exits saying `Couldn't listen to port N` (perftest_communication.c,
+  ethernet_server_connect: bind failed, exit status 1) is started again on another port, up to
+  BIND_TRIES ports in all, each retry said in the result's notes.
 - client role: run `ib_write_bw ... SERVER_HOST` against that port and answer "done".
 - prepare: only make sure ib_write_bw is here (installing perftest if need be), before any rail
   starts, so that one side's install never outlasts the other side's waiting server.
@@ -49,6 +56,8 @@ OUTPUT_CAP = 64 * 1024  # a 23-size `-a` sweep prints 3 kB
 READY_TIMEOUT = 15.0  # from start to listening: perftest opens the device first (≈1 s on a real HCA)
 MAX_TIMEOUT = 600.0
 MAX_QUEUED = 4
+BIND_TRIES = 3  # ports tried per server side: a port taken between pick and bind twice running is already rare
+BIND_FAILED = b"Couldn't listen to port"  # what perftest prints on stderr when its bind fails
 # /etc/os-release ID / ID_LIKE words → the package manager and its install command.
 INSTALLERS = {
     "debian": ("apt-get", ["install", "-y", "--no-install-recommends", PACKAGE]),
@@ -82,25 +91,66 @@ def install_command(os_release: str, which: Callable[[str], str | None]) -> list
     return None
 
 
-def listening(proc_net_tcp: str, port: int) -> bool:
-    """Whether a /proc/net/tcp (or tcp6) text has a socket listening on `port`."""
+def listening_inodes(proc_net_tcp: str, port: int) -> set[int]:
+    """The inodes of the sockets listening on `port` in a /proc/net/tcp (or tcp6) text."""
     want = f":{port:04X}"
+    out = set()
     for line in proc_net_tcp.splitlines()[1:]:
         fields = line.split()
-        if len(fields) > 3 and fields[1].endswith(want) and fields[3] == _LISTEN:
-            return True
-    return False
+        if len(fields) > 9 and fields[1].endswith(want) and fields[3] == _LISTEN and fields[9].isdigit():
+            out.add(int(fields[9]))
+    return out
 
 
-def _listening_now(port: int) -> bool:
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+def listening(proc_net_tcp: str, port: int) -> bool:
+    """Whether a /proc/net/tcp (or tcp6) text has a socket listening on `port`."""
+    return bool(listening_inodes(proc_net_tcp, port))
+
+
+def socket_inodes(pid: int, proc: str = "/proc") -> set[int]:
+    """The inodes of the sockets a process holds open (its fd links read `socket:[INODE]`)."""
+    fd_dir = os.path.join(proc, str(pid), "fd")
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return set()
+    out = set()
+    for name in names:
         try:
-            with open(name) as fh:
-                if listening(fh.read(), port):
-                    return True
+            target = os.readlink(os.path.join(fd_dir, name))
         except OSError:
             continue
-    return False
+        if target.startswith("socket:[") and target.endswith("]") and target[8:-1].isdigit():
+            out.add(int(target[8:-1]))
+    return out
+
+
+def group_pids(pgid: int, proc: str = "/proc") -> list[int]:
+    """The processes of a process group (the children of a wrapper script are in its group)."""
+    out: list[int] = []
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        fields = _read(os.path.join(proc, entry, "stat")).rpartition(")")[2].split()
+        if len(fields) > 2 and fields[2] == str(pgid):  # state, ppid, pgrp
+            out.append(int(entry))
+    return out
+
+
+def ours_listening(port: int, pid: int, proc: str = "/proc") -> tuple[bool, bool]:
+    """(ours, anyone): whether a socket listening on `port` is held by process `pid` (or another
+    process of its group), and whether anything listens there at all."""
+    inodes = listening_inodes(_read(os.path.join(proc, "net", "tcp")), port)
+    inodes |= listening_inodes(_read(os.path.join(proc, "net", "tcp6")), port)
+    if not inodes:
+        return False, False
+    if inodes & socket_inodes(pid, proc):
+        return True, True
+    return any(inodes & socket_inodes(other, proc) for other in group_pids(pid, proc) if other != pid), True
 
 
 def free_port() -> int:
@@ -121,8 +171,9 @@ class FabricTester:
     """Answers FabricTest and FabricTestCancel; one run at a time (two would share a link)."""
 
     def __init__(self, settings: FabricTestSettings, tools_dir: str = "", *,
-                 ports: Callable[[], Sequence[m.Port]] = list) -> None:
+                 ports: Callable[[], Sequence[m.Port]] = list, pick_port: Callable[[], int] = free_port) -> None:
         self.settings = settings
+        self.pick_port = pick_port  # the server side's TCP port (free when picked, not reserved)
         self.tools_dir = tools_dir
         self.ports = ports  # the node's RDMA ports as last discovered (GID tables, link layer)
         self.path = find_tool(TOOL, tools_dir)
@@ -211,29 +262,57 @@ class FabricTester:
             out, err, code, timed_out, _ = await run_tool(argv, timeout)
             self._finish(done, out, err, code, timed_out, timeout)
             return
-        tcp_port = free_port()
+        taken: list[int] = []
+        for _ in range(BIND_TRIES):
+            tcp_port = self.pick_port()
+            ran, ready = await self._serve(req, send, done, tcp_port, gid, timeout)
+            if ran is None:
+                return  # not listening in time (done.error says so), or cancelled
+            out, err, code, timed_out, _ = ran
+            if ready or timed_out or code == 0 or BIND_FAILED not in err:
+                done.error = ""
+                self._finish(done, out, err, code, timed_out, timeout)
+                return
+            taken.append(tcp_port)
+            done.notes.append(f"TCP port {tcp_port} was taken before {TOOL} could listen on it"
+                              + ("; trying another" if len(taken) < BIND_TRIES else ""))
+            log.info("fabric test %s: %s", quote(req.request_id[:40]), done.notes[-1])
+        done.error = (f"{TOOL} could not listen on any of {BIND_TRIES} free TCP ports "
+                      f"({', '.join(map(str, taken))}): each was taken before it bound")
+
+    async def _serve(self, req: m.FabricTest, send: Callable[[msgspec.Struct], None], done: m.FabricTestResult,
+                     tcp_port: int, gid: int, limit: float) -> tuple[tuple[bytes, bytes, int | None, bool, bool] | None, bool]:
+        """One server-side run on `tcp_port`: (what run_tool returned, or None if it was killed
+        before it listened; whether "ready" was sent)."""
         argv = self._argv(req, tcp_port, gid)
         box: list[tuple[bytes, bytes, int | None, bool, bool]] = []
+        pid: list[int] = []
+        ready = False
+        foreign = False
         async with trio.open_nursery() as nursery:
             async def perftest() -> None:
-                box.append(await run_tool(argv, timeout))
-                nursery.cancel_scope.cancel()
+                box.append(await run_tool(argv, limit, started=pid.append))
+                nursery.cancel_scope.cancel()  # it ended (before listening: the caller reads why)
 
             nursery.start_soon(perftest)
             with trio.move_on_after(READY_TIMEOUT) as waiting:
                 # The kernel's socket table has no event to wait on: look every 50 ms.
-                while not await trio.to_thread.run_sync(_listening_now, tcp_port):  # noqa: ASYNC110
+                while True:
+                    if pid:
+                        ours, foreign = await trio.to_thread.run_sync(ours_listening, tcp_port, pid[0])
+                        if ours:
+                            break
                     await trio.sleep(0.05)
             if waiting.cancelled_caught:
-                done.error = f"{TOOL} did not listen on TCP port {tcp_port} within {READY_TIMEOUT:g}s; killed"
+                done.error = (f"{TOOL} did not listen on TCP port {tcp_port} within {READY_TIMEOUT:g}s"
+                              + (" (another process listens there)" if foreign else "") + "; killed")
                 nursery.cancel_scope.cancel()
             else:
                 # Listening: the client may come; perftest ends the nursery when it finishes (or its timeout).
+                ready = True
                 send(m.FabricTestResult(request_id=req.request_id, phase="ready", ok=True, tcp_port=tcp_port,
                                         gid_index=gid, notes=list(done.notes)))
-        if box:
-            done.error = ""
-            self._finish(done, *box[0][:4], timeout)
+        return (box[0] if box else None), ready
 
     def _check(self, req: m.FabricTest) -> str:
         if req.role not in m.FABRIC_TEST_ROLES:

@@ -140,12 +140,16 @@ def _safe_device(name: str) -> bool:
     return 0 < len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-.") for c in name)
 
 
-async def _run(argv: list[str], limit: float) -> tuple[bytes, bytes, int | None, bool, bool]:
+async def _run(argv: list[str], limit: float,
+               started: Callable[[int], None] | None = None) -> tuple[bytes, bytes, int | None, bool, bool]:
     """Run argv in its own process group; (stdout up to TEXT_CAP, stderr's tail, exit status,
     timed out, truncated). A process still running at the deadline, or printing past the cap, is
-    killed with its group (a shell script's children included)."""
+    killed with its group (a shell script's children included). `started` gets its pid (= its
+    process group's id) as soon as it runs."""
     proc = await trio.lowlevel.open_process(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, start_new_session=True)
+    if started is not None:
+        started(proc.pid)
     out = bytearray()
     err = bytearray()
     truncated = False

@@ -3,7 +3,8 @@
 `llmgw sim node` writes `bin/ib_write_bw`, which runs `python -m llmgw.sim.perftest NODE_DIR ARGS`.
 It takes the real tool's options (-d -i -p -s -n -x -F --report_gbits, the server's host last on
 the client) and behaves as perftest does: the server side listens on -p and waits for one client;
-the client dials it (refused: `Couldn't connect`, exit 1, as perftest). The two exchange their
+the client dials it (refused: `Couldn't connect`, exit 1, as perftest; a server whose port is
+taken: `Couldn't listen to port N`, exit 1, as perftest). The two exchange their
 device and bandwidth, and both print the table in perftest's format (perftest_parameters.h:
 RESULT_LINE, RESULT_FMT_G / RESULT_FMT, REPORT_FMT), measuring the slower of the two adapters.
 
@@ -99,7 +100,12 @@ def main(argv: list[str]) -> int:
     if "host" not in args:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("0.0.0.0", tcp_port))
+        try:
+            listener.bind(("0.0.0.0", tcp_port))
+        except OSError:  # perftest_communication.c, ethernet_server_connect, then write_bw.c
+            sys.stderr.write(f"Couldn't listen to port {tcp_port}\n Unable to open file descriptor for socket connection\n"
+                             " Unable to init the socket connection\n")
+            return 1
         listener.listen(1)
         out.write("\n************************************\n* Waiting for client to connect... *\n"
                   "************************************\n")
