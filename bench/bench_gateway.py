@@ -311,7 +311,8 @@ def start_profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes
     if not Path(spy).exists():
         print("  --profile: py-spy is not installed (`.venv/bin/pip install -e '.[bench]'`); no profile")
         return None
-    proc = subprocess.Popen([spy, "record", "--rate", "250", "--duration", str(max(1, round(seconds))), "--format", "raw",
+    # --nonblocking: py-spy otherwise stops the process for every sample, slowing what it measures.
+    proc = subprocess.Popen([spy, "record", "--nonblocking", "--rate", "250", "--duration", str(max(1, round(seconds))), "--format", "raw",
                              "--output", str(out), "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(0.5)  # attached before the load starts
     return proc
@@ -336,7 +337,8 @@ def print_profile(proc: subprocess.Popen[bytes] | None, out: Path, top: int = 15
         frame = re.sub(r":\d+\)$", ")", stack.rsplit(";", 1)[-1])
         own[frame] = own.get(frame, 0) + int(n)
         total += int(n)
-    print(f"  py-spy, through llmgw @32: the {top} frames with most samples of their own ({total:,} samples)")
+    print(f"  py-spy, through llmgw @32: the {top} frames with most samples of their own ({total:,} samples; "
+          "the @32 figures above were taken with it attached)")
     for frame, samples in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
         print(f"    {100 * samples / max(total, 1):5.1f} %  {frame}")
 
