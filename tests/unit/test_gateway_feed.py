@@ -94,3 +94,35 @@ def test_a_resized_pool_gets_admission_divided_by_the_new_count() -> None:
         woken = feed._changed
     remote = decode_to_gateway(feed._config)
     assert isinstance(remote, GatewayConfig) and remote.models[0].admission.max_in_flight == 12  # per remote gateway
+
+
+def test_a_follower_cannot_forge_the_control_planes_metrics_or_break_the_scrape() -> None:
+    """A compromised gateway reports families of the control plane's own (llmgw_nodes) and others:
+    they are left out, so the scrape has one `# TYPE` per family (Prometheus refuses a scrape that
+    repeats one) and no forged sample; what a gateway really exports still passes."""
+    from llmgw.server.metrics import ServerMetrics
+
+    server = ServerMetrics(lambda: {})
+    feed = GatewayFeedService()
+    server.registry.register(WorkerMetrics(feed))
+    real = CollectorRegistry()
+    Counter("llmgw_requests", "Gateway requests.", ["model", "code"], registry=real).labels("m", "200").inc(2)
+    forged = ('# TYPE llmgw_nodes gauge\nllmgw_nodes{state="ready"} 999\n'
+              '# TYPE llmgw_fleet_refused counter\nllmgw_fleet_refused_total{reason="x"} 1\n# TYPE up gauge\nup 0\n')
+    feed.followers[1] = Follower(name="gw-evil", peer="unknown", metrics=forged + generate_latest(real).decode())
+    text = server.render().decode()
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), types
+    assert "999" not in text and 'worker="gw-evil"} 0' not in text and "up{" not in text
+    assert 'llmgw_requests_total{code="200",model="m",worker="gw-evil"} 2.0' in text
+
+
+def test_every_family_a_real_gateway_exports_reaches_the_scrape() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from llmgw.server.gateway.worker import Follow, GatewayWorker
+    from llmgw.server.gwfeed import GATEWAY_FAMILIES
+
+    worker = GatewayWorker("worker-0", Follow(unix_path="/nonexistent"), local=True)
+    exported = {f.name for f in text_string_to_metric_families(generate_latest(worker.registry).decode())}
+    assert exported - GATEWAY_FAMILIES == set(), "add the new family to gwfeed.GATEWAY_FAMILIES"

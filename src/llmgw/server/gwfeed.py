@@ -47,6 +47,19 @@ HELLO_TIMEOUT = 10.0  # seconds a new stream has to say who it is
 # a tool's error text); 2,000 × 500 characters stay well under the feed's 4 MiB message.
 MAX_REASONS = 2000
 MAX_REASON = 500
+# The metric families a gateway exports (GatewayWorker's registry, as the text parser names them):
+# only these of a follower's report reach the control plane's /metrics. Another name would let a
+# compromised gateway forge the control plane's own families (llmgw_nodes, llmgw_fleet_refused) or
+# any other, and a name the control plane exports too repeats its `# TYPE` line, which fails
+# Prometheus's whole scrape. tests/unit/test_gateway_feed.py checks this against a real worker.
+GATEWAY_FAMILIES = frozenset({
+    "llmgw_admission_queue_depth", "llmgw_admission_rejected", "llmgw_admission_wait_seconds",
+    "llmgw_endpoint_breaker_state", "llmgw_endpoint_healthy", "llmgw_engine_up",
+    "llmgw_gateway_control_plane_connected", "llmgw_gateway_control_plane_last_update_timestamp_seconds",
+    "llmgw_gateway_control_plane_updates", "llmgw_gateway_control_plane_updates_created", "llmgw_gateway_worker_pid",
+    "llmgw_request_duration_seconds", "llmgw_requests", "llmgw_requests_in_flight", "llmgw_time_to_first_token_seconds",
+    "llmgw_upstream_retries",
+})
 
 
 class Follower(msgspec.Struct, kw_only=True):
@@ -237,6 +250,7 @@ class WorkerMetrics(Collector):
         self.service = service
         # The server's own gateway's metrics (unlabelled, as before workers), when it serves the port.
         self.local = local
+        self._warned: set[str] = set()  # followers already named in a warning (one line each, not one a scrape)
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
@@ -249,9 +263,16 @@ class WorkerMetrics(Collector):
             try:
                 parsed = list(text_string_to_metric_families(follower.metrics))
             except ValueError as exc:
-                log.warning("gateway %s sent metrics that do not parse: %s", follower.name, exc)
+                log.warning("gateway %s sent metrics that do not parse: %s", follower.name, printable(str(exc)[:200]))
                 continue
+            foreign = [family.name for family in parsed if family.name not in GATEWAY_FAMILIES]
+            if foreign and follower.name not in self._warned:
+                self._warned.add(follower.name)
+                log.warning("gateway %s reports metric families no gateway exports, left out of /metrics: %s",
+                            follower.name, printable(", ".join(foreign)[:200]))
             for family in parsed:
+                if family.name not in GATEWAY_FAMILIES:
+                    continue
                 merged = families.get(family.name)
                 if merged is None:
                     merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
