@@ -82,10 +82,11 @@ def split_hostport(text: str, what: str, flag: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def bind_socket(text: str, what: str, flag: str, *, reserve: bool = False) -> socket.socket:
+def bind_socket(text: str, what: str, flag: str, *, reserve: bool = False, listen: bool | None = None) -> socket.socket:
     """Bind now, so that a port in use is one clear line before anything starts. `reserve`: bind
     with SO_REUSEPORT and do not listen (the gateway workers listen on the port; this socket
-    only holds it for them and names the port they are to bind when it was 0)."""
+    only holds it for them and names the port they are to bind when it was 0). `listen=False`:
+    bound only, the caller listens once it can serve (`llmgw gateway`, after its first config)."""
     host, port = split_hostport(text, what, flag)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -99,7 +100,7 @@ def bind_socket(text: str, what: str, flag: str, *, reserve: bool = False) -> so
         raise UsageError(
             f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}; choose another with {flag}"
         ) from None
-    if not reserve:
+    if (not reserve) if listen is None else listen:
         sock.listen(4096)
     sock.setblocking(False)
     return sock

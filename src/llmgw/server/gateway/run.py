@@ -48,7 +48,7 @@ async def run_gateway(*, control_plane: str | None, listen: str, cert: str | Non
 
         parse_fleet_url(control_plane, insecure)  # a bad URL is one line now, not a retry loop
         tls = client_port_tls(*public_tls)
-        sock = bind_socket(listen, "gateway port", "--listen")
+        sock = bind_socket(listen, "gateway port", "--listen", listen=False)  # listens once it can serve
         gw = GatewayWorker(name or socket.gethostname(), Follow(url=control_plane, ssl_context=ssl_context, insecure=insecure),
                            local=False, public_tls=tls)
     metrics_socks = [bind_socket(metrics_listen, "metrics listener", "--metrics-listen")] if metrics_listen else []

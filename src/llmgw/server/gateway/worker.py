@@ -253,6 +253,12 @@ class GatewayWorker:
                 header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)))
             if self.public_tls is not None:
                 self.public_tls.attach(self.http)
+            # Listening only now: the kernel hands a listening socket its share of the port's new
+            # connections (SO_REUSEPORT) and completes them, so a worker still waiting for its
+            # first config, or for TLS files it cannot read, would hold that share unanswered
+            # (5 of 8 requests hung behind one such worker of two).
+            for s in socks:
+                s.listen(4096)
             listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in socks]
             await nursery.start(self.http.serve, listeners)
             metrics = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in metrics_socks]
@@ -266,13 +272,13 @@ class GatewayWorker:
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port that other workers share (SO_REUSEPORT: the kernel spreads
-    new connections across every worker's socket; a dead worker's share goes to the others)."""
+    """A socket bound to host:port that other workers share (SO_REUSEPORT: the kernel spreads
+    new connections across every worker's listening socket; a dead worker's share goes to the
+    others). It listens once the worker can serve (`GatewayWorker.serve`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(4096)
     sock.setblocking(False)
     return sock
