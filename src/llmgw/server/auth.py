@@ -173,14 +173,19 @@ class Auth:
 
     def __init__(self, cfg: ServerConfig, *, insecure: bool, count: Callable[[str], None] = lambda door: None,
                  clock: Callable[[], float] = time.monotonic,
-                 revoked: Callable[[HasPeerCert], bool] = lambda peer: False) -> None:
+                 revoked: Callable[[HasPeerCert], bool] = lambda peer: False,
+                 worker_tls: bool | None = None) -> None:
         self.insecure = insecure
+        # A gateway worker's doors: the client door alone (the control plane keeps the others and
+        # says what it should about them). None: the server's; True/False: a worker whose port has
+        # TLS or not (a local worker counts as TLS: its server's own notes cover the port).
+        self._worker_tls = worker_tls
         self._revoked = revoked  # the deny list (tls.deny_list): a revoked certificate is nobody
         self._count = count
         self._clock = clock
         self._throttles = {door: _Throttle() for door in Door}
         self.creds = Credentials.from_config(cfg, insecure=insecure)
-        self._public_tls = bool(cfg.public_tls and cfg.public_tls.cert)
+        self._public_tls = bool(cfg.public_tls and cfg.public_tls.cert) if worker_tls is None else worker_tls
         self._notes = self.notes(public_tls=self._public_tls)
 
     def announce(self) -> None:
@@ -200,6 +205,10 @@ class Auth:
     def notes(self, *, public_tls: bool) -> list[str]:
         """What an operator should know about the doors at start."""
         creds = self.creds
+        if self._worker_tls is not None:  # a gateway worker: API keys in clear text is its only note
+            return [] if public_tls or not creds.api_keys else [
+                "gateway.api_keys configured but this gateway's client port has no TLS (--public-tls-cert): "
+                "API keys cross the network in cleartext unless a TLS proxy fronts this port"]
         out = []
         if not creds.any:
             mutations = ("and so are changes (--insecure)" if creds.insecure

@@ -92,7 +92,7 @@ class GatewayWorker:
         self.registry = CollectorRegistry()
         self.metrics = GatewayMetrics(self.registry)
         self.hub = RelayHub(coalesce=float(GatewaySettings().stream_coalesce))
-        self.auth = Auth(ServerConfig(), insecure=True)
+        self.auth = Auth(ServerConfig(), insecure=True, worker_tls=local or public_tls is not None)
         self.gateway = Gateway(GatewaySettings(), self.metrics, relay_hub=self.hub, client_door=self.auth.client,
                                not_ready_reason=self._not_ready)
         watch_gateway(self.registry, self.gateway)
