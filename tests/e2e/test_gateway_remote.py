@@ -160,13 +160,14 @@ def test_only_a_gateway_certificate_follows_as_a_gateway(tmp_path: Path, procs: 
         procs.append(proc)
         return proc, url, metrics
 
-    _, good_url, good_metrics = gateway("good", "gateway-gw-1")
+    good, good_url, good_metrics = gateway("good", "gateway-gw-1")
     wait_until(lambda: httpx.get(f"{good_url}/healthz", timeout=2).status_code == 200, "the gateway to follow",
                procs=procs)
     assert rotation(good_metrics) == {f"http://127.0.0.1:{engine_port}"}
     # Its name in the control plane's metrics is its certificate's.
     wait_until(lambda: 'worker="gw-1"' in httpx.get(f"{server.url}/metrics", timeout=5).text,
                "the gateway's metrics in the control plane's scrape", procs=procs)
+    assert "gateway gw-1 serving (following" in good.log()  # its own log says the same name
 
     for name, crt in (("node", "node-gpu-01"), ("viewer", "viewer-dash")):
         bad, _, _ = gateway(name, crt)

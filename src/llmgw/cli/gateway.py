@@ -12,7 +12,8 @@ from llmgw.cli.logs import setup_logging
 @click.option("--control-plane", "control_plane", envvar="LLMGW_CONTROL_PLANE", metavar="URL",
               help="The server's fleet port, https://HOST:PORT (http:// only with --insecure). [env: LLMGW_CONTROL_PLANE]")
 @click.option("--listen", envvar="LLMGW_LISTEN", default="127.0.0.1:8080", show_default=True,
-              help="HOST:PORT to serve /v1, /healthz and /metrics on. [env: LLMGW_LISTEN]")
+              help="HOST:PORT to serve /v1 and /healthz on (once the control plane has sent the first "
+                   "configuration). [env: LLMGW_LISTEN]")
 @click.option("--metrics-listen", envvar="LLMGW_METRICS_LISTEN", default="", metavar="HOST:PORT",
               help="Serve this gateway's /metrics here (never on the client port: they name engine addresses; "
                    "the control plane's /metrics shows them too). [env: LLMGW_METRICS_LISTEN]")
@@ -30,7 +31,9 @@ from llmgw.cli.logs import setup_logging
 @click.option("--public-tls-ca", envvar="LLMGW_PUBLIC_TLS_CA", type=click.Path(dir_okay=False), metavar="FILE",
               help="Client certificates, when a client presents one, must come from this CA (as public_tls.ca; "
                    "/v1 itself takes API keys). [env: LLMGW_PUBLIC_TLS_CA]")
-@click.option("--name", default="", help="Name in the control plane's metrics (default: the certificate's name, or the host).")
+@click.option("--name", default="", help="Name in this gateway's log and answers, and in the control plane's metrics "
+              "when it follows without a certificate (--insecure); a certificate's name always wins there "
+              "(default: the certificate's name, or the host).")
 @click.option("--insecure", is_flag=True, help="Follow over plain h2c, without TLS (labs and tests only).")
 @click.option("--worker", type=int, default=None, hidden=True, help="Internal: the server's worker INDEX.")
 @click.option("--feed-socket", default="", hidden=True, help="Internal: the control plane's Unix socket.")

@@ -49,7 +49,7 @@ async def run_gateway(*, control_plane: str | None, listen: str, cert: str | Non
         parse_fleet_url(control_plane, insecure)  # a bad URL is one line now, not a retry loop
         tls = client_port_tls(*public_tls)
         sock = bind_socket(listen, "gateway port", "--listen", listen=False)  # listens once it can serve
-        gw = GatewayWorker(name or socket.gethostname(), Follow(url=control_plane, ssl_context=ssl_context, insecure=insecure),
+        gw = GatewayWorker(name or certificate_name(cert) or socket.gethostname(), Follow(url=control_plane, ssl_context=ssl_context, insecure=insecure),
                            local=False, public_tls=tls)
     metrics_socks = [bind_socket(metrics_listen, "metrics listener", "--metrics-listen")] if metrics_listen else []
     settle_garbage_collector()
@@ -68,6 +68,16 @@ async def run_gateway(*, control_plane: str | None, listen: str, cert: str | Non
         nursery.cancel_scope.cancel()
     with trio.CancelScope(shield=True):
         await gw.gateway.aclose()
+
+
+def certificate_name(cert: str | None) -> str:
+    """The CN of the gateway certificate, the name the control plane knows this gateway by (its
+    metrics label, `ctl gateways`), so that its own log lines and answers say the same one."""
+    if not cert:
+        return ""
+    from llmgw.tls.info import common_name, load_certificate
+
+    return common_name(load_certificate(cert).subject) or ""
 
 
 def client_port_tls(cert: str, key: str, ca: str) -> ServerTls | None:
