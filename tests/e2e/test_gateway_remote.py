@@ -174,8 +174,15 @@ def test_only_a_gateway_certificate_follows_as_a_gateway(tmp_path: Path, procs: 
         wait_until(lambda bad=bad: "not a gateway certificate" in bad.log(), f"a {name} certificate refused as a gateway",
                    procs=procs)
         assert " serving (following" not in bad.log()  # it never got a configuration, so it never opened its port
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    assert re.search(r'^llmgw_fleet_refused_total\{reason="not_gateway"\} [2-9]', text, re.M), text
+    # Each dialled again (two refusals each) and never said it follows: a refused stream is not following.
+    wait_until(lambda: re.search(r'^llmgw_fleet_refused_total\{reason="not_gateway"\} ([4-9]|\d\d)',
+                                 httpx.get(f"{server.url}/metrics", timeout=5).text, re.M),
+               "each refused gateway to dial again", procs=procs)
+    for proc in procs:
+        if proc.name in ("gateway-node", "gateway-viewer"):
+            assert "following the control plane" not in proc.log(), proc.log()
+            assert proc.log().count("cannot follow the control plane") == 1, proc.log()
+            assert "not serving until it does" in proc.log()
 
     # A gateway certificate never registers as a node, even with require_identity off.
     node_dir = tmp_path / "gw-as-node"

@@ -129,6 +129,10 @@ class GatewayWorker:
             try:
                 async with self.follow.dial() as channel:
                     await channel.send(encode(GatewayHello(name=self.name, version=__version__, pid=os.getpid())))
+                    # Following from the control plane's first message, not from the stream's opening: a
+                    # refused gateway (revoked, not a gateway certificate) has its stream opened and then
+                    # ended with the reason, and said "following ... again" and "lost" on every dial.
+                    self._apply(await channel.receive())
                     self.connected.set(1)
                     self.following = True
                     if lost_said:
@@ -145,9 +149,13 @@ class GatewayWorker:
             self.connected.set(0)
             self.following = False
             if not lost_said:
-                log.warning("gateway %s: lost the control plane at %s (%s); serving with the last endpoint set "
-                            "(%d endpoint(s)) and dialling again", self.name, self.follow.where(), why,
-                            len(self.gateway.table.upstreams))
+                if self.configured.is_set():
+                    log.warning("gateway %s: lost the control plane at %s (%s); serving with the last endpoint set "
+                                "(%d endpoint(s)) and dialling again", self.name, self.follow.where(), why,
+                                len(self.gateway.table.upstreams))
+                else:  # nothing to serve with yet: its port does not listen
+                    log.warning("gateway %s: cannot follow the control plane at %s (%s); not serving until it does, "
+                                "dialling again", self.name, self.follow.where(), why)
                 lost_said = True
             await trio.sleep(wait * (0.5 + rng.random()))
             wait = min(wait * 2, BACKOFF[1])
