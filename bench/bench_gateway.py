@@ -296,11 +296,11 @@ PROFILE_NOTE = """\
     balancer pick + release                                         1.5 %   2.2 %
     trio's waits (wait_readable, two a request)                     7.8 %   8.0 %  (the floor's too)
     socket writes (two a request: kernel time, the peer woken)     28.7 %  36.0 %  (the floor)
-  same-run A/B, wrk -c32, 4 rounds interleaved: CPU/request 173 -> 130 µs, 5,740 -> 7,650 req/s
-  (load 3-5 on the 2 cores; an earlier quieter run read 109 -> 79 µs). 200-stream bursts: no
-  hang-up watcher task per stream (~9 % of a burst's samples; the relay hub watches EPOLLRDHUP)
-  and 256 idle engine connections kept, not 64: CPU per stream 720 -> 640 µs and 770 -> 670 µs
-  (20 tokens each, one same-run A/B for each). Earlier cuts (uuid4 request ids, trio.open_tcp_stream
+  same-run A/B against main at 3bde230, wrk -c32, 3 rounds interleaved: CPU/request 148 -> 109 µs,
+  5,470 -> 7,380 req/s (load ~2 on the 2 cores). 200-stream bursts (no hang-up watcher task per
+  stream, ~9 % of a burst's samples before: the relay hub watches EPOLLRDHUP; 256 idle engine
+  connections kept, not 64), 5 rounds of 20 tokens a stream: CPU per stream 940 -> 760 µs, added
+  TTFT p50 31.6 -> 19.3 ms (the bare relay's 7.5 ms; single rounds ranged -29 to 46 ms). Earlier cuts (uuid4 request ids, trio.open_tcp_stream
   for IP literals, fail_after): CPU/request 145 -> 108 µs. What is left is spread thin: no item
   of the gateway's own above 3 % but the parsing its strictness needs."""
 
