@@ -142,9 +142,10 @@ class Roller(Mover):
         if ro is not None and ro.state == RolloutState.ROLLING:
             self._follow(ro, now)
         replicas = [r for r in self.of_model(model.name) if r.state not in LEAVING]
+        moving = self.unfinished_by_replica()  # one walk of the move table, not one per replica
         stale = [(r, what) for r in replicas
                  if r.state in (ReplicaState.READY, ReplicaState.STARTING) and not r.replaces
-                 and self.move_of(r.id) is None and (what := changed(r, model))]
+                 and r.id not in moving and (what := changed(r, model))]
         target = self._fingerprint(model)
         if not stale and not self.active_moves(model.name) and (ro is None or ro.state != RolloutState.ROLLING):
             self._current[model.name] = target  # nothing to look at again until the catalog or the fleet changes
