@@ -92,12 +92,12 @@ def gateway_refusal(peer: HasPeerCert, revocations: Revocations) -> tuple[str, s
     serial = peer_serial(peer)
     if serial is not None and serial in revocations.denied:
         return "revoked", (f"the client certificate {name!r} (serial {serial:x}) is revoked; issue a new one with "
-                           f"`llmgw ctl cert gateway {name}`")
+                           f"`llmgw ctl cert gateway {name} --force`")
     kind = peer_kind(peer)
     if kind != "gateway":
         what = f"an {kind}" if kind == "operator" else f"a {kind}" if kind else "not an llmgw"
         return "not_gateway", (f"the client certificate {name!r} is {what} certificate, not a gateway certificate "
-                               f"(OU=gateways); issue one with `llmgw ctl cert gateway {name}`")
+                               f"(OU=gateways); issue one with `llmgw ctl cert gateway NAME` (a name no other kind holds)")
     return None
 
 
@@ -110,7 +110,7 @@ def fleet_refusal(peer: HasPeerCert, revocations: Revocations, *, require_node: 
     serial = peer_serial(peer)
     if serial is not None and serial in revocations.denied:
         return "revoked", (f"the client certificate {name!r} (serial {serial:x}) is revoked; issue a new one with "
-                           f"`llmgw ctl cert node {name}` and give the agent that pair")
+                           f"`llmgw ctl cert node {name} --force` and give the agent that pair")
     kind = peer_kind(peer)
     # A gateway certificate is never a node, whatever the config.
     if (require_node or kind == "gateway") and kind != "node":
