@@ -126,3 +126,46 @@ def test_every_family_a_real_gateway_exports_reaches_the_scrape() -> None:
     worker = GatewayWorker("worker-0", Follow(unix_path="/nonexistent"), local=True)
     exported = {f.name for f in text_string_to_metric_families(generate_latest(worker.registry).decode())}
     assert exported - GATEWAY_FAMILIES == set(), "add the new family to gwfeed.GATEWAY_FAMILIES"
+
+
+def _big_report() -> str:
+    from llmgw.server.gateway.worker import Follow, GatewayWorker
+
+    worker = GatewayWorker("worker-0", Follow(unix_path="/nonexistent"), local=True)
+    for i in range(600):  # ~23,000 lines: requests, durations and first tokens of 600 models
+        worker.metrics.finished(f"model-{i}", 200, 0.3)
+        worker.metrics.first_token(f"model-{i}", 0.1)
+    return generate_latest(worker.registry).decode()
+
+
+async def test_reports_are_parsed_in_steps_that_let_the_event_loop_run() -> None:
+    """A big report (a worker with a big catalog, or a compromised gateway's 4 MiB) is parsed a
+    step at a time: other tasks run between the steps, and the scrape is the one-go parse's."""
+    import trio
+
+    text = _big_report()
+    feed = GatewayFeedService()
+    feed.followers[1] = Follower(name="worker-0", peer="unknown", metrics=text)
+    scrape = CollectorRegistry()
+    collector = WorkerMetrics(feed)
+    scrape.register(collector)
+    in_one_go = generate_latest(scrape)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.lowlevel.checkpoint()
+        before = ticks
+        await collector.parse_reports()
+        nursery.cancel_scope.cancel()
+    from llmgw.server.gwfeed import PARSE_STEP
+
+    assert ticks - before >= text.count("\n") // PARSE_STEP - 1 >= 5
+    assert collector._parsed[1][0] is text  # the scrape takes these, not a parse of its own
+    assert generate_latest(scrape) == in_one_go

@@ -84,8 +84,9 @@ class PublicHandler:
                  render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True,
                  events: EventLog | None = None, engine_logs: EngineLogs | None = None,
                  pages: Handler | None = None, fabric_tests: FabricTests | None = None,
-                 doctor: Doctor | None = None) -> None:
+                 doctor: Doctor | None = None, prepare_metrics: Callable[[], Awaitable[None]] | None = None) -> None:
         self.reads = reads
+        self.prepare_metrics = prepare_metrics  # parses the gateway workers' reports in steps (gwfeed.py)
         self.pages = pages  # /admin/* (server/admin/pages.py): checks the viewer door itself
         self.fabric_tests = fabric_tests  # POST /api/v1/fabric-tests
         self.doctor = doctor  # GET /api/v1/doctor
@@ -109,6 +110,8 @@ class PublicHandler:
         if path == "/metrics" and self.admin:
             if not self.auth.metrics_open and not await self._pass(Door.VIEWER, request, responder):
                 return
+            if self.prepare_metrics is not None:
+                await self.prepare_metrics()
             await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], self.render_metrics())
             return
         if path.startswith("/api/v1/") and self.admin:

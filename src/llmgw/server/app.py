@@ -187,7 +187,8 @@ class ControlPlane:
         gateway = Gateway(cfg.gateway, GatewayMetrics(gateway_registry), relay_hub=self.relay_hub,
                           client_door=self.auth.client, not_ready_reason=feed.not_ready_reason, followers=self.followers)
         watch_gateway(gateway_registry, gateway)
-        self.metrics.registry.register(WorkerMetrics(self.followers, gateway_registry if self.workers == 1 else None))
+        self.worker_metrics = WorkerMetrics(self.followers, gateway_registry if self.workers == 1 else None)
+        self.metrics.registry.register(self.worker_metrics)
         gateway.configure(cfg.models, cfg.endpoints)
         self.gateway = gateway
         # The controller sends on the streams the fleet service keeps (one shared map).
@@ -279,7 +280,8 @@ class ControlPlane:
         return PublicHandler(reads=self.reads, actions=self.operator, auth=self.auth, gateway=self.gateway,
                              render_metrics=self.metrics.render, clients=clients, admin=admin,
                              events=self.events, engine_logs=self.engine_logs, pages=self.admin_pages,
-                             fabric_tests=self.fabric_tests, doctor=self.doctor)
+                             fabric_tests=self.fabric_tests, doctor=self.doctor,
+                             prepare_metrics=self.worker_metrics.parse_reports)
 
     async def run(
         self,
