@@ -605,16 +605,18 @@ def test_header_lines_seen_before_parse_as_they_did_and_the_memo_stays_bounded()
     refused whatever was kept, credentials are not kept, and the memo never outgrows its bound."""
     heads = [
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw:8080\r\nUser-Agent: OpenAI/Python 1.54.0\r\n"
-        b"Content-Type: application/json\r\nAuthorization: Bearer sk-secret\r\nContent-Length: 12\r\n\r\n",
+        b"Content-Type: application/json\r\nAuthorization: Bearer sk-secret\r\nX-Api-Key: sk-secret-2\r\n"
+        b"Api-Key: sk-secret-3\r\nX-Stainless-Lang: python\r\nContent-Length: 12\r\n\r\n",
         b"GET / HTTP/1.0\r\nConnection: keep-alive\r\nX-Pad:   spaced \t\r\n\r\n",
     ]
     for raw in heads:
         first, again = http1.parse_request_head(raw), http1.parse_request_head(raw)
         assert (again.headers, again.content_length, again.close, again.chunked) == \
                (first.headers, first.content_length, first.close, first.chunked)
-    assert not any(b"sk-secret" in line for line in http1._SEEN)
+    assert not any(b"sk-secret" in line for line in http1._SEEN)  # no credential header, whatever its name
+    assert b"X-Stainless-Lang: python" in http1._SEEN and b"Host: gw:8080" in http1._SEEN
     with pytest.raises(http1.HttpError):
         http1.parse_request_head(b"GET / HTTP/1.1\r\nHost: gw:8080\r\nX-Bad: a\x01b\r\n\r\n")
     for i in range(http1._SEEN_MAX + 10):
-        http1.parse_request_head(b"GET / HTTP/1.1\r\nX-Unique: %d\r\n\r\n" % i)
+        http1.parse_request_head(b"GET / HTTP/1.1\r\nUser-Agent: client/%d\r\n\r\n" % i)
     assert len(http1._SEEN) <= http1._SEEN_MAX

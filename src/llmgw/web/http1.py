@@ -173,13 +173,17 @@ class HeadScanner:
 # the same server and content-type lines on every answer. A line found here passed every check
 # below before (its bytes alone decide them) and is checked for control characters with its block
 # all the same; what differs per request (content-length, date) is parsed as always. Bounded: lines
-# of at most _SEEN_LINE bytes, emptied at _SEEN_MAX entries; credentials are never kept. Measured
+# of at most _SEEN_LINE bytes, emptied at _SEEN_MAX entries. Only the headers named in _KEPT (and
+# the SDKs' x-stainless-* lines) are kept: a deny list of credential names missed x-api-key, Azure's
+# api-key and whatever a deployment invents, and kept lines live in the process's memory. Measured
 # (timeit, issue 17) on 500 heads each: the OpenAI Python SDK's 16-line request head 10.3 -> 5.7 µs,
 # vLLM's 4-line response head (date and content-length varying) 4.2 -> 3.0 µs.
 _SEEN: dict[bytes, tuple[bytes, bytes]] = {}
 _SEEN_MAX = 4096
 _SEEN_LINE = 256
-_NOT_KEPT = frozenset({b"authorization", b"proxy-authorization", b"cookie", b"set-cookie"})
+_KEPT = frozenset({b"host", b"user-agent", b"accept", b"accept-encoding", b"accept-language", b"content-type",
+                   b"connection", b"cache-control", b"server", b"x-accel-buffering", b"transfer-encoding",
+                   b"keep-alive", b"vary", b"openai-organization", b"openai-project"})
 
 
 def _parse_fields(raw: bytes, start: int, msg: Framing, http10: bool, bad: int) -> None:
@@ -211,7 +215,7 @@ def _parse_fields(raw: bytes, start: int, msg: Framing, http10: bool, bad: int) 
                     # also rejects obsolete line folding and whitespace before the colon (RFC 9112 §5)
                     raise HttpError(bad, "malformed header line")
                 field = (name.lower(), value.strip(b" \t"))
-                if len(line) <= _SEEN_LINE and field[0] not in _NOT_KEPT:
+                if len(line) <= _SEEN_LINE and (field[0] in _KEPT or field[0].startswith(b"x-stainless-")):
                     if len(seen) >= _SEEN_MAX:
                         seen.clear()
                     seen[line] = field
