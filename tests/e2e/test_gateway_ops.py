@@ -140,6 +140,7 @@ def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, pro
     assert [r["name"] for r in rows] == ["worker-0", "worker-1", "edge-1"]  # the server's own first
     assert {by_name[n]["kind"] for n in ("worker-0", "worker-1")} == {"worker"} and by_name["edge-1"]["kind"] == "remote"
     assert by_name["edge-1"]["pid"] == gw_proc.pid and by_name["edge-1"]["peer"].startswith("127.0.0.1:")
+    assert {by_name[n]["peer"] for n in ("worker-0", "worker-1")} == {"local (gateway.sock)"}
     assert by_name["edge-1"]["requests"] >= 1
     worker_pids = {int(w["pid"]) for w in scrape_pids(server, viewer).values()}
     assert {by_name[n]["pid"] for n in ("worker-0", "worker-1")} == worker_pids

@@ -181,7 +181,9 @@ class GatewayFeedService:
         # A certificate's name wins over what the worker says (a remote gateway is who its certificate says).
         # Without a certificate (a lab's plain fleet port) the name is the peer's text: escaped, bounded.
         name = channel.tls_identity or printable(hello.name[:64])
-        follower = Follower(name=name, peer=channel.peer, kind="worker" if local else "remote", pid=hello.pid,
+        # A local worker comes over the Unix socket (no address): say so rather than "unknown".
+        follower = Follower(name=name, peer="local (gateway.sock)" if local else channel.peer,
+                            kind="worker" if local else "remote", pid=hello.pid,
                             version=printable(hello.version[:64]), since=time.time())
         key = id(follower)
         self.followers[key] = follower
