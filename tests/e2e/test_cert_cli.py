@@ -167,6 +167,10 @@ def test_errors_are_one_line_with_the_right_exit_code(cluster: Path, tmp_path: P
     assert "invalid node id 'gpu 01'" in fails(2, "node", "gpu 01", "--dir", str(cluster))
     assert "at least one --host or --ip" in fails(2, "server", "--dir", str(cluster), "--out", str(tmp_path / "s"))
     assert "--ip 'ctrl' is not an IP address" in fails(2, "server", "--dir", str(cluster), "--ip", "ctrl")
+    # A remote gateway named like the server's own workers would share their `worker` label in /metrics.
+    assert "gateway name 'worker-0' is what the server calls its own gateway workers" in \
+        fails(2, "gateway", "worker-0", "--dir", str(cluster))
+    assert not (cluster / "gateway-worker-0.crt").exists()
     before = (cluster / "node-gpu-01.crt").read_bytes()
     line = fails(1, "node", "gpu-01", "--dir", str(cluster))
     assert "node-gpu-01.crt already exists; pass --force" in line

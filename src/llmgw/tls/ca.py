@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,9 @@ CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 ISSUED_DIR = "issued"
 from llmgw.tls.defaults import DEFAULT_CA_NAME  # noqa: E402 - re-exported
+
+# The server's own gateway workers' names (server/gateway/workers.py): no remote gateway may take one.
+LOCAL_WORKER_NAME = re.compile(r"worker-[0-9]+")
 
 _KIND_ORDER = {"ca": 0, "server": 1, "node": 2, "operator": 3, "viewer": 4, "gateway": 5}
 # Kinds that identify a client: one name holds one of them, so a name always means one thing.
@@ -388,6 +392,9 @@ def issue_client(
         validate_node_id(name)
     else:
         validate_operator_name(name)
+    if kind == "gateway" and LOCAL_WORKER_NAME.fullmatch(name):
+        raise UsageError(f"gateway name {name!r} is what the server calls its own gateway workers (their series in "
+                         "/metrics carry the same `worker` label): choose another, as in gw-1")
     return _issue(
         directory,
         kind=kind,
