@@ -214,6 +214,7 @@ def test_a_certificate_renewed_in_place_reaches_new_handshakes_on_reload(pair: P
     pair.single.proc.signal(signal.SIGHUP)
     result = ctl(pair.workers.url, "reload", env={"LLMGW_TOKEN": OPERATOR, "LLMGW_CA": str(pair.cadir / "ca.crt")})
     assert result.returncode == 0, result.stderr
+    assert "public port certificate re-read" in result.stdout  # the operator reads that it took
     for server in (pair.single, pair.workers):
         wait_until(lambda server=server: {served_serial(server.public_port, pair.cadir / "ca.crt")
                                           for _ in range(TRIES)} == {after},

@@ -81,6 +81,13 @@ def test_missing_tls_files_are_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "nope.crt" in lines[0] and "does not exist" in lines[0], result.stderr
+    # The public port's files: the line names the config key as well as the file.
+    cfg.write_text(f"public_tls:\n  cert: {tmp_path}/pub.crt\n  key: {tmp_path}/pub.key\n")
+    result = run_llmgw("server", "--config", str(cfg), "--insecure", "--listen", f"127.0.0.1:{free_port()}",
+                       "--fleet-listen", f"127.0.0.1:{free_port()}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "public_tls: " in lines[0] and "pub.crt does not exist" in lines[0], result.stderr
     agent_cfg = tmp_path / "agent.yaml"
     agent_cfg.write_text(f"server: https://127.0.0.1:1\ntls:\n  cert: {tmp_path}/n.crt\n  key: {tmp_path}/n.key\n  ca: {tmp_path}/ca.crt\n")
     result = run_llmgw("agent", "--config", str(agent_cfg))

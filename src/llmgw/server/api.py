@@ -246,7 +246,7 @@ class PublicHandler:
 
     async def reload(self, call: Call) -> None:
         result = await self.actions.reload()
-        log.info("reload requested by %s: %s", call.who, result)
+        log.info("reload requested by %s: %s%s", call.who, "" if result.ok else "refused: ", result.message)
         await send_json(call.responder, 200 if result.ok else 400, result)
 
     async def forget_node(self, call: Call) -> None:

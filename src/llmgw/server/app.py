@@ -156,7 +156,10 @@ class ControlPlane:
         # to each listener of the public port, to the gateway workers through the feed, and read
         # again on reload.
         public_tls = cfg.public_tls
-        self.public_tls = ServerTls(public_tls.cert, public_tls.key, public_tls.ca) if public_tls and public_tls.cert else None
+        try:
+            self.public_tls = ServerTls(public_tls.cert, public_tls.key, public_tls.ca) if public_tls and public_tls.cert else None
+        except UsageError as exc:
+            raise UsageError(f"public_tls: {exc}") from None  # which key of the config names the file
         fleet = cfg.fleet
         require_identity = bool(cfg.tls and cfg.tls.require_identity)
         # Who may call: the deny list, then the doors of the public port.

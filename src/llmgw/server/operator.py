@@ -116,27 +116,30 @@ class Operator:
                 log.error("reload failed, keeping the running config: %s", exc)
                 self.record("reload", f"config reload refused, the running config stays: {exc}")
                 return ReloadResult(ok=False, message=f"{exc}; the running config stays")
-            tls_problem = await self._reload_public_tls()
+            tls_problem, renewed = await self._reload_public_tls()
             result = self._apply_reload(cfg)
             if tls_problem:
                 result = ReloadResult(ok=False, message=f"{result.message}; but {tls_problem}", models=result.models)
+            elif renewed:
+                result.message += "; public port certificate re-read (new handshakes use it)"
             self.record("reload", f"config reloaded: {result.message}")
             return result
 
-    async def _reload_public_tls(self) -> str:
-        """Read the public port's certificate, key and CA files again (off the event loop); what
-        went wrong, or "". A file that cannot be used leaves the running certificate in place."""
+    async def _reload_public_tls(self) -> tuple[str, bool]:
+        """Read the public port's certificate, key and CA files again (off the event loop): what
+        went wrong (or ""), and whether they changed. A file that cannot be used leaves the
+        running certificate in place."""
         tls = self.public_tls
         if tls is None:
-            return ""
+            return "", False
         try:
             changed = await trio.to_thread.run_sync(tls.reload)
         except UsageError as exc:
             log.error("reload: public_tls: %s; the running certificate stays", exc)
-            return f"public_tls: {exc}; the running certificate stays"
+            return f"public_tls: {exc}; the running certificate stays", False
         if changed:
             log.info("reload: public port certificate re-read from %s (new handshakes use it)", tls.cert)
-        return ""
+        return "", changed
 
     def _apply_reload(self, cfg: ServerConfig) -> ReloadResult:
         changed = [k for k in RESTART_ONLY if getattr(cfg, k) != getattr(self.cfg, k)]
