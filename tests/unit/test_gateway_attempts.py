@@ -100,7 +100,7 @@ async def test_an_endpoint_out_of_rotation_moves_its_waiting_request(ticking: bo
                     await trio.testing.wait_all_tasks_blocked()
                     if urls[0] in gw._attempts:
                         break
-                    await trio.sleep(1)
+                    await trio.sleep(1)  # ok: MockClock (autojump) time, paces the next client only
                 # as the health checks do: out of rotation first (no new request goes there), then
                 # the attempts waiting on it are evicted
                 for _ in range(GatewaySettings().health_failures):

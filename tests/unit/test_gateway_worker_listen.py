@@ -48,6 +48,6 @@ async def test_a_worker_listens_only_once_it_can_serve(tmp_path: Path) -> None:
                         r = await client.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
                         break
                     except httpx.ConnectError:
-                        await trio.sleep(0.05)
+                        await trio.sleep(0.05)  # ok: the poller's interval; fail_after(30) bounds the wait
         assert r.status_code == 200
         nursery.cancel_scope.cancel()

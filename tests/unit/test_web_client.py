@@ -184,7 +184,7 @@ async def test_a_fired_watch_ends_the_wait_for_the_head_and_the_connection(why: 
         watch = Watch()
 
         async def owner() -> None:
-            await trio.sleep(7)
+            await trio.sleep(7)  # ok: MockClock (autojump): the owner fires at virtual t=7, what the test measures
             watch.fire(why)
 
         nursery.start_soon(owner)
