@@ -413,12 +413,16 @@ class Load:
     """Steady openai-client traffic through the gateway from a few threads, counting what
     failed (a drain or a rollout must lose none). Use as a context manager; `sample` (if given)
     runs between requests of the first thread, so a test can watch a count while the load runs.
+    `fresh`: a new connection for every request (the kernel hands each to any gateway worker
+    listening), else keep-alive; `retries`: the openai client's max_retries.
     """
 
-    def __init__(self, url: str, model: str, *, threads: int = 3, api_key: str = "none", stream: bool = True) -> None:
+    def __init__(self, url: str, model: str, *, threads: int = 3, api_key: str = "none", stream: bool = True,
+                 fresh: bool = False, retries: int = 0) -> None:
         import threading
 
         self.url, self.model, self.threads, self.api_key, self.stream = url, model, threads, api_key, stream
+        self.fresh, self.retries = fresh, retries
         self.ok = 0
         self.failures: list[str] = []
         self._stop = threading.Event()
@@ -426,9 +430,12 @@ class Load:
         self._workers: list[Any] = []
 
     def _run(self, n: int) -> None:
+        import httpx
         import openai
 
-        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=30)
+        http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30) if self.fresh else None
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=self.retries, timeout=30,
+                               http_client=http)
         i = 0
         while not self._stop.is_set():
             i += 1
@@ -460,3 +467,8 @@ class Load:
         self._stop.set()
         for worker in self._workers:
             worker.join(timeout=60)
+
+    def wait(self, more: int, what: str) -> None:
+        """Until `more` further requests have been answered."""
+        target = self.ok + more
+        wait_until(lambda: self.ok >= target, what, deadline=60)

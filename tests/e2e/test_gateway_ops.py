@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import re
 import signal
-import threading
 from pathlib import Path
 
 import httpx
-import openai
 
+# harness.Load (steady openai clients, new connections or keep-alive) is `Clients` here, beside the
+# fault suite's Load, which records each outcome for its report.
 from tests.e2e.harness import (
     FAST_AGENT,
     FAST_FLEET,
@@ -27,8 +27,9 @@ from tests.e2e.harness import (
     token_digest,
     wait_until,
 )
+from tests.e2e.harness import Load as Clients
 from tests.e2e.test_gateway_remote import start_gateway
-from tests.e2e.test_gateway_workers import WORKERS, chat, client, scrape, scrape_with
+from tests.e2e.test_gateway_workers import WORKERS, scrape, scrape_with
 from tests.faults.fleet import Load
 
 # A model that cannot be placed: it wants 4 GPUs, the one node has 2.
@@ -186,8 +187,9 @@ def test_a_reload_resizes_the_workers_under_load_with_no_failed_request(tmp_path
     procs.append(server_proc)
     before = wait_until(lambda: (w := scrape(server)) and len(w) == 2 and all(r["connected"] for r in w.values()) and w,
                         "two workers following", procs=procs)
-    with Load(server.url, workers=3) as load, Clients(server, threads=3) as fresh, \
-            Clients(server, threads=2, fresh=False, retries=2) as kept:
+    with Load(server.url, workers=3) as load, \
+            Clients(server.url, "chat", threads=3, stream=False, fresh=True) as fresh, \
+            Clients(server.url, "chat", threads=2, stream=False, retries=2) as kept:
         load.wait_successes(30, "load running")
         server.config.write_text(resized_config(3, urls))
         result = ctl(server.url, "reload")
@@ -231,47 +233,6 @@ def test_a_reload_resizes_the_workers_under_load_with_no_failed_request(tmp_path
     print(f"\n{fresh.ok} new-connection and {kept.ok} keep-alive (retrying) requests, none failed; {load.successes()} "
           f"keep-alive with retries off, {len(resets)} reset(s) there; worker-2 served "
           f"{grown['worker-2']['requests']:.0f} by the time it was seen serving")
-
-
-class Clients:
-    """Threads of openai clients sending one chat after another. `fresh`: a new connection for
-    every request, so the kernel hands requests to every worker listening, the new one and the
-    retiring one too; else keep-alive. `retries`: the openai client's max_retries."""
-
-    def __init__(self, server: Server, threads: int, *, fresh: bool = True, retries: int = 0) -> None:
-        self.server = server
-        self.fresh = fresh
-        self.retries = retries
-        self.ok = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
-
-    def __enter__(self) -> Clients:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-
-    def _run(self, n: int) -> None:
-        c = (client(self.server, retries=self.retries) if self.fresh else
-             openai.OpenAI(base_url=f"{self.server.url}/v1", api_key="unused", max_retries=self.retries, timeout=30))
-        i = 0
-        while not self._stop.is_set():
-            i += 1
-            try:
-                chat(c, i)
-                self.ok += 1
-            except Exception as exc:
-                self.failures.append(f"{type(exc).__name__}: {exc}")
-
-    def wait(self, more: int, what: str) -> None:
-        target = self.ok + more
-        wait_until(lambda: self.ok >= target, what, deadline=60)
 
 
 def test_one_process_to_workers_by_reload_is_refused_with_one_line(tmp_path: Path, procs: list[Proc]) -> None:
