@@ -47,6 +47,7 @@ from llmgw.server.fabric_service import FabricCollector, FabricService
 from llmgw.server.fabric_store import FabricStore
 from llmgw.server.fabric_test import FabricTests
 from llmgw.server.fleet_service import FleetService, Session
+from llmgw.server.gateway.fastlane import GatewayLane
 from llmgw.server.gateway.forwarded import trusting_forwarded_peers
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.gateway.workers import WorkerPool
@@ -62,6 +63,7 @@ from llmgw.tls import server_context
 from llmgw.tls.context import ServerTls
 from llmgw.tls.revocation import Revocations, fleet_refusal, gateway_refusal
 from llmgw.web.assets import from_package
+from llmgw.web.reactor import Reactor
 from llmgw.web.relay import RelayHub
 from llmgw.web.server import Handler, HttpServer, Limits
 
@@ -176,6 +178,8 @@ class ControlPlane:
         feed = GatewayFeed(reconciler, settle, trio.current_time)
         # Relays every streamed answer; its task starts (nursery.start) before the public port opens.
         self.relay_hub = RelayHub(coalesce=float(cfg.gateway.stream_coalesce))
+        # Serves plain requests on the public port by callback (llmgw.server.gateway.fastlane).
+        self.reactor = Reactor()
         # Gateway workers (gateway.workers > 1) serve the public port in processes of their own;
         # they and gateways on other machines follow the feed. /metrics shows every follower's
         # counters with a `worker` label, and this process's own gateway's when it serves the port.
@@ -194,6 +198,7 @@ class ControlPlane:
         self.metrics.registry.register(self.worker_metrics)
         gateway.configure(cfg.models, cfg.endpoints)
         self.gateway = gateway
+        self.lane = GatewayLane(gateway, self.reactor)
         # The controller sends on the streams the fleet service keeps (one shared map).
         sessions: dict[str, Session] = {}
         weights = WeightsBoard()  # weight downloads of starting shards, and their metrics (issue 12)
@@ -310,6 +315,7 @@ class ControlPlane:
             fleet_listener = trio.SocketListener(trio.socket.from_stdlib_socket(fleet_sock))
             await nursery.start(self.fleet_listener.serve, [fleet_listener])
             await nursery.start(self.relay_hub.run)
+            await nursery.start(self.reactor.run)
             if self.workers > 1:
                 # The workers accept on the public port (and terminate its TLS); this process serves
                 # what they forward (/api/v1, /admin, /metrics, with the client certificate they
@@ -324,7 +330,8 @@ class ControlPlane:
                                               debug=log.isEnabledFor(logging.DEBUG))
                 await nursery.start(self.worker_pool.run)
             else:
-                await nursery.start(self._serve_public, public_sock, self.handler(admin=admin_sock is None))
+                await nursery.start(functools.partial(self._serve_public, public_sock, self.handler(admin=admin_sock is None),
+                                                      lane=self.lane))
             if admin_sock is not None:
                 await nursery.start(self._serve_public, admin_sock, self.handler(clients=False))
             nursery.start_soon(self.gateway.run_scraper)
@@ -359,20 +366,21 @@ class ControlPlane:
         with trio.CancelScope(shield=True):
             await self.gateway.aclose()
 
-    def _http_server(self, handler: Handler, *, tls: bool) -> HttpServer:
+    def _http_server(self, handler: Handler, *, tls: bool, lane: GatewayLane | None = None) -> HttpServer:
         gw = self.cfg.gateway
         http = HttpServer(
             handler,
             limits=Limits(max_body=int(gw.max_body), body_timeout=float(gw.body_timeout),
                           header_timeout=float(gw.header_timeout), max_connections=int(gw.max_connections)),
+            lane=lane,
         )
         if tls and self.public_tls is not None:
             self.public_tls.attach(http)
         return http
 
-    async def _serve_public(self, sock: socket.socket, handler: Handler, *, tls: bool = True,
+    async def _serve_public(self, sock: socket.socket, handler: Handler, *, tls: bool = True, lane: GatewayLane | None = None,
                             task_status: trio.TaskStatus[None]) -> None:
-        http = self._http_server(handler, tls=tls)
+        http = self._http_server(handler, tls=tls, lane=lane)
         self.http_servers.append(http)
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         await http.serve([listener], task_status=task_status)

@@ -195,7 +195,12 @@ class GatewayMetrics:
         self.admission_wait = _Histogram("llmgw_admission_wait_seconds", "Time a request waited for an admission slot.", ["model"],
                                          LATENCY_BUCKETS)
         self.rejected = _Counts("llmgw_admission_rejected", "Requests answered 429, by reason.", ["model", "reason"])
-        for collector in (self.requests, self.duration, self.ttft, self.retries, self.admission_wait, self.rejected):
+        self.fast_lane = _Counts("llmgw_gateway_fast_lane_requests",
+                                 "Plain requests the gateway's fast lane began, by how they left it: answered there, resumed "
+                                 "by a task (a retry, a new engine connection, a body to relay), or gone (the client hung up).",
+                                 ["model", "outcome"])
+        for collector in (self.requests, self.duration, self.ttft, self.retries, self.admission_wait, self.rejected,
+                          self.fast_lane):
             registry.register(collector)
 
     def finished(self, model: str, code: int, seconds: float) -> None:
@@ -210,6 +215,9 @@ class GatewayMetrics:
 
     def admitted(self, model: str, wait: float) -> None:
         self.admission_wait.observe((model,), wait)
+
+    def left_fast_lane(self, model: str, outcome: str) -> None:
+        self.fast_lane.inc((model, outcome))
 
     def rejected_for(self, model: str, reason: str) -> None:
         self.rejected.inc((model, reason))

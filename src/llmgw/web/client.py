@@ -14,6 +14,7 @@ import errno
 import math
 import os
 import socket
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import trio
@@ -53,31 +54,45 @@ class Watch:
 
     `why` is checked before every wait too, so a fire while the task was not waiting (runnable,
     or still connecting: a new connection is bounded by connect_timeout) is seen at its next
-    step; a fire during an exchange fails it even if the head came in the same instant."""
+    step; a fire during an exchange fails it even if the head came in the same instant.
 
-    __slots__ = ("due", "fd", "why")
+    An exchange no task waits on (the fast lane's, llmgw.web.fastclient) sets `wake` instead:
+    `fire` calls it."""
+
+    __slots__ = ("due", "fd", "wake", "why")
 
     def __init__(self) -> None:
         self.due = math.inf  # when the owner fires it with "timeout" (its table, not ours)
         self.fd = -1  # the engine connection being waited on, while an exchange runs
         self.why = ""  # "" until fired: "timeout" or "evicted"
+        self.wake: Callable[[], None] | None = None
 
     def fire(self, why: str) -> None:
         if self.why:
             return
         self.why = why
-        if self.fd >= 0:
+        if self.wake is not None:
+            self.wake()
+        elif self.fd >= 0:
             trio.lowlevel.notify_closing(self.fd)
 
 
 class _Conn:
-    __slots__ = ("buf", "raw", "reused", "stream")
+    __slots__ = ("buf", "detach", "raw", "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.raw = RawSocket(stream.socket)
         self.buf = bytearray()
         self.reused = False
+        # Set while the fast lane's reactor has this socket registered (llmgw.web.fastclient):
+        # called before a task waits on it through trio, and before it is closed.
+        self.detach: Callable[[], None] | None = None
+
+    def forget(self) -> None:
+        if self.detach is not None:
+            self.detach()
+            self.detach = None
 
     async def receive(self) -> bool:
         data = await self.raw.recv()
@@ -90,6 +105,7 @@ class _Conn:
         await self.raw.send_all(data)
 
     async def close(self) -> None:
+        self.forget()
         with trio.CancelScope(shield=True):
             await self.stream.aclose()
 
@@ -284,8 +300,9 @@ class Upstream:
 
         With a `watch` the caller times the wait itself (it fires the watch with "timeout"
         when `head_timeout` is up, see Watch) and this sets no cancel scope."""
-        data = request_head(method, target, [(b"host", self.authority), *self._auth, *headers], len(body)) + body
+        data = self.request_bytes(method, target, headers, body)
         conn = self._idle.pop() if self._idle else await self._connect()
+        conn.forget()
         try:
             return await self._exchange(conn, data, head_timeout, watch)
         except UpstreamError as exc:
@@ -295,17 +312,27 @@ class Upstream:
         except BaseException:
             await conn.close()
             raise
-        # A stale keep-alive connection; the other idle ones have been idle longer (LIFO),
-        # so they are as stale (an engine restart, its keep-alive timeout).
-        stale, self._idle = self._idle, []
-        for old in stale:
-            _close_soon(old)
+        self.drop_idle()
         conn = await self._connect()
         try:
             return await self._exchange(conn, data, head_timeout, watch)
         except BaseException:
             await conn.close()
             raise
+
+    def request_bytes(self, method: bytes, target: bytes, headers: Headers, body: bytes) -> bytes:
+        return request_head(method, target, [(b"host", self.authority), *self._auth, *headers], len(body)) + body
+
+    def take_idle(self) -> _Conn | None:
+        """An idle connection for an exchange that is not `request`'s (the fast lane's), or None."""
+        return self._idle.pop() if self._idle else None
+
+    def drop_idle(self) -> None:
+        """A reused connection turned out stale: the other idle ones have been idle longer
+        (LIFO), so they are as stale (an engine restart, its keep-alive timeout)."""
+        stale, self._idle = self._idle, []
+        for old in stale:
+            _close_soon(old)
 
     async def _exchange(self, conn: _Conn, data: bytes, head_timeout: float, watch: Watch | None) -> Response:
         if watch is None:
@@ -314,23 +341,24 @@ class Upstream:
                 return await self._read_head(conn, None)
             raise UpstreamError("timeout", f"{self.host}:{self.port} sent no response within {head_timeout:g}s")
         if watch.why:
-            raise self._fired(watch, head_timeout)
+            raise self.fired_error(watch, head_timeout)
         watch.fd = conn.raw.fd
         try:
             await self._send(conn, data)
             response = await self._read_head(conn, watch)
         except (UpstreamError, trio.ClosedResourceError):
             if watch.why:
-                raise self._fired(watch, head_timeout) from None
+                raise self.fired_error(watch, head_timeout) from None
             raise
         finally:
             watch.fd = -1
         if watch.why:
             response.disown()
-            raise self._fired(watch, head_timeout)
+            raise self.fired_error(watch, head_timeout)
         return response
 
-    def _fired(self, watch: Watch, head_timeout: float) -> UpstreamError:
+    def fired_error(self, watch: Watch, head_timeout: float) -> UpstreamError:
+        """What an exchange ends with when its Watch fired."""
         if watch.why == "timeout":
             return UpstreamError("timeout", f"{self.host}:{self.port} sent no response within {head_timeout:g}s")
         return UpstreamError(watch.why, f"{self.host}:{self.port}: request ended ({watch.why})")
@@ -411,6 +439,7 @@ def _too_large(limit: int | None, declared: int | None = None) -> UpstreamError:
 
 def _close_soon(conn: _Conn) -> None:
     """Close without awaiting (called from sync code): a plain socket close is immediate."""
+    conn.forget()
     try:
         conn.stream.socket.close()
     except OSError:

@@ -14,11 +14,13 @@ its head and its end.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import math
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
@@ -40,7 +42,12 @@ from llmgw.web.http1 import (
     parse_request_head,
     response_head,
 )
+from llmgw.web.linger import LINGER_BYTES, LINGER_SECONDS, answer_plain_on_tls
+from llmgw.web.logthrottle import LogThrottle
 from llmgw.web.rawio import ByteStream, RawSocket, Sink, TlsSocket
+
+if TYPE_CHECKING:
+    from llmgw.web.fastserve import FastLane
 
 log = logging.getLogger("llmgw.http")
 
@@ -267,29 +274,6 @@ class _Connection:
             await self.watch_done.wait()
 
 
-class LogThrottle:
-    """At most one line per `interval` seconds for a condition that can repeat thousands of
-    times a second; the lines it held back are counted in the next one."""
-
-    __slots__ = ("_next", "interval", "suppressed")
-
-    def __init__(self, interval: float = 1.0) -> None:
-        self.interval = interval
-        self._next = float("-inf")
-        self.suppressed = 0
-
-    def __call__(self, level: int, message: str, *args: object) -> None:
-        now = trio.current_time()
-        if now < self._next:
-            self.suppressed += 1
-            return
-        self._next = now + self.interval
-        if self.suppressed:
-            message += f" ({self.suppressed} more like this since the last line)"
-            self.suppressed = 0
-        log.log(level, message, *args)
-
-
 ErrorRenderer = Callable[[HttpError], tuple[Headers, bytes]]
 
 
@@ -302,7 +286,7 @@ def json_error(exc: HttpError) -> tuple[Headers, bytes]:
 
 class HttpServer:
     def __init__(self, handler: Handler, *, limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None,
-                 render_error: ErrorRenderer = json_error) -> None:
+                 render_error: ErrorRenderer = json_error, lane: FastLane | None = None) -> None:
         self.handler = handler
         self.limits = limits or Limits()
         self.ssl_context = ssl_context
@@ -315,12 +299,15 @@ class HttpServer:
         self._room = trio.Event()  # set when a connection closes (accept may go on)
         self._accepting: trio.CancelScope | None = None
         self._active: set[Responder] = set()  # requests in a handler
-        self._throttle_cap = LogThrottle()
-        self._throttle_accept = LogThrottle()
+        self._throttle_cap = LogThrottle(log)
+        self._throttle_accept = LogThrottle(log)
+        # Plain-TCP requests a lane can take are served by reactor callbacks (llmgw.web.fastserve).
+        self.lane = lane if lane is not None and lane.reactor.available else None
+        self.fast_active = 0  # requests in the lane's hands
 
     @property
     def active_requests(self) -> int:
-        return len(self._active)
+        return len(self._active) + self.fast_active
 
     async def serve(self, listeners: list[trio.SocketListener], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Accept on every listener until `drain` (or a cancel); returns when the connections
@@ -496,7 +483,20 @@ class HttpServer:
 
     async def _serve_http1(self, conn: _Connection) -> None:
         first = True
+        lane = self.lane
         while True:
+            if lane is not None and conn.tls is None and lane.reactor.running:
+                from llmgw.web.fastserve import FastConnection  # it imports this module
+
+                handoff = await FastConnection(self, conn, lane, first).serve()
+                if handoff is None:
+                    return
+                first = handoff.first
+                if handoff.continuation is not None:
+                    responder = Responder(conn, close=handoff.close or self.draining)
+                    if not await self._run(conn, None, responder, functools.partial(handoff.continuation, responder)):
+                        return
+                    continue
             conn.idle = not first and not conn.buf
             try:
                 head = await self._read_head(conn, first)
@@ -514,59 +514,49 @@ class HttpServer:
             first = False
             request = Request(head, body, conn.peer, conn.tls)
             responder = Responder(conn, close=head.close or self.draining, http10=head.http10, head_only=head.method == b"HEAD")
-            self._active.add(responder)
-            try:
-                # A client that hangs up mid-request ends the connection, handler and all: the
-                # connection's own scope serves (no scope per request, see _expire_loop).
-                conn.handler_scope = conn.nursery.cancel_scope
-                await self.handler(request, responder)
-            except DropConnection:
-                return
-            except Exception:
-                # A bug in a handler costs this connection, not the server: answer 500 if
-                # nothing went out yet (a started response is cut by the close instead).
-                log.exception("handler failed on %s %s from %s", request.method, request.path, conn.peer)
-                await conn.stop_watch()
-                if not responder.started:
-                    await self._error(conn, HttpError(500, "internal error; see the server log"))
-                return
-            finally:
-                self._active.discard(responder)
-                conn.handler_scope = None
-                if conn.watch_scope is not None:
-                    await conn.stop_watch()
-            if conn.eof or self.draining:
-                return
-            if not responder.started:
-                await self._error(conn, HttpError(500, "no response"))
-                return
-            if responder.close:
+            if not await self._run(conn, request, responder, functools.partial(self.handler, request, responder)):
                 return
 
+    async def _run(self, conn: _Connection, request: Request | None, responder: Responder,
+                   call: Callable[[], Awaitable[None]]) -> bool:
+        """Run a handler (or the rest of a request the fast lane began: `request` None); False
+        when the connection ends after it."""
+        self._active.add(responder)
+        try:
+            # A client that hangs up mid-request ends the connection, handler and all: the
+            # connection's own scope serves (no scope per request, see _expire_loop).
+            conn.handler_scope = conn.nursery.cancel_scope
+            await call()
+        except DropConnection:
+            return False
+        except Exception:
+            # A bug in a handler costs this connection, not the server: answer 500 if
+            # nothing went out yet (a started response is cut by the close instead).
+            what = f"{request.method} {request.path}" if request is not None else "a request the fast lane handed over"
+            log.exception("handler failed on %s from %s", what, conn.peer)
+            await conn.stop_watch()
+            if not responder.started:
+                await self._error(conn, HttpError(500, "internal error; see the server log"))
+            return False
+        finally:
+            self._active.discard(responder)
+            conn.handler_scope = None
+            if conn.watch_scope is not None:
+                await conn.stop_watch()
+        if conn.eof or self.draining:
+            return False
+        if not responder.started:
+            await self._error(conn, HttpError(500, "no response"))
+            return False
+        return not responder.close
+
     async def _plain_on_tls(self, tcp: trio.SocketStream) -> None:
-        """A plain-HTTP request on a TLS port is answered in plain text, as nginx does ("400 The
-        plain HTTP request was sent to HTTPS port"): the client reads why and what to do, not
-        "empty reply from server". The mirror of the ClientHello check in `_read_head`. Its write
-        side is shut first and what else it sent is read and dropped briefly: closing with the
-        request unread would reset the connection before the client reads the answer."""
         headers, body = self.render_error(HttpError(400, "plain HTTP request on a TLS port; use an https:// URL"))
-        with trio.move_on_after(LINGER_SECONDS):
-            try:
-                await tcp.send_all(response_head(400, headers, content_length=len(body), close=True) + body)
-                await tcp.send_eof()
-                dropped = 0
-                while dropped < LINGER_BYTES and (data := await tcp.receive_some(65536)):
-                    dropped += len(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
+        await answer_plain_on_tls(tcp, response_head(400, headers, content_length=len(body), close=True) + body)
 
     async def _error(self, conn: _Connection, exc: HttpError) -> None:
         headers, body = self.render_error(exc)
         await _answer_and_linger(conn, response_head(exc.status, headers, content_length=len(body), close=True) + body)
-
-
-LINGER_SECONDS = 2.0
-LINGER_BYTES = 4 * 1024 * 1024
 
 
 async def _answer_and_linger(conn: _Connection, data: bytes) -> None:

@@ -22,8 +22,9 @@ import msgspec
 import trio
 
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.server.gateway.admission import Ticket
 from llmgw.server.gateway.admission_gate import AdmissionRejected
-from llmgw.server.gateway.balance import prompt_prefix
+from llmgw.server.gateway.balance import Pick, prompt_prefix
 from llmgw.server.gateway.probes import EngineProbes
 from llmgw.server.gateway.retry import FailureKind, should_retry
 from llmgw.server.gateway.routes import Route, RouteTable, log_breaker
@@ -89,6 +90,7 @@ class _Attempt(Watch):
         self.due = math.inf  # Watch's fields, without the call
         self.fd = -1
         self.why = ""
+        self.wake: Callable[[], None] | None = None
         self._scope: trio.CancelScope | None = None
         self.evicted = False
         self.reason = ""
@@ -105,6 +107,19 @@ class _Attempt(Watch):
         self.fire("evicted")
         if self._scope is not None:
             self._scope.cancel()
+
+
+class Resumed:
+    """Where the fast lane (llmgw.server.gateway.fastlane) left a request it began: admitted, the
+    retry budget charged, its first pick made (None: none was possible) and that attempt's end
+    so far: the engine's answer (head read) or its error, to be handled as `_forward` handles its
+    own; neither: the attempt is made here (the lane had no idle engine connection)."""
+
+    __slots__ = ("pick", "replay")
+
+    def __init__(self, pick: Pick | None, replay: Response | UpstreamError | None = None) -> None:
+        self.pick = pick
+        self.replay = replay
 
 
 class Gateway:
@@ -256,13 +271,30 @@ class Gateway:
             self._unwatched.pop(responder, None)
             self.metrics.finished(model, code, trio.current_time() - started)
 
-    async def _forward(self, route: Route, request: Request, responder: Responder, rid: bytes, streaming: bool, started: float) -> int:
+    async def resume(self, route: Route, model: str, request: Request, rid: bytes, started: float, ticket: Ticket,
+                     resumed: Resumed, responder: Responder) -> None:
+        """The rest of a plain request the fast lane began (llmgw.server.gateway.fastlane)."""
+        self._unwatched[responder] = started
+        code = 500
+        try:
+            code = await self._forward(route, request, responder, rid, False, started, resumed)
+        except (ClientGone, trio.Cancelled):
+            code = 499
+            raise
+        finally:
+            route.gate.release(ticket)
+            self._unwatched.pop(responder, None)
+            self.metrics.finished(model, code, trio.current_time() - started)
+
+    async def _forward(self, route: Route, request: Request, responder: Responder, rid: bytes, streaming: bool, started: float,
+                       resumed: Resumed | None = None) -> int:
         """Balancing, retries, and the outcome of each attempt (fed back to the balancer and its breaker)."""
         settings = self.settings
         balancer = route.balancer
         now = trio.current_time()  # for the first attempt (a clock read is ~0.15 µs; 9 a request)
-        route.budget.record_request(now)
-        key = _affinity_key(request.body) if balancer.policy == "prefix-affinity" else None
+        if resumed is None:
+            route.budget.record_request(now)
+        key = affinity_key(request.body) if balancer.policy == "prefix-affinity" else None
         headers = [(b"content-type", b"application/json"), (b"x-request-id", rid)]
         accept = request.head.get(b"accept")
         if accept:
@@ -280,17 +312,29 @@ class Gateway:
             attempt += 1
             if attempt > 1 or tried:
                 now = trio.current_time()
-            pick = balancer.pick(now, key=key, exclude=tried)
+            pick: Pick | None = None
+            replay: Response | UpstreamError | None = None
+            if resumed is not None:
+                pick, replay, resumed = resumed.pick, resumed.replay, None
+            if pick is None:
+                pick = balancer.pick(now, key=key, exclude=tried)
             if pick is None:
                 return await self._unavailable(route, responder, rid, last_error)
             endpoint = pick.endpoint
             outcome: bool | None = None
             response = None
             guard = _Attempt()
-            self._attempts.setdefault(endpoint, set()).add(guard)
+            self.track(endpoint, guard)
             try:
                 try:
-                    if self._ticking:
+                    if replay is not None:  # the fast lane's attempt: handled as if made here
+                        if isinstance(replay, Response):
+                            response = replay
+                        elif replay.kind != "evicted":
+                            raise replay
+                        else:
+                            guard.reason = str(replay)  # response stays None: moves on below
+                    elif self._ticking:
                         guard.due = due = now + head_timeout
                         if due < self._next_due:
                             self._next_due = due
@@ -362,18 +406,32 @@ class Gateway:
                 outcome = None
                 raise
             finally:
-                waiting = self._attempts.get(endpoint)
-                if waiting is not None:
-                    waiting.discard(guard)
-                    if not waiting:
-                        del self._attempts[endpoint]
+                self.untrack(endpoint, guard)
                 if response is not None and not response.released:
                     await response.aclose()
-                breaker = pick.breaker if endpoint in balancer else None
-                before = breaker.state if breaker is not None else None
-                balancer.release(pick, trio.current_time(), ok=outcome, reason=last_error)
-                if breaker is not None and breaker.state != before:
-                    log_breaker(route.name, endpoint, before, breaker)
+                self.release_pick(route, pick, outcome, last_error)
+
+    def track(self, endpoint: str, guard: _Attempt) -> None:
+        """An attempt in flight: its head timeout and its endpoint's eviction reach it."""
+        self._attempts.setdefault(endpoint, set()).add(guard)
+        if guard.due < self._next_due:
+            self._next_due = guard.due
+
+    def untrack(self, endpoint: str, guard: _Attempt) -> None:
+        waiting = self._attempts.get(endpoint)
+        if waiting is not None:
+            waiting.discard(guard)
+            if not waiting:
+                del self._attempts[endpoint]
+
+    def release_pick(self, route: Route, pick: Pick, outcome: bool | None, reason: str) -> None:
+        """An attempt's outcome, to the balancer and its endpoint's breaker (a change is logged)."""
+        balancer = route.balancer
+        breaker = pick.breaker if pick.endpoint in balancer else None
+        before = breaker.state if breaker is not None else None
+        balancer.release(pick, trio.current_time(), ok=outcome, reason=reason)
+        if breaker is not None and before is not None and breaker.state != before:
+            log_breaker(route.name, pick.endpoint, before, breaker)
 
     async def _answer(self, route: Route, endpoint: str, response: Response, responder: Responder, rid: bytes,
                       guard: _Attempt, started: float) -> tuple[int, bool] | None:
@@ -383,8 +441,7 @@ class Gateway:
         sent: the request moves on). A plain answer that fails raises UpstreamError."""
         settings = self.settings
         status = response.status
-        relay = [(k, v) for k, v in response.head.headers if k in PASS_RESPONSE_HEADERS]
-        relay.append((b"x-request-id", rid))
+        relay = relay_headers(response, rid)
         if not response.head.chunked:
             body = response.complete_body(int(settings.max_response))
             if body is None:
@@ -445,8 +502,7 @@ class Gateway:
         })
 
     async def _unauthorized(self, responder: Responder, extra: list[tuple[bytes, bytes]]) -> None:
-        await responder.respond(401, [JSON, (b"www-authenticate", b'Bearer realm="llmgw"'), *extra], openai_error(
-            "Incorrect or missing API key: send `Authorization: Bearer <key>`", "invalid_request_error", "invalid_api_key"))
+        await responder.respond(401, *unauthorized(extra))
 
     # -- hang-ups ----------------------------------------------------------------------------------
 
@@ -510,7 +566,19 @@ async def _too_large(responder: Responder, rid: bytes, model: str, limit: int, d
     return 502
 
 
-def _affinity_key(body: bytes) -> str | None:
+def relay_headers(response: Response, rid: bytes) -> list[tuple[bytes, bytes]]:
+    """The engine's headers a client gets, and the request id."""
+    relay = [(k, v) for k, v in response.head.headers if k in PASS_RESPONSE_HEADERS]
+    relay.append((b"x-request-id", rid))
+    return relay
+
+
+def unauthorized(extra: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    return [JSON, (b"www-authenticate", b'Bearer realm="llmgw"'), *extra], openai_error(
+        "Incorrect or missing API key: send `Authorization: Bearer <key>`", "invalid_request_error", "invalid_api_key")
+
+
+def affinity_key(body: bytes) -> str | None:
     try:
         return prompt_prefix(msgspec.json.decode(body))
     except PREFIX_REFUSED:

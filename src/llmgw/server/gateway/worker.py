@@ -35,10 +35,12 @@ from llmgw.errors import UsageError, leaves
 from llmgw.fleet import FleetChannel, dial
 from llmgw.server.auth import Auth
 from llmgw.server.gateway import forwarded
+from llmgw.server.gateway.fastlane import GatewayLane
 from llmgw.server.gateway.proxy import JSON, Gateway, openai_error
 from llmgw.server.metrics import GatewayMetrics, watch_gateway
 from llmgw.tls.context import ServerTls
 from llmgw.web.client import Upstream, UpstreamError
+from llmgw.web.reactor import Reactor
 from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import HttpServer, Limits, Request, Responder
 from llmgw.wire.gateway import (
@@ -96,6 +98,8 @@ class GatewayWorker:
         self.gateway = Gateway(GatewaySettings(), self.metrics, relay_hub=self.hub, client_door=self.auth.client,
                                not_ready_reason=self._not_ready)
         watch_gateway(self.registry, self.gateway)
+        self.reactor = Reactor()
+        self.lane = GatewayLane(self.gateway, self.reactor)
         self.connected = Gauge("llmgw_gateway_control_plane_connected",
                                "1 while this gateway follows the control plane; 0: it serves with its last state.",
                                registry=self.registry)
@@ -255,10 +259,11 @@ class GatewayWorker:
             nursery.start_soon(self.run_follower)
             await self.configured.wait()
             await nursery.start(self.hub.run)
+            await nursery.start(self.reactor.run)
             settings = self.gateway.settings
             self.http = HttpServer(self, limits=Limits(
                 max_body=int(settings.max_body), body_timeout=float(settings.body_timeout),
-                header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)))
+                header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)), lane=self.lane)
             if self.public_tls is not None:
                 self.public_tls.attach(self.http)
             # Listening only now: the kernel hands a listening socket its share of the port's new

@@ -1,0 +1,195 @@
+"""The gateway's fast lane: a plain (non-streamed) request answered in reactor callbacks.
+
+Why: with a task per connection, a proxied request cost ~140 µs of gateway CPU against nginx's
+~10 µs, and most of the difference was not our work but trio's: two task switches and two epoll
+registration changes a request (llmgw.web.reactor has the figures). Here the request that can be
+answered without awaiting anything is: admitted at once, its engine picked, written to an idle
+engine connection, its answer read whole and passed on, all in callbacks. The policies are the
+gateway's own, called as the task path calls them (admission, retry budget, balancer and breaker,
+metrics, head timeouts and evictions through the Gateway's attempt table).
+
+What this lane does not finish goes to the task path at the point it reached, never redone:
+  - refused before anything happened (a stream, a body that is not JSON, an unknown model, a
+    full admission gate, no disconnect watchdog running): `offer` says False;
+  - past admission (no engine to pick, no idle connection to it, the engine failed, answered
+    502/503, sent a body to relay or too large to hold, timed out or was evicted):
+    `Gateway.resume` carries on with what the lane did (`Resumed`), retries and all.
+A client that hangs up mid-request frees its slot and engine connection at once (499).
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+from llmgw.server.gateway.admission import Ticket
+from llmgw.server.gateway.balance import Pick
+from llmgw.server.gateway.proxy import (
+    JSON,
+    JSON_REFUSED,
+    ROUTES,
+    Gateway,
+    Resumed,
+    _Attempt,
+    _peek,
+    _request_id,
+    affinity_key,
+    relay_headers,
+    unauthorized,
+)
+from llmgw.server.gateway.routes import Route
+from llmgw.web.client import Response, Upstream, UpstreamError
+from llmgw.web.fastclient import FastCall, StaleConnection
+from llmgw.web.fastserve import Exchange
+from llmgw.web.reactor import Reactor
+from llmgw.web.server import Request
+
+_NONE: frozenset[str] = frozenset()
+
+
+class GatewayLane:
+    """What the public port's server offers requests to (llmgw.web.fastserve.FastLane)."""
+
+    def __init__(self, gateway: Gateway, reactor: Reactor) -> None:
+        self.gateway = gateway
+        self.reactor = reactor
+
+    def offer(self, request: Request, exchange: Exchange) -> bool:
+        gw = self.gateway
+        head = request.head
+        if head.method != b"POST" or not gw._ticking or head.path not in ROUTES:
+            return False
+        try:
+            peek = _peek.decode(request.body)
+        except JSON_REFUSED:
+            return False
+        model = peek.model
+        if peek.stream is True or not isinstance(model, str):
+            return False
+        route = gw.routes.get(model)
+        if route is None:
+            return False
+        rid = head.get(b"x-request-id") or _request_id()
+        if not gw._authorized(request):  # counted and logged by the door, as on the task path
+            headers, body = unauthorized([(b"x-request-id", rid)])
+            exchange.respond(401, headers, body)
+            return True
+        started = trio.current_time()
+        ticket = route.gate.admit_now(started)
+        if ticket is None:
+            return False  # the task queues it
+        _Request(self, gw, route, model, request, exchange, rid, started, ticket).start()
+        return True
+
+
+class _Request:
+    __slots__ = ("call", "endpoint", "exchange", "guard", "gw", "lane", "model", "pick", "request", "rid", "route",
+                 "started", "ticket", "upstream")
+
+    def __init__(self, lane: GatewayLane, gw: Gateway, route: Route, model: str, request: Request, exchange: Exchange,
+                 rid: bytes, started: float, ticket: Ticket) -> None:
+        self.lane = lane
+        self.gw = gw
+        self.route = route
+        self.model = model
+        self.request = request
+        self.exchange = exchange
+        self.rid = rid
+        self.started = started
+        self.ticket = ticket
+        self.pick: Pick | None = None
+        self.endpoint = ""
+        self.upstream: Upstream | None = None
+        self.call: FastCall | None = None
+        self.guard: _Attempt | None = None
+
+    def start(self) -> None:
+        gw, route, request, now = self.gw, self.route, self.request, self.started
+        route.budget.record_request(now)
+        balancer = route.balancer
+        key = affinity_key(request.body) if balancer.policy == "prefix-affinity" else None
+        pick = self.pick = balancer.pick(now, key=key, exclude=_NONE)
+        if pick is None:
+            self._resume(None)  # the task answers 503 with the reasons
+            return
+        endpoint = self.endpoint = pick.endpoint
+        upstream = self.upstream = gw.upstream(endpoint)
+        conn = upstream.take_idle()
+        if conn is None:
+            self._resume(None)  # the task dials the engine (then its connection is pooled for us)
+            return
+        settings = gw.settings
+        headers = [JSON, (b"x-request-id", self.rid)]
+        accept = request.head.get(b"accept")
+        if accept:
+            headers.append((b"accept", accept))
+        guard = self.guard = _Attempt()
+        guard.due = now + float(settings.upstream_timeout)
+        guard.wake = self._fired
+        gw.track(endpoint, guard)
+        self.exchange.on_gone = self._gone
+        call = self.call = FastCall(upstream, conn, self.lane.reactor, int(settings.max_response), self._done)
+        call.start(upstream.request_bytes(b"POST", request.head.target, headers, request.body))
+
+    def _done(self, result: Response | UpstreamError) -> None:
+        self._untrack()
+        if isinstance(result, StaleConnection):
+            assert self.upstream is not None
+            self.upstream.drop_idle()
+            self._resume(None)  # a new connection, as Upstream.request does on the task path
+            return
+        if isinstance(result, UpstreamError):
+            self._resume(result)
+            return
+        response = result
+        body = None if response.status in (502, 503) else response.complete_body(int(self.gw.settings.max_response))
+        if body is None:
+            assert self.call is not None
+            self.call.to_task()
+            self._resume(response)
+            return
+        status = response.status
+        self.exchange.on_gone = None
+        self.exchange.respond(status, relay_headers(response, self.rid), body)
+        self._end(True, status)
+        self.gw.metrics.left_fast_lane(self.model, "answered")
+
+    def _fired(self) -> None:
+        """The head timeout passed, or the endpoint went out of rotation (its guard fired)."""
+        guard, call, upstream = self.guard, self.call, self.upstream
+        assert guard is not None and call is not None and upstream is not None
+        self._untrack()
+        call.abandon()
+        timeout = float(self.gw.settings.upstream_timeout)
+        self._resume(upstream.fired_error(guard, timeout) if guard.why == "timeout" else UpstreamError("evicted", guard.reason))
+
+    def _gone(self) -> None:
+        """The client hung up (or the server stops) before the answer."""
+        self._untrack()
+        if self.call is not None:
+            self.call.abandon()
+        self._end(None, 499)
+        self.gw.metrics.left_fast_lane(self.model, "gone")
+
+    def _resume(self, replay: Response | UpstreamError | None) -> None:
+        self.exchange.on_gone = None
+        self.gw.metrics.left_fast_lane(self.model, "resumed")
+        resumed = Resumed(self.pick, replay)
+        self.exchange.resume(lambda responder: self.gw.resume(self.route, self.model, self.request, self.rid, self.started,
+                                                              self.ticket, resumed, responder))
+
+    def _untrack(self) -> None:
+        guard = self.guard
+        if guard is not None:
+            self.guard = None
+            guard.wake = None
+            guard.due = math.inf
+            self.gw.untrack(self.endpoint, guard)
+
+    def _end(self, outcome: bool | None, status: int) -> None:
+        gw, route = self.gw, self.route
+        if self.pick is not None:
+            gw.release_pick(route, self.pick, outcome, "")
+        route.gate.release(self.ticket)
+        gw.metrics.finished(self.model, status, trio.current_time() - self.started)

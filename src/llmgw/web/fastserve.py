@@ -1,0 +1,285 @@
+"""The public port's fast lane: a plain-TCP connection's requests read, handed to the handler's
+lane and answered in reactor callbacks, while its task waits (one wake-up per connection, not
+two per request: llmgw.web.reactor says why that matters).
+
+The lane (the gateway's, llmgw.server.gateway.fastlane) takes what it can answer without
+awaiting anything and says no to the rest; a request it refuses, or one this module does not
+frame here (chunked or incomplete body, Expect, HTTP/1.0, HEAD, a head too large or broken, a
+TLS hello on the plain port), goes to the connection's task untouched, which serves it as
+before (llmgw.web.server) and then hands the connection back. A request the lane took may
+still go to the task halfway (`Exchange.resume`: an engine that failed, a body to relay).
+Deadlines are the task path's: the server's expiry task ends a connection whose head is late,
+which cancels its task and ends its time here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from llmgw.netaddr import READ_SIZE
+from llmgw.web.http1 import Headers, HttpError, parse_request_head, response_head
+from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor
+from llmgw.web.server import HEAD_LATE, Request, Responder
+
+if TYPE_CHECKING:
+    from llmgw.web.server import HttpServer, _Connection
+
+Continuation = Callable[[Responder], Awaitable[None]]
+_IN = READ & ~GONE
+
+
+class Exchange:
+    """A request the lane took: answer it with `respond`, or hand the rest to the connection's
+    task with `resume`. The lane sets `on_gone`: called if the client hangs up (or the
+    connection ends) first, to let go of what the lane holds."""
+
+    __slots__ = ("_fast", "close", "on_gone")
+
+    def __init__(self, fast: FastConnection, close: bool) -> None:
+        self._fast = fast
+        self.close = close
+        self.on_gone: Callable[[], None] | None = None
+
+    def respond(self, status: int, headers: Headers, body: bytes) -> None:
+        self._fast.answer(self, status, headers, body)
+
+    def resume(self, continuation: Continuation) -> None:
+        self._fast.hand_over(self, continuation)
+
+
+class FastLane(Protocol):
+    reactor: Reactor
+
+    def offer(self, request: Request, exchange: Exchange) -> bool:
+        """True: taken (answered, or to be, through `exchange`); False: nothing was done, the
+        task path serves it."""
+        ...
+
+
+class Handoff:
+    """Why `FastConnection.serve` returned: the task serves the request in conn.buf
+    (`continuation` None), or finishes one the lane began."""
+
+    __slots__ = ("close", "continuation", "first")
+
+    def __init__(self, first: bool, continuation: Continuation | None = None, close: bool = False) -> None:
+        self.first = first
+        self.continuation = continuation
+        self.close = close
+
+
+class FastConnection:
+    __slots__ = ("_done", "_out", "_paused", "close_after", "conn", "exchange", "fd", "first", "lane", "reactor",
+                 "result", "server")
+
+    def __init__(self, server: HttpServer, conn: _Connection, lane: FastLane, first: bool) -> None:
+        self.server = server
+        self.conn = conn
+        self.lane = lane
+        self.reactor = lane.reactor
+        fd = conn.io.fd
+        assert fd is not None
+        self.fd = fd
+        self.first = first
+        self.exchange: Exchange | None = None
+        self.result: Handoff | None = None
+        self.close_after = False
+        self._done = trio.Event()
+        self._out = b""
+        self._paused = False  # stopped reading: a client that floods bytes behind its request
+
+    async def serve(self) -> Handoff | None:
+        """Serve requests here until one needs the task (a Handoff) or the connection ends (None)."""
+        self._await_head()
+        self.reactor.add(self.fd, READ | WRITE, self._on_event)
+        self.reactor.soon(self._next)  # bytes may be buffered already (a request behind one the task served)
+        try:
+            await self._done.wait()
+            return self.result
+        finally:
+            self.reactor.remove(self.fd)
+            if self.exchange is not None:  # cancelled mid-exchange: the server stops, or the reactor did
+                self._drop()
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def _on_event(self, mask: int) -> None:
+        if self._done.is_set():
+            return
+        if mask & STOPPED:
+            self._drop()
+            self._finish(None)
+            return
+        if self._out and mask & WRITE:
+            self._flush()
+            if self._done.is_set():
+                return
+        if mask & (_IN | GONE) and not self._paused:
+            self._read(mask)
+
+    def _read(self, mask: int) -> None:
+        conn, fd = self.conn, self.fd
+        limit = self.server.limits.max_body + READ_SIZE
+        while True:
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                conn.eof = True
+                break
+            conn.buf += data
+            conn.idle = False
+            if self.exchange is not None and len(conn.buf) > limit:
+                self._paused = True  # read the rest once this request is answered
+                break
+            if len(data) < READ_SIZE and not mask & GONE:
+                break
+        if conn.eof and self.exchange is not None:
+            self._drop()  # the client hung up mid-request: nothing more can be sent
+            self._finish(None)
+        elif self.exchange is None and not self._out:
+            self._next()
+
+    # -- a request ----------------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        """Take the next request off the buffer, if it is whole."""
+        if self._done.is_set() or self.exchange is not None or self._out:
+            return
+        if self._paused:
+            self._paused = False
+            self._read(GONE)  # what arrived meanwhile (no new edge will say so)
+            return
+        conn, server = self.conn, self.server
+        if server.draining and not self.first:
+            self._finish(None)
+            return
+        buf = conn.buf
+        if not buf:
+            if conn.eof:
+                self._finish(None)
+            return
+        if self.first and buf[:1] == b"\x16":
+            self._to_task()  # a TLS hello on the plain port: the task answers it
+            return
+        scan = conn.head_scan
+        scanned = scan.scanned
+        try:
+            end = scan.find(buf)
+        except HttpError:
+            self._to_task()
+            return
+        finally:
+            server.head_bytes_scanned += scan.scanned - scanned
+        if end < 0:
+            if conn.eof:
+                self._to_task()  # it answers "closed inside a request head"
+            return
+        try:
+            head = parse_request_head(bytes(buf[:end]))
+        except HttpError:
+            self._to_task()
+            return
+        need = head.content_length or 0
+        if (head.chunked or head.expect_continue or head.http10 or head.method == b"HEAD"
+                or need > server.limits.max_body or len(buf) - end < need):
+            self._to_task()
+            return
+        request = Request(head, bytes(buf[end:end + need]), conn.peer, None)
+        exchange = self.exchange = Exchange(self, close=head.close or server.draining)
+        conn.deadline = math.inf
+        server.fast_active += 1
+        taken = False
+        try:
+            taken = self.lane.offer(request, exchange)
+        finally:  # an exception is the reactor's to log; the task serves the request (and answers 500)
+            if not taken:
+                self._release(exchange)
+                self._to_task()
+        if taken:
+            del buf[:end + need]
+        self.first = False
+
+    def answer(self, exchange: Exchange, status: int, headers: Headers, body: bytes) -> None:
+        if exchange is not self.exchange:
+            return  # the client went away first
+        self._release(exchange)
+        close = self.close_after = exchange.close or self.server.draining
+        self._write(response_head(status, headers, content_length=len(body), close=close) + body)
+
+    def hand_over(self, exchange: Exchange, continuation: Continuation) -> None:
+        if exchange is not self.exchange:
+            return
+        self._release(exchange)
+        self._finish(Handoff(False, continuation, close=exchange.close))
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._finish(None)  # the client went away
+            return
+        if sent < len(data):
+            self._out = data[sent:]  # the rest when the socket says it is writable
+        else:
+            self._answered()
+
+    def _flush(self) -> None:
+        try:
+            sent = os.write(self.fd, self._out)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._finish(None)
+            return
+        self._out = self._out[sent:]
+        if not self._out:
+            self._answered()
+
+    def _answered(self) -> None:
+        if self.close_after:
+            self._finish(None)
+            return
+        self._await_head()
+        self.reactor.soon(self._next)  # never from inside the answer: a pipelining client is served in steps
+
+    # -- state --------------------------------------------------------------------------------------
+
+    def _await_head(self) -> None:
+        conn, limits = self.conn, self.server.limits
+        conn.idle = not self.first and not conn.buf
+        conn.await_until(limits.header_timeout if self.first else limits.keepalive_timeout, HEAD_LATE)
+
+    def _release(self, exchange: Exchange) -> None:
+        if self.exchange is exchange:
+            self.exchange = None
+            self.server.fast_active -= 1
+
+    def _drop(self) -> None:
+        exchange = self.exchange
+        if exchange is not None:
+            self._release(exchange)
+            if exchange.on_gone is not None:
+                exchange.on_gone()
+
+    def _to_task(self) -> None:
+        self._finish(Handoff(self.first))
+
+    def _finish(self, result: Handoff | None) -> None:
+        if self._done.is_set():
+            return
+        self.result = result
+        self.reactor.remove(self.fd)  # no callback reads from it once the task may
+        self._done.set()
