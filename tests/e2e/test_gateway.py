@@ -128,6 +128,11 @@ def test_openai_client_through_the_gateway(fleet: Server) -> None:
     assert len(r.headers["x-request-id"]) >= 16
     assert metric(fleet, "llmgw_requests_total", model="chat", code="200") >= 6
     assert metric(fleet, "llmgw_time_to_first_token_seconds_count", model="chat") >= 1
+    # The five plain requests went through the fast lane: answered there, or resumed by a task
+    # (at least the first to each engine, which had no idle connection yet); the stream did not.
+    answered = metric(fleet, "llmgw_gateway_fast_lane_requests_total", model="chat", outcome="answered")
+    resumed = metric(fleet, "llmgw_gateway_fast_lane_requests_total", model="chat", outcome="resumed")
+    assert answered >= 2 and resumed >= 1 and answered + resumed == 5, (answered, resumed)
 
 
 def test_api_keys_and_openai_error_shapes(fleet: Server) -> None:
@@ -273,5 +278,7 @@ def test_engine_killed_mid_run_loses_no_request(fleet: Server, procs: list[Proc]
             t.join(timeout=60)
     errors = [o for o in outcomes if o != "ok"]
     assert errors == [], errors[:5]
+    # The traffic took the fast lane (the failures it met were retried by a task, below).
+    assert metric(fleet, "llmgw_gateway_fast_lane_requests_total", model="chat", outcome="answered") > 30
     assert len(outcomes) > 60
     assert metric(fleet, "llmgw_upstream_retries_total", model="chat") >= 1

@@ -14,6 +14,7 @@ which cancels its task and ends its time here.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from llmgw.web.server import HEAD_LATE, Request, Responder
 if TYPE_CHECKING:
     from llmgw.web.server import HttpServer, _Connection
 
+log = logging.getLogger("llmgw.http")
 Continuation = Callable[[Responder], Awaitable[None]]
 _IN = READ & ~GONE
 
@@ -97,7 +99,7 @@ class FastConnection:
         """Serve requests here until one needs the task (a Handoff) or the connection ends (None)."""
         self._await_head()
         self.reactor.add(self.fd, READ | WRITE, self._on_event)
-        self.reactor.soon(self._next)  # bytes may be buffered already (a request behind one the task served)
+        self.reactor.soon(self._serve_next)  # bytes may be buffered already (a request behind one the task served)
         try:
             await self._done.wait()
             return self.result
@@ -109,6 +111,24 @@ class FastConnection:
     # -- reading ------------------------------------------------------------------------------------
 
     def _on_event(self, mask: int) -> None:
+        try:
+            self._serve_event(mask)
+        except Exception:
+            self._fail()
+
+    def _serve_next(self) -> None:
+        try:
+            self._next()
+        except Exception:
+            self._fail()
+
+    def _fail(self) -> None:
+        """A bug here or in the lane costs this connection, not the reactor (nor a hung client)."""
+        log.exception("fast lane failed on a connection from %s; closing it", self.conn.peer)
+        self._drop()
+        self._finish(None)
+
+    def _serve_event(self, mask: int) -> None:
         if self._done.is_set():
             return
         if mask & STOPPED:
@@ -200,12 +220,13 @@ class FastConnection:
         taken = False
         try:
             taken = self.lane.offer(request, exchange)
-        finally:  # an exception is the reactor's to log; the task serves the request (and answers 500)
-            if not taken:
-                self._release(exchange)
-                self._to_task()
-        if taken:
-            del buf[:end + need]
+        except Exception:
+            log.exception("fast lane failed on %s %s from %s; the task serves it", request.method, request.path, conn.peer)
+        if not taken:
+            self._release(exchange)
+            self._to_task()
+            return
+        del buf[:end + need]
         self.first = False
 
     def answer(self, exchange: Exchange, status: int, headers: Headers, body: bytes) -> None:
@@ -253,7 +274,7 @@ class FastConnection:
             self._finish(None)
             return
         self._await_head()
-        self.reactor.soon(self._next)  # never from inside the answer: a pipelining client is served in steps
+        self.reactor.soon(self._serve_next)  # never from inside the answer: a pipelining client is served in steps
 
     # -- state --------------------------------------------------------------------------------------
 

@@ -57,7 +57,10 @@ class Reactor:
 
     def add(self, fd: int, mask: int, callback: Callback) -> None:
         assert self._ep is not None
-        self._ep.register(fd, mask | _EDGE)
+        try:
+            self._ep.register(fd, mask | _EDGE)
+        except FileExistsError:  # a descriptor number reused while the kernel still held the old one
+            self._ep.modify(fd, mask | _EDGE)
         self._callbacks[fd] = callback
 
     def set(self, fd: int, callback: Callback) -> None:

@@ -78,18 +78,28 @@ class ClientGone(DropConnection):
 
 
 class Request:
-    __slots__ = ("body", "head", "method", "path", "peer", "query", "tls")
+    __slots__ = ("body", "head", "peer", "tls")
 
     # `tls`: the verified client certificate's holder (the connection's TLS stream; on the control
     # plane's api socket, the one a gateway worker verified: server/gateway/forwarded.py).
     def __init__(self, head: RequestHead, body: bytes, peer: str, tls: HasPeerCert | None) -> None:
         self.head = head
-        self.method = head.method.decode("latin-1")
-        self.path = head.path.decode("latin-1")
-        self.query = head.query.decode("latin-1")
         self.body = body
         self.peer = peer
         self.tls = tls
+
+    # Text on demand: the gateway's fast lane reads the bytes (three decodes were ~1 µs a request).
+    @property
+    def method(self) -> str:
+        return self.head.method.decode("latin-1")
+
+    @property
+    def path(self) -> str:
+        return self.head.path.decode("latin-1")
+
+    @property
+    def query(self) -> str:
+        return self.head.query.decode("latin-1")
 
     def header(self, name: bytes) -> str | None:
         value = self.head.get(name)

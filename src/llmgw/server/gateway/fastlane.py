@@ -19,7 +19,9 @@ A client that hangs up mid-request frees its slot and engine connection at once 
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 
 import trio
 
@@ -45,6 +47,7 @@ from llmgw.web.fastserve import Exchange
 from llmgw.web.reactor import Reactor
 from llmgw.web.server import Request
 
+log = logging.getLogger("llmgw.gateway")
 _NONE: frozenset[str] = frozenset()
 
 
@@ -79,7 +82,7 @@ class GatewayLane:
         ticket = route.gate.admit_now(started)
         if ticket is None:
             return False  # the task queues it
-        _Request(self, gw, route, model, request, exchange, rid, started, ticket).start()
+        _Request(self, gw, route, model, request, exchange, rid, started, ticket).safely(_Request.start)
         return True
 
 
@@ -129,10 +132,23 @@ class _Request:
         guard.wake = self._fired
         gw.track(endpoint, guard)
         self.exchange.on_gone = self._gone
-        call = self.call = FastCall(upstream, conn, self.lane.reactor, int(settings.max_response), self._done)
+        call = self.call = FastCall(upstream, conn, self.lane.reactor, int(settings.max_response),
+                                    lambda result: self.safely(_Request.done, result))
         call.start(upstream.request_bytes(b"POST", request.head.target, headers, request.body))
 
-    def _done(self, result: Response | UpstreamError) -> None:
+    def safely(self, step: Callable[..., None], *args: object) -> None:
+        """A bug in the lane must not strand the request (its slot, its pick, a waiting client):
+        the task path takes it from the top of its retry loop, with what the lane holds."""
+        try:
+            step(self, *args)
+        except Exception:
+            log.exception("fast lane failed on a request for %s; the task path finishes it", self.model)
+            self._untrack()
+            if self.call is not None:
+                self.call.abandon()
+            self._resume(None)
+
+    def done(self, result: Response | UpstreamError) -> None:
         self._untrack()
         if isinstance(result, StaleConnection):
             assert self.upstream is not None
