@@ -28,6 +28,7 @@ def test_gateway_metrics_render_as_prometheus_client_does() -> None:
     wait = Histogram("llmgw_admission_wait_seconds", "Time a request waited for an admission slot.", ["model"],
                      buckets=LATENCY_BUCKETS, registry=ref)
     rejected = Counter("llmgw_admission_rejected", "Requests answered 429, by reason.", ["model", "reason"], registry=ref)
+    lane = Counter("llmgw_gateway_fast_lane_requests", metrics.fast_lane.documentation, ["model", "outcome"], registry=ref)
     for i, seconds in enumerate(WAITS):
         model, code = ("chat", 200) if i % 3 else ("embed", 429)
         metrics.finished(model, code, seconds)
@@ -41,5 +42,8 @@ def test_gateway_metrics_render_as_prometheus_client_does() -> None:
     retries.labels("chat", "connect").inc()
     metrics.rejected_for("embed", "queue full")
     rejected.labels("embed", "queue full").inc()
+    for outcome in ("answered", "answered", "resumed"):
+        metrics.left_fast_lane("chat", outcome)
+        lane.labels("chat", outcome).inc()
     assert text(ours) == text(ref)
     assert sum(s.value for m in metrics.requests.collect() for s in m.samples if s.name.endswith("_total")) == len(WAITS)

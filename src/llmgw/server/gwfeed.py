@@ -54,7 +54,7 @@ MAX_REASON = 500
 # Prometheus's whole scrape. tests/unit/test_gateway_feed.py checks this against a real worker.
 GATEWAY_FAMILIES = frozenset({
     "llmgw_admission_queue_depth", "llmgw_admission_rejected", "llmgw_admission_wait_seconds",
-    "llmgw_endpoint_breaker_state", "llmgw_endpoint_healthy", "llmgw_engine_up",
+    "llmgw_endpoint_breaker_state", "llmgw_endpoint_healthy", "llmgw_engine_up", "llmgw_gateway_fast_lane_requests",
     "llmgw_gateway_control_plane_connected", "llmgw_gateway_control_plane_last_update_timestamp_seconds",
     "llmgw_gateway_control_plane_updates", "llmgw_gateway_control_plane_updates_created", "llmgw_gateway_worker_pid",
     "llmgw_request_duration_seconds", "llmgw_requests", "llmgw_requests_in_flight", "llmgw_time_to_first_token_seconds",
