@@ -128,11 +128,12 @@ def test_openai_client_through_the_gateway(fleet: Server) -> None:
     assert len(r.headers["x-request-id"]) >= 16
     assert metric(fleet, "llmgw_requests_total", model="chat", code="200") >= 6
     assert metric(fleet, "llmgw_time_to_first_token_seconds_count", model="chat") >= 1
-    # The five plain requests went through the fast lane: answered there, or resumed by a task
-    # (at least the first to each engine, which had no idle connection yet); the stream did not.
+    # The five plain requests (the SDK writes each head and body separately) went through the
+    # fast lane: answered there, or resumed by a task (one with no idle engine connection yet: the
+    # health checks usually leave one); the stream did not.
     answered = metric(fleet, "llmgw_gateway_fast_lane_requests_total", model="chat", outcome="answered")
     resumed = metric(fleet, "llmgw_gateway_fast_lane_requests_total", model="chat", outcome="resumed")
-    assert answered >= 2 and resumed >= 1 and answered + resumed == 5, (answered, resumed)
+    assert answered >= 3 and answered + resumed == 5, (answered, resumed)
 
 
 def test_api_keys_and_openai_error_shapes(fleet: Server) -> None:

@@ -105,6 +105,32 @@ async def test_pipelined_requests_are_answered_in_order_across_lane_task_and_res
     assert app.calls == ["/task"]  # the lane's requests never reached the handler
 
 
+async def test_a_body_sent_after_its_head_is_waited_for_in_the_lane() -> None:
+    """The OpenAI SDK (httpx) writes the head and the body separately: the lane must not hand
+    every SDK request to the task path for that."""
+    app = App()
+    async with lane_serving(app, Limits(body_timeout=5.0)) as (server, port, lane):
+        client = await Client.open(port)
+        request = post("/fast", b"the body")
+        await client.send(request[:-8])
+        await wait_for(lambda: server.head_bytes_scanned > 0, "the head seen")
+        await client.send(request[-8:-4])
+        await client.send(request[-4:])
+        head, body = await client.response()
+        assert head.get(b"x-lane") == b"fast" and body == b"fast:the body"
+        await client.aclose()
+    assert app.calls == [] and lane.offered == ["/fast"]
+
+
+async def test_a_body_that_never_comes_is_answered_408_after_body_timeout() -> None:
+    async with lane_serving(App(), Limits(body_timeout=0.5)) as (_, port, lane):
+        client = await Client.open(port)
+        await client.send(post("/fast", b"0123456789")[:-5])
+        head, _ = await client.response()
+        assert head.status == 408 and await client.closed()
+    assert lane.offered == []
+
+
 async def test_a_held_request_is_answered_when_the_lane_answers_and_the_connection_goes_on() -> None:
     async with lane_serving(App()) as (server, port, lane):
         client = await Client.open(port)

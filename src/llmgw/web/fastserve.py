@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from llmgw.netaddr import READ_SIZE
-from llmgw.web.http1 import Headers, HttpError, parse_request_head, response_head
+from llmgw.web.http1 import Headers, HttpError, RequestHead, parse_request_head, response_head
 from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor
 from llmgw.web.server import HEAD_LATE, Request, Responder
 
@@ -76,7 +76,7 @@ class Handoff:
 
 
 class FastConnection:
-    __slots__ = ("_done", "_out", "_paused", "close_after", "conn", "exchange", "fd", "first", "lane", "reactor",
+    __slots__ = ("_done", "_head", "_head_end", "_out", "_paused", "close_after", "conn", "exchange", "fd", "first", "lane", "reactor",
                  "result", "server")
 
     def __init__(self, server: HttpServer, conn: _Connection, lane: FastLane, first: bool) -> None:
@@ -94,6 +94,8 @@ class FastConnection:
         self._done = trio.Event()
         self._out = b""
         self._paused = False  # stopped reading: a client that floods bytes behind its request
+        self._head: RequestHead | None = None  # parsed, its body still coming (`_head_end` bytes in)
+        self._head_end = 0
 
     async def serve(self) -> Handoff | None:
         """Serve requests here until one needs the task (a Handoff) or the connection ends (None)."""
@@ -190,29 +192,40 @@ class FastConnection:
         if self.first and buf[:1] == b"\x16":
             self._to_task()  # a TLS hello on the plain port: the task answers it
             return
-        scan = conn.head_scan
-        scanned = scan.scanned
-        try:
-            end = scan.find(buf)
-        except HttpError:
-            self._to_task()
-            return
-        finally:
-            server.head_bytes_scanned += scan.scanned - scanned
-        if end < 0:
-            if conn.eof:
-                self._to_task()  # it answers "closed inside a request head"
-            return
-        try:
-            head = parse_request_head(bytes(buf[:end]))
-        except HttpError:
-            self._to_task()
-            return
+        head, end = self._head, self._head_end
+        if head is None:
+            scan = conn.head_scan
+            scanned = scan.scanned
+            try:
+                end = scan.find(buf)
+            except HttpError:
+                self._to_task()
+                return
+            finally:
+                server.head_bytes_scanned += scan.scanned - scanned
+            if end < 0:
+                if conn.eof:
+                    self._to_task()  # it answers "closed inside a request head"
+                return
+            try:
+                head = parse_request_head(bytes(buf[:end]))
+            except HttpError:
+                self._to_task()
+                return
+            if (head.chunked or head.expect_continue or head.http10 or head.method == b"HEAD"
+                    or (head.content_length or 0) > server.limits.max_body):
+                self._to_task()
+                return
         need = head.content_length or 0
-        if (head.chunked or head.expect_continue or head.http10 or head.method == b"HEAD"
-                or need > server.limits.max_body or len(buf) - end < need):
-            self._to_task()
+        if len(buf) - end < need:
+            # The body follows the head in writes of its own (the OpenAI SDK's httpx sends two).
+            if conn.eof:
+                self._to_task()  # it answers "closed inside a request body"
+            elif self._head is None:
+                self._head, self._head_end = head, end
+                conn.await_until(server.limits.body_timeout, server.body_late)
             return
+        self._head = None
         request = Request(head, bytes(buf[end:end + need]), conn.peer, None)
         exchange = self.exchange = Exchange(self, close=head.close or server.draining)
         conn.deadline = math.inf

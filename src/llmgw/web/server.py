@@ -303,7 +303,7 @@ class HttpServer:
         self.render_error = render_error
         self.connections = 0
         self._conns: set[_Connection] = set()  # past the TLS handshake: the expiry task watches them
-        self._body_late = HttpError(408, f"request body not received within {self.limits.body_timeout:g}s")
+        self.body_late = HttpError(408, f"request body not received within {self.limits.body_timeout:g}s")
         self.head_bytes_scanned = 0  # work spent finding request heads (bounded by bytes received)
         self.draining = False
         self._room = trio.Event()  # set when a connection closes (accept may go on)
@@ -471,7 +471,7 @@ class HttpServer:
             raise HttpError(413, f"request body of {head.content_length} bytes is over the limit of {max_body} bytes")
         if head.expect_continue:
             await conn.send(CONTINUE)
-        conn.await_until(self.limits.body_timeout, self._body_late)
+        conn.await_until(self.limits.body_timeout, self.body_late)
         try:
             if head.chunked:
                 decoder = ChunkedDecoder(limit=max_body)
