@@ -355,3 +355,19 @@ async def test_a_body_within_the_limit_is_read_whole() -> None:
         response = await up.request(b"GET", b"/", [], b"", head_timeout=DEADLINE)
         assert await response.read(DEADLINE, limit=len(body)) == body
         nursery.cancel_scope.cancel()
+
+
+def test_the_fast_lane_post_is_byte_for_byte_the_request_the_task_path_sends() -> None:
+    up = Upstream("http://127.0.0.1:9")
+    for key in ("", "sk-engine"):
+        up.set_api_key(key)
+        for accept in (None, b"application/json"):
+            headers = [(b"content-type", b"application/json"), (b"x-request-id", b"rid-1")]
+            if accept:
+                headers.append((b"accept", accept))
+            for _ in range(2):  # built, then from the cache
+                assert up.post_bytes(b"/v1/chat/completions", b"rid-1", accept, b"{}") == up.request_bytes(
+                    b"POST", b"/v1/chat/completions", headers, b"{}")
+    for i in range(40):  # targets the client chose: the cache stays small
+        up.post_bytes(b"/v1/completions?x=%d" % i, b"r", None, b"")
+    assert len(up._post_prefix) <= 16

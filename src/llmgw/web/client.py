@@ -31,6 +31,8 @@ from llmgw.web.http1 import (
 )
 from llmgw.web.rawio import RawSocket
 
+JSON_TYPE = (b"content-type", b"application/json")
+
 
 class UpstreamError(Exception):
     """`kind`: connect | reset (closed before any response byte) | timeout | protocol |
@@ -246,6 +248,7 @@ class Upstream:
         self._idle: list[_Conn] = []
         self.closed = False
         self._auth: list[tuple[bytes, bytes]] = []
+        self._post_prefix: dict[bytes, bytes] = {}
         # A local peer on a Unix socket (a gateway worker's way to the control plane's API).
         self.unix_path = unix_path
         self._family = _literal_family(self.host)  # an IP literal is dialled without trio's resolver
@@ -253,6 +256,7 @@ class Upstream:
     def set_api_key(self, key: str) -> None:
         """The engine's API key, sent as `Authorization: Bearer` with every request ("" = none)."""
         self._auth = [(b"authorization", b"Bearer " + key.encode())] if key else []
+        self._post_prefix.clear()
 
     def put(self, conn: _Conn, reusable: bool) -> None:
         if reusable and not self.closed and len(self._idle) < self.max_idle and not conn.buf:
@@ -322,6 +326,17 @@ class Upstream:
 
     def request_bytes(self, method: bytes, target: bytes, headers: Headers, body: bytes) -> bytes:
         return request_head(method, target, [(b"host", self.authority), *self._auth, *headers], len(body)) + body
+
+    def post_bytes(self, target: bytes, rid: bytes, accept: bytes | None, body: bytes) -> bytes:
+        """`request_bytes` for the gateway's JSON POST, its constant lines built once per target
+        (`headers` the same: content-type, x-request-id, accept when the client sent one)."""
+        prefix = self._post_prefix.get(target)
+        if prefix is None:
+            prefix = request_head(b"POST", target, [(b"host", self.authority), *self._auth, JSON_TYPE], None)[:-2]
+            if len(self._post_prefix) < 16:  # the query string is the client's: a few targets are kept, not any
+                self._post_prefix[target] = prefix
+        accept_line = b"accept: " + accept + b"\r\n" if accept else b""
+        return b"%sx-request-id: %s\r\n%scontent-length: %d\r\n\r\n%s" % (prefix, rid, accept_line, len(body), body)
 
     def take_idle(self) -> _Conn | None:
         """An idle connection for an exchange that is not `request`'s (the fast lane's), or None."""

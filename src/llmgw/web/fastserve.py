@@ -287,7 +287,8 @@ class FastConnection:
             self._finish(None)
             return
         self._await_head()
-        self.reactor.soon(self._serve_next)  # never from inside the answer: a pipelining client is served in steps
+        if self.conn.buf or self._paused:  # else the next request's bytes will say so themselves
+            self.reactor.soon(self._serve_next)  # never from inside the answer: a pipelining client is served in steps
 
     # -- state --------------------------------------------------------------------------------------
 

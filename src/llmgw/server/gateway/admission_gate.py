@@ -101,8 +101,8 @@ class AdmissionGate:
         """Wait for a slot (raises AdmissionRejected instead); then `release`."""
         return await self._acquire()
 
-    def release(self, ticket: Ticket) -> None:
-        self._wake(self.core.finish(ticket, trio.current_time()))
+    def release(self, ticket: Ticket, now: float | None = None) -> None:
+        self._wake(self.core.finish(ticket, trio.current_time() if now is None else now))
 
     async def _acquire(self) -> Ticket:
         ticket = self.core.arrive(trio.current_time())

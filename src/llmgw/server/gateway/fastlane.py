@@ -28,7 +28,6 @@ import trio
 from llmgw.server.gateway.admission import Ticket
 from llmgw.server.gateway.balance import Pick
 from llmgw.server.gateway.proxy import (
-    JSON,
     JSON_REFUSED,
     ROUTES,
     Gateway,
@@ -123,18 +122,17 @@ class _Request:
             self._resume(None)  # the task dials the engine (then its connection is pooled for us)
             return
         settings = gw.settings
-        headers = [JSON, (b"x-request-id", self.rid)]
         accept = request.head.get(b"accept")
-        if accept:
-            headers.append((b"accept", accept))
         guard = self.guard = _Attempt()
         guard.due = now + float(settings.upstream_timeout)
         guard.wake = self._fired
         gw.track(endpoint, guard)
         self.exchange.on_gone = self._gone
-        call = self.call = FastCall(upstream, conn, self.lane.reactor, int(settings.max_response),
-                                    lambda result: self.safely(_Request.done, result))
-        call.start(upstream.request_bytes(b"POST", request.head.target, headers, request.body))
+        call = self.call = FastCall(upstream, conn, self.lane.reactor, int(settings.max_response), self._done)
+        call.start(upstream.post_bytes(request.head.target, self.rid, accept, request.body))
+
+    def _done(self, result: Response | UpstreamError) -> None:
+        self.safely(_Request.done, result)
 
     def safely(self, step: Callable[..., None], *args: object) -> None:
         """A bug in the lane must not strand the request (its slot, its pick, a waiting client):
@@ -205,7 +203,8 @@ class _Request:
 
     def _end(self, outcome: bool | None, status: int) -> None:
         gw, route = self.gw, self.route
+        now = trio.current_time()
         if self.pick is not None:
-            gw.release_pick(route, self.pick, outcome, "")
-        route.gate.release(self.ticket)
-        gw.metrics.finished(self.model, status, trio.current_time() - self.started)
+            gw.release_pick(route, self.pick, outcome, "", now)
+        route.gate.release(self.ticket, now)
+        gw.metrics.finished(self.model, status, now - self.started)

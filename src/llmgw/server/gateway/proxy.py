@@ -424,12 +424,12 @@ class Gateway:
             if not waiting:
                 del self._attempts[endpoint]
 
-    def release_pick(self, route: Route, pick: Pick, outcome: bool | None, reason: str) -> None:
+    def release_pick(self, route: Route, pick: Pick, outcome: bool | None, reason: str, now: float | None = None) -> None:
         """An attempt's outcome, to the balancer and its endpoint's breaker (a change is logged)."""
         balancer = route.balancer
         breaker = pick.breaker if pick.endpoint in balancer else None
         before = breaker.state if breaker is not None else None
-        balancer.release(pick, trio.current_time(), ok=outcome, reason=reason)
+        balancer.release(pick, trio.current_time() if now is None else now, ok=outcome, reason=reason)
         if breaker is not None and before is not None and breaker.state != before:
             log_breaker(route.name, pick.endpoint, before, breaker)
 
