@@ -50,7 +50,7 @@ class FastCall:
     def start(self, data: bytes) -> None:
         conn, fd, reactor = self.conn, self._fd, self.reactor
         if conn.detach is None:
-            reactor.add(fd, READ | WRITE, self._on_event)
+            reactor.add(fd, READ, self._on_event)
             conn.detach = lambda: reactor.remove(fd)
         else:
             reactor.set(fd, self._on_event)
@@ -63,6 +63,7 @@ class FastCall:
             return
         if sent < len(data):
             self._out = data[sent:]
+            reactor.want(fd, READ | WRITE)
 
     def to_task(self) -> None:
         """The Response goes to a task (which reads through trio): the reactor lets go of it."""
@@ -93,6 +94,8 @@ class FastCall:
                 self._fail(exc, before_answer=True)
                 return
             self._out = self._out[sent:]
+            if not self._out:
+                self.reactor.want(self._fd, READ)
         if not mask & (READ | GONE):
             return
         conn, fd = self.conn, self._fd

@@ -100,7 +100,7 @@ class FastConnection:
     async def serve(self) -> Handoff | None:
         """Serve requests here until one needs the task (a Handoff) or the connection ends (None)."""
         self._await_head()
-        self.reactor.add(self.fd, READ | WRITE, self._on_event)
+        self.reactor.add(self.fd, READ, self._on_event)
         self.reactor.soon(self._serve_next)  # bytes may be buffered already (a request behind one the task served)
         try:
             await self._done.wait()
@@ -267,6 +267,7 @@ class FastConnection:
             return
         if sent < len(data):
             self._out = data[sent:]  # the rest when the socket says it is writable
+            self.reactor.want(self.fd, READ | WRITE)
         else:
             self._answered()
 
@@ -280,6 +281,7 @@ class FastConnection:
             return
         self._out = self._out[sent:]
         if not self._out:
+            self.reactor.want(self.fd, READ)
             self._answered()
 
     def _answered(self) -> None:

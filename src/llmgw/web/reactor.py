@@ -63,6 +63,12 @@ class Reactor:
             self._ep.modify(fd, mask | _EDGE)
         self._callbacks[fd] = callback
 
+    def want(self, fd: int, mask: int) -> None:
+        """Change what `fd` is watched for. Writability only while bytes wait to be written: watched
+        always, every ACK the peer sends would wake the reactor for nothing (two a request)."""
+        assert self._ep is not None
+        self._ep.modify(fd, mask | _EDGE)
+
     def set(self, fd: int, callback: Callback) -> None:
         """Who hears of `fd` from now on (it stays registered)."""
         self._callbacks[fd] = callback
