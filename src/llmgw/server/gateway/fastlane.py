@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 
 import trio
 
@@ -81,7 +80,7 @@ class GatewayLane:
         ticket = route.gate.admit_now(started)
         if ticket is None:
             return False  # the task queues it
-        _Request(self, gw, route, model, request, exchange, rid, started, ticket).safely(_Request.start)
+        _Request(self, gw, route, model, request, exchange, rid, started, ticket).start()
         return True
 
 
@@ -107,6 +106,28 @@ class _Request:
         self.guard: _Attempt | None = None
 
     def start(self) -> None:
+        try:
+            self._start()
+        except Exception:
+            self._rescue()
+
+    def done(self, result: Response | UpstreamError) -> None:
+        """FastCall's end: the engine's answer (head, and a whole body when it had one to give) or an error."""
+        try:
+            self._done(result)
+        except Exception:
+            self._rescue()
+
+    def _rescue(self) -> None:
+        """A bug in the lane must not strand the request (its slot, its pick, a waiting client):
+        the task path takes it from the top of its retry loop, with what the lane holds."""
+        log.exception("fast lane failed on a request for %s; the task path finishes it", self.model)
+        self._untrack()
+        if self.call is not None:
+            self.call.abandon()
+        self._resume(None)
+
+    def _start(self) -> None:
         gw, route, request, now = self.gw, self.route, self.request, self.started
         route.budget.record_request(now)
         balancer = route.balancer
@@ -128,25 +149,10 @@ class _Request:
         guard.wake = self._fired
         gw.track(endpoint, guard)
         self.exchange.on_gone = self._gone
-        call = self.call = FastCall(upstream, conn, self.lane.reactor, int(settings.max_response), self._done)
+        call = self.call = FastCall(upstream, conn, self.lane.reactor, int(settings.max_response), self.done)
         call.start(upstream.post_bytes(request.head.target, self.rid, accept, request.body))
 
     def _done(self, result: Response | UpstreamError) -> None:
-        self.safely(_Request.done, result)
-
-    def safely(self, step: Callable[..., None], *args: object) -> None:
-        """A bug in the lane must not strand the request (its slot, its pick, a waiting client):
-        the task path takes it from the top of its retry loop, with what the lane holds."""
-        try:
-            step(self, *args)
-        except Exception:
-            log.exception("fast lane failed on a request for %s; the task path finishes it", self.model)
-            self._untrack()
-            if self.call is not None:
-                self.call.abandon()
-            self._resume(None)
-
-    def done(self, result: Response | UpstreamError) -> None:
         self._untrack()
         if isinstance(result, StaleConnection):
             assert self.upstream is not None
