@@ -60,7 +60,8 @@ async def gateway(engines: list, *, ticking: bool, upstream_timeout: float = 600
     await gw.aclose()
 
 
-async def ask(port: int) -> int:
+async def exchange(port: int) -> tuple[int, bytes]:
+    """One request on a new connection: the answer's status and (de-chunked) body."""
     client = await trio.open_tcp_stream("127.0.0.1", port)
     await client.send_all(REQUEST)
     buf = bytearray()
@@ -68,8 +69,25 @@ async def ask(port: int) -> int:
         data = await client.receive_some(65536)
         assert data, "closed before a response head"
         buf += data
+    head = http1.parse_response_head(bytes(buf[:end]))
+    del buf[:end]
+    if head.chunked:
+        decoder = http1.ChunkedDecoder()
+        decoder.feed(buf)
+        while not decoder.done:
+            buf += await client.receive_some(65536)
+            decoder.feed(buf)
+        body = bytes(decoder.body)
+    else:
+        while len(buf) < (head.content_length or 0):
+            buf += await client.receive_some(65536)
+        body = bytes(buf)
     await client.aclose()
-    return http1.parse_response_head(bytes(buf[:end])).status
+    return head.status, body
+
+
+async def ask(port: int) -> int:
+    return (await exchange(port))[0]
 
 
 @pytest.mark.parametrize("ticking", [True, False])

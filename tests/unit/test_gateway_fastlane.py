@@ -26,7 +26,7 @@ from llmgw.web.reactor import Reactor
 from llmgw.web.relay import RelayHub
 from llmgw.web.server import HttpServer
 from tests.unit.loopback import serve_tcp, wait_for
-from tests.unit.test_gateway_attempts import REQUEST
+from tests.unit.test_gateway_attempts import REQUEST, exchange
 from tests.unit.test_web_client import ok, read_request
 
 pytestmark = pytest.mark.skipif(not Reactor().available, reason="the fast lane needs epoll")
@@ -92,31 +92,6 @@ async def gateway(engines: list[Engine], *, upstream_timeout: float = 600, max_a
     await gw.aclose()
 
 
-async def ask(port: int) -> tuple[int, bytes]:
-    client = await trio.open_tcp_stream("127.0.0.1", port)
-    await client.send_all(REQUEST)
-    buf = bytearray()
-    while (end := http1.find_head_end(buf)) < 0:
-        data = await client.receive_some(65536)
-        assert data, "closed before a response head"
-        buf += data
-    head = http1.parse_response_head(bytes(buf[:end]))
-    del buf[:end]
-    if head.chunked:
-        decoder = http1.ChunkedDecoder()
-        decoder.feed(buf)
-        while not decoder.done:
-            buf += await client.receive_some(65536)
-            decoder.feed(buf)
-        body = bytes(decoder.body)
-    else:
-        while len(buf) < (head.content_length or 0):
-            buf += await client.receive_some(65536)
-        body = bytes(buf)
-    await client.aclose()
-    return head.status, body
-
-
 def lane(gw: Gateway, outcome: str) -> float:
     return gw.metrics.fast_lane.values.get(("chat", outcome), 0.0)
 
@@ -124,7 +99,7 @@ def lane(gw: Gateway, outcome: str) -> float:
 async def test_a_plain_request_is_answered_in_the_lane_and_counted_as_the_task_path_counts() -> None:
     async with gateway([engine("ok")]) as (gw, _, port):
         before = gw.metrics.requests.values.get(("chat", "200"), 0.0)
-        assert await ask(port) == (200, b'{"n":2}')
+        assert await exchange(port) == (200, b'{"n":2}')
         assert lane(gw, "answered") == 1
         assert gw.metrics.requests.values[("chat", "200")] == before + 1
         assert gw.routes["chat"].gate.in_flight == 0 and gw._attempts == {}
@@ -134,7 +109,7 @@ async def test_no_head_within_upstream_timeout_is_a_504_from_the_lane(autojump_c
     async with gateway([engine("hang")], upstream_timeout=5, max_attempts=1) as (gw, _, port):
         start = trio.current_time()
         with trio.fail_after(60):
-            assert (await ask(port))[0] == 504
+            assert (await exchange(port))[0] == 504
         assert 5 <= trio.current_time() - start <= 6
         assert lane(gw, "resumed") >= 1 and gw._attempts == {} and gw.routes["chat"].gate.in_flight == 0
 
@@ -155,14 +130,14 @@ async def test_an_engine_evicted_while_the_lane_waits_moves_the_request(autojump
 
 
 async def _append(status: list[int], port: int) -> None:
-    status.append((await ask(port))[0])
+    status.append((await exchange(port))[0])
 
 
 async def test_a_503_is_retried_on_another_engine() -> None:
     async with gateway([engine(*["503"] * 20), engine(*["ok"] * 20)]) as (gw, _, port):
         retries, resumed = gw.metrics.retries.values.get(("chat", "503"), 0), lane(gw, "resumed")
         for _ in range(20):  # until the balancer sends one to the engine that answers 503
-            status, _ = await ask(port)
+            status, _ = await exchange(port)
             assert status == 200
             if gw.metrics.retries.values.get(("chat", "503"), 0) > retries:
                 break
@@ -172,13 +147,13 @@ async def test_a_503_is_retried_on_another_engine() -> None:
 async def test_a_stale_idle_connection_is_retried_on_a_new_one() -> None:
     seen: list[str] = []
     async with gateway([engine("reset", seen=seen)], max_attempts=1) as (gw, _, port):
-        assert (await ask(port))[0] == 200  # a new connection: the engine answers it as a first
+        assert (await exchange(port))[0] == 200  # a new connection: the engine answers it as a first
         assert seen == ["reset"] and lane(gw, "resumed") >= 1
 
 
 async def test_a_chunked_answer_to_a_plain_request_is_relayed_by_the_task() -> None:
     async with gateway([engine("chunked")]) as (gw, _, port):
-        assert await ask(port) == (200, b'{"chunked":true}')
+        assert await exchange(port) == (200, b'{"chunked":true}')
         assert lane(gw, "answered") == 0 and lane(gw, "resumed") >= 1
 
 
@@ -202,6 +177,6 @@ async def test_a_bug_in_the_lane_costs_the_request_nothing(monkeypatch: pytest.M
     async with gateway([engine("ok", "ok")]) as (gw, _, port):
         monkeypatch.setattr(fastlane, "relay_headers", broken)
         with caplog.at_level(logging.ERROR):
-            status, _ = await ask(port)
+            status, _ = await exchange(port)
         assert status == 200 and "fast lane failed" in caplog.text
         assert gw.routes["chat"].gate.in_flight == 0

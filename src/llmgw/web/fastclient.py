@@ -15,10 +15,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from llmgw.netaddr import READ_SIZE
-from llmgw.web.client import Response, Upstream, UpstreamError, _Conn
+from llmgw.web.client import Response, Upstream, UpstreamError, _close_soon, _Conn
 from llmgw.web.http1 import HttpError, find_head_end, parse_response_head
-from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor
+from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor, read_into
 
 Done = Callable[[Response | UpstreamError], None]
 
@@ -76,11 +75,7 @@ class FastCall:
             return  # it ended already; the Response owns the connection
         self.done = None
         self.response = None
-        self.conn.forget()
-        try:
-            self.conn.stream.socket.close()
-        except OSError:
-            pass
+        _close_soon(self.conn)
 
     def _on_event(self, mask: int) -> None:
         if self.done is None or mask & STOPPED:
@@ -98,22 +93,7 @@ class FastCall:
                 self.reactor.want(self._fd, READ)
         if not mask & (READ | GONE):
             return
-        conn, fd = self.conn, self._fd
-        eof = False
-        while True:
-            try:
-                data = os.read(fd, READ_SIZE)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:
-                eof = True
-                break
-            conn.buf += data
-            if len(data) < READ_SIZE and not mask & GONE:
-                break
-        self._parse(eof)
+        self._parse(read_into(self._fd, self.conn.buf, mask))
 
     def _parse(self, eof: bool) -> None:
         conn = self.conn
@@ -157,10 +137,6 @@ class FastCall:
         self.reactor.set(self._fd, _ignore)
         if isinstance(result, UpstreamError):
             self.response = None
-            self.conn.forget()
-            try:
-                self.conn.stream.socket.close()
-            except OSError:
-                pass
+            _close_soon(self.conn)
         if done is not None:
             done(result)

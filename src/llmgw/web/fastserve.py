@@ -24,7 +24,7 @@ import trio
 
 from llmgw.netaddr import READ_SIZE
 from llmgw.web.http1 import Headers, HttpError, RequestHead, parse_request_head, response_head
-from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor
+from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor, read_into
 from llmgw.web.server import HEAD_LATE, Request, Responder
 
 if TYPE_CHECKING:
@@ -145,25 +145,16 @@ class FastConnection:
             self._read(mask)
 
     def _read(self, mask: int) -> None:
-        conn, fd = self.conn, self.fd
-        limit = self.server.limits.max_body + READ_SIZE
-        while True:
-            try:
-                data = os.read(fd, READ_SIZE)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:
-                conn.eof = True
-                break
-            conn.buf += data
+        conn = self.conn
+        busy = self.exchange is not None
+        limit = self.server.limits.max_body + READ_SIZE if busy else 0
+        had = len(conn.buf)
+        if read_into(self.fd, conn.buf, mask, limit=limit):
+            conn.eof = True
+        elif busy and len(conn.buf) > limit:
+            self._paused = True  # read the rest once this request is answered
+        if len(conn.buf) > had:
             conn.idle = False
-            if self.exchange is not None and len(conn.buf) > limit:
-                self._paused = True  # read the rest once this request is answered
-                break
-            if len(data) < READ_SIZE and not mask & GONE:
-                break
         if conn.eof and self.exchange is not None:
             self._drop()  # the client hung up mid-request: nothing more can be sent
             self._finish(None)

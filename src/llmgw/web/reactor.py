@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import trio
 
+from llmgw.netaddr import READ_SIZE
+
 log = logging.getLogger("llmgw.web.reactor")
 
 _epoll = getattr(select, "epoll", None)
@@ -146,6 +148,26 @@ class Reactor:
             ep.close()
             os.close(wake_fd)
             self._ep = None
+
+
+def read_into(fd: int, buf: bytearray, mask: int, *, limit: int = 0) -> bool:
+    """Read what `fd` has into `buf` as an edge-triggered socket must: until it is drained (a
+    short read, or EAGAIN when the peer hung up, so its EOF is seen now) or `buf` holds more than
+    `limit` bytes (0: no limit). True at EOF (a reset counts as EOF)."""
+    while True:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        if not data:
+            return True
+        buf += data
+        if limit and len(buf) > limit:
+            return False
+        if len(data) < READ_SIZE and not mask & GONE:
+            return False
 
 
 def _drain(fd: int) -> None:
