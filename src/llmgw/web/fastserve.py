@@ -76,7 +76,7 @@ class Handoff:
 
 
 class FastConnection:
-    __slots__ = ("_done", "_head", "_head_end", "_out", "_paused", "close_after", "conn", "exchange", "fd", "first", "lane", "reactor",
+    __slots__ = ("_done", "_ended", "_head", "_head_end", "_out", "_paused", "close_after", "conn", "exchange", "fd", "first", "lane", "reactor",
                  "result", "server")
 
     def __init__(self, server: HttpServer, conn: _Connection, lane: FastLane, first: bool) -> None:
@@ -92,6 +92,7 @@ class FastConnection:
         self.result: Handoff | None = None
         self.close_after = False
         self._done = trio.Event()
+        self._ended = False  # _done is set (a flag: read on every event)
         self._out = b""
         self._paused = False  # stopped reading: a client that floods bytes behind its request
         self._head: RequestHead | None = None  # parsed, its body still coming (`_head_end` bytes in)
@@ -114,7 +115,18 @@ class FastConnection:
 
     def _on_event(self, mask: int) -> None:
         try:
-            self._serve_event(mask)
+            if self._ended:
+                return
+            if mask & STOPPED:
+                self._drop()
+                self._finish(None)
+                return
+            if self._out and mask & WRITE:
+                self._flush()
+                if self._ended:
+                    return
+            if mask & (_IN | GONE) and not self._paused:
+                self._read(mask)
         except Exception:
             self._fail()
 
@@ -129,20 +141,6 @@ class FastConnection:
         log.exception("fast lane failed on a connection from %s; closing it", self.conn.peer)
         self._drop()
         self._finish(None)
-
-    def _serve_event(self, mask: int) -> None:
-        if self._done.is_set():
-            return
-        if mask & STOPPED:
-            self._drop()
-            self._finish(None)
-            return
-        if self._out and mask & WRITE:
-            self._flush()
-            if self._done.is_set():
-                return
-        if mask & (_IN | GONE) and not self._paused:
-            self._read(mask)
 
     def _read(self, mask: int) -> None:
         conn = self.conn
@@ -165,7 +163,7 @@ class FastConnection:
 
     def _next(self) -> None:
         """Take the next request off the buffer, if it is whole."""
-        if self._done.is_set() or self.exchange is not None or self._out:
+        if self._ended or self.exchange is not None or self._out:
             return
         if self._paused:
             self._paused = False
@@ -306,8 +304,9 @@ class FastConnection:
         self._finish(Handoff(self.first))
 
     def _finish(self, result: Handoff | None) -> None:
-        if self._done.is_set():
+        if self._ended:
             return
+        self._ended = True
         self.result = result
         self.reactor.remove(self.fd)  # no callback reads from it once the task may
         self._done.set()

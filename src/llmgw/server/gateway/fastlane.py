@@ -105,18 +105,6 @@ class _Request:
         self.call: FastCall | None = None
         self.guard: _Attempt | None = None
 
-    def start(self) -> None:
-        try:
-            self._start()
-        except Exception:
-            self._rescue()
-
-    def done(self, result: Response | UpstreamError) -> None:
-        """FastCall's end: the engine's answer (head, and a whole body when it had one to give) or an error."""
-        try:
-            self._done(result)
-        except Exception:
-            self._rescue()
 
     def _rescue(self) -> None:
         """A bug in the lane must not strand the request (its slot, its pick, a waiting client):
@@ -126,6 +114,12 @@ class _Request:
         if self.call is not None:
             self.call.abandon()
         self._resume(None)
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except Exception:
+            self._rescue()
 
     def _start(self) -> None:
         gw, route, request, now = self.gw, self.route, self.request, self.started
@@ -152,28 +146,32 @@ class _Request:
         call = self.call = FastCall(upstream, conn, self.lane.reactor, int(settings.max_response), self.done)
         call.start(upstream.post_bytes(request.head.target, self.rid, accept, request.body))
 
-    def _done(self, result: Response | UpstreamError) -> None:
-        self._untrack()
-        if isinstance(result, StaleConnection):
-            assert self.upstream is not None
-            self.upstream.drop_idle()
-            self._resume(None)  # a new connection, as Upstream.request does on the task path
-            return
-        if isinstance(result, UpstreamError):
-            self._resume(result)
-            return
-        response = result
-        body = None if response.status in (502, 503) else response.complete_body(int(self.gw.settings.max_response))
-        if body is None:
-            assert self.call is not None
-            self.call.to_task()
-            self._resume(response)
-            return
-        status = response.status
-        self.exchange.on_gone = None
-        self.exchange.respond(status, relay_headers(response, self.rid), body)
-        self._end(True, status)
-        self.gw.metrics.left_fast_lane(self.model, "answered")
+    def done(self, result: Response | UpstreamError) -> None:
+        """FastCall's end: the engine's answer (head, and a whole body when it had one to give) or an error."""
+        try:
+            self._untrack()
+            if isinstance(result, StaleConnection):
+                assert self.upstream is not None
+                self.upstream.drop_idle()
+                self._resume(None)  # a new connection, as Upstream.request does on the task path
+                return
+            if isinstance(result, UpstreamError):
+                self._resume(result)
+                return
+            response = result
+            body = None if response.status in (502, 503) else response.complete_body(int(self.gw.settings.max_response))
+            if body is None:
+                assert self.call is not None
+                self.call.to_task()
+                self._resume(response)
+                return
+            status = response.status
+            self.exchange.on_gone = None
+            self.exchange.respond(status, relay_headers(response, self.rid), body)
+            self._end(True, status)
+            self.gw.metrics.left_fast_lane(self.model, "answered")
+        except Exception:
+            self._rescue()
 
     def _fired(self) -> None:
         """The head timeout passed, or the endpoint went out of rotation (its guard fired)."""
