@@ -8,6 +8,7 @@ to the task path where it stands: these check the client gets what the task path
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -180,3 +181,34 @@ async def test_a_bug_in_the_lane_costs_the_request_nothing(monkeypatch: pytest.M
             status, _ = await exchange(port)
         assert status == 200 and "fast lane failed" in caplog.text
         assert gw.routes["chat"].gate.in_flight == 0
+
+
+async def test_an_engine_that_answers_before_taking_the_whole_body_is_not_reused() -> None:
+    """An early answer (a 413 on the head alone) leaves part of our request unsent: the connection
+    must not carry that leftover into the next request."""
+    conns: list[int] = []
+
+    async def early(stream: trio.SocketStream) -> None:
+        conns.append(1)
+        buf = bytearray()
+        if await read_request(stream, buf) is None:  # the warm-up request, read whole
+            return
+        await stream.send_all(ok(b'{"first":true}'))
+        while http1.find_head_end(buf) < 0:
+            buf += await stream.receive_some(65536)
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so that our write stops part way
+        await stream.send_all(http1.response_head(413, [(b"content-type", b"application/json")], content_length=2) + b"{}")
+        await trio.sleep_forever()  # never reads the body
+
+    async with gateway([early]) as (gw, _, port):
+        body = b'{"model":"chat","pad":"' + b"x" * (900 * 1024) + b'"}'
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        await client.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        buf = bytearray()
+        while http1.find_head_end(buf) < 0:
+            buf += await client.receive_some(65536)
+        assert http1.parse_response_head(bytes(buf[:http1.find_head_end(buf)])).status == 413
+        await client.aclose()
+        assert gw.upstream(gw.routes["chat"].balancer.endpoints[0])._idle == []
+        assert lane(gw, "answered") == 1  # the 413, from the lane (the engine's answer, passed on)
+        assert (await exchange(port))[0] == 200 and len(conns) == 2  # a new connection

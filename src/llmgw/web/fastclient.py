@@ -115,6 +115,12 @@ class FastCall:
                 self._end(UpstreamError("protocol", f"bad response from engine: {exc}"))
                 return
             if head.status >= 200:  # 100 Continue and friends: the real head follows
+                if self._out:
+                    # It answered before taking the whole request (an early 413, say): the rest is
+                    # not sent, and the connection is not reused (it would carry our leftover).
+                    self._out = b""
+                    self.reactor.want(self._fd, READ)
+                    head.close = True
                 response = self.response = Response(self.pool, conn, head)
         head = response.head
         need = head.content_length
