@@ -12,12 +12,11 @@ change per request); `_Conn.detach` takes it out before a task waits on it or it
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from llmgw.web.client import Response, Upstream, UpstreamError, _close_soon, _Conn
 from llmgw.web.http1 import HttpError, find_head_end, parse_response_head
-from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor, read_into
+from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor, read_into, write_out
 
 Done = Callable[[Response | UpstreamError], None]
 
@@ -33,7 +32,7 @@ def _ignore(mask: int) -> None:
 
 
 class FastCall:
-    __slots__ = ("_fd", "_out", "_scanned", "conn", "done", "head_limit", "limit", "pool", "reactor", "response")
+    __slots__ = ("_fd", "_out", "_scanned", "conn", "done", "limit", "pool", "reactor", "response")
 
     def __init__(self, pool: Upstream, conn: _Conn, reactor: Reactor, limit: int, done: Done) -> None:
         self.pool = pool
@@ -53,16 +52,13 @@ class FastCall:
             conn.detach = lambda: reactor.remove(fd)
         else:
             reactor.set(fd, self._on_event)
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
         try:
-            sent = os.write(fd, data)
-        except BlockingIOError:
-            sent = 0
+            self._out = write_out(self.reactor, self._fd, data, self._out)
         except OSError as exc:
             self._fail(exc, before_answer=True)
-            return
-        if sent < len(data):
-            self._out = data[sent:]
-            reactor.want(fd, READ | WRITE)
 
     def to_task(self) -> None:
         """The Response goes to a task (which reads through trio): the reactor lets go of it."""
@@ -81,16 +77,9 @@ class FastCall:
         if self.done is None or mask & STOPPED:
             return  # stopped: the client's side lets go of this call
         if self._out and mask & WRITE:
-            try:
-                sent = os.write(self._fd, self._out)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self._fail(exc, before_answer=True)
-                return
-            self._out = self._out[sent:]
-            if not self._out:
-                self.reactor.want(self._fd, READ)
+            self._write(self._out)
+            if self.done is None:
+                return  # the write failed: the call ended
         if not mask & (READ | GONE):
             return
         self._parse(read_into(self._fd, self.conn.buf, mask))

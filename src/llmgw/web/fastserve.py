@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,7 +23,7 @@ import trio
 
 from llmgw.netaddr import READ_SIZE
 from llmgw.web.http1 import Headers, HttpError, RequestHead, parse_request_head, response_head
-from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor, read_into
+from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor, read_into, write_out
 from llmgw.web.server import HEAD_LATE, Request, Responder
 
 if TYPE_CHECKING:
@@ -247,31 +246,17 @@ class FastConnection:
     # -- writing ------------------------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
+        """Send `data` (what is not taken now goes when the socket says it is writable)."""
         try:
-            sent = os.write(self.fd, data)
-        except BlockingIOError:
-            sent = 0
+            self._out = write_out(self.reactor, self.fd, data, self._out)
         except OSError:
             self._finish(None)  # the client went away
             return
-        if sent < len(data):
-            self._out = data[sent:]  # the rest when the socket says it is writable
-            self.reactor.want(self.fd, READ | WRITE)
-        else:
+        if not self._out:
             self._answered()
 
     def _flush(self) -> None:
-        try:
-            sent = os.write(self.fd, self._out)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._finish(None)
-            return
-        self._out = self._out[sent:]
-        if not self._out:
-            self.reactor.want(self.fd, READ)
-            self._answered()
+        self._write(self._out)
 
     def _answered(self) -> None:
         if self.close_after:

@@ -150,6 +150,22 @@ class Reactor:
             self._ep = None
 
 
+def write_out(reactor: Reactor, fd: int, data: bytes, pending: bytes) -> bytes:
+    """Write what the socket takes of `data`; returns the rest (b"": all written). Writability is
+    watched only while a rest waits (`pending`: the rest before this call), else every ACK the peer
+    sends would wake the reactor for nothing. Raises OSError when the peer is gone."""
+    try:
+        sent = os.write(fd, data)
+    except BlockingIOError:
+        sent = 0
+    rest = data[sent:] if sent < len(data) else b""
+    if rest and not pending:
+        reactor.want(fd, READ | WRITE)
+    elif pending and not rest:
+        reactor.want(fd, READ)
+    return rest
+
+
 def read_into(fd: int, buf: bytearray, mask: int, *, limit: int = 0) -> bool:
     """Read what `fd` has into `buf` as an edge-triggered socket must: until it is drained (a
     short read, or EAGAIN when the peer hung up, so its EOF is seen now) or `buf` holds more than
