@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all demo test browser lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric bench-doctor bench-admin docs clean
+.PHONY: all demo test compiled browser lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric bench-doctor bench-admin docs clean
 
 all: test
 
@@ -20,8 +20,25 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/llmgw demo $(DEMO_ARGS)
 
-test: lint browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# The suite runs on what a regular install runs: the package with its hot path compiled
+# (tools/compile.py builds that copy in $(COMPILED); a check fails if it is not what was
+# imported). The tests of the compiled modules run first on the pure sources too, what an
+# editable or compiler-less install runs. `make unit` and `make e2e` run the sources as edited.
+test: lint browser compiled
+	$(BIN)/python -m pytest $(PURE_TESTS) $(PYTEST_ARGS)
+	PYTHONPATH=$(COMPILED) LLMGW_EXPECT_COMPILED=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+COMPILED   := build/compiled
+PURE_TESTS := tests/unit/test_hotpath.py tests/unit/test_http1.py tests/unit/test_web_server.py \
+	tests/unit/test_web_fastlane.py tests/unit/test_web_reactor.py tests/unit/test_web_client.py \
+	tests/unit/test_gateway_fastlane.py tests/unit/test_gateway_admission.py \
+	tests/unit/test_gateway_balance.py tests/unit/test_gateway_breaker.py tests/unit/test_gateway_retry.py \
+	tests/unit/test_gateway_metrics_format.py
+
+compiled: $(COMPILED)/.stamp
+$(COMPILED)/.stamp: $(STAMP) $(shell find src/llmgw -name '*.py')
+	$(BIN)/python tools/compile.py $(COMPILED)
+	@touch $@
 
 # The admin pages' browser tests run in Debian's chromium, installed here when it is missing
 # (CI starts on fresh machines); tests/e2e/browser.py finds it and fails, never skips, where
@@ -56,11 +73,11 @@ coverage: $(STAMP)
 mutants: $(STAMP)
 	$(BIN)/python tools/mutants.py $(MUTANTS)
 
-bench-fleet: $(STAMP)
-	$(BIN)/python bench/bench_fleet.py $(BENCH_ARGS)
+bench-fleet: compiled
+	PYTHONPATH=$(COMPILED) $(BIN)/python bench/bench_fleet.py $(BENCH_ARGS)
 
-bench-gateway: $(STAMP)
-	$(BIN)/python bench/bench_gateway.py $(BENCH_ARGS)
+bench-gateway: compiled
+	PYTHONPATH=$(COMPILED) $(BIN)/python bench/bench_gateway.py $(BENCH_ARGS)
 
 bench-sim-engine: $(STAMP)
 	$(BIN)/python bench/bench_sim_engine.py $(BENCH_ARGS)

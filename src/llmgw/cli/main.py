@@ -11,8 +11,18 @@ from llmgw import __version__
 from llmgw.errors import LlmgwError, unwrap
 
 
+def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from llmgw import hotpath
+
+    click.echo(f"llmgw {__version__}, {hotpath.summary()}")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, "--version", prog_name="llmgw")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version, and whether the gateway's hot path is compiled, and exit.")
 @click.option("--debug", is_flag=True, envvar="LLMGW_DEBUG", help="Show tracebacks and debug logs.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:

@@ -30,7 +30,7 @@ import msgspec
 import trio
 from prometheus_client import CollectorRegistry
 
-from llmgw import __version__
+from llmgw import __version__, hotpath
 from llmgw.catalog.schema import ServerConfig
 from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
@@ -342,8 +342,8 @@ class ControlPlane:
             nursery.start_soon(self.controller.run)
             nursery.start_soon(self.operator.reload_on_sighup)
             nursery.start_soon(self.event_feeds.watch_breakers)
-            log.info("llmgw server %s: public %s, fleet %s%s", __version__, bound.public_url, bound.fleet_url,
-                     f", admin {bound.admin_url} (/api/v1, /metrics)" if bound.admin_url else "")
+            log.info("llmgw server %s: public %s, fleet %s%s; %s", __version__, bound.public_url, bound.fleet_url,
+                     f", admin {bound.admin_url} (/api/v1, /metrics)" if bound.admin_url else "", hotpath.summary())
             self.auth.announce()
             task_status.started(bound)
             await self.shutdown_event.wait()

@@ -29,7 +29,7 @@ from contextlib import AbstractAsyncContextManager
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from llmgw import __version__
+from llmgw import __version__, hotpath
 from llmgw.catalog.schema import GatewaySettings, ServerConfig, TlsPublic
 from llmgw.errors import UsageError, leaves
 from llmgw.fleet import FleetChannel, dial
@@ -280,7 +280,7 @@ class GatewayWorker:
             nursery.start_soon(self.gateway.run_scraper)
             nursery.start_soon(self.gateway.run_health_checks)
             nursery.start_soon(self.gateway.run_disconnect_watchdog)
-            log.info("gateway %s serving (following %s)", self.name, self.follow.where())
+            log.info("gateway %s serving (following %s); %s", self.name, self.follow.where(), hotpath.summary())
             task_status.started()
 
 
