@@ -50,7 +50,7 @@ browser:
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench tools setup.py
 	$(BIN)/mypy src
 
 unit: $(STAMP)

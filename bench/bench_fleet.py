@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from benchutil import cpu_seconds, free_port
+from benchutil import build, cpu_seconds, free_port
 from llmgw import __version__
 from llmgw.fleet import ChannelClosed, DialError, dial
 from llmgw.wire import messages as m
@@ -167,6 +167,7 @@ def main() -> None:
                 except httpx.HTTPError:
                     time.sleep(0.05)
             print(f"bench-fleet: {args.nodes} agent streams, heartbeats 1/s for {args.seconds:g}s, server pid {server.pid}")
+            print(f"  {build()}")
             r = trio.run(run, args.nodes, args.seconds, server.pid, public, f"http://127.0.0.1:{fleet_port}")
         finally:
             server.terminate()

@@ -51,7 +51,7 @@ from typing import Any
 
 import httpx
 
-from benchutil import cpu_tree, free_port
+from benchutil import build, cpu_tree, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16})
@@ -422,6 +422,7 @@ def main() -> None:
             time.sleep(0.5)
             print(f"bench-gateway: upstream {upstream_kind}; load generator {'wrk' if wrk else 'built-in (wrk not installed)'}; "
                   f"{args.seconds:g}s per run; {os.cpu_count()} CPUs")
+            print(f"  {build()}")
             targets: list[tuple[str, int, subprocess.Popen[bytes] | None]] = [
                 ("direct to upstream", up_port, None), ("through llmgw", gw_port, gateway)]
             if nginx:

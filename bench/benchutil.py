@@ -6,6 +6,7 @@ import os
 import socket
 from pathlib import Path
 
+from llmgw import hotpath
 from llmgw.agent.procs import cpu_seconds
 
 __all__ = ["cpu_seconds", "cpu_tree", "free_port"]
@@ -47,3 +48,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def build() -> str:
+    """Which llmgw the bench's processes run (they inherit this interpreter's path): `make
+    bench-*` measures the compiled build a regular install runs."""
+    import llmgw
+
+    return f"llmgw from {Path(llmgw.__file__).parent.parent}, {hotpath.summary()}"
