@@ -31,7 +31,7 @@ class _BuildExtOrPure(build_ext):
         try:
             super().run()
         except Exception as exc:  # CompileError, a missing gcc or Python headers: all alike here
-            _warn(f"compiling failed ({exc})")
+            _warn(f"compiling failed ({str(exc)[:120]}…; pip install -v shows all)")
             for path in self.get_outputs():
                 Path(path).unlink(missing_ok=True)
             self.extensions = []
