@@ -67,3 +67,37 @@ async def test_stopping_tells_every_registered_callback_once() -> None:
     assert masks == [STOPPED] and not reactor.running
     a.close()
     b.close()
+
+
+async def test_a_reactor_that_always_has_events_still_lets_the_tasks_waiting_on_sockets_run() -> None:
+    """Under load some socket is always ready: the reactor must still go back to trio every few
+    polls, or a request the lane handed to its task waits for the reactor's whole budget at
+    every step (polling until no event came made wrk -c32's p99 52-87 ms instead of 2 ms)."""
+    reactor = Reactor()
+    busy_a, busy_b = socket.socketpair()
+    for s in (busy_a, busy_b):
+        s.setblocking(False)
+
+    def busy(mask: int) -> None:  # each event makes the next: a socket that is never quiet
+        if mask & STOPPED:
+            return
+        os.read(busy_a.fileno(), 100)
+        busy_b.send(b"x")
+
+    task_a, task_b = trio.socket.socketpair()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reactor.run)
+        reactor.add(busy_a.fileno(), READ, busy)
+        busy_b.send(b"x")
+        await wait_for(lambda: reactor.passes > 30, "the reactor busy")
+        gaps = []
+        for _ in range(20):
+            before = reactor.passes
+            await task_b.send(b"y")
+            assert await task_a.recv(1) == b"y"  # a task's wait on a socket, as the task path's
+            gaps.append(reactor.passes - before)
+        nursery.cancel_scope.cancel()
+    # a few steps of POLLS passes; polling until quiet ran BATCH (512) passes, one event each
+    assert max(gaps) <= 10 * 3, f"the reactor ran {max(gaps)} passes while a task waited on a ready socket"
+    for s in (busy_a, busy_b, task_a, task_b):
+        s.close()
