@@ -52,9 +52,8 @@ def _ext_modules() -> list[object]:
         _warn("mypyc is not installed")
         return []
     hotpath = runpy.run_path(str(HERE / "src" / "llmgw" / "hotpath.py"))
-    paths = [str(Path("src", *name.split(".")).with_suffix(".py")) for name in hotpath["COMPILED"]]
     try:
-        return list(mypycify([*hotpath["MYPYC_FLAGS"], *paths]))
+        return list(mypycify(hotpath["mypyc_args"]("src")))
     except (Exception, SystemExit) as exc:
         _warn(f"mypyc failed ({exc})")
         return []

@@ -6,6 +6,7 @@ import os
 import socket
 from pathlib import Path
 
+import llmgw
 from llmgw import hotpath
 from llmgw.agent.procs import cpu_seconds
 
@@ -53,6 +54,4 @@ def free_port() -> int:
 def build() -> str:
     """Which llmgw the bench's processes run (they inherit this interpreter's path): `make
     bench-*` measures the compiled build a regular install runs."""
-    import llmgw
-
     return f"llmgw from {Path(llmgw.__file__).parent.parent}, {hotpath.summary()}"

@@ -31,7 +31,6 @@ def main(argv: list[str]) -> int:
     dest = Path(argv[0]).resolve()
     hotpath = runpy.run_path(str(SRC / "llmgw" / "hotpath.py"))
     modules = hotpath["COMPILED"]
-    paths = [str(Path(*name.split(".")).with_suffix(".py")) for name in modules]
     dest.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
@@ -39,7 +38,7 @@ def main(argv: list[str]) -> int:
         shutil.copytree(SRC / "llmgw", work / "llmgw", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         # mypyc builds in place: the extensions land beside their sources in the copy, its
         # intermediate C files under build/ (removed: only the tree is kept)
-        result = subprocess.run([sys.executable, "-m", "mypyc", *hotpath["MYPYC_FLAGS"], *paths], cwd=work,
+        result = subprocess.run([sys.executable, "-m", "mypyc", *hotpath["mypyc_args"](".")], cwd=work,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "MYPY_FORCE_COLOR": "0"})
         if result.returncode != 0:

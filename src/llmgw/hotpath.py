@@ -26,6 +26,12 @@ COMPILED = (
 MYPYC_FLAGS = ("--ignore-missing-imports", "--follow-imports=silent")
 
 
+def mypyc_args(root: str) -> list[str]:
+    """mypyc's command line for COMPILED, their files under `root` (the directory holding llmgw/):
+    setup.py and tools/compile.py build the same thing."""
+    return [*MYPYC_FLAGS, *(f"{root}/{name.replace('.', '/')}.py" for name in COMPILED)]
+
+
 def compiled() -> list[str]:
     """The modules of COMPILED this interpreter would load from a compiled extension."""
     import importlib.machinery
