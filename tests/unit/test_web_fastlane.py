@@ -91,6 +91,25 @@ async def test_the_declined_requests_were_offered_to_the_lane_first() -> None:
     assert lane.offered == ["/a", "/b"] and app.calls == ["/a", "/b"]
 
 
+async def test_drain_lets_a_connection_idle_in_the_reactor_bring_one_more_request_to_the_lane() -> None:
+    """The lane's side of drain: a keep-alive connection waiting in the reactor when drain begins
+    may still bring a request within drain_idle; the lane answers it with `connection: close`."""
+    app = App()
+    async with lane_serving(app) as (server, port, lane):
+        client = await Client.open(port)
+        await client.send(post("/fast", b"1"))
+        head, _ = await client.response()
+        assert head.get(b"x-lane") == b"fast" and not head.close
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.drain, DEADLINE)
+            await wait_for(lambda: server.draining, "drain begun")
+            await client.send(post("/fast", b"2"))
+            head, body = await client.response()
+            assert head.get(b"x-lane") == b"fast" and body == b"fast:2" and head.close
+            assert await client.closed()
+    assert lane.offered == ["/fast", "/fast"] and app.calls == []
+
+
 async def test_pipelined_requests_are_answered_in_order_across_lane_task_and_resume() -> None:
     app = App()
     async with lane_serving(app) as (_, port, _lane):

@@ -169,9 +169,6 @@ class FastConnection:
             self._read(GONE)  # what arrived meanwhile (no new edge will say so)
             return
         conn, server = self.conn, self.server
-        if server.draining and not self.first:
-            self._finish(None)
-            return
         buf = conn.buf
         if not buf:
             if conn.eof:
@@ -269,9 +266,9 @@ class FastConnection:
     # -- state --------------------------------------------------------------------------------------
 
     def _await_head(self) -> None:
-        conn, limits = self.conn, self.server.limits
+        conn = self.conn
         conn.idle = not self.first and not conn.buf
-        conn.await_until(limits.header_timeout if self.first else limits.keepalive_timeout, HEAD_LATE)
+        conn.await_until(self.server.head_timeout(self.first), HEAD_LATE)
 
     def _release(self, exchange: Exchange) -> None:
         if self.exchange is exchange:

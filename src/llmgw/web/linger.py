@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from typing import Protocol
+
 import trio
 
 LINGER_SECONDS = 2.0
@@ -23,3 +26,25 @@ async def answer_plain_on_tls(tcp: trio.SocketStream, data: bytes) -> None:
                 dropped += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
+
+
+class _Reads(Protocol):
+    async def recv(self) -> bytes: ...
+
+
+async def drop_unread(sock: trio.socket.SocketType, raw: _Reads) -> None:
+    """After a whole error answer on plain TCP: the client may still be sending a body nobody
+    will read (a 413 is decided on Content-Length alone), and closing with unread data sends a
+    reset that can destroy the answer before the client reads it. So the write side is shut and
+    what still comes is read and dropped, for a bounded time and size (nginx's lingering close)."""
+    with trio.move_on_after(LINGER_SECONDS):
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        dropped = 0
+        while dropped < LINGER_BYTES:
+            data = await raw.recv()
+            if not data:
+                return
+            dropped += len(data)

@@ -42,7 +42,7 @@ from llmgw.web.http1 import (
     parse_request_head,
     response_head,
 )
-from llmgw.web.linger import LINGER_BYTES, LINGER_SECONDS, answer_plain_on_tls
+from llmgw.web.linger import answer_plain_on_tls, drop_unread
 from llmgw.web.logthrottle import LogThrottle
 from llmgw.web.rawio import ByteStream, RawSocket, Sink, TlsSocket
 
@@ -67,6 +67,10 @@ class Limits(msgspec.Struct, kw_only=True):
     keepalive_timeout: float = 75.0
     body_timeout: float = 30.0  # the whole request body, however slowly it drips
     tls_handshake_timeout: float = 10.0
+    # Once draining, a keep-alive connection may bring one more request this long after it fell
+    # idle (answered with `connection: close`): closing it at once lost the request a client was
+    # sending on it just then (a reset to a client without retries as a gateway worker retired).
+    drain_idle: float = 1.0
 
 
 class DropConnection(Exception):
@@ -220,7 +224,7 @@ class _Connection:
         self.buf = bytearray()
         self.head_scan = HeadScanner()
         self.eof = False
-        self.idle = False  # between two requests, nothing read of the next: drain() closes it (a new one: not)
+        self.idle = False  # between two requests, nothing read of the next: drain() gives it drain_idle (a new one: not)
         # While a head or body is awaited: when it is due (trio time), and the answer if it is late.
         self.deadline = math.inf
         self.late = HEAD_LATE
@@ -308,12 +312,18 @@ class HttpServer:
         self.draining = False
         self._room = trio.Event()  # set when a connection closes (accept may go on)
         self._accepting: trio.CancelScope | None = None
+        self._expiry_nap: trio.CancelScope | None = None  # the expiry task's sleep: drain() cuts it short
         self._active: set[Responder] = set()  # requests in a handler
         self._throttle_cap = LogThrottle(log)
         self._throttle_accept = LogThrottle(log)
         # Plain-TCP requests a lane can take are served by reactor callbacks (llmgw.web.fastserve).
         self.lane = lane if lane is not None and lane.reactor.available else None
         self.fast_active = 0  # requests in the lane's hands
+
+    def head_timeout(self, first: bool) -> float:
+        """How long the next request head may take (a keep-alive one: drain_idle at most once draining)."""
+        lim = self.limits
+        return lim.header_timeout if first else min(lim.keepalive_timeout, lim.drain_idle if self.draining else math.inf)
 
     @property
     def active_requests(self) -> int:
@@ -354,13 +364,17 @@ class HttpServer:
         with scope:
             while True:
                 now = trio.current_time()
-                wake = now + longest  # a deadline set from now on is at least this far off
+                # A deadline set from now on is at least this far off (drain_idle once draining:
+                # drain() wakes this loop when it begins).
+                wake = now + (min(longest, lim.drain_idle) if self.draining else longest)
                 for conn in list(self._conns):
                     if conn.deadline <= now:
                         conn.expire()
                     elif conn.deadline < wake:
                         wake = conn.deadline
-                await trio.sleep_until(wake)
+                with trio.CancelScope(deadline=wake) as self._expiry_nap:
+                    await trio.sleep_forever()
+                self._expiry_nap = None
 
     async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
         while True:
@@ -384,17 +398,22 @@ class HttpServer:
             connections.start_soon(self._serve_one, tcp)
 
     async def drain(self, grace: float) -> None:
-        """Graceful stop: accept no more (what is queued is served), close idle keep-alive connections, let requests
-        in flight and new connections' first ones finish (`connection: close`) for up to `grace` s; then cancel `serve`."""
+        """Graceful stop: accept no more (what is queued is served), let requests in flight and new connections'
+        first ones finish (`connection: close`) for up to `grace` s; then cancel `serve`. A keep-alive connection
+        that falls idle (or is) may bring one more request within `drain_idle`, answered with `connection: close`;
+        then it is closed."""
         self.draining = True
         if self._accepting is not None:
             self._accepting.cancel()
         for responder in self._active:
             if not responder.started:
                 responder.close = True
+        until = trio.current_time() + self.limits.drain_idle
         for conn in self._conns:
-            if conn.idle:
-                conn.nursery.cancel_scope.cancel()
+            if conn.idle and conn.deadline > until:
+                conn.deadline = until
+        if self._expiry_nap is not None:
+            self._expiry_nap.cancel()  # it slept towards a later deadline
         with trio.move_on_after(grace):
             while self.connections:  # requests in flight, and new connections' first requests
                 self._room = self._room if not self._room.is_set() else trio.Event()  # serve() waits on it too
@@ -441,10 +460,8 @@ class HttpServer:
                 await stream.aclose()
 
     async def _read_head(self, conn: _Connection, first: bool) -> RequestHead | None:
-        if self.draining and not first:
-            return None
         scanned = conn.head_scan.scanned
-        conn.await_until(self.limits.header_timeout if first else self.limits.keepalive_timeout, HEAD_LATE)
+        conn.await_until(self.head_timeout(first), HEAD_LATE)
         try:
             while True:
                 if first and conn.buf[:1] == b"\x16" and conn.tls is None:
@@ -553,7 +570,7 @@ class HttpServer:
             conn.handler_scope = None
             if conn.watch_scope is not None:
                 await conn.stop_watch()
-        if conn.eof or self.draining:
+        if conn.eof:
             return False
         if not responder.started:
             await self._error(conn, HttpError(500, "no response"))
@@ -570,27 +587,12 @@ class HttpServer:
 
 
 async def _answer_and_linger(conn: _Connection, data: bytes) -> None:
-    """Send `data` (a whole error response) and prepare to close. On plain TCP the client may still be sending
-    a body nobody will read (a 413 is decided on Content-Length alone): closing with unread
-    data sends a reset that can destroy the answer before the client reads it, so the
-    write side is shut first and what still comes is read and dropped, for a bounded time
-    and size (what nginx calls a lingering close)."""
+    """Send `data` (a whole error response) and prepare to close (a lingering close on plain TCP: drop_unread)."""
     try:
         with trio.move_on_after(5):
             await conn.send(data)
     except ClientGone:
         return
     stream, raw = conn.stream, conn.io
-    if not isinstance(raw, RawSocket) or conn.eof or not isinstance(stream, trio.SocketStream):
-        return
-    with trio.move_on_after(LINGER_SECONDS):
-        try:
-            stream.socket.shutdown(socket.SHUT_WR)
-        except OSError:
-            return
-        dropped = 0
-        while dropped < LINGER_BYTES:
-            data = await raw.recv()
-            if not data:
-                return
-            dropped += len(data)
+    if isinstance(raw, RawSocket) and not conn.eof and isinstance(stream, trio.SocketStream):
+        await drop_unread(stream.socket, raw)
