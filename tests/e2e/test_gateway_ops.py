@@ -106,9 +106,10 @@ def test_a_workers_503_logs_the_reason_the_one_process_server_gives(tmp_path: Pa
 
 def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, procs: list[Proc]) -> None:
     """Two workers and one gateway on another "machine" follow a real server: `ctl gateways` (JSON
-    and the table) names each with its kind, peer, pid, version, since when, its last report and
-    the requests it served; GET /api/v1/gateways stands behind the viewer door (an API key is
-    refused, on whichever worker the connection lands)."""
+    and the table) names each with its kind, peer, pid, version, since when, its last report, the
+    requests it served and whether it runs the config published now (after a reload too);
+    GET /api/v1/gateways stands behind the viewer door (an API key is refused, on whichever
+    worker the connection lands)."""
     key, viewer = "sk-gw-ops", "viewer-gw-ops"
     proc, url = start_sim_engine(tmp_path, "engine-a", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
     procs.append(proc)
@@ -116,7 +117,8 @@ def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, pro
               f'api:\n  viewer_tokens: ["{token_digest(viewer)}"]\n'
               f"endpoints:\n  - model: chat\n    url: {url}\n")
     server = Server(tmp_path, config, token=viewer)
-    procs.append(server.start())
+    server_proc = server.start()
+    procs.append(server_proc)
     gw_proc, gw_url, _ = start_gateway(tmp_path, "gateway", server.fleet_url, "--insecure", "--name", "edge-1")
     procs.append(gw_proc)
     wait_until(lambda: len(scrape_with(server, viewer)) == 3, "two workers and a remote gateway", procs=procs)
@@ -134,7 +136,8 @@ def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, pro
         result = ctl(server.url, "gateways", "-o", "json", env={"LLMGW_TOKEN": viewer})
         assert result.returncode == 0, result.stderr
         rows = json.loads(result.stdout)
-        return rows if len(rows) == 3 and all(r["last_report"] for r in rows) and sum(r["requests"] for r in rows) >= 7 else None
+        return rows if len(rows) == 3 and all(r["last_report"] and r["config"] == "current" for r in rows) \
+            and sum(r["requests"] for r in rows) >= 7 else None
 
     rows = wait_until(listed, "three gateways that have reported their requests", procs=procs)
     by_name = {r["name"]: r for r in rows}
@@ -150,8 +153,16 @@ def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, pro
     table = ctl(server.url, "gateways", env={"LLMGW_TOKEN": viewer})
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST", "REPORT", "REQUESTS"]
-    assert [line.split()[:2] for line in lines[1:]] == [["worker-0", "worker"], ["worker-1", "worker"], ["edge-1", "remote"]]
+    assert lines[0].split() == ["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST", "REPORT", "REQUESTS", "CONFIG"]
+    assert [line.split()[:2] + line.split()[-1:] for line in lines[1:]] == [
+        ["worker-0", "worker", "current"], ["worker-1", "worker", "current"], ["edge-1", "remote", "current"]]
+    # A reload changes the catalog (a second model): every follower takes it and says so.
+    server.config.write_text(config + f"  - model: chat-2\n    url: {url}\n")
+    server_proc.signal(signal.SIGHUP)
+    wait_until(lambda: "chat-2" in httpx.get(f"{gw_url}/v1/models", headers=bearer(key), timeout=5).text,
+               "the remote gateway to serve the reloaded catalog", procs=procs)
+    wait_until(lambda: (rows := listed()) and [r["config"] for r in rows] == ["current"] * 3,
+               "every follower on the reloaded config", procs=procs)
     assert "\x1b" not in table.stdout  # no colour on a pipe
     # The remote gateway stops: it leaves the list.
     gw_proc.stop()

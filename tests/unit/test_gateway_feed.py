@@ -7,8 +7,21 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from llmgw.catalog.schema import Admission, GatewaySettings, Model
-from llmgw.server.gwfeed import Follower, GatewayFeedService, WorkerMetrics, divide_admission
-from llmgw.wire.gateway import GatewayConfig, GatewayEndpoints, decode_to_gateway
+from llmgw.server.gwfeed import (
+    BEHIND_AFTER,
+    Follower,
+    GatewayFeedService,
+    WorkerMetrics,
+    divide_admission,
+)
+from llmgw.wire.gateway import (
+    GatewayConfig,
+    GatewayEndpoints,
+    GatewayStats,
+    config_digest,
+    decode_from_gateway,
+    decode_to_gateway,
+)
 
 
 def test_admission_is_divided_among_local_workers_rounded_up() -> None:
@@ -39,6 +52,42 @@ def test_local_workers_get_their_share_and_remote_gateways_the_catalog() -> None
     feed.freeze()
     feed.publish_endpoints({}, {})
     assert decode_to_gateway(feed._endpoints) == endpoints
+
+
+def test_views_say_whether_each_follower_runs_the_config_published_now() -> None:
+    """`ctl gateways` CONFIG: a follower reports the digest of the config it applied; a local
+    worker's is its share (admission divided, the api socket), a remote gateway's the catalog."""
+    feed = GatewayFeedService(local_workers=2, api_socket="/state/api.sock")
+    feed.publish_config([Model(name="m")], [], GatewaySettings())
+    t0 = feed._config_changed
+    local, remote = config_digest(feed._local_config), config_digest(feed._config)
+    assert local != remote
+    feed.followers[1] = Follower(name="worker-0", peer="local", kind="worker", config=local, last_report=t0)
+    feed.followers[2] = Follower(name="edge-1", peer="10.0.0.9:5000", kind="remote", config=remote, last_report=t0)
+    feed.followers[3] = Follower(name="worker-1", peer="local", kind="worker")  # no report yet (or too old to say)
+    feed.followers[4] = Follower(name="edge-2", peer="10.0.0.8:5000", kind="remote", config=local, last_report=t0)
+    states = {v.name: v.config for v in feed.views(now=t0)}
+    assert states == {"worker-0": "current", "edge-1": "current", "worker-1": None, "edge-2": "updating"}
+    # A reload changes the catalog: "updating" until each reports it, "behind" BEHIND_AFTER later.
+    feed.publish_config([Model(name="m"), Model(name="n")], [], GatewaySettings())
+    t1 = feed._config_changed
+    assert {v.name: v.config for v in feed.views(now=t1 + 1)} == {
+        "worker-0": "updating", "edge-1": "updating", "worker-1": None, "edge-2": "updating"}
+    feed.followers[1].config = config_digest(feed._local_config)
+    feed.followers[2].config = config_digest(feed._config)
+    assert {v.name: v.config for v in feed.views(now=t1 + BEHIND_AFTER + 1)} == {
+        "worker-0": "current", "edge-1": "current", "worker-1": None, "edge-2": "behind"}
+    # Endpoints come and go on every pass: they are not the config.
+    feed.publish_endpoints({"m": {"http://a:1"}}, {})
+    assert feed.views(now=t1 + BEHIND_AFTER + 1)[0].config == "current"
+
+
+def test_stats_from_an_older_or_a_newer_gateway_decode() -> None:
+    """Mixed versions in a rolling upgrade: a report without `config` reads as not saying."""
+    old = decode_from_gateway(b'{"type":"GatewayStats","metrics":"","requests":3}')
+    assert isinstance(old, GatewayStats) and old.config == "" and old.requests == 3
+    newer = decode_from_gateway(b'{"type":"GatewayStats","metrics":"","config":"ab12","later":1}')
+    assert isinstance(newer, GatewayStats) and newer.config == "ab12"
 
 
 def test_metrics_of_every_follower_in_one_scrape_with_a_worker_label() -> None:

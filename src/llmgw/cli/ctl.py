@@ -263,7 +263,9 @@ def endpoints(ctx: click.Context, output: str) -> None:
 @click.pass_context
 def gateways(ctx: click.Context, output: str) -> None:
     """Gateway workers (gateway.workers) and gateways on other machines that follow the server:
-    who, where, since when, when each last reported and how many requests it served."""
+    who, where, since when, when each last reported, how many requests it served, and whether it
+    runs the config the server publishes now (CONFIG: current, updating just after a reload,
+    behind when it still is not 5 s later; - before its first report)."""
     data = api(ctx).get("/api/v1/gateways")
     if output == "json":
         print_json(data)
@@ -275,8 +277,8 @@ def gateways(ctx: click.Context, output: str) -> None:
     rows = [(g["name"], g["kind"], g["peer"], str(g["pid"] or "-"), g["version"] or "-",
              f"{format_duration(now - g['since'])} ago",
              f"{format_duration(now - g['last_report'])} ago" if g.get("last_report") else "not yet",
-             "-" if g.get("requests") is None else str(g["requests"])) for g in data]
-    console().print(make_table(["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST REPORT", "REQUESTS"], rows))
+             "-" if g.get("requests") is None else str(g["requests"]), g.get("config") or "-") for g in data]
+    console().print(make_table(["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST REPORT", "REQUESTS", "CONFIG"], rows))
 
 
 @ctl.command()

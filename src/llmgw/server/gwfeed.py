@@ -34,6 +34,7 @@ from llmgw.wire.gateway import (
     GatewayHello,
     GatewayStats,
     MessageError,
+    config_digest,
     decode_from_gateway,
     encode,
 )
@@ -42,6 +43,9 @@ from llmgw.wire.ids import printable
 log = logging.getLogger("llmgw.gateway")
 
 HELLO_TIMEOUT = 10.0  # seconds a new stream has to say who it is
+# A follower reports every second which config it applied: one still naming an older one this
+# long after a change is "behind" (stuck, or too loaded to read its stream), not "updating".
+BEHIND_AFTER = 5.0
 # Why a model has no ready replica travels with the endpoints, bounded: at most this many models
 # (issue 9's abuse catalog has 1,000), each reason cut at this many characters (the API's bound on
 # a tool's error text); 2,000 × 500 characters stay well under the feed's 4 MiB message.
@@ -74,12 +78,15 @@ class Follower(msgspec.Struct, kw_only=True):
     metrics: str = ""  # its last metrics text
     requests: int = 0
     last_report: float = 0.0  # unix time of its last GatewayStats; 0: none yet
+    config: str = ""  # config_digest of the config it last said it applied
 
 
 class GatewayView(msgspec.Struct, kw_only=True):
     """GET /api/v1/gateways, `ctl gateways`: one follower. `requests` and `last_report` are null
-    until it has reported. Which config a follower applied is not shown: the feed has no
-    acknowledgement (each message is the whole state, sent until the stream breaks)."""
+    until it has reported. `config`: "current" (it applied the config the control plane publishes
+    now: the catalog and gateway settings of the last reload), "updating" (a newer one was
+    published less than BEHIND_AFTER ago), "behind" (later than that), null (no report yet, or a
+    gateway of a version that does not say)."""
 
     name: str
     kind: str
@@ -89,6 +96,7 @@ class GatewayView(msgspec.Struct, kw_only=True):
     since: float
     last_report: float | None
     requests: int | None
+    config: str | None = None
 
 
 class GatewayFeedService:
@@ -104,6 +112,8 @@ class GatewayFeedService:
         self.public_tls = public_tls  # the public port's TLS, which the server's own workers terminate
         self._config = b""  # for gateways on other machines: the catalog as configured
         self._local_config = b""  # for the server's own workers: admission divided among them
+        self._digests = ("", "")  # config_digest of _config and _local_config
+        self._config_changed = 0.0  # unix time they last changed
         self._endpoints = encode(GatewayEndpoints())
         self._changed = trio.Event()
         self.followers: dict[int, Follower] = {}  # by stream identity (two workers may share a name)
@@ -126,6 +136,8 @@ class GatewayFeedService:
                                      public_tls_digest=tls.digest if tls else ""))
         if data != self._config or local != self._local_config:
             self._config, self._local_config = data, local
+            self._digests = (config_digest(data), config_digest(local))
+            self._config_changed = time.time()
             self._wake()
 
     def set_local_workers(self, count: int) -> None:
@@ -158,10 +170,19 @@ class GatewayFeedService:
         self._changed.set()
         self._changed = trio.Event()
 
-    def views(self) -> list[GatewayView]:
+    def views(self, now: float | None = None) -> list[GatewayView]:
+        now = time.time() if now is None else now
         return sorted((GatewayView(name=f.name, kind=f.kind, peer=f.peer, pid=f.pid, version=f.version, since=f.since,
-                                   last_report=f.last_report or None, requests=f.requests if f.last_report else None)
+                                   last_report=f.last_report or None, requests=f.requests if f.last_report else None,
+                                   config=self._config_state(f, now))
                        for f in list(self.followers.values())), key=lambda v: (v.kind != "worker", v.name, v.since))
+
+    def _config_state(self, follower: Follower, now: float) -> str | None:
+        if not follower.config:
+            return None
+        if follower.config == self._digests[follower.kind == "worker"]:
+            return "current"
+        return "updating" if now - self._config_changed < BEHIND_AFTER else "behind"
 
     def served(self) -> dict[str, int]:
         """Requests each connected worker finished (for the bench and `ctl`)."""
@@ -197,6 +218,7 @@ class GatewayFeedService:
                     if isinstance(msg, GatewayStats):
                         follower.metrics = msg.metrics
                         follower.requests = msg.requests
+                        follower.config = msg.config[:64]
                         follower.last_report = time.time()
                 nursery.cancel_scope.cancel()
         finally:

@@ -14,6 +14,8 @@ one (a reconnect) is whole again with the next, and the control plane sends only
 
 from __future__ import annotations
 
+import hashlib
+
 import msgspec
 
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint, TlsPublic
@@ -51,6 +53,7 @@ class GatewayStats(_Base, tag="GatewayStats", tag_field="type"):
 
     metrics: str
     requests: int = 0  # requests this worker finished since it started
+    config: str = ""  # config_digest of the last GatewayConfig it applied ("" from an older gateway)
 
 
 class GatewayConfig(_Base, tag="GatewayConfig", tag_field="type"):
@@ -88,6 +91,11 @@ TO_TYPES: frozenset[str] = frozenset(t.__struct_config__.tag for t in ToGateway.
 
 def encode(msg: msgspec.Struct) -> bytes:
     return _encoder.encode(msg)
+
+
+def config_digest(payload: bytes) -> str:
+    """Names a GatewayConfig as sent: a follower reports the one it applied (`ctl gateways` CONFIG)."""
+    return hashlib.sha256(payload).hexdigest()[:16]
 
 
 def decode_from_gateway(payload: bytes) -> FromGateway | Unknown:

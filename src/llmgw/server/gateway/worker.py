@@ -50,6 +50,7 @@ from llmgw.wire.gateway import (
     GatewayHello,
     GatewayStats,
     MessageError,
+    config_digest,
     decode_to_gateway,
     encode,
 )
@@ -110,6 +111,7 @@ class GatewayWorker:
         Gauge("llmgw_gateway_worker_pid", "This gateway process's id (a restarted worker has a new one).",
               registry=self.registry).set(os.getpid())
         self.requests = 0
+        self.config_digest = ""  # of the GatewayConfig last applied: reported, so `ctl gateways` says if it is current
         self.reasons: dict[str, str] = {}  # model → why it has no ready replica (GatewayEndpoints.reasons)
         self.following = False
         self.configured = trio.Event()  # the first GatewayConfig came: serving makes sense
@@ -178,6 +180,7 @@ class GatewayWorker:
                 self._take_tls(msg.public_tls, msg.public_tls_digest)
             if not self.local or msg.public_tls is None or self.public_tls is not None:
                 self.configured.set()  # with TLS to terminate, not before a context is built
+            self.config_digest = config_digest(payload)
         elif isinstance(msg, GatewayEndpoints):
             self.gateway.set_endpoints(msg.ready, msg.keys)
             self.reasons = msg.reasons
@@ -206,7 +209,7 @@ class GatewayWorker:
                                if s.name.endswith("_total")))
             self.requests = requests
             text = generate_latest(self.registry).decode()
-            await channel.send(encode(GatewayStats(metrics=text, requests=requests)))
+            await channel.send(encode(GatewayStats(metrics=text, requests=requests, config=self.config_digest)))
             await trio.sleep(STATS_EVERY)
 
     # -- serving ---------------------------------------------------------------------------------
