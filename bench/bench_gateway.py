@@ -18,14 +18,15 @@ direct p50 of that round), CPU per chunk is over all rounds.
 
 And `gateway.workers: 2` against the one-process gateway: the share of requests each worker
 served at 32 connections (from the server's one /metrics), and CPU per request of the whole
-process tree at 64 connections, both saturated (SCALE_CONNECTIONS says why not 32).
+process tree with the same connections a worker: one worker at 32, two at 64 (PER_WORKER says
+why), in interleaved rounds.
 
 Bars, each a ratio to a baseline measured in the same run (issue 17; absolute bars read OVER BAR
 on a slow day while the ratios held): throughput through one worker >= 0.2x the nginx proxy's
 (nginx proxy and upstream are separate instances, so /proc gives each one's CPU); CPU per
 relayed chunk <= 0.8x the bare trio relay's; added TTFT p50 under the 200-stream burst <= 1.0x
 the bare relay's; with 2 workers each serves >= 30 % and CPU per request <= 1.1x one worker's
-(@64);
+(32 connections a worker);
 zero failed requests.
 
 Reading the throughput ratio: nginx needs ~10 µs of CPU a request and never uses a whole core
@@ -127,16 +128,17 @@ http {{
 # ---- load: wrk, or a small built-in generator -------------------------------------------------
 
 
-# The workers' CPU bar is read at 64 connections, where one worker and two are both saturated.
-# At 32 on the 2-core dev box, two workers share the cores with wrk and the nginx upstream and
-# hold 16 connections each: each step of a worker finds fewer requests ready (trio passes a
-# request, from perf stat: 0.38 against one worker's 0.09) and its CPU per request rises as a
-# lone worker's does with fewer connections (34.8 µs at 16 against 32.1 at 32). Measured 2 Dec,
-# compiled, wrk -t1, per-process /proc: two workers ÷ one 1.16-1.19 at 32 connections, 0.99-1.04
-# at 64 (32-35 µs a request either way; one worker costs the same at 32 and 64). Preemption is
-# not the difference: the workers are preempted as often at 64 (~0.2 a request each). The @32
-# ratio is printed beside the bar as a figure.
-SCALE_CONNECTIONS = 64
+# The workers' CPU bar compares each worker given the load one worker was given (weak scaling):
+# one worker at 32 connections, two at 64. With 32 for both, each of two workers holds 16: a
+# step of the event loop finds fewer requests ready (trio passes a request, from perf stat:
+# 0.38 against one worker's 0.09), and an event loop's CPU per request rises as its connections
+# fall whether it has one sibling or none (one worker alone: 34.8 µs at 16 connections, 32.1 at
+# 32). Measured 2 Dec, compiled, wrk -t1, per-process /proc: two workers ÷ one 1.16-1.19 with 32
+# connections for both, 0.99-1.11 with 32 a worker. Preemption is not the difference: the two
+# workers are preempted as often either way (~0.2 a request each). The ratio with 32 for both is
+# printed beside the bar as a figure.
+PER_WORKER = 32
+SCALE_ROUNDS = 3
 
 
 def run_wrk(url: str, connections: int, seconds: float, tmp: Path) -> dict[str, float]:
@@ -469,17 +471,18 @@ def main() -> None:
                                  "cores": cpu / wall if proc else None,
                                  "shares": shares}
 
-            # Two workers against one, both at SCALE_CONNECTIONS (see its comment), in rounds
-            # interleaved so both see the machine alike; CPU and requests summed over the rounds.
+            # Two workers against one, PER_WORKER connections each (see its comment), in rounds
+            # interleaved so both see the machine alike (and each round's wrk connections split
+            # anew between the two): CPU and requests summed over the rounds.
             scaling: dict[str, dict[str, float]] = {}
-            for _ in range(2):
-                for name, port, proc in (("through llmgw", gw_port, gateway), ("through llmgw, 2 workers", gw2_port, gateway2)):
+            for _ in range(SCALE_ROUNDS):
+                for name, port, proc, workers in (("through llmgw", gw_port, gateway, 1), ("through llmgw, 2 workers", gw2_port, gateway2, 2)):
                     cpu0 = cpu_tree(proc.pid)
-                    r = load(f"http://127.0.0.1:{port}/v1/chat/completions", SCALE_CONNECTIONS, max(args.seconds / 2, 2.0), tmp)
+                    r = load(f"http://127.0.0.1:{port}/v1/chat/completions", PER_WORKER * workers, max(args.seconds / 2, 2.0), tmp)
                     total = scaling.setdefault(name, {"cpu": 0.0, "requests": 0.0, "rps": 0.0, "errors": 0.0})
                     total["cpu"] += cpu_tree(proc.pid) - cpu0
                     total["requests"] += r["requests"]
-                    total["rps"] += r["rps"] / 2
+                    total["rps"] += r["rps"] / SCALE_ROUNDS
                     total["errors"] += r["errors"]
 
             def us(x: float) -> str:
@@ -498,9 +501,9 @@ def main() -> None:
             served = sum(shares.values()) or float("nan")
             print(f"  2 workers: requests served per worker {', '.join(f'{w} {n:,.0f}' for w, n in sorted(shares.items()))}")
             one, two = scaling["through llmgw"], scaling["through llmgw, 2 workers"]
-            for label, t in (("1 worker ", one), ("2 workers", two)):
-                print(f"  @{SCALE_CONNECTIONS}, {label}: {t['rps']:>10,.0f} req/s {t['cpu'] / t['requests'] * 1e6:>6.0f} µs CPU/request "
-                      f"{t['errors']:>5.0f} errors (2 rounds interleaved)")
+            for label, t in ((f"1 worker @{PER_WORKER}", one), (f"2 workers @{2 * PER_WORKER}", two)):
+                print(f"  {label:14}: {t['rps']:>10,.0f} req/s {t['cpu'] / t['requests'] * 1e6:>6.0f} µs CPU/request "
+                      f"{t['errors']:>5.0f} errors ({SCALE_ROUNDS} rounds interleaved)")
 
             # Streaming: `--rounds` bursts per target, the targets interleaved within a round and the
             # engine alone measured in each, so every target sees the machine as its baseline does;
@@ -584,11 +587,11 @@ def main() -> None:
                          added2 / added_bare if added_bare > 0 else float("inf"), "(figure)", None))
             bars.append(("2 workers: smallest share served", f"{low:.0%}", "50%", low / 0.5, ">= 30%", low >= 0.3))
             cpu_one, cpu_two = one["cpu"] / one["requests"] * 1e6, two["cpu"] / two["requests"] * 1e6
-            bars.append((f"CPU/request @{SCALE_CONNECTIONS}, 2 workers ÷ 1", f"{cpu_two:.0f} µs", f"{cpu_one:.0f} µs", cpu_two / cpu_one,
+            bars.append((f"CPU/request, 2 workers @{2 * PER_WORKER} ÷ 1 @{PER_WORKER}", f"{cpu_two:.0f} µs", f"{cpu_one:.0f} µs", cpu_two / cpu_one,
                          "<= 1.10", cpu_two / cpu_one <= 1.1))
-            bars.append((f"requests/s @{SCALE_CONNECTIONS}, 2 workers ÷ 1", f"{two['rps']:,.0f}", f"{one['rps']:,.0f}",
+            bars.append((f"requests/s, 2 workers @{2 * PER_WORKER} ÷ 1 @{PER_WORKER}", f"{two['rps']:,.0f}", f"{one['rps']:,.0f}",
                          two["rps"] / one["rps"], "(figure)", None))
-            bars.append(("CPU/request @32, 2 workers ÷ 1", f"{gw2['cpu_us']:.0f} µs", f"{gw['cpu_us']:.0f} µs",
+            bars.append(("CPU/request, 2 workers ÷ 1, both @32", f"{gw2['cpu_us']:.0f} µs", f"{gw['cpu_us']:.0f} µs",
                          gw2["cpu_us"] / gw["cpu_us"], "(figure)", None))
             print(f"  {'':40} {'figure':>10} {'baseline':>10} {'ratio':>7} {'bar':>9}")
             for name, value, baseline, ratio, bar, ok in bars:
