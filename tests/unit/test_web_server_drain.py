@@ -88,3 +88,36 @@ async def test_drain_serves_the_connections_still_in_the_accept_queue(autojump_c
         release.set()
         assert (await read_all(slow)).endswith(b"done")
         nursery.cancel_scope.cancel()
+
+
+async def test_drain_idle_0_closes_idle_connections_at_once_and_waits_without_spinning(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """drain_idle 0 (the simulated engine's): an idle keep-alive connection is closed as the
+    drain begins; a request that takes 5 s more is still answered, the expiry task sleeping
+    meanwhile (were it polling a 0 s step, the clock could never jump: this test would hang)."""
+
+    async def app(request: Request, responder: Responder) -> None:
+        if request.path == "/slow":
+            await trio.sleep(5)
+        await responder.respond(200, [(b"content-type", b"text/plain")], b"done")
+
+    server = HttpServer(app, limits=Limits(drain_idle=0.0))
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve, listeners)
+        idle = await trio.open_tcp_stream("127.0.0.1", port)
+        await idle.send_all(b"GET /fast HTTP/1.1\r\nhost: t\r\n\r\n")
+        assert (await idle.receive_some(65536)).endswith(b"done")
+        slow = await trio.open_tcp_stream("127.0.0.1", port)
+        await slow.send_all(b"GET /slow HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.sleep(1)  # ok: autojump MockClock; the slow request is in its handler
+        started = trio.current_time()
+        nursery.start_soon(server.drain, 10.0)
+        assert await read_all(idle) == b""
+        assert trio.current_time() == started  # at once
+        answer = await read_all(slow)
+        assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower()
+        assert trio.current_time() - started >= 4
+        nursery.cancel_scope.cancel()

@@ -169,6 +169,9 @@ class FastConnection:
             self._read(GONE)  # what arrived meanwhile (no new edge will say so)
             return
         conn, server = self.conn, self.server
+        if server.draining and not self.first and server.limits.drain_idle <= 0:
+            self._finish(None)
+            return
         buf = conn.buf
         if not buf:
             if conn.eof:

@@ -364,9 +364,8 @@ class HttpServer:
         with scope:
             while True:
                 now = trio.current_time()
-                # A deadline set from now on is at least this far off (drain_idle once draining:
-                # drain() wakes this loop when it begins).
-                wake = now + (min(longest, lim.drain_idle) if self.draining else longest)
+                # A deadline set from now on is at least this far off (drain() wakes this loop).
+                wake = now + (max(min(longest, lim.drain_idle), 0.05) if self.draining and lim.drain_idle > 0 else longest)
                 for conn in list(self._conns):
                     if conn.deadline <= now:
                         conn.expire()
@@ -460,6 +459,8 @@ class HttpServer:
                 await stream.aclose()
 
     async def _read_head(self, conn: _Connection, first: bool) -> RequestHead | None:
+        if not first and self.draining and self.limits.drain_idle <= 0:
+            return None  # drain_idle 0: a keep-alive connection ends once its answer is out
         scanned = conn.head_scan.scanned
         conn.await_until(self.head_timeout(first), HEAD_LATE)
         try:
