@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import trio
 import trio.testing
 
-from llmgw.web.server import HttpServer, Limits, Request, Responder
+from llmgw.web.server import Handler, HttpServer, Limits, Request, Responder
 
 
 async def read_all(stream: trio.SocketStream) -> bytes:
@@ -15,23 +17,33 @@ async def read_all(stream: trio.SocketStream) -> bytes:
     return data
 
 
-async def test_drain_closes_idle_connections_after_drain_idle_lets_a_request_finish_and_cuts_the_rest(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    release = trio.Event()
+def slow_app(slow: Callable[[], Awaitable[object]]) -> Handler:
+    """`/slow` awaits `slow()` before its answer, `/never` never answers, the rest at once."""
 
     async def app(request: Request, responder: Responder) -> None:
         if request.path == "/slow":
-            await release.wait()
+            await slow()
         elif request.path == "/never":
             await trio.sleep_forever()
         await responder.respond(200, [(b"content-type", b"text/plain")], b"done")
 
-    server = HttpServer(app)
+    return app
+
+
+async def serving(server: HttpServer, nursery: trio.Nursery) -> int:
+    """Start `server` on a loopback port; returns the port."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
+    await nursery.start(server.serve, listeners)
+    return int(listeners[0].socket.getsockname()[1])
+
+
+async def test_drain_closes_idle_connections_after_drain_idle_lets_a_request_finish_and_cuts_the_rest(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    release = trio.Event()
+    server = HttpServer(slow_app(release.wait))
     async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, listeners)
+        port = await serving(server, nursery)
         idle = await trio.open_tcp_stream("127.0.0.1", port)
         await idle.send_all(b"GET /fast HTTP/1.1\r\nhost: t\r\n\r\n")
         assert (await idle.receive_some(65536)).endswith(b"done")  # now an idle keep-alive connection
@@ -64,17 +76,9 @@ async def test_drain_serves_the_connections_still_in_the_accept_queue(autojump_c
     and answers them. Here the server is at its cap of 1 connection, so the second waits in the
     kernel's queue when the drain begins."""
     release = trio.Event()
-
-    async def app(request: Request, responder: Responder) -> None:
-        if request.path == "/slow":
-            await release.wait()
-        await responder.respond(200, [(b"content-type", b"text/plain")], b"done")
-
-    server = HttpServer(app, limits=Limits(max_connections=1))
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
+    server = HttpServer(slow_app(release.wait), limits=Limits(max_connections=1))
     async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, listeners)
+        port = await serving(server, nursery)
         slow = await trio.open_tcp_stream("127.0.0.1", port)
         await slow.send_all(b"GET /slow HTTP/1.1\r\nhost: t\r\n\r\n")
         await trio.sleep(1)  # ok: autojump MockClock; the slow request is in its handler
@@ -97,16 +101,12 @@ async def test_drain_idle_0_closes_idle_connections_at_once_and_waits_without_sp
     drain begins; a request that takes 5 s more is still answered, the expiry task sleeping
     meanwhile (were it polling a 0 s step, the clock could never jump: this test would hang)."""
 
-    async def app(request: Request, responder: Responder) -> None:
-        if request.path == "/slow":
-            await trio.sleep(5)
-        await responder.respond(200, [(b"content-type", b"text/plain")], b"done")
+    async def five_seconds() -> None:
+        await trio.sleep(5)  # ok: autojump MockClock; the request takes 5 s of the fake clock
 
-    server = HttpServer(app, limits=Limits(drain_idle=0.0))
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
+    server = HttpServer(slow_app(five_seconds), limits=Limits(drain_idle=0.0))
     async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, listeners)
+        port = await serving(server, nursery)
         idle = await trio.open_tcp_stream("127.0.0.1", port)
         await idle.send_all(b"GET /fast HTTP/1.1\r\nhost: t\r\n\r\n")
         assert (await idle.receive_some(65536)).endswith(b"done")
