@@ -30,7 +30,7 @@ test: lint browser compiled
 
 COMPILED   := build/compiled
 PURE_TESTS := tests/unit/test_hotpath.py tests/unit/test_http1.py tests/unit/test_web_server.py \
-	tests/unit/test_web_fastlane.py tests/unit/test_web_reactor.py tests/unit/test_web_trioidle.py tests/unit/test_web_client.py \
+	tests/unit/test_web_fastlane.py tests/unit/test_web_reactor.py tests/unit/test_web_client.py \
 	tests/unit/test_gateway_fastlane.py tests/unit/test_gateway_admission.py \
 	tests/unit/test_gateway_balance.py tests/unit/test_gateway_breaker.py tests/unit/test_gateway_retry.py \
 	tests/unit/test_gateway_metrics_format.py

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import os
 import select
 from collections.abc import Callable
@@ -29,7 +28,6 @@ from collections.abc import Callable
 import trio
 
 from llmgw.netaddr import READ_SIZE
-from llmgw.web.trioidle import TrioIdle
 
 log = logging.getLogger("llmgw.web.reactor")
 
@@ -59,7 +57,6 @@ class Reactor:
         # set: a write here makes the set readable.
         self._wake_fd = -1
         self._sleeping = False
-        self.naps = 0  # waits in our own set while trio had nothing to run (see run)
 
     def add(self, fd: int, mask: int, callback: Callback) -> None:
         assert self._ep is not None
@@ -109,34 +106,9 @@ class Reactor:
         ep_fd = ep.fileno()
         callbacks, soon = self._callbacks, self._soon
         wait_readable, checkpoint = trio.lowlevel.wait_readable, trio.lowlevel.checkpoint
-        current_deadline = trio.current_effective_deadline
         wake_fd = self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.add(wake_fd, READ, lambda mask: _drain(wake_fd))
-        # While no task but this one can run, it waits here on our set and trio's together (not
-        # one nested in the other: trio's holds ours, and the kernel refuses a loop), and so
-        # hears of what would make a task runnable without a pass of trio (llmgw.web.trioidle).
-        idle = TrioIdle.find()
-        me = trio.lowlevel.current_task()
-        nap = select.poll()
-        if idle is not None:
-            nap.register(ep_fd, select.POLLIN)
-            nap.register(idle.fd, select.POLLIN)
         self.running = True
-
-        def serve(events: list[tuple[int, int]]) -> None:
-            for fd, mask in events:
-                callback = callbacks.get(fd)
-                if callback is not None:
-                    try:
-                        callback(mask)
-                    except Exception:
-                        log.exception("reactor callback for fd %d failed", fd)
-            for _ in range(len(soon)):
-                try:
-                    soon.popleft()()
-                except Exception:
-                    log.exception("reactor callback failed")
-
         try:
             task_status.started()
             while True:
@@ -159,26 +131,19 @@ class Reactor:
                     events = ep.poll(0, budget)
                     budget -= len(events)
                     self.passes += 1
-                    serve(events)
+                    for fd, mask in events:
+                        callback = callbacks.get(fd)
+                        if callback is not None:
+                            try:
+                                callback(mask)
+                            except Exception:
+                                log.exception("reactor callback for fd %d failed", fd)
+                    for _ in range(len(soon)):
+                        try:
+                            soon.popleft()()
+                        except Exception:
+                            log.exception("reactor callback failed")
                     if not events or budget <= 0:
-                        break
-                # Nothing but this task can run: wait on our set and trio's until one of them is
-                # ready or trio's next deadline comes, serving ours meanwhile. Once a task can run
-                # (trio's set ready, a callback woke one, work queued with `soon`), back to trio.
-                if idle is None or soon or not idle.alone(me):
-                    continue
-                while True:
-                    # A cancel of this task (by another before this step, or by a callback) is
-                    # delivered at a checkpoint, and napping there is none.
-                    timeout = idle.timeout()
-                    if timeout <= 0 or current_deadline() == -math.inf:
-                        break
-                    ready = nap.poll(math.ceil(timeout * 1000))
-                    self.naps += 1
-                    if not ready:
-                        break
-                    serve(ep.poll(0, BATCH))
-                    if soon or idle.runnable() or any(fd != ep_fd for fd, _ in ready):
                         break
         finally:
             # Whoever still waits on a socket hears it is gone (a client connection ends, an
