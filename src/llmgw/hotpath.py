@@ -7,6 +7,9 @@ runs these same modules as Python: slower, never different. This file imports no
 reads it before anything is installed.
 """
 
+# Tried and left out: llmgw.web.relayhub, the streamed-token loop. Compiled, it read 35.0 -> 34.4
+# µs of gateway CPU a relayed chunk (3 Dec, 200 streams x 200 tokens, 6 rounds interleaved A/B):
+# a chunk's cost is its read, write and trio's wait, which compiling does not touch.
 COMPILED = (
     "llmgw.web.http1",
     "llmgw.web.reactor",
