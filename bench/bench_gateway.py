@@ -57,7 +57,7 @@ from typing import Any
 
 import httpx
 
-from benchutil import build, cpu_tree, free_port, pair_factor
+from benchutil import build, cpu_tree, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16})
@@ -148,17 +148,19 @@ http {{
 # the upstream (one worker: 0.03-0.1), but with both of those SCHED_BATCH (no wake-up
 # preemption; 0.01 a request) the ratio read 1.26 against 1.28 without. Two workers keep both
 # cores busy (idle 0-1 %) where one leaves about a quarter idle, and this VM charges the same
-# Python work ~15 % more CPU time with both of its cores busy than with one (pair_factor: 1.14-
-# 1.17 on 3 Dec); nginx as the proxy reads 1.00-1.01 two workers ÷ one here, since its 10 µs
+# Python work ~15 % more CPU time with both of its cores busy than with one (a JSON loop on both
+# cores at once ÷ on one: 1.14-1.17 that morning); nginx as the proxy reads 1.00-1.01 two workers ÷ one here, since its 10 µs
 # a request never fills the second core.
 #
 # So the bar's baseline puts the same load on the machine: two one-worker gateways side by side,
 # 32 connections each from their own wrk, at the same time; the two workers get the same two
 # wrk -c32 on their one port. What is left of the ratio is what being workers of one gateway
 # costs (the shared port, the control plane's feed, the metrics), not what this VM charges for
-# two busy cores. Same runs, 3 Dec: two gateways side by side ÷ one alone 1.16 and 0.98, two
-# workers ÷ two gateways 0.98 and 1.07 (plain two workers ÷ one alone 1.14 and 1.04). The plain
-# ratio and pair_factor's reading of the machine are printed beside it as figures.
+# two busy cores. Same runs, 3 Dec: two gateways side by side ÷ one alone 1.16, 1.19, 0.98, 1.34,
+# two workers ÷ two gateways 0.98, 0.94, 1.07, 1.01 (plain two workers ÷ one alone 1.14, 1.11,
+# 1.04, 1.36). The plain ratio and the side-by-side one are printed beside the bar as figures;
+# the JSON loop's reading of the machine, printed before, was dropped: it read 0.98 in the run
+# where the gateways side by side read 1.16.
 PER_WORKER = 32
 TTFT_TOKENS = 20
 SCALE_ROUNDS = 3
@@ -516,26 +518,24 @@ def main() -> None:
             # Two workers against one, PER_WORKER connections each (see its comment), in rounds
             # interleaved so all see the machine alike (and each round's wrk connections split
             # anew between the two workers): CPU and requests summed over the rounds. Three loads
-            # a round: one worker alone (wrk -c32); the two-worker gateway under two wrk -c32 at
-            # once; and the matched baseline (the PER_WORKER comment says why), two one-worker gateways side by
-            # side, each under its own wrk -c32 at the same time.
+            # a round, a wrk -c32 for each port listed, all at once: one worker alone; the
+            # two-worker gateway (its port twice); and the bar's baseline (the PER_WORKER comment
+            # says why), two one-worker gateways side by side.
             scaling: dict[str, dict[str, float]] = {}
             seconds = max(args.seconds / 2, 2.0)
-            shapes = (("1 worker", ((gw_port, gateway),)), ("2 workers", ((gw2_port, gateway2), (gw2_port, None))),
-                      ("2 one-worker gateways", ((gw_port, gateway), (twin_port, twin))))
+            shapes = (("1 worker", [gw_port], [gateway]), ("2 workers", [gw2_port, gw2_port], [gateway2]),
+                      ("2 one-worker gateways", [gw_port, twin_port], [gateway, twin]))
             with ThreadPoolExecutor(max_workers=2) as pool:
                 for _ in range(SCALE_ROUNDS):
-                    for name, legs in shapes:
-                        trees = [proc for _, proc in legs if proc is not None]
-                        before = [cpu_tree(proc.pid) for proc in trees]
+                    for name, ports, trees in shapes:
+                        before = sum(cpu_tree(proc.pid) for proc in trees)
                         runs = list(pool.map(lambda port: load(f"http://127.0.0.1:{port}/v1/chat/completions", PER_WORKER,
-                                                                seconds, tmp), [port for port, _ in legs]))
+                                                                seconds, tmp), ports))
                         total = scaling.setdefault(name, {"cpu": 0.0, "requests": 0.0, "rps": 0.0, "errors": 0.0})
-                        total["cpu"] += sum(cpu_tree(proc.pid) for proc in trees) - sum(before)
+                        total["cpu"] += sum(cpu_tree(proc.pid) for proc in trees) - before
                         total["requests"] += sum(r["requests"] for r in runs)
                         total["rps"] += sum(r["rps"] for r in runs) / SCALE_ROUNDS
                         total["errors"] += sum(r["errors"] for r in runs)
-            machine = pair_factor()
 
             def us(x: float) -> str:
                 return f"{x * 1e6:,.0f} µs" if x == x else "n/a"
@@ -577,18 +577,15 @@ def main() -> None:
             # bursts of its own, TTFT_TOKENS a stream (the first token is all it times), enough
             # of them for a median: `--ttft-rounds` rounds, each target's burst right after one
             # straight to the engine, the targets' order rotated each round; one client process
-            # for all, a quarter of a second between bursts for the last one's hang-ups. Added TTFT = the median over rounds of (target p50 - the burst before it).
-            order = [port for _, port, _ in streaming]
-            sequence: list[int] = []
-            for i in range(args.ttft_rounds):
-                for port in order[i % len(order):] + order[:i % len(order)]:
-                    sequence += [stream_port, port]
-            bursts = run_bursts(sequence, args.streams, TTFT_TOKENS)
-            ttft_added: dict[int, list[float]] = {port: [] for port in order}
+            # for all, a quarter of a second between bursts for the last one's hang-ups.
+            # Added TTFT = the median over rounds of (target p50 - the burst before it).
+            turns = [streaming[(i + k) % len(streaming)][:2] for i in range(args.ttft_rounds) for k in range(len(streaming))]
+            bursts = run_bursts([port for _, target in turns for port in (stream_port, target)], args.streams, TTFT_TOKENS)
+            ttft_added: dict[str, list[float]] = {name: [] for name, _, _ in streaming}
             ttft_errors = sum(b["n_errors"] for b in bursts)
-            for port, d, t in zip(sequence[1::2], bursts[0::2], bursts[1::2], strict=True):
+            for (name, _), d, t in zip(turns, bursts[0::2], bursts[1::2], strict=True):
                 if t["ttft_p50"] is not None and d["ttft_p50"] is not None:
-                    ttft_added[port].append(t["ttft_p50"] - d["ttft_p50"])
+                    ttft_added[name].append(t["ttft_p50"] - d["ttft_p50"])
 
             def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 def median(key: str) -> float | None:
@@ -598,8 +595,7 @@ def main() -> None:
                         "ttft_p99": median("ttft_p99"), "n_errors": sum(r["n_errors"] for r in runs)}
 
             def added(name: str) -> float:
-                port = dict((n, p) for n, p, _ in streaming)[name]
-                per_round = sorted(ttft_added[port])
+                per_round = sorted(ttft_added[name])
                 return per_round[len(per_round) // 2] if per_round else float("nan")
 
             direct = merged(rounds["direct to engine"])
@@ -623,8 +619,8 @@ def main() -> None:
                 print(f"  {name:28} {r['chunks']:>8,} {us(r['ttft_p50'] or float('nan')):>10} {us(r['ttft_p99'] or float('nan')):>10} "
                       f"{r['n_errors']:>7} {per_chunk_text:>10} {vs_relay:>9}")
             print(f"  added TTFT p50 per round, ms, in order ({args.streams} streams × {TTFT_TOKENS} tokens a burst):")
-            for name, port, _ in streaming:
-                print(f"  {name:28} {' '.join(f'{x * 1e3:.0f}' for x in ttft_added[port])}  (median {added(name) * 1e3:.1f})")
+            for name, values in ttft_added.items():
+                print(f"  {name:28} {' '.join(f'{x * 1e3:.0f}' for x in values)}  (median {added(name) * 1e3:.1f})")
             print()
             failed = int(sum(r["r32"]["errors"] + r["r1"]["errors"] for r in results.values()) + one["errors"] + two["errors"] + pair["errors"]
                          + sum(r["n_errors"] for r, _ in measured.values()) + direct["n_errors"] + ttft_errors)
@@ -667,7 +663,6 @@ def main() -> None:
                          cpu_two / cpu_pair, "<= 1.10", cpu_two / cpu_pair <= 1.1))
             bars.append((f"CPU/request, 2 workers @{2 * PER_WORKER} ÷ 1 @{PER_WORKER}", f"{cpu_two:.0f} µs", f"{cpu_one:.0f} µs",
                          cpu_two / cpu_one, "(figure)", None))
-            bars.append(("machine: 2 cores busy ÷ 1 (Python work)", f"{machine:.2f}", "1.00", machine, "(figure)", None))
             bars.append(("2 gateways side by side ÷ 1 alone", f"{cpu_pair:.0f} µs", f"{cpu_one:.0f} µs",
                          cpu_pair / cpu_one, "(figure)", None))
             bars.append((f"requests/s, 2 workers @{2 * PER_WORKER} ÷ 1 @{PER_WORKER}", f"{two['rps']:,.0f}", f"{one['rps']:,.0f}",
