@@ -1,5 +1,5 @@
 """The modules a plain gateway request runs through, compiled to C with mypyc by a regular
-install (setup.py) and by `make compiled` (tools/compile.py, for the tests and the benches).
+install (setup.py): the wheel `make test` builds, installs and runs the suite and benches on.
 
 Compiled, the gateway serves about twice the requests per core (issue 17: 74-84 -> 35-42 µs
 of CPU a request, bench-gateway's setup). An editable install, or one without a C compiler,
@@ -23,15 +23,18 @@ COMPILED = (
     "llmgw.server.gateway.retry",
 )
 
-# Where mypyc runs in a regular install (pip's isolated build) only msgspec of our dependencies is
-# there: what it does not know it calls as Python does, and the modules it does not compile are
-# read for their types but not held to mypy's errors (`make lint` holds them).
-MYPYC_FLAGS = ("--ignore-missing-imports", "--follow-imports=silent")
+# mypyc must know every module the compiled ones import: a class or call it cannot see is built
+# against `Any`, and a compiled class whose base it could not see corrupted the interpreter at
+# start (issue 36: a pip install built server.metrics without prometheus_client). So no
+# --ignore-missing-imports: an unknown import fails the build (setup.py then installs pure, with a
+# warning), and the build requirements (pyproject.toml) carry the import closure of COMPILED. The
+# modules they import but that are not compiled are read for their types, not held to mypy's
+# errors (`make lint` holds them); the untyped ones are listed in pyproject's [tool.mypy].
+MYPYC_FLAGS = ("--follow-imports=silent",)
 
 
 def mypyc_args(root: str) -> list[str]:
-    """mypyc's command line for COMPILED, their files under `root` (the directory holding llmgw/):
-    setup.py and tools/compile.py build the same thing."""
+    """mypyc's command line for COMPILED, their files under `root` (the directory holding llmgw/)."""
     return [*MYPYC_FLAGS, *(f"{root}/{name.replace('.', '/')}.py" for name in COMPILED)]
 
 
