@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all demo test compiled browser lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric bench-doctor bench-admin docs clean
+.PHONY: all demo test wheels installed tools lint unit e2e coverage mutants bench-fleet bench-gateway bench-sim-engine bench-reconcile bench-fetch bench-fabric bench-doctor bench-admin docs clean
 
 all: test
 
@@ -20,33 +20,59 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/llmgw demo $(DEMO_ARGS)
 
-# The suite runs on what a regular install runs: the package with its hot path compiled
-# (tools/compile.py builds that copy in $(COMPILED); a check fails if it is not what was
-# imported). The tests of the compiled modules run first on the pure sources too, what an
-# editable or compiler-less install runs. `make unit` and `make e2e` run the sources as edited.
-test: lint browser compiled
-	$(BIN)/python -m pytest $(PURE_TESTS) $(PYTEST_ARGS)
-	PYTHONPATH=$(COMPILED) LLMGW_EXPECT_COMPILED=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+# The suite runs on what a user installs (issue 36): the sdist, and from it the wheels pip
+# builds (each in an isolated build environment, as `pip install .` does), installed into
+# fresh venvs of their own. build/venv-test holds the compiled wheel and runs the whole suite;
+# build/venv-pure holds the LLMGW_PURE=1 wheel (a compiler-less install) and runs the hot
+# path's own tests and the install's start-up test. LLMGW_EXPECT_INSTALLED makes the suite
+# refuse to run on anything else (tests/conftest.py). `make unit` and `make e2e` run the
+# sources as edited, in the editable .venv.
+test: lint tools installed
+	LLMGW_EXPECT_INSTALLED=pure $(PUREENV)/bin/python -m pytest -p no:cacheprovider $(PURE_TESTS) $(PYTEST_ARGS)
+	LLMGW_EXPECT_INSTALLED=compiled $(TESTENV)/bin/python -m pytest $(TEST_JOBS) $(PYTEST_ARGS)
 
-COMPILED   := build/compiled
+WHEELS  := build/wheels
+TESTENV := build/venv-test
+PUREENV := build/venv-pure
+SOURCES := pyproject.toml setup.py README.md $(shell find src -type f -not -path '*/__pycache__/*' -not -path '*.egg-info*')
 PURE_TESTS := tests/unit/test_hotpath.py tests/unit/test_http1.py tests/unit/test_web_server.py \
 	tests/unit/test_web_fastlane.py tests/unit/test_web_reactor.py tests/unit/test_web_client.py \
 	tests/unit/test_gateway_fastlane.py tests/unit/test_gateway_admission.py \
 	tests/unit/test_gateway_balance.py tests/unit/test_gateway_breaker.py tests/unit/test_gateway_retry.py \
-	tests/unit/test_gateway_metrics_format.py
+	tests/unit/test_gateway_metrics_format.py tests/e2e/test_installed.py
+TEST_JOBS ?=
 
-compiled: $(COMPILED)/.stamp
-$(COMPILED)/.stamp: $(STAMP) $(shell find src/llmgw -name '*.py')
-	$(BIN)/python tools/compile.py $(COMPILED)
+# The sdist, then both wheels built from it by pip (no cache: a wheel built from the same file
+# name must never be reused for the other kind); a compiled wheel that came out pure fails here.
+wheels: $(WHEELS)/.stamp
+$(WHEELS)/.stamp: $(STAMP) $(SOURCES)
+	rm -rf $(WHEELS)
+	$(BIN)/python -m build --sdist --outdir $(WHEELS) . >/dev/null
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-cache-dir --wheel-dir $(WHEELS)/compiled $(WHEELS)/llmgw-*.tar.gz
+	@ls $(WHEELS)/compiled/*-linux_*.whl >/dev/null 2>&1 || { echo "the wheel was built pure (mypyc or the compiler failed: pip wheel -v $(WHEELS)/llmgw-*.tar.gz shows why)"; exit 1; }
+	LLMGW_PURE=1 $(BIN)/python -m pip wheel --quiet --no-deps --no-cache-dir --wheel-dir $(WHEELS)/pure $(WHEELS)/llmgw-*.tar.gz
 	@touch $@
 
-# The admin pages' browser tests run in Debian's chromium, installed here when it is missing
-# (CI starts on fresh machines); tests/e2e/browser.py finds it and fails, never skips, where
-# apt-get exists but chromium does not.
-browser:
-	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing Debian's chromium for the admin pages' browser tests"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+# A fresh venv for each new wheel, with the wheel and its test extras only.
+installed: $(TESTENV)/.stamp $(PUREENV)/.stamp
+$(TESTENV)/.stamp: $(WHEELS)/.stamp
+	rm -rf $(TESTENV) && $(PYTHON) -m venv $(TESTENV)
+	$(TESTENV)/bin/python -m pip install --quiet --disable-pip-version-check "$$(ls $(WHEELS)/compiled/*.whl)[test]"
+	@touch $@
+$(PUREENV)/.stamp: $(WHEELS)/.stamp
+	rm -rf $(PUREENV) && $(PYTHON) -m venv $(PUREENV)
+	$(PUREENV)/bin/python -m pip install --quiet --disable-pip-version-check "$$(ls $(WHEELS)/pure/*.whl)[test]"
+	@touch $@
+
+# Programs from Debian's packages that tests drive, installed here when missing (CI starts on
+# fresh machines): chromium for the admin pages' browser tests, openssl for the certificate
+# checks. tests/e2e/needs.py fails, never skips, where apt-get exists and one is missing.
+tools:
+	@missing=""; command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's$$missing for the tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
 lint: $(STAMP)
@@ -56,7 +82,7 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-e2e: $(STAMP) browser
+e2e: $(STAMP) tools
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
 # Unit and e2e tests with every process they start measured (not part of `make test`): a
@@ -73,11 +99,12 @@ coverage: $(STAMP)
 mutants: $(STAMP)
 	$(BIN)/python tools/mutants.py $(MUTANTS)
 
-bench-fleet: compiled
-	PYTHONPATH=$(COMPILED) $(BIN)/python bench/bench_fleet.py $(BENCH_ARGS)
+# The gateway's benches measure the installed compiled wheel, what a user runs.
+bench-fleet: $(TESTENV)/.stamp
+	$(TESTENV)/bin/python bench/bench_fleet.py $(BENCH_ARGS)
 
-bench-gateway: compiled
-	PYTHONPATH=$(COMPILED) $(BIN)/python bench/bench_gateway.py $(BENCH_ARGS)
+bench-gateway: $(TESTENV)/.stamp
+	$(TESTENV)/bin/python bench/bench_gateway.py $(BENCH_ARGS)
 
 bench-sim-engine: $(STAMP)
 	$(BIN)/python bench/bench_sim_engine.py $(BENCH_ARGS)
@@ -94,7 +121,7 @@ bench-fabric: $(STAMP)
 bench-doctor: $(STAMP)
 	$(BIN)/python bench/bench_doctor.py $(BENCH_ARGS)
 
-bench-admin: $(STAMP) browser
+bench-admin: $(STAMP) tools
 	$(BIN)/python bench/bench_admin.py $(BENCH_ARGS)
 
 docs: $(STAMP)

@@ -2,8 +2,8 @@
 
 The browser is Debian's `chromium` package (`make test` installs it when missing), launched
 through `executable_path`: Playwright's own browser download is never used (CI reaches package
-registries only). A machine with apt-get and no chromium fails the test, never skips it; only
-where apt-get does not exist (not Debian) is a missing browser a skip.
+registries only). A machine with apt-get and no chromium fails the test, never skips it
+(tests/e2e/needs.py).
 
 One browser per test module; pages record console errors and uncaught exceptions, which each
 test asserts are none.
@@ -11,12 +11,11 @@ test asserts are none.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-import pytest
+from tests.e2e.needs import debian_program
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -25,13 +24,7 @@ CANDIDATES = ("chromium", "chromium-browser")
 
 
 def chromium_path() -> str:
-    for name in CANDIDATES:
-        found = shutil.which(name)
-        if found:
-            return found
-    if shutil.which("apt-get"):
-        pytest.fail("no chromium on PATH: `make test` installs Debian's chromium package (apt-get install chromium)")
-    pytest.skip("no chromium and no apt-get to install it (the browser tests need Debian's chromium package)")
+    return debian_program(CANDIDATES, "chromium")
 
 
 @contextmanager

@@ -38,17 +38,21 @@ def llmgw_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+LLMGW = [sys.executable, "-m", "llmgw"]
+
+
 class Proc:
-    """A real `llmgw …` process in its own session (so its children die with it)."""
+    """A real `llmgw …` process in its own session (so its children die with it); `command` is
+    how llmgw is started (the installed console script, for tests of the install itself)."""
 
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 preexec_fn: Callable[[], None] | None = None) -> None:
+                 preexec_fn: Callable[[], None] | None = None, command: list[str] | None = None) -> None:
         self.name = name
         self.args = args
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", *args],
+            [*(command or LLMGW), *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=llmgw_env(env),
@@ -225,8 +229,10 @@ class Server:
     """A real `llmgw server` on loopback ports (fixed, so a restart keeps them)."""
 
     def __init__(self, tmp: Path, config_text: str = "", name: str = "server", extra_args: list[str] | None = None,
-                 insecure: bool = True, public_ca: Path | None = None, token: str | None = None) -> None:
+                 insecure: bool = True, public_ca: Path | None = None, token: str | None = None,
+                 command: list[str] | None = None) -> None:
         self.tmp = tmp
+        self.command = command
         self.name = name
         self.public_port = free_port()
         self.fleet_port = free_port()
@@ -265,7 +271,7 @@ class Server:
                 "--fleet-listen", f"127.0.0.1:{self.fleet_port}", "--state-dir", str(self.state_dir), *self.extra_args]
         if self.insecure:
             args.append("--insecure")
-        self.proc = Proc(self.name, args, self.tmp)
+        self.proc = Proc(self.name, args, self.tmp, command=self.command)
         verify = self.verify
         wait_until(lambda: get_json(f"{self.url}/healthz", verify=verify)["status"] == "ok", f"{self.name} to serve /healthz",
                    procs=[self.proc])

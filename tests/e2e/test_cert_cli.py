@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -15,11 +14,10 @@ import pytest
 import trio
 
 from llmgw.tls import client_context, peer_common_name, peer_is_operator, server_context
+from tests.e2e.needs import debian_program
 
 pytestmark = pytest.mark.e2e
 
-OPENSSL = shutil.which("openssl")
-needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="the openssl binary is not installed on this machine")
 
 
 def llmgw(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -51,9 +49,12 @@ def fails(code: int, *args: str) -> str:
     return lines[0]
 
 
+def openssl_path() -> str:
+    return debian_program(("openssl",), "openssl")
+
+
 def openssl(*args: str) -> str:
-    assert OPENSSL is not None
-    result = subprocess.run([OPENSSL, *args], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([openssl_path(), *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr + result.stdout
     return result.stdout
 
@@ -73,7 +74,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ca
 
 
-@needs_openssl
 def test_openssl_verifies_what_ctl_cert_wrote(cluster: Path) -> None:
     ca = str(cluster / "ca.crt")
     for name, purpose in (("server", "sslserver"), ("node-gpu-01", "sslclient"), ("operator-alice", "sslclient")):
@@ -81,13 +81,12 @@ def test_openssl_verifies_what_ctl_cert_wrote(cluster: Path) -> None:
         assert out.strip() == f"{cluster / name}.crt: OK"
     # A node certificate is not a server certificate.
     bad = subprocess.run(
-        [OPENSSL, "verify", "-purpose", "sslserver", "-CAfile", ca, str(cluster / "node-gpu-01.crt")],
+        [openssl_path(), "verify", "-purpose", "sslserver", "-CAfile", ca, str(cluster / "node-gpu-01.crt")],
         capture_output=True, text=True, timeout=60,
     )
     assert bad.returncode != 0
 
 
-@needs_openssl
 def test_openssl_shows_sans_and_usages(cluster: Path) -> None:
     server = openssl("x509", "-noout", "-text", "-in", str(cluster / "server.crt"))
     assert "DNS:ctrl, DNS:ctrl.example.com, IP Address:127.0.0.1, IP Address:10.0.0.5" in server
@@ -102,7 +101,6 @@ def test_openssl_shows_sans_and_usages(cluster: Path) -> None:
     assert "X509v3 Basic Constraints: critical" in ca
 
 
-@needs_openssl
 @pytest.mark.parametrize("key_type", ["rsa-3072", "ed25519"])
 def test_other_key_types_verify(tmp_path: Path, key_type: str) -> None:
     ca = tmp_path / "ca"

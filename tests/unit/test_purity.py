@@ -95,8 +95,8 @@ ALLOWED = {
     ("llmgw.catalog.load", "open"),
 }
 
-# The tree the suite imports llmgw from: src/, or the compiled copy `make test` builds
-# (tools/compile.py), which keeps every .py beside the extension built from it.
+# The tree the suite imports llmgw from: src/, or the installed wheel `make test` builds, which
+# keeps every .py beside the extension built from it.
 SRC = Path(llmgw.__file__).resolve().parents[1]
 PURE_PACKAGES = ("wire", "catalog", "fabric", "placement", "doctor")  # every module in these is pure
 
