@@ -27,7 +27,9 @@ demo: $(STAMP)
 # path's own tests and the install's start-up test. LLMGW_EXPECT_INSTALLED makes the suite
 # refuse to run on anything else (tests/conftest.py). `make unit` and `make e2e` run the
 # sources as edited, in the editable .venv.
-test: lint tools installed
+# The steps before the tests run side by side (lint, the Debian programs, the wheels and venvs).
+test:
+	@$(MAKE) --no-print-directory -j3 lint tools installed
 	LLMGW_EXPECT_INSTALLED=pure $(PUREENV)/bin/python -m pytest -p no:cacheprovider $(PURE_TESTS) $(PYTEST_ARGS)
 	LLMGW_EXPECT_INSTALLED=compiled $(TESTENV)/bin/python -m pytest $(TEST_JOBS) $(PYTEST_ARGS)
 
@@ -40,7 +42,8 @@ PURE_TESTS := tests/unit/test_hotpath.py tests/unit/test_http1.py tests/unit/tes
 	tests/unit/test_gateway_fastlane.py tests/unit/test_gateway_admission.py \
 	tests/unit/test_gateway_balance.py tests/unit/test_gateway_breaker.py tests/unit/test_gateway_retry.py \
 	tests/unit/test_gateway_metrics_format.py tests/e2e/test_installed.py
-TEST_JOBS ?=
+# e2e tests spend most of their time waiting on processes: three at a time on 2 cores
+TEST_JOBS ?= -n 3 --dist loadfile
 
 # The sdist, then both wheels built from it by pip (no cache: a wheel built from the same file
 # name must never be reused for the other kind); a compiled wheel that came out pure fails here.

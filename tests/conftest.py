@@ -37,6 +37,13 @@ def installed_mismatch(expect: str) -> str | None:
     return None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The processes tests start write to pipes and files, as under cron: pytest-xdist's workers
+    set COLUMNS=80 and LINES=24, which the tables of `llmgw ctl` would then be cut to."""
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     expect = os.environ.get("LLMGW_EXPECT_INSTALLED")
     if expect:
