@@ -54,6 +54,22 @@ def test_alias_bomb_at_start_is_one_line(tmp_path: Path) -> None:
     report("YAML alias bomb at start", f"exit 2 in {took:.2f} s: {line}", f"{bomb.stat().st_size} bytes")
 
 
+def deep_nest(levels: int) -> str:
+    """Flow lists nested `levels` deep, no aliases: small, but one parser frame per level."""
+    return "models: " + "[" * levels + "]" * levels + "\n"
+
+
+def test_yaml_nested_50000_deep_at_start_is_one_line(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(deep_nest(50_000))
+    result = run_llmgw("server", "--config", str(deep), "--insecure", "--state-dir", str(tmp_path / "state"), timeout=60)
+    line = one_error_line(result)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"{deep}:1: YAML nested deeper than 64 levels" in line, line
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) <= 2, result.stderr[-2000:]
+    report("YAML nested 50,000 deep at start", f"exit 2: {line}", f"{deep.stat().st_size} bytes")
+
+
 async def test_alias_bomb_and_a_big_catalog_reload_off_the_event_loop(tmp_path: Path, procs: list[Proc]) -> None:
     server = Server(tmp_path, FAST_FLEET + operator_yaml())
     procs.append(await trio.to_thread.run_sync(server.start))
@@ -74,6 +90,21 @@ async def test_alias_bomb_and_a_big_catalog_reload_off_the_event_loop(tmp_path: 
         assert result.returncode == 1 and "YAML alias *a0 is not accepted" in line and f"{server.config}:" in line, line
         served = assert_served(probe, mark, "the alias-bomb reload")
         report("YAML alias bomb via ctl reload", f"refused in {took:.2f} s: {line}", served)
+
+        # 1b. Nesting 50,000 deep, no aliases: refused the same way (it was HTTP 500 and ~3,000
+        # ERROR lines), nothing of it in the server's log beyond the one refusal.
+        server.config.write_text(good + deep_nest(50_000))
+        mark = probe.mark()
+        proc = procs[-1]
+        logged = len(proc.log().splitlines())
+        result = await trio.to_thread.run_sync(lambda: ctl(server.url, "reload", env=OPERATOR))
+        line = one_error_line(result)
+        assert result.returncode == 1 and "YAML nested deeper than 64 levels" in line, (line, result.stderr[-2000:])
+        assert "500" not in line, line
+        new = proc.log().splitlines()[logged:]
+        assert not [x for x in new if "Traceback" in x or "RecursionError" in x], new[:20]
+        assert len(new) <= 5, new[:20]
+        report("YAML nested 50,000 deep via ctl reload", f"refused: {line}", assert_served(probe, mark, "the deep reload"))
 
         # 2. A big, valid catalog (1,000 models): parsed in a worker thread, the gateway keeps answering.
         models = "".join(f"  - name: model-{i:04d}\n    replicas: 0\n    profiles: [{{engine: sim, gpus: 1}}]\n"

@@ -149,3 +149,17 @@ def test_bad_durations(bad: object) -> None:
 def test_duplicate_keys_are_errors() -> None:
     text = "fleet:\n  lost_after: 2m\n  heartbeat_interval: 5s\n  lost_after: 3m\n"
     assert error_of(text) == "server.yaml:4 fleet.lost_after: duplicate key (first at line 2); YAML would silently keep the last one"
+
+
+@pytest.mark.parametrize("text, line", [
+    ("models: " + "[" * 50_000 + "]" * 50_000 + "\n", 1),  # flow lists: one line
+    ("a:\n" + "".join(" " * (i + 1) + "a:\n" for i in range(3000)), 64),  # block mappings: the line of level 65
+])
+def test_deep_nesting_is_one_config_error_not_a_recursion_error(text: str, line: int) -> None:
+    with pytest.raises(ConfigError, match=rf"^s\.yaml:{line}: YAML nested deeper than 64 levels"):
+        parse_config(text, ServerConfig, "s.yaml")
+
+
+def test_nesting_up_to_the_limit_is_read_as_yaml() -> None:
+    with pytest.raises(ConfigError, match=r"models\[0\]: expected mapping, got a list"):
+        parse_config("models: " + "[" * 63 + "]" * 63 + "\n", ServerConfig, "s.yaml")

@@ -39,6 +39,22 @@ class _AliasRefused(Exception):
         self.line = line
 
 
+class _TooDeep(Exception):
+    def __init__(self, line: int) -> None:
+        super().__init__(
+            f"YAML nested deeper than {MAX_DEPTH} levels: llmgw's configs need fewer than ten "
+            "(a deep nest exhausts the parser's stack, as an alias bomb exhausts memory)"
+        )
+        self.line = line
+
+
+# The deepest real config (a value in a model's profile's env: models[i].profiles[j].env.K) is
+# about 6 levels; 64 leaves room for hand-written nesting and stays far below Python's recursion
+# limit, which the composer (one compose_node call per level) reaches near 1,000: 50,000 levels
+# gave a 2,997-line traceback at start and HTTP 500 on reload before this (issue 41, item 5).
+MAX_DEPTH = 64
+
+
 _CParser: type = getattr(yaml, "CParser", yaml.parser.Parser)
 _Events: type  # libyaml's parser, or the pure-Python reader, scanner and parser without it
 if _CParser is yaml.parser.Parser:
@@ -69,12 +85,19 @@ class _Loader(yaml.composer.Composer, _Events, yaml.constructor.SafeConstructor,
         yaml.composer.Composer.__init__(self)
         yaml.constructor.SafeConstructor.__init__(self)
         yaml.resolver.Resolver.__init__(self)
+        self._depth = 0
 
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise _AliasRefused(event.start_mark.line + 1, str(event.anchor))
-        return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _TooDeep(self.peek_event().start_mark.line + 1)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _compose(text: str) -> tuple[yaml.Node | None, Any]:
@@ -247,7 +270,7 @@ def parse_config(text: str, kind: type[T], filename: str = "<config>") -> T:
     name = filename
     try:
         root, data = _compose(text)
-    except _AliasRefused as exc:
+    except (_AliasRefused, _TooDeep) as exc:
         raise ConfigError(f"{name}:{exc.line}: {exc}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
