@@ -224,9 +224,12 @@ def test_slowloris_and_huge_heads_and_smuggling_get_one_line_each(site: Site) ->
         "TE gzip": (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n", 1, 0.0),
         "obs-fold": (b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-a: 1\r\n folded\r\n\r\n", 1, 0.0),
         "bare LF": (b"GET /healthz HTTP/1.1\r\nx-a: 1\nx-b: 2\r\n\r\n", 1, 0.0),
+        # every line ended by LF alone: no CRLF CRLF ever comes (it waited out the header timeout)
+        "LF-only head": (b"GET /healthz HTTP/1.1\nhost: x\nconnection: close\n\n", 1, 0.0),
     }
     expected = {"slowloris (a header byte every 0.1 s)": 408, "100 KB header": 431, "1,000 headers": 431,
-                "CL and TE": 400, "two different CLs": 400, "TE gzip": 501, "obs-fold": 400, "bare LF": 400}
+                "CL and TE": 400, "two different CLs": 400, "TE gzip": 501, "obs-fold": 400, "bare LF": 400,
+                "LF-only head": 400}
     seen: dict[str, tuple[int, str]] = {}
     with Client(site.server.url) as good:
         threads = [threading.Thread(target=lambda k=k, v=v: seen.__setitem__(k, one_line(exchange(site.port, *v))))

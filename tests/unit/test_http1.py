@@ -620,3 +620,25 @@ def test_header_lines_seen_before_parse_as_they_did_and_the_memo_stays_bounded()
     for i in range(http1._SEEN_MAX + 10):
         http1.parse_request_head(b"GET / HTTP/1.1\r\nUser-Agent: client/%d\r\n\r\n" % i)
     assert len(http1._SEEN) <= http1._SEEN_MAX
+
+
+@pytest.mark.parametrize("head", [
+    b"GET / HTTP/1.1\nhost: x\n\n",  # every line ended by LF alone
+    b"GET / HTTP/1.1\r\nhost: x\n\r\n",  # the last field's line by LF, then the blank line
+])
+def test_a_head_of_bare_lf_lines_is_a_400_at_once_not_a_wait(head: bytes) -> None:
+    with pytest.raises(http1.HttpError) as info:
+        http1.find_head_end(head)
+    assert info.value.status == 400 and "CRLF" in str(info.value)
+    scanner = http1.HeadScanner()  # the same when the blank line comes in a later read
+    assert scanner.find(head[:-1]) == -1
+    with pytest.raises(http1.HttpError):
+        scanner.find(head)
+
+
+def test_a_head_still_arriving_is_not_mistaken_for_bare_lf() -> None:
+    head = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+    scanner = http1.HeadScanner()
+    for cut in range(1, len(head)):
+        assert scanner.find(head[:cut]) == -1, cut
+    assert scanner.find(head) == len(head)

@@ -135,13 +135,19 @@ def find_head_end(buf: bytes | bytearray, start: int = 0) -> int:
     reads), so a head that trickles in costs one pass over its bytes, not one per read. A
     64 KiB head sent a byte at a time cost 2.0 s of CPU rescanning from 0 (issue 9);
     `HeadScanner` keeps `start` for a caller and counts the bytes it scanned."""
-    i = buf.find(b"\r\n\r\n", start - 3 if start > 3 else 0)
+    begin = start - 3 if start > 3 else 0
+    i = buf.find(b"\r\n\r\n", begin)
     if i >= 0:
         if i > MAX_HEAD:
             raise HttpError(431, "request head too large")
         return i + 4
     if len(buf) > MAX_HEAD:
         raise HttpError(431, "request head too large")
+    # Not ended yet: a blank line of bare LFs ends a head for a lenient reader, but not for us,
+    # so without this a head of LF-ended lines waited out the header timeout (issue 41, item 6).
+    # Outside a CRLF CRLF, "\n\n" and "\n\r\n" only come from a line ended by LF alone.
+    if buf.find(b"\n\n", begin) >= 0 or buf.find(b"\n\r\n", begin) >= 0:
+        raise HttpError(400, "head lines must end with CRLF, not a bare LF (RFC 9112 section 2.2)")
     return -1
 
 
