@@ -469,13 +469,57 @@ def nvml_health(nv: ModuleType | Any) -> list[GpuHealth]:
                 handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
         except (nv.NVMLError, AttributeError):
             pass  # ECC off or not supported (most PCIe consumer boards): not read
-        health.nvlink_down = _nvlink_down(nv, handle)
+        health.nvlink_down = _nvlink_down(nv, handle, index)
         out.append(health)
     return out
 
 
-def _nvlink_down(nv: ModuleType | Any, handle: Any) -> int | None:
-    """Links NVML lists for this GPU that are not up; None when it has no NVLink to ask about."""
+class LinkMemory:
+    """The NVLink links NVML has shown up since the agent started, per GPU index and link.
+
+    NVML lists every link a GPU's silicon has (NVML_NVLINK_MAX_LINKS, 18 on Hopper), cabled or
+    not: an H100 PCIe board with three NVLink bridges has 12 links up and 6 that were never
+    connected, and reports all 6 as NVML_FEATURE_DISABLED, exactly as it reports a link that
+    went down. Counting every inactive link as down made such a board "6 NVLink links down"
+    (critical) for ever. A link is down only when it was up before (seen here) or NVML names the
+    device at its far end (`nvmlDeviceGetNvLinkRemotePciInfo`) and it is not up.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.up: set[tuple[int, int]] = set()
+
+    def saw(self, index: int, link: int, up: bool) -> bool:
+        """Record one reading; whether this link has been up before (now included)."""
+        with self.lock:
+            if up:
+                self.up.add((index, link))
+                return True
+            return (index, link) in self.up
+
+
+_links = LinkMemory()
+
+
+def _has_far_end(nv: ModuleType | Any, handle: Any, link: int) -> bool:
+    """NVML names a device at the link's far end (a cable or bridge is there). An uncabled link
+    answers with an error or an all-zero PCI address."""
+    try:
+        info = nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+    except nv.NVMLError:
+        return False
+    try:
+        return _pci_key(info) != (0, 0, 0)
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def _nvlink_down(nv: ModuleType | Any, handle: Any, index: int = -1, memory: LinkMemory | None = None) -> int | None:
+    """Links of this GPU that are not up although they are connected (see LinkMemory); None when
+    NVML lists no NVLink for it to ask about. A link that trained down before the agent started
+    and names no far end is not counted here: it shows as fewer links to a peer than the others
+    have (`nvml_gpus`), which doctor's nvlink check reports."""
+    memory = _links if memory is None else memory
     enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
     down, known = 0, False
     for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
@@ -484,7 +528,10 @@ def _nvlink_down(nv: ModuleType | Any, handle: Any) -> int | None:
         except nv.NVMLError:
             continue  # no such link, or NVLink not supported on this GPU
         known = True
-        down += 0 if up else 1
+        if memory.saw(index, link, up) and not up:
+            down += 1  # it was up before
+        elif not up and _has_far_end(nv, handle, link):
+            down += 1
     return down if known else None
 
 
