@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from llmgw.agent import discovery
+from llmgw.agent import discovery, nvml_read
 from llmgw.agent.nvml_events import XidWatch
 from llmgw.catalog.schema import Discovery
 from llmgw.fabric import sysfs
@@ -39,7 +39,7 @@ def fresh_nvml(monkeypatch):
     """A new NVML session and log-once memory, so tests do not see each other's state."""
     monkeypatch.setattr(discovery, "_nvml", discovery._Nvml())
     monkeypatch.setattr(discovery, "_xids", XidWatch())
-    monkeypatch.setattr(discovery, "_links", discovery.LinkMemory())
+    monkeypatch.setattr(nvml_read, "_links", nvml_read.LinkMemory())
     monkeypatch.setattr(discovery, "_logged", set())
 
 
@@ -482,8 +482,8 @@ def test_a_link_that_was_up_is_down_when_it_goes_inactive(fresh_nvml):
     nv.nvmlDeviceGetNvLinkRemotePciInfo = no_far_end
     assert [h.nvlink_down for h in discovery.nvml_health(nv)] == [4, 4]
     # A fresh agent never saw them up: not down, but fewer links than before (doctor warns).
-    fresh = discovery.LinkMemory()
-    assert discovery._nvlink_down(nv, 0, 0, fresh) == 0
+    fresh = nvml_read.LinkMemory()
+    assert nvml_read._nvlink_down(nv, 0, 0, fresh) == 0
 
 
 def test_an_inactive_link_with_a_far_end_is_down_from_the_first_reading(fresh_nvml):

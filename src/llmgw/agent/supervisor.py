@@ -241,7 +241,9 @@ class Supervisor:
             adapter.validate(spec)
             env = adapter.env(spec)
             facts = self.launch_facts()
+            launch_env.check_address(spec, facts)
             derived = launch_env.derive(launch_env.pick_fabric(spec.fabric, facts.fabrics), facts.ports, facts.interface)
+            derived.update(launch_env.node_env(spec.engine, facts))
             launch_env.apply(env, derived, spec.env)
             run.launch_env = launch_env.settings(derived, spec.env)
         except (LaunchError, launch_env.LaunchError) as exc:

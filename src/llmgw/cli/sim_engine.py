@@ -13,7 +13,8 @@ from llmgw.errors import LlmgwError
 
 LAUNCH_PREFIX = "llmgw-sim-engine launch:"
 # The environment a launch record shows: what the agent derives and placement gives.
-LAUNCH_ENV = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "MASTER_", "VLLM_HOST_IP")
+LAUNCH_ENV = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MASTER_", "VLLM_HOST_IP", "SGLANG_HOST_IP",
+              "RAY_ADDRESS")
 
 
 def print_launch() -> None:
