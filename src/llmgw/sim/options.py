@@ -47,6 +47,10 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 0
+    # Ray mode (`--distributed-executor-backend ray`): the cluster (RAY_ADDRESS) and the nodes it
+    # must have (the pipeline-parallel size) before /health answers 200 (sim/multinode.py).
+    ray_address: str = ""
+    ray_nodes: int = 1
 
     @property
     def served_name(self) -> str:

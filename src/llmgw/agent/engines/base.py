@@ -192,9 +192,18 @@ class SimAdapter(Adapter):
     key_env = "VLLM_API_KEY"  # as vLLM
 
     def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
-        # The multi-node flags as vLLM takes them: the simulated engine's ranks join like vLLM's.
-        return [sys.executable, "-m", "llmgw", "sim", "engine", "--host", host, "--port", str(port),
+        # The multi-node flags as vLLM takes them: the simulated engine's ranks join like vLLM's,
+        # in Ray mode through the same rayrank wrapper, with `llmgw sim node`'s stand-in `ray`.
+        argv = [sys.executable, "-m", "llmgw", "sim", "engine", "--host", host, "--port", str(port),
                 "--model", spec.served_name or spec.model, *multinode.vllm_flags(spec), *spec.args]
+        if spec.world > 1 and spec.engine_mode == multinode.MODE_RAY:
+            return multinode.ray_argv(sys.executable, spec, argv)
+        return argv
+
+    def executables(self, spec: ShardSpec, argv: list[str]) -> list[str]:
+        if spec.world > 1 and spec.engine_mode == multinode.MODE_RAY:
+            return ["ray"]  # what the rayrank wrapper runs besides this agent's own Python
+        return [argv[0]]
 
 
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (VllmAdapter(), SglangAdapter(), CommandAdapter(), SimAdapter())}
