@@ -64,7 +64,7 @@ def test_vllm_ray_mode_head_runs_the_engine_workers_join():
 def test_sglang_tp_spans_the_nodes_and_dist_init_addr():
     sglang = adapter_for("sglang")
     argv = " ".join(sglang.argv(spec("sglang", 1), "h", 20001))
-    assert "--tp 16" in argv
+    assert "--tp-size 16" in argv
     assert "--nnodes 2 --node-rank 1 --dist-init-addr 10.0.0.1:20002" in argv
     v6 = " ".join(sglang.argv(spec("sglang", 0, addr="fd00::1"), "h", 20001))
     assert "--dist-init-addr [fd00::1]:20002" in v6

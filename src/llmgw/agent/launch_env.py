@@ -175,3 +175,13 @@ def apply(env: dict[str, str], derived: Mapping[str, str], profile_env: Mapping[
     for name, value in derived.items():
         if name not in profile_env:
             env[name] = value
+
+
+def prepare(spec: ShardSpec, facts: LaunchFacts, env: dict[str, str]) -> list[EnvSetting]:
+    """Everything above for one launch: refuse a rank that could not bootstrap, put the derived
+    variables into `env` (the adapter's, profile's included) and say what was set."""
+    check_address(spec, facts)
+    derived = derive(pick_fabric(spec.fabric, facts.fabrics), facts.ports, facts.interface)
+    derived.update(node_env(spec.engine, facts))
+    apply(env, derived, spec.env)
+    return settings(derived, spec.env)

@@ -25,7 +25,19 @@ def print_launch() -> None:
 
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from llmgw.sim.options import VERSION_ENV, VLLM_VERSION
+
+    click.echo(os.environ.get(VERSION_ENV) or VLLM_VERSION)
+    ctx.exit()
+
+
 @click.command()
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the vLLM release this engine stands for (LLMGW_SIM_ENGINE_VERSION overrides it) and exit; "
+              "the agent reads it before a launch, as it reads vLLM's.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port",

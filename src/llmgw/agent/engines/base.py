@@ -125,7 +125,7 @@ class VllmAdapter(Adapter):
 
 
 class SglangAdapter(Adapter):
-    """`python -m sglang.launch_server --model-path SOURCE --host H --port P --tp N …args`"""
+    """`python -m sglang.launch_server --model-path SOURCE --host H --port P --tp-size N …args`"""
 
     name = "sglang"
     tp_flags = ("--tp", "--tp-size", "--tensor-parallel-size")
@@ -140,7 +140,7 @@ class SglangAdapter(Adapter):
             argv += ["--api-key", spec.api_key]
         tp = multinode.tensor_parallel(spec, self.name)
         if tensor_parallel_arg(spec.args, self.tp_flags) is None and tp > 1:
-            argv += ["--tp", str(tp)]
+            argv += ["--tp-size", str(tp)]  # SGLang's own name; `--tp` is only argparse's abbreviation of it
         if spec.served_name and "--served-model-name" not in spec.args:
             argv += ["--served-model-name", spec.served_name]
         return argv + multinode.sglang_flags(spec) + list(spec.args)

@@ -19,7 +19,6 @@ placement; a rank is never started without it.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 
 from llmgw.netaddr import url_host
@@ -68,7 +67,7 @@ def ray_temp_dir(shard_id: str) -> str:
     """The Ray temp dir of a replica's attempt: the same on every rank (the shard id less its
     rank: `{replica}.{attempt}.{rank}`), another for every other shard on the node."""
     group = shard_id.rsplit(".", 1)[0]
-    return os.path.join(RAY_TEMP_ROOT, hashlib.sha256(group.encode()).hexdigest()[:12])
+    return f"{RAY_TEMP_ROOT}/{hashlib.sha256(group.encode()).hexdigest()[:12]}"
 
 
 def ray_argv(python: str, spec: ShardSpec, engine_argv: list[str]) -> list[str]:
