@@ -108,6 +108,8 @@ def test_two_node_replica_ib_launch_ready_replace_stop(tmp_path: Path, procs: li
         assert record["env"]["NCCL_SOCKET_IFNAME"] == "=lo" and record["env"]["GLOO_SOCKET_IFNAME"] == "lo"
         assert "NCCL_IB_GID_INDEX" not in record["env"]  # InfiniBand: none
         assert len(record["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == 4
+        # Each rank's own address (its node's advertise_host), and NVML's GPU numbering for CUDA.
+        assert record["env"]["VLLM_HOST_IP"] == "127.0.0.1" and record["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert "--headless" in second["argv"] and "--headless" not in first["argv"]
 
     # Rank 1 dies; rank 0 still answers /health. The whole replica goes, a new one comes.
@@ -162,3 +164,25 @@ def test_port_down_takes_the_node_out_of_multinode_placement(tmp_path: Path, pro
         wait_until(lambda shard=shard: not pid_alive(shard["pid"]), "the broken replica's ranks stopped", procs=procs)
     assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-02"), "mlx5_1", "1", "up").returncode == 0
     wait_until(lambda: ready_replica(server, []), "placed again once the port is up", procs=procs)
+
+
+def test_a_node_advertising_an_address_it_does_not_hold_is_refused_with_the_reason(tmp_path: Path, procs: list[Proc]) -> None:
+    # gpu-02 advertises a documentation address (RFC 5737) no interface here holds: the ranks of a
+    # multi-node engine could not bootstrap on it, so its rank is refused rather than hung.
+    config = engines_config(catalog(2, REQUIRED), API)
+    server = Server(tmp_path, config, token=TOKEN)
+    procs.append(server.start())
+    for node, extra in (("gpu-01", ""), ("gpu-02", "advertise_host: 192.0.2.77\n")):
+        cfg = make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT + extra, "--gpus", "2", "--ib-ports", "2")
+        procs.append(start_agent(tmp_path, node, cfg, "--stop-engines-on-exit"))
+    refused = "this node's advertise_host 192.0.2.77 is on no interface here"
+
+    def seen() -> str | None:
+        for event in server.get("/api/v1/events"):
+            if refused in str(event):
+                return str(event)
+        return None
+
+    event = wait_until(seen, "the rank on gpu-02 refused with the reason", procs=procs)
+    assert "set advertise_host in the agent config" in event
+    assert all(r["state"] != "ready" for r in replicas(server))

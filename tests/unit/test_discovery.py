@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from llmgw.agent import discovery
+from llmgw.agent import discovery, nvml_read
 from llmgw.agent.nvml_events import XidWatch
 from llmgw.catalog.schema import Discovery
 from llmgw.fabric import sysfs
@@ -39,6 +39,7 @@ def fresh_nvml(monkeypatch):
     """A new NVML session and log-once memory, so tests do not see each other's state."""
     monkeypatch.setattr(discovery, "_nvml", discovery._Nvml())
     monkeypatch.setattr(discovery, "_xids", XidWatch())
+    monkeypatch.setattr(nvml_read, "_links", nvml_read.LinkMemory())
     monkeypatch.setattr(discovery, "_logged", set())
 
 
@@ -239,8 +240,11 @@ def fake_nvml(
     init_error: type[Exception] | None = None,
     remote_type: bool = True,
     remote_pci: bool = True,
+    uncabled_pci: str = "error",
 ) -> SimpleNamespace:
-    """A pynvml stand-in. links[gpu] = [("gpu", peer_bus) | ("switch", switch_bus) | ("npu", bus)]."""
+    """A pynvml stand-in. links[gpu] = [("gpu", peer_bus) | ("switch", switch_bus) | ("npu", bus)
+    | ("none", 0)]: "none" is a link the GPU has but nothing is cabled to (NVML_FEATURE_DISABLED;
+    its remote PCI query fails, or with `uncabled_pci="zero"` answers an all-zero address)."""
     kinds = {"gpu": 0, "npu": 1, "switch": 2}
 
     def handle(index):
@@ -256,6 +260,14 @@ def fake_nvml(
     def init():
         if init_error is not None:
             raise init_error()
+
+    def remote_pci_info(h, link):
+        kind, bus = link_entry(h, link)
+        if kind == "none":
+            if uncabled_pci == "zero":
+                return _pci(0, 0)
+            raise _FakeNvmlError("not supported")
+        return _pci(0, bus)
 
     nv = SimpleNamespace(
         NVMLError=_FakeNvmlError,
@@ -276,8 +288,8 @@ def fake_nvml(
             total=81559 * 1024 * 1024, used=(h + 1) * 1024 * 1024
         ),
         nvmlDeviceGetPciInfo=lambda h: _pci(0, buses[h]),
-        nvmlDeviceGetNvLinkState=lambda h, link: (link_entry(h, link), 1)[1],
-        nvmlDeviceGetNvLinkRemotePciInfo=lambda h, link: _pci(0, link_entry(h, link)[1]),
+        nvmlDeviceGetNvLinkState=lambda h, link: 0 if link_entry(h, link)[0] == "none" else 1,
+        nvmlDeviceGetNvLinkRemotePciInfo=remote_pci_info,
         nvmlDeviceGetTemperature=lambda h, sensor: 40 + h,
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=10 * h),
     )
@@ -428,6 +440,57 @@ def test_nvml_gives_doctor_ecc_links_down_the_driver_and_xids(fresh_nvml, monkey
     assert nv.registered == [(0, 8, "event-set"), (1, 8, "event-set")]
     again = discovery.read_gpu_health(cfg)  # the Xid is drained, and still reported
     assert [h.xid for h in again] == [0, 79]
+
+
+def pcie_bridge_board(**kwargs) -> SimpleNamespace:
+    """Two H100 PCIe boards joined by three NVLink bridges: 12 of each GPU's 18 links up to the
+    other, 6 never cabled (what NVML lists for an H100 NVL pair)."""
+    links = {0: [("gpu", 0x2A)] * 12 + [("none", 0)] * 6, 1: [("gpu", 0x18)] * 12 + [("none", 0)] * 6}
+    return fake_nvml(HGX_BUSES[:2], links, **kwargs)
+
+
+@pytest.mark.parametrize("uncabled_pci", ["error", "zero"])
+def test_a_pcie_bridge_board_with_uncabled_links_is_healthy(fresh_nvml, uncabled_pci):
+    from llmgw.doctor.facts import NodeFacts
+    from llmgw.doctor.node import NodeContext, check_nvlink
+    from llmgw.wire.messages import Inventory
+
+    nv = pcie_bridge_board(uncabled_pci=uncabled_pci)
+    gpus = discovery.nvml_gpus(nv)
+    assert [g.nvlink for g in gpus] == [{1: 12}, {0: 12}]
+    health = discovery.nvml_health(nv)
+    assert [h.nvlink_down for h in health] == [0, 0]
+    assert [h.nvlink_down for h in discovery.nvml_health(nv)] == [0, 0]  # and on every heartbeat after
+    facts = NodeFacts(id="h100-pcie", state="ready", inventory=Inventory(gpus=gpus, gpu_source="nvml"), gpus=health)
+    [finding] = check_nvlink(facts, NodeContext())
+    assert (finding.status, finding.finding) == ("ok", "2 GPUs, all NVLinks up")
+
+
+def test_a_link_that_was_up_is_down_when_it_goes_inactive(fresh_nvml):
+    nv = pcie_bridge_board()
+    assert [h.nvlink_down for h in discovery.nvml_health(nv)] == [0, 0]
+    state = nv.nvmlDeviceGetNvLinkState
+    # A bridge pulled: links 8-11 of both GPUs inactive, and NVML no longer names their far end.
+    nv.nvmlDeviceGetNvLinkState = lambda h, link: 0 if 8 <= link < 12 else state(h, link)
+    remote = nv.nvmlDeviceGetNvLinkRemotePciInfo
+
+    def no_far_end(h, link):
+        if 8 <= link < 12:
+            raise _FakeNvmlError("not supported")
+        return remote(h, link)
+
+    nv.nvmlDeviceGetNvLinkRemotePciInfo = no_far_end
+    assert [h.nvlink_down for h in discovery.nvml_health(nv)] == [4, 4]
+    # A fresh agent never saw them up: not down, but fewer links than before (doctor warns).
+    fresh = nvml_read.LinkMemory()
+    assert nvml_read._nvlink_down(nv, 0, 0, fresh) == 0
+
+
+def test_an_inactive_link_with_a_far_end_is_down_from_the_first_reading(fresh_nvml):
+    nv = pcie_bridge_board()
+    state = nv.nvmlDeviceGetNvLinkState
+    nv.nvmlDeviceGetNvLinkState = lambda h, link: 0 if (h, link) == (0, 3) else state(h, link)
+    assert [h.nvlink_down for h in discovery.nvml_health(nv)] == [1, 0]
 
 
 def test_without_xid_events_or_ecc_doctor_is_told_not_read(fresh_nvml, monkeypatch):

@@ -102,7 +102,7 @@ def test_sglang_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LLMGW_SGLANG_PYTHON", raising=False)
     argv = adapter_for("sglang").argv(spec("sglang", gpus=[2, 3], args=["--mem-fraction-static", "0.8"]), "0.0.0.0", 30000)
     assert argv == ["python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct",
-                    "--host", "0.0.0.0", "--port", "30000", "--tp", "2", "--served-model-name", "llama",
+                    "--host", "0.0.0.0", "--port", "30000", "--tp-size", "2", "--served-model-name", "llama",
                     "--mem-fraction-static", "0.8"]
 
 

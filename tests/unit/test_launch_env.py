@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw import netaddr
 from llmgw.agent import launch_env, netif
 from llmgw.fabric import declared, hca
-from llmgw.wire.messages import FabricDecl, Port
+from llmgw.wire.messages import FabricDecl, Port, ShardSpec
 from tests.realfixtures import REAL
 
 CHRYSALIS = hca.parse_ibv_devinfo(
@@ -69,11 +70,64 @@ def test_profile_env_wins_and_the_report_says_so():
 
 def test_management_interface_is_the_one_holding_the_address():
     addresses = {"eth0": ["192.0.2.2"], "bond0": ["10.1.0.5", "fe80::1"], "ib0": ["10.2.0.5"], "lo": ["127.0.0.1"]}
-    assert netif.choose_interface("10.1.0.5", addresses) == ("bond0", netif.HOW_ADDRESS)
-    assert netif.choose_interface("fe80::1%bond0", addresses) == ("bond0", netif.HOW_ADDRESS)
-    assert netif.choose_interface("203.0.113.9", addresses) == ("eth0", netif.HOW_FALLBACK)  # last resort
-    assert netif.choose_interface("", addresses) == ("eth0", netif.HOW_FALLBACK)
+    assert netaddr.choose_interface("10.1.0.5", addresses) == ("bond0", netaddr.HOW_ADDRESS)
+    assert netaddr.choose_interface("fe80::1%bond0", addresses) == ("bond0", netaddr.HOW_ADDRESS)
+    # No interface holds it: none is guessed (eth0 was, before issue 38; a multi-node launch is refused).
+    assert netaddr.choose_interface("203.0.113.9", addresses) == ("", netaddr.HOW_NONE)
+    assert netaddr.choose_interface("", addresses) == ("", netaddr.HOW_NONE)
+    assert netaddr.holding(["203.0.113.9", "10.2.0.5"], addresses) == ("ib0", "10.2.0.5")
 
 
 def test_management_interface_on_this_machine_for_loopback():
-    assert netif.management_interface("127.0.0.1") == ("lo", netif.HOW_ADDRESS)
+    assert netif.management_interface("127.0.0.1") == ("lo", "127.0.0.1", netif.HOW_ADDRESS)
+    assert netif.management_interface("localhost")[0] == "lo"  # a name is resolved
+    assert netif.management_interface("192.0.2.77") == ("", "", netif.HOW_NONE)  # TEST-NET-1: held by nobody
+
+
+# ---- one address per node: advertise_host, the master address, the socket interface -------------
+
+TABLE = {"lo": ["127.0.0.1"], "bond0": ["10.1.0.5"], "eth0": ["192.0.2.2"]}
+
+
+def facts(address: str = "10.1.0.5", host: str = "") -> launch_env.LaunchFacts:
+    interface, held = netaddr.holding([address], TABLE)
+    return launch_env.LaunchFacts(interface=interface, address=held, advertise_host=host or address, interfaces=TABLE)
+
+
+def rank(r: int, master: str = "10.1.0.5", world: int = 2, engine: str = "vllm") -> ShardSpec:
+    return ShardSpec(shard_id=f"big-x.1.{r}", replica_id="big-x", model="big", profile="p", engine=engine, rank=r,
+                     world=world, gpus=[0], port=20001, master_addr=master, master_port=20002)
+
+
+def test_every_rank_gets_its_nodes_address_and_the_pci_gpu_order():
+    assert launch_env.node_env("vllm", facts()) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "VLLM_HOST_IP": "10.1.0.5"}
+    assert launch_env.node_env("sglang", facts()) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "SGLANG_HOST_IP": "10.1.0.5"}
+    assert launch_env.node_env("command", facts()) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    # A name in advertise_host: the address the interface holds, never the name (VLLM_HOST_IP is an IP).
+    assert launch_env.node_env("sim", facts(host="gpu-01.example"))["VLLM_HOST_IP"] == "10.1.0.5"
+    # No interface holds it: no address is announced (a single-node engine needs none).
+    assert launch_env.node_env("vllm", facts("203.0.113.9")) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def test_a_multinode_rank_whose_address_no_interface_holds_is_refused():
+    launch_env.check_address(rank(0, world=1), facts("203.0.113.9"))  # one node: NCCL finds its peers anywhere
+    with pytest.raises(launch_env.LaunchError, match=r"advertise_host 203.0.113.9 is on no interface here "
+                       r"\(interfaces: bond0 10.1.0.5; eth0 192.0.2.2; lo 127.0.0.1\)"):
+        launch_env.check_address(rank(1), facts("203.0.113.9"))
+
+
+def test_rank_0s_master_address_must_be_its_own_advertise_host():
+    launch_env.check_address(rank(0), facts())
+    launch_env.check_address(rank(0, master="gpu-01.example"), facts(host="gpu-01.example"))
+    with pytest.raises(launch_env.LaunchError, match=r"master address 192.0.2.2 \(from the server\) is not this "
+                       r"node's advertise_host 10.1.0.5 \(10.1.0.5 on bond0\) but on eth0"):
+        launch_env.check_address(rank(0, master="192.0.2.2"), facts())
+
+
+def test_loopback_on_one_side_of_a_pair_is_refused_on_both_ends():
+    launch_env.check_address(rank(1, master="127.0.0.1"), facts("127.0.0.1"))  # every node on this machine: a lab
+    launch_env.check_address(rank(1), facts("10.1.0.5"))
+    with pytest.raises(launch_env.LaunchError, match=r"this node's advertise_host 127\.0\.0\.1 is a loopback address"):
+        launch_env.check_address(rank(1, master="10.9.0.1"), facts("127.0.0.1"))
+    with pytest.raises(launch_env.LaunchError, match=r"rank 0's node advertises a loopback address \(127.0.0.1\)"):
+        launch_env.check_address(rank(1, master="127.0.0.1"), facts("10.1.0.5"))

@@ -12,9 +12,7 @@ import logging
 import os
 import socket
 import threading
-from collections import Counter
 from collections.abc import Iterable
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,6 +20,7 @@ import msgspec
 
 from llmgw.agent import netif
 from llmgw.agent.nvml_events import XidWatch
+from llmgw.agent.nvml_read import nvml_gpus, nvml_health
 from llmgw.catalog.schema import Discovery
 from llmgw.fabric import sysfs
 from llmgw.wire.messages import Gpu, GpuHealth, Inventory, Port, PortCounters
@@ -368,126 +367,6 @@ _nvml = _Nvml()
 _xids = XidWatch()
 
 
-def _pci_key(info: Any) -> tuple[int, int, int]:
-    return (int(info.domain), int(info.bus), int(info.device))
-
-
-def nvml_gpus(nv: ModuleType | Any) -> list[Gpu]:
-    """GPUs and their NVLink peers from an initialised pynvml module.
-
-    Direct GPU↔GPU links are counted per peer. Links to an NVSwitch connect a GPU to every
-    other GPU on the switches, as `nvidia-smi topo -m` shows (NV18 on an HGX H100): each pair
-    of switch-attached GPUs gets the smaller of their two switch link counts.
-    """
-    count = int(nv.nvmlDeviceGetCount())
-    handles: dict[int, Any] = {}
-    gpus: dict[int, Gpu] = {}
-    by_pci: dict[tuple[int, int, int], int] = {}
-    for index in range(count):
-        try:
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
-        except nv.NVMLError as exc:
-            gpus[index] = Gpu(index=index, health="error")
-            _log_once(f"GPU {index}: NVML cannot open it ({exc})")
-            continue
-        handles[index] = handle
-        gpu = Gpu(index=index)
-        try:
-            gpu.uuid = str(nv.nvmlDeviceGetUUID(handle))
-            gpu.name = str(nv.nvmlDeviceGetName(handle))
-            gpu.memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
-            pci = nv.nvmlDeviceGetPciInfo(handle)
-            gpu.pci_bus_id = str(pci.busId)
-            by_pci[_pci_key(pci)] = index
-        except nv.NVMLError as exc:
-            gpu.health = "error"
-            _log_once(f"GPU {index}: NVML query failed ({exc})")
-        gpus[index] = gpu
-
-    peers: dict[int, Counter[int]] = {i: Counter() for i in handles}
-    switch_links: Counter[int] = Counter()
-    max_links = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
-    switch_type = getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
-    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
-    for index, handle in handles.items():
-        for link in range(max_links):
-            try:
-                if nv.nvmlDeviceGetNvLinkState(handle, link) != enabled:
-                    continue
-            except nv.NVMLError:
-                continue  # no such link, or NVLink not supported on this GPU
-            try:
-                peer = by_pci.get(_pci_key(nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)))
-            except nv.NVMLError:
-                peer = None  # some switch-attached GPUs cannot name the far end's PCI address
-            if peer is not None and peer != index:
-                peers[index][peer] += 1
-                continue
-            try:
-                kind = nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
-            except (nv.NVMLError, AttributeError):
-                continue  # cannot tell an NVSwitch from a CPU NPU: do not guess
-            if kind == switch_type:
-                switch_links[index] += 1
-    switched = sorted(switch_links)
-    for a in switched:
-        for b in switched:
-            if a != b:
-                peers[a][b] = max(peers[a][b], min(switch_links[a], switch_links[b]))
-    for index, counter in peers.items():
-        gpus[index].nvlink = {peer: n for peer, n in sorted(counter.items()) if n > 0}
-    return [gpus[i] for i in sorted(gpus)]
-
-
-def nvml_health(nv: ModuleType | Any) -> list[GpuHealth]:
-    out: list[GpuHealth] = []
-    for index in range(int(nv.nvmlDeviceGetCount())):
-        health = GpuHealth(index=index)
-        try:
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
-        except nv.NVMLError as exc:
-            health.health = (
-                "lost" if isinstance(exc, getattr(nv, "NVMLError_GpuIsLost", ())) else "error"
-            )
-            out.append(health)
-            continue
-        try:
-            health.temperature_c = int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
-        except nv.NVMLError:
-            pass
-        try:
-            health.utilization_pct = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except nv.NVMLError:
-            pass
-        try:
-            health.memory_used_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).used) // (1024 * 1024)
-        except nv.NVMLError as exc:
-            if isinstance(exc, getattr(nv, "NVMLError_GpuIsLost", ())):
-                health.health = "lost"
-        try:
-            health.ecc_uncorrected = int(nv.nvmlDeviceGetTotalEccErrors(
-                handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
-        except (nv.NVMLError, AttributeError):
-            pass  # ECC off or not supported (most PCIe consumer boards): not read
-        health.nvlink_down = _nvlink_down(nv, handle)
-        out.append(health)
-    return out
-
-
-def _nvlink_down(nv: ModuleType | Any, handle: Any) -> int | None:
-    """Links NVML lists for this GPU that are not up; None when it has no NVLink to ask about."""
-    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
-    down, known = 0, False
-    for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
-        try:
-            up = nv.nvmlDeviceGetNvLinkState(handle, link) == enabled
-        except nv.NVMLError:
-            continue  # no such link, or NVLink not supported on this GPU
-        known = True
-        down += 0 if up else 1
-    return down if known else None
-
-
 def gpu_driver(cfg: Discovery) -> str:
     """The NVIDIA driver version ("" when NVML is not there or cannot say)."""
     if cfg.gpus == "none":
@@ -562,8 +441,10 @@ def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
 # ---- all of it -------------------------------------------------------------------------------
 
 
-def discover(cfg: Discovery, server: str | None = None) -> Inventory:
-    """The node's inventory for `Register`. `server` (URL or host) picks the management IP."""
+def discover(cfg: Discovery, server: str | None = None, advertise_host: str = "") -> Inventory:
+    """The node's inventory for `Register`. `server` (URL or host) picks the management IP (the
+    address this node reaches the server from); the interface reported is the one holding
+    `advertise_host` (where engines listen and ranks bootstrap; the management IP without one)."""
     gpus, source = discover_gpus(cfg)
     note = ""
     if source == GPU_SOURCE_NONE:
@@ -574,7 +455,7 @@ def discover(cfg: Discovery, server: str | None = None) -> Inventory:
         else:
             note = f"simulated GPU inventory {cfg.gpus} is missing or invalid"
     mgmt_ip = management_ip(server)
-    interface, how = netif.management_interface(mgmt_ip)
+    interface, _, how = netif.management_interface(advertise_host or mgmt_ip)
     return Inventory(
         hostname=socket.gethostname(),
         gpus=gpus,

@@ -9,8 +9,23 @@ collective. So the agent sets, from what it discovered on this node:
   `=` asks NCCL for exact names: its default is prefix matching, where `mlx5_1` also takes
   mlx5_10 .. mlx5_17 (NCCL docs, "Environment Variables").
 - `NCCL_SOCKET_IFNAME` (`=name`, exact as above) and `GLOO_SOCKET_IFNAME` (a plain name: Gloo
-  takes one interface): the management interface, the one holding the address the agent
-  reaches the server from, which the other ranks reach too.
+  takes one interface): the interface holding this node's advertise_host, the address the server
+  gives the other ranks as the master address when this node is rank 0 (one address per node for
+  everything the ranks bootstrap on; netif.py). A multi-node launch where no interface holds it,
+  or where the ranks' addresses cannot reach each other (a loopback one beside a routed one), is
+  refused with the reason (`check_address`).
+- `VLLM_HOST_IP` (vLLM and the simulated engine) or `SGLANG_HOST_IP` (SGLang): that same address.
+  vLLM's `get_ip()` (vllm/utils/network_utils.py) returns VLLM_HOST_IP or else the source address
+  of a route to 8.8.8.8, and its Ray executor matches the driver's IP against Ray's node IPs
+  (vllm/envs.py: "If you are using multi-node inference, you should set this differently on each
+  node"); SGLang's `get_local_ip_auto()` reads SGLANG_HOST_IP first (sglang/srt/utils/network.py).
+  `VLLM_PORT` is not set: it is a base port vLLM counts up from for its internal ports (envs.py),
+  and two shards on one node given the same one would race for them; unset, vLLM asks the
+  kernel for free ports.
+- `CUDA_DEVICE_ORDER=PCI_BUS_ID`, for every engine: the GPU indexes placement hands out (and
+  CUDA_VISIBLE_DEVICES carries) are NVML's, in PCI bus order; CUDA's default order is
+  FASTEST_FIRST, which renumbers the GPUs of a board that mixes models, and then a shard runs on
+  GPUs placement gave another (vLLM warns of it: vllm/platforms/cuda.py `log_warnings`).
 - `NCCL_IB_GID_INDEX` on RoCE only: the index of the RoCE v2 GID holding an IPv4-mapped
   address (gid_attrs/types + gids), the same on every usable port or the launch is refused.
 
@@ -25,7 +40,8 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from llmgw.fabric.declared import LINK_LAYER
-from llmgw.wire.messages import EnvSetting, FabricStatus, Port
+from llmgw.netaddr import choose_interface, is_loopback
+from llmgw.wire.messages import EnvSetting, FabricStatus, Port, ShardSpec
 
 
 class LaunchError(Exception):
@@ -35,14 +51,21 @@ class LaunchError(Exception):
 
 class LaunchFacts(msgspec.Struct):
     """What the agent knows when it launches: its fabrics' verdicts (latest heartbeat), its
-    ports as discovered (GID tables), its management interface. Empty: nothing to derive."""
+    ports as discovered (GID tables), and its advertise_host with the interface holding it (read
+    at the launch). Empty: nothing to derive."""
 
     fabrics: list[FabricStatus] = []
     ports: list[Port] = []
-    interface: str = ""
+    interface: str = ""  # the interface holding `address` ("" when none does)
+    address: str = ""  # advertise_host as the IP address that interface holds
+    advertise_host: str = ""  # as the agent config says it (a name or an address)
+    interfaces: dict[str, list[str]] = {}  # every interface's addresses, for the reasons
 
 
-DERIVED_KEYS = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_GID_INDEX")
+DERIVED_KEYS = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_GID_INDEX",
+                "VLLM_HOST_IP", "SGLANG_HOST_IP", "CUDA_DEVICE_ORDER")
+# The variable each engine reads its own node's address from (see the module docstring).
+HOST_IP_ENV = {"vllm": "VLLM_HOST_IP", "sim": "VLLM_HOST_IP", "sglang": "SGLANG_HOST_IP"}
 
 
 def pick_fabric(wanted: str, statuses: Sequence[FabricStatus]) -> FabricStatus | None:
@@ -86,6 +109,55 @@ def derive(fabric: FabricStatus | None, ports: Sequence[Port], mgmt_interface: s
     return env
 
 
+def node_env(engine: str, facts: LaunchFacts) -> dict[str, str]:
+    """The variables every rank gets from its node: the GPU order, and its address for the
+    engine to announce (when an interface holds it)."""
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    name = HOST_IP_ENV.get(engine)
+    if name and facts.interface and facts.address:
+        env[name] = facts.address
+    return env
+
+
+def _where(facts: LaunchFacts) -> str:
+    held = "; ".join(f"{name} {', '.join(addresses)}" for name, addresses in sorted(facts.interfaces.items()) if addresses)
+    return held or "none readable"
+
+
+def check_address(spec: ShardSpec, facts: LaunchFacts) -> None:
+    """Refuse a rank of a multi-node engine that could not bootstrap: its node's advertise_host
+    on no interface here, rank 0's master address not the node's own, or a loopback address on
+    one side of a pair of nodes (NCCL would bootstrap on lo and never reach the other)."""
+    if spec.world <= 1:
+        return
+    host = facts.advertise_host or "(unset)"
+    if not facts.interface:
+        raise LaunchError(f"this node's advertise_host {host} is on no interface here (interfaces: {_where(facts)}); "
+                          "the ranks of a multi-node engine bootstrap on it: set advertise_host in the agent config "
+                          "to this node's address on the network the nodes share")
+    master = spec.master_addr
+    if spec.rank == 0:
+        if master in (facts.advertise_host, facts.address):
+            return
+        name, _ = choose_interface(master, facts.interfaces)
+        if name and name == facts.interface:
+            return  # another address of the same interface (a name that resolves to several)
+        where = f"on {name}" if name else "on no interface here"
+        raise LaunchError(f"rank 0's master address {master} (from the server) is not this node's advertise_host "
+                          f"{host} ({facts.address} on {facts.interface}) but {where}; the ranks would bootstrap on "
+                          "two addresses: the server takes the master address from advertise_host (restart the "
+                          "agent after changing it)")
+    ours, theirs = is_loopback(facts.address), is_loopback(master)
+    if ours and not theirs:
+        raise LaunchError(f"this node's advertise_host {host} is a loopback address ({facts.interface}), but rank 0 is at "
+                          f"{master}: NCCL and Gloo would bootstrap on {facts.interface} and never reach it; set "
+                          "advertise_host to this node's address on the network the nodes share")
+    if theirs and not ours:
+        raise LaunchError(f"rank 0's node advertises a loopback address ({master}) as the master address, which "
+                          f"this node ({facts.address}) cannot reach; set advertise_host on rank 0's node to its "
+                          "address on the network the nodes share")
+
+
 def settings(derived: Mapping[str, str], profile_env: Mapping[str, str]) -> list[EnvSetting]:
     """What the engine gets for each derived key, and whether the profile overrode it."""
     out = []
@@ -103,3 +175,13 @@ def apply(env: dict[str, str], derived: Mapping[str, str], profile_env: Mapping[
     for name, value in derived.items():
         if name not in profile_env:
             env[name] = value
+
+
+def prepare(spec: ShardSpec, facts: LaunchFacts, env: dict[str, str]) -> list[EnvSetting]:
+    """Everything above for one launch: refuse a rank that could not bootstrap, put the derived
+    variables into `env` (the adapter's, profile's included) and say what was set."""
+    check_address(spec, facts)
+    derived = derive(pick_fabric(spec.fabric, facts.fabrics), facts.ports, facts.interface)
+    derived.update(node_env(spec.engine, facts))
+    apply(env, derived, spec.env)
+    return settings(derived, spec.env)

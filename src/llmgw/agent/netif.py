@@ -1,10 +1,16 @@
-"""The management interface: the name of the interface holding the address the agent reaches
-the server from. Engines get it as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME: left to itself
-NCCL picks the first interface that is not `lo` or `docker*`, which on a GPU node is often an
-IPoIB or a storage interface the other ranks cannot reach, and the bootstrap hangs.
+"""The interface an engine's ranks find each other on: the one holding this node's advertise_host.
 
-`choose_interface` is pure; `interface_addresses` reads the kernel's lists (SIOCGIFCONF for
-IPv4, aliases included; /proc/net/if_inet6 for IPv6). `eth0` is the last resort, logged.
+One address per node, for everything a multi-node engine bootstraps with (issue 38): the server
+takes rank 0's advertise_host (its endpoint host) as the master address every rank dials, and each
+rank gets the interface holding its own node's advertise_host as NCCL_SOCKET_IFNAME and
+GLOO_SOCKET_IFNAME, and that address as VLLM_HOST_IP / SGLANG_HOST_IP. Left to itself NCCL picks the
+first interface that is not `lo` or `docker*`, which on a GPU node is often an IPoIB or a storage
+interface the other ranks cannot reach, and the bootstrap hangs; vLLM guesses its IP from the
+default route. When no interface holds the address, a multi-node launch is refused with the reason
+(launch_env.check_address); there is no fallback interface to guess (eth0 was one, until issue 38).
+
+`choose_interface` (llmgw.netaddr) is pure; `interface_addresses` reads the kernel's lists (SIOCGIFCONF for
+IPv4, aliases included; /proc/net/if_inet6 for IPv6); `resolve` asks the resolver for a host name.
 """
 
 from __future__ import annotations
@@ -15,34 +21,35 @@ import ipaddress
 import logging
 import socket
 import struct
-from collections.abc import Iterable, Mapping
+
+from llmgw.netaddr import HOW_ADDRESS, HOW_NONE, holding, is_ip
 
 log = logging.getLogger(__name__)
 
-FALLBACK_INTERFACE = "eth0"
-HOW_ADDRESS = "address"
-HOW_FALLBACK = "fallback"
 
 _SIOCGIFCONF = 0x8912
 _IFREQ_SIZE = 40  # struct ifreq on 64-bit Linux: 16-byte name + 24-byte union
 _MAX_IFREQ = 1024
 
 
-def _same(a: str, b: str) -> bool:
+def resolve(host: str) -> list[str]:
+    """The addresses `host` stands for: itself when it is an IP address (no lookup), else what
+    the resolver says (IPv4 first, as getaddrinfo orders them); [] when it cannot say."""
+    host = host.strip()
+    if not host:
+        return []
+    if is_ip(host):
+        return [host.split("%", 1)[0]]
     try:
-        return ipaddress.ip_address(a.split("%", 1)[0]) == ipaddress.ip_address(b.split("%", 1)[0])
-    except ValueError:
-        return False
-
-
-def choose_interface(address: str, addresses: Mapping[str, Iterable[str]]) -> tuple[str, str]:
-    """(interface, how): the interface holding `address` ("address"), or eth0 ("fallback")
-    when none does (no address known, or it is not local: NAT, a proxy in between)."""
-    if address:
-        for name in sorted(addresses):
-            if any(_same(address, held) for held in addresses[name]):
-                return name, HOW_ADDRESS
-    return FALLBACK_INTERFACE, HOW_FALLBACK
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return []
+    out: list[str] = []
+    for _family, _kind, _proto, _name, sockaddr in infos:
+        address = str(sockaddr[0])
+        if address not in out:
+            out.append(address)
+    return out
 
 
 def _ipv4_addresses() -> dict[str, list[str]]:
@@ -90,10 +97,14 @@ def interface_addresses() -> dict[str, list[str]]:
     return out
 
 
-def management_interface(address: str) -> tuple[str, str]:
-    name, how = choose_interface(address, interface_addresses())
-    if how == HOW_FALLBACK:
-        log.warning("no interface holds the management address %s; engines get %s as NCCL_SOCKET_IFNAME and "
-                    "GLOO_SOCKET_IFNAME as a last resort (set them in the profile's env if that is wrong)",
-                    address or "(unknown)", name)
-    return name, how
+def management_interface(host: str) -> tuple[str, str, str]:
+    """(interface, address, how) for this node's advertise_host (a name is resolved): the
+    interface holding it and the address it holds, or ("", "", "none") with a warning."""
+    candidates = resolve(host)
+    name, address = holding(candidates, interface_addresses())
+    if not name:
+        log.warning("no interface of this node holds its advertise_host %s%s; multi-node engines are refused "
+                    "here until advertise_host is this node's address on the network the nodes share",
+                    host or "(unset)", f" ({', '.join(candidates)})" if candidates and candidates != [host] else "")
+        return "", "", HOW_NONE
+    return name, address, HOW_ADDRESS

@@ -91,3 +91,31 @@ def tail_lines(path: str, lines: int = 200, max_bytes: int = 256 * 1024) -> list
     if size > max_bytes and out:
         out = out[1:]  # the first line is probably cut
     return out[-lines:]
+
+
+def session_members(sid: int) -> list[int]:
+    """Every process in session `sid` (field 6 of /proc/<pid>/stat), zombies left out: what a
+    process started with start_new_session=True and its descendants are, even those that moved
+    to a process group of their own (setpgid keeps the session; only setsid leaves it)."""
+    if sid <= 0:
+        return []
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat(int(entry))
+        if fields is not None and fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(entry))
+    return out
+
+
+def signal_session(sid: int, sig: int) -> int:
+    """Signal every process of a session; how many were signalled (0: none is left)."""
+    count = 0
+    for pid in session_members(sid):
+        try:
+            os.kill(pid, sig)
+            count += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return count

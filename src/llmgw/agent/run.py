@@ -18,7 +18,6 @@ from llmgw.agent.agent import Agent, make_dialer
 from llmgw.agent.fabric_test import FabricTester
 from llmgw.agent.fabric_tools import FabricTools
 from llmgw.agent.hardware import DiscoveredHardware
-from llmgw.agent.launch_env import LaunchFacts
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.weights import Weights
 from llmgw.catalog.schema import AgentConfig
@@ -58,7 +57,8 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
             log.error("the node certificate %s expired %.0f days ago; the server will refuse it", cfg.tls.cert, -days)  # type: ignore[union-attr]
         elif days < EXPIRY_WARNING_DAYS:
             log.warning("the node certificate %s expires in %.0f days; reissue it with `llmgw ctl cert node`", cfg.tls.cert, days)  # type: ignore[union-attr]
-    hardware = DiscoveredHardware(cfg.discovery, server_host=host, work_dir=cfg.work_dir, model_cache=cfg.model_cache)
+    hardware = DiscoveredHardware(cfg.discovery, server_host=host, work_dir=cfg.work_dir, model_cache=cfg.model_cache,
+                                  advertise_host=cfg.advertise_host)
     bind_host = cfg.bind_host or cfg.advertise_host
     if bind_host in ("0.0.0.0", "::"):
         log.warning("bind_host %s: engines listen on every interface of this node; bind them to the "
@@ -70,8 +70,7 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
         gpu_indexes=hardware.gpu_indexes,
         health=cfg.engine_health,
         allow=cfg.allow,
-        launch_facts=lambda: LaunchFacts(agent.fabric_status, hardware.last.ports if hardware.last else [],
-                                         hardware.last.mgmt_interface if hardware.last else ""),
+        launch_facts=lambda: hardware.launch_facts(agent.fabric_status),
         weights=Weights(Path(cfg.work_dir), Path(cfg.model_cache) if cfg.model_cache else None),
     )
     agent = Agent(

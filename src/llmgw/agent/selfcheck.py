@@ -30,7 +30,7 @@ def cert_days_left(cfg: AgentConfig, wall: float) -> float | None:
 
 def local_facts(cfg: AgentConfig, interval: float = 1.0, sleep: Callable[[float], None] = time.sleep) -> NodeFacts:
     """Two readings of the port counters `interval` seconds apart (a rise needs two)."""
-    inventory = discovery.discover(cfg.discovery, server=cfg.server or None)
+    inventory = discovery.discover(cfg.discovery, server=cfg.server or None, advertise_host=cfg.advertise_host)
     before = discovery.read_port_counters(cfg.discovery)
     sleep(interval)
     ports = discovery.read_port_counters(cfg.discovery)

@@ -22,6 +22,7 @@ import msgspec
 import trio
 
 from llmgw.agent import launch_env, procs
+from llmgw.agent.engine_version import EngineVersions
 from llmgw.agent.engines import LaunchError, adapter_for
 from llmgw.agent.engines.policy import check_engine, check_env, check_executable
 from llmgw.agent.launch_env import LaunchFacts
@@ -61,6 +62,7 @@ class Supervisor:
         allow: EngineAllow | None = None,
         launch_facts: Callable[[], LaunchFacts] | None = None,
         weights: Weights | None = None,
+        versions: EngineVersions | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
         self.weights = weights if weights is not None else Weights(self.work_dir)
@@ -72,6 +74,7 @@ class Supervisor:
         self.gpu_indexes = gpu_indexes
         self.health = health or EngineHealth()
         self.launch_facts = launch_facts or LaunchFacts
+        self.versions = versions or EngineVersions()
         self.stopping_all = False  # stop_all began: no new engine may start (it would outlive us)
         self.runs: dict[str, ShardRun] = {}
         self._send: Send | None = None
@@ -240,10 +243,7 @@ class Supervisor:
                 check_executable(spec.engine, exe, self.allow)
             adapter.validate(spec)
             env = adapter.env(spec)
-            facts = self.launch_facts()
-            derived = launch_env.derive(launch_env.pick_fabric(spec.fabric, facts.fabrics), facts.ports, facts.interface)
-            launch_env.apply(env, derived, spec.env)
-            run.launch_env = launch_env.settings(derived, spec.env)
+            run.launch_env = launch_env.prepare(spec, self.launch_facts(), env)
         except (LaunchError, launch_env.LaunchError) as exc:
             self._refuse(run, str(exc))
             return
@@ -274,6 +274,12 @@ class Supervisor:
 
     async def _launch_and_watch(self, run: ShardRun, argv: list[str], env: dict[str, str], plan: WeightsPlan) -> None:
         spec = run.spec
+        # The engine's version before anything is fetched: a flag it does not take fails late.
+        runs_engine = not (spec.engine_mode == "ray" and spec.rank > 0)  # a Ray worker rank runs only `ray`
+        too_old = await self.versions.refusal(spec.engine, argv) if runs_engine else ""
+        if too_old and not run.stop_requested:
+            self._refuse(run, too_old)
+            return
         if plan.url and not await self._fetch_weights(run, plan):
             return
         if run.stop_requested:

@@ -35,7 +35,7 @@ class Profile(_Config):
     gpus: NonNegative = 1  # per node
     # Nodes one replica spans (a shard per node, all on one usable fabric); gpus: is per node.
     nodes: Positive = 1
-    # How a multi-node engine spans its nodes: its own multiprocessing ("native") or Ray (vLLM).
+    # How a multi-node engine spans its nodes: its own multiprocessing ("native") or Ray (vLLM, sim).
     engine_mode: Literal["native", "ray"] = "native"
     # Substring of the GPU name this profile needs ("H100", "A100-SXM4-80GB"); empty = any.
     gpu_kind: str = ""
@@ -59,8 +59,8 @@ class Profile(_Config):
             raise ValueError(problem)
         if self.engine == "command" and not self.command:
             raise ValueError("engine 'command' needs a command: [argv, ...] template")
-        if self.engine_mode == "ray" and self.engine != "vllm":
-            raise ValueError(f"engine_mode ray is for vllm, not {self.engine}")
+        if self.engine_mode == "ray" and self.engine not in ("vllm", "sim"):
+            raise ValueError(f"engine_mode ray is for vllm (and the simulated engine), not {self.engine}")
         if self.nodes > 1 and self.gpus == 0:
             raise ValueError("a replica on several nodes needs gpus: (per node) of 1 or more")
 

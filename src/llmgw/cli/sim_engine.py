@@ -13,7 +13,8 @@ from llmgw.errors import LlmgwError
 
 LAUNCH_PREFIX = "llmgw-sim-engine launch:"
 # The environment a launch record shows: what the agent derives and placement gives.
-LAUNCH_ENV = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "MASTER_", "VLLM_HOST_IP")
+LAUNCH_ENV = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MASTER_", "VLLM_HOST_IP", "SGLANG_HOST_IP",
+              "RAY_ADDRESS")
 
 
 def print_launch() -> None:
@@ -24,7 +25,19 @@ def print_launch() -> None:
 
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from llmgw.sim.options import VERSION_ENV, VLLM_VERSION
+
+    click.echo(os.environ.get(VERSION_ENV) or VLLM_VERSION)
+    ctx.exit()
+
+
 @click.command()
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the vLLM release this engine stands for (LLMGW_SIM_ENGINE_VERSION overrides it) and exit; "
+              "the agent reads it before a launch, as it reads vLLM's.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port",
@@ -182,7 +195,11 @@ def print_launch() -> None:
               help="The port rank 0 listens on for the other ranks.")
 @click.option("--headless", is_flag=True, help="A rank above 0: serve no HTTP, join the master, run until stopped.")
 @click.option("--pipeline-parallel-size", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Accepted as vLLM takes it (the simulation has no pipeline).")
+              help="Accepted as vLLM takes it (the simulation has no pipeline); in Ray mode, the nodes the "
+              "cluster must have before the engine is ready.")
+@click.option("--distributed-executor-backend", type=click.Choice(["mp", "ray"]), default="mp", show_default=True,
+              help="ray: attach to the Ray cluster at RAY_ADDRESS (`llmgw sim node`'s stand-in `ray`) as vLLM's "
+              "Ray executor does; fail when it goes away.")
 def engine(
     nnodes: int,
     node_rank: int,
@@ -190,6 +207,7 @@ def engine(
     master_port: int,
     headless: bool,
     pipeline_parallel_size: int,
+    distributed_executor_backend: str,
     required_env: tuple[str, ...],
     host: str,
     port: int,
@@ -229,6 +247,12 @@ def engine(
         raise LlmgwError(f"llmgw-sim-engine: {', '.join(missing)} not set in its environment (--fail-if-env-missing)")
     if nnodes > 1 and not master_port:
         raise click.UsageError("--nnodes above 1 needs --master-port")
+    ray_address = ""
+    if distributed_executor_backend == "ray":
+        ray_address = os.environ.get("RAY_ADDRESS", "")
+        if not ray_address:
+            # ray.init() without an address attaches to whichever cluster started last on this node.
+            raise LlmgwError("llmgw-sim-engine: --distributed-executor-backend ray needs RAY_ADDRESS in its environment")
     if headless:
         if node_rank == 0 or nnodes < 2:
             raise click.UsageError("--headless is for ranks above 0 of a replica with --nnodes of 2 or more")
@@ -293,6 +317,8 @@ def engine(
         node_rank=node_rank,
         master_addr=master_addr,
         master_port=master_port,
+        ray_address=ray_address,
+        ray_nodes=pipeline_parallel_size,
     )
     import trio
 

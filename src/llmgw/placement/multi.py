@@ -5,8 +5,9 @@ A replica spanning nodes talks over one fabric; a node whose ports on it are not
 candidate, and the answer says so per node and per fabric ("fabric ib: 1 of 2 nodes (gpu-01);
 gpu-02: fabric ib not usable (mlx5_2: no ACTIVE port)"). Within a fabric the nodes are picked
 as single-node placement picks one (spread a model's replicas, then pack GPUs tight, NVLink
-aware within each node); rank 0 is the first of them. Its address on the management network
-is the master address every rank dials, so a node whose address is not known yet cannot be one.
+aware within each node); rank 0 is the first of them. Its address (the host its engines are
+reached on, its agent's advertise_host) is the master address every rank dials, so a node whose
+address is not known yet cannot be one.
 
 With the fabric map (`fabric/locality.py`: where each adapter is cabled, and which cables trained
 short) the nodes are picked by where they sit, in this order:

@@ -27,7 +27,7 @@ class NodeCapacity(msgspec.Struct, kw_only=True):
     can_start: bool = True  # the agent answers Start
     version: str = ""
     # Multi-node placement: the fabrics usable now (advertised, every port ACTIVE), why each
-    # other declared one is not, and the node's management address (a master address).
+    # other declared one is not, and the node's address (its endpoint host: a master address).
     fabrics: list[str] = []
     fabric_notes: dict[str, str] = {}
     address: str = ""

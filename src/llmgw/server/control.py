@@ -276,7 +276,10 @@ class Controller:
                 endpoint_host=n.endpoint_host,
                 fabrics=fabrics,
                 fabric_notes=notes,
-                address=n.inventory.mgmt_ip or n.endpoint_host,
+                # The master address of a multi-node replica whose rank 0 runs here: the host its
+                # engines are reached on (advertise_host), the address its agent derives its ranks'
+                # NCCL/Gloo interface from (issue 38: one address, not the route to the server).
+                address=n.endpoint_host,
                 fabric_devices=fabric_devices(n.fabric_status),
                 cordoned=n.id in cordoned,
                 leaves=sorted({place.leaf_name for place in by_node.get(n.id, {}).values()}),

@@ -99,7 +99,7 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     # The host its engines are reached on (the server decides it: fleet.endpoint_host).
     endpoint_host: str = ""
     # Multi-node placement: fabrics usable now, why the other declared ones are not, and the
-    # management address (rank 0's is a multi-node replica's master address).
+    # node's address (its endpoint host; rank 0's is a multi-node replica's master address).
     fabrics: list[str] = []
     fabric_notes: dict[str, str] = {}
     address: str = ""

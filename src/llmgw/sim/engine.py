@@ -32,7 +32,7 @@ from collections.abc import Callable
 import trio
 
 from llmgw.netaddr import url_host
-from llmgw.sim.multinode import WorkerGroup
+from llmgw.sim.multinode import RayClusterLost, WorkerGroup, ray_driver
 from llmgw.sim.options import (
     LISTENING_PREFIX,
     VLLM_VERSION,
@@ -158,7 +158,14 @@ class _Lifecycle:
             self.failure = f"simulated engine failed to load the weights of {o.model} (--fail-startup)"
             self._outer.cancel()
             return
-        if o.nnodes > 1:
+        if o.ray_address:
+            try:
+                await ray_driver(o.ray_address, o.ray_nodes, lambda line: self.log.info("ray_utils.py:290", line),
+                                 lambda: self._ready(handle))
+            except RayClusterLost as exc:
+                self.failure = str(exc)
+                self._outer.cancel()
+        elif o.nnodes > 1:
             group = WorkerGroup(o.nnodes - 1, lambda line: self.log.info("multiproc_executor.py:140", line))
             async with trio.open_nursery() as nursery:
                 await nursery.start(group.serve, o.master_addr, o.master_port)

@@ -7,6 +7,10 @@ HTTP: it connects to the master (retrying while rank 0 starts) and runs until it
 exiting 1 if the master goes away. A worker that goes away after the start is only logged by
 rank 0, which keeps answering /health: the half-alive replica the control plane must not
 leave in rotation.
+
+In Ray mode (`--distributed-executor-backend ray`, only rank 0 runs an engine) the engine is the
+Ray driver: it connects to the cluster at RAY_ADDRESS (the stand-in `ray`, sim/ray.py), is ready
+once the cluster has as many nodes as its pipeline spans, and fails when the cluster goes away.
 """
 
 from __future__ import annotations
@@ -62,3 +66,36 @@ async def run_headless(master_addr: str, master_port: int, rank: int, log: Calla
             pass
     log(f"headless rank {rank}: the master at {master_addr}:{master_port} went away")
     return 1
+
+
+class RayClusterLost(Exception):
+    """The Ray cluster the simulated driver was attached to went away."""
+
+
+async def ray_driver(address: str, nodes: int, log: Callable[[str], None], ready: Callable[[], None]) -> None:
+    """Attach to the (simulated) Ray cluster at `address` ("host:port"); call `ready` once it has
+    `nodes` nodes; raise RayClusterLost when it goes away."""
+    host, _, port = address.rpartition(":")
+    try:
+        stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    except (OSError, ValueError) as exc:
+        raise RayClusterLost(f"cannot connect to the Ray cluster at {address}: {exc}") from None
+    async with stream:
+        await stream.send_all(b"driver\n")
+        log(f"connected to the Ray cluster at {address}; waiting for {nodes} node(s)")
+        buffer, started = b"", False
+        while True:
+            try:
+                data = await stream.receive_some(256)
+            except trio.BrokenResourceError:
+                data = b""
+            if not data:
+                raise RayClusterLost(f"the Ray cluster at {address} went away")
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                count = int(line.split()[1]) if line.startswith(b"nodes ") else 0
+                if count >= nodes and not started:
+                    started = True
+                    log(f"the Ray cluster has {count} node(s); placement group ready")
+                    ready()

@@ -520,6 +520,9 @@ def write_node(directory: str, spec: NodeSpec, force: bool = False) -> NodeResul
             write_standins(os.path.join(root, "bin"), os.path.abspath(spec.fabric))
         if rdma_devices(spec):
             write_perftest_standin(root, spec.bandwidth)
+        from llmgw.sim.ray import write_standin as write_ray_standin
+
+        write_ray_standin(root)
         atomic_write(os.path.join(root, "agent.yaml"), config_text.encode())
     except OSError as exc:
         raise UsageError(

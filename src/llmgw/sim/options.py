@@ -7,7 +7,11 @@ import msgspec
 from llmgw.sim.latency import LatencyParams
 
 LISTENING_PREFIX = "llmgw-sim-engine listening on"
-VLLM_VERSION = "0.11.0"  # the vLLM release whose server this one imitates
+# The vLLM release whose server this one imitates: the first that takes every flag its ranks take
+# (--nnodes, --node-rank, --master-addr, --master-port: 0.11.1; agent/engines/versions.py).
+VLLM_VERSION = "0.11.1"
+# `llmgw sim engine --version` says this instead when set: a test's engine that is too old.
+VERSION_ENV = "LLMGW_SIM_ENGINE_VERSION"
 
 
 class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
@@ -47,6 +51,10 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 0
+    # Ray mode (`--distributed-executor-backend ray`): the cluster (RAY_ADDRESS) and the nodes it
+    # must have (the pipeline-parallel size) before /health answers 200 (sim/multinode.py).
+    ray_address: str = ""
+    ray_nodes: int = 1
 
     @property
     def served_name(self) -> str:

@@ -75,8 +75,10 @@ class Inventory(_Base):
     gpu_source: str = ""
     # Why there are no GPUs when gpu_source is "none" (shown by `ctl nodes`).
     gpu_note: str = ""
-    # The interface holding mgmt_ip (engines' NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME), and how
-    # it was found: "address" (it holds mgmt_ip) or "fallback" (eth0, nothing held the address).
+    # The interface holding the agent's advertise_host (its engines' NCCL_SOCKET_IFNAME and
+    # GLOO_SOCKET_IFNAME, the address ranks bootstrap on), and how it was found: "address" (it
+    # holds it) or "none" (no interface does: multi-node launches are refused on the node). Agents
+    # before issue 38 reported the interface of mgmt_ip, or "fallback" (eth0).
     mgmt_interface: str = ""
     mgmt_interface_source: str = ""
     # The NVIDIA driver version NVML reports (the simulated inventory's for a sim node); "" from

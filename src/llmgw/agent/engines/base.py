@@ -125,7 +125,7 @@ class VllmAdapter(Adapter):
 
 
 class SglangAdapter(Adapter):
-    """`python -m sglang.launch_server --model-path SOURCE --host H --port P --tp N …args`"""
+    """`python -m sglang.launch_server --model-path SOURCE --host H --port P --tp-size N …args`"""
 
     name = "sglang"
     tp_flags = ("--tp", "--tp-size", "--tensor-parallel-size")
@@ -140,7 +140,7 @@ class SglangAdapter(Adapter):
             argv += ["--api-key", spec.api_key]
         tp = multinode.tensor_parallel(spec, self.name)
         if tensor_parallel_arg(spec.args, self.tp_flags) is None and tp > 1:
-            argv += ["--tp", str(tp)]
+            argv += ["--tp-size", str(tp)]  # SGLang's own name; `--tp` is only argparse's abbreviation of it
         if spec.served_name and "--served-model-name" not in spec.args:
             argv += ["--served-model-name", spec.served_name]
         return argv + multinode.sglang_flags(spec) + list(spec.args)
@@ -192,9 +192,18 @@ class SimAdapter(Adapter):
     key_env = "VLLM_API_KEY"  # as vLLM
 
     def argv(self, spec: ShardSpec, host: str, port: int) -> list[str]:
-        # The multi-node flags as vLLM takes them: the simulated engine's ranks join like vLLM's.
-        return [sys.executable, "-m", "llmgw", "sim", "engine", "--host", host, "--port", str(port),
+        # The multi-node flags as vLLM takes them: the simulated engine's ranks join like vLLM's,
+        # in Ray mode through the same rayrank wrapper, with `llmgw sim node`'s stand-in `ray`.
+        argv = [sys.executable, "-m", "llmgw", "sim", "engine", "--host", host, "--port", str(port),
                 "--model", spec.served_name or spec.model, *multinode.vllm_flags(spec), *spec.args]
+        if spec.world > 1 and spec.engine_mode == multinode.MODE_RAY:
+            return multinode.ray_argv(sys.executable, spec, argv)
+        return argv
+
+    def executables(self, spec: ShardSpec, argv: list[str]) -> list[str]:
+        if spec.world > 1 and spec.engine_mode == multinode.MODE_RAY:
+            return ["ray"]  # what the rayrank wrapper runs besides this agent's own Python
+        return [argv[0]]
 
 
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (VllmAdapter(), SglangAdapter(), CommandAdapter(), SimAdapter())}

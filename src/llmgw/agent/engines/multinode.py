@@ -6,10 +6,11 @@
   pipeline parallel across nodes (`--tensor-parallel-size G --pipeline-parallel-size N`).
 - SGLang: `--nnodes N --node-rank R --dist-init-addr A:P`, with `--tp` the total GPU count
   (SGLang's tensor parallelism spans the nodes).
-- Ray (`engine_mode: ray`, vLLM): rank 0 starts a Ray head on the master port and runs
-  `vllm serve … --distributed-executor-backend ray`; the other ranks join it with
-  `ray start --address A:P --block` (which waits for the head). Both through
-  the agent's rayrank module, so one process per shard is what the supervisor starts, watches and stops.
+- Ray (`engine_mode: ray`, vLLM): rank 0 starts a Ray head of its own on the master port and runs
+  `vllm serve … --distributed-executor-backend ray` against it (RAY_ADDRESS); the other ranks
+  join it. Both through the agent's rayrank module, so one process per shard is what the
+  supervisor starts, watches and stops, and each shard's Ray is its own (ports, temp dir,
+  process session): two Ray-mode shards on a node never touch each other's (rayrank.py).
 
 The master address is rank 0's address on the management network, decided by the server at
 placement; a rank is never started without it.
@@ -17,12 +18,14 @@ placement; a rank is never started without it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from llmgw.netaddr import url_host
 from llmgw.wire.messages import ShardSpec
 
 MODE_RAY = "ray"
+RAY_TEMP_ROOT = "/tmp/llmgw-ray"  # short on purpose: Ray's unix socket paths (107 bytes at most) live under it
 
 
 def has_flag(args: Sequence[str], *flags: str) -> bool:
@@ -60,9 +63,17 @@ def tensor_parallel(spec: ShardSpec, engine: str) -> int:
     return len(spec.gpus)
 
 
+def ray_temp_dir(shard_id: str) -> str:
+    """The Ray temp dir of a replica's attempt: the same on every rank (the shard id less its
+    rank: `{replica}.{attempt}.{rank}`), another for every other shard on the node."""
+    group = shard_id.rsplit(".", 1)[0]
+    return f"{RAY_TEMP_ROOT}/{hashlib.sha256(group.encode()).hexdigest()[:12]}"
+
+
 def ray_argv(python: str, spec: ShardSpec, engine_argv: list[str]) -> list[str]:
     """`python -m llmgw.agent.rayrank` for one rank: the head (rank 0, then the engine) or a worker."""
-    base = [python, "-m", "llmgw.agent.rayrank", "--address", spec.master_addr, "--port", str(spec.master_port)]
+    base = [python, "-m", "llmgw.agent.rayrank", "--address", spec.master_addr, "--port", str(spec.master_port),
+            "--temp-dir", ray_temp_dir(spec.shard_id)]
     if spec.rank == 0:
         return [*base, "--head", "--", *engine_argv]
     return base

@@ -1,0 +1,196 @@
+"""What NVML says about each GPU: its NVLink peers (inventory) and its health (heartbeats).
+
+Synchronous, like the rest of discovery (the agent calls it from a worker thread), and given an
+initialised pynvml module (discovery.py holds the one NVML session). A query NVML refuses for one
+GPU or link leaves that reading out; nothing here raises for a GPU that misbehaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from types import ModuleType
+from typing import Any
+
+from llmgw.wire.messages import Gpu, GpuHealth
+
+log = logging.getLogger("llmgw.agent.discovery")
+
+_logged: set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def _log_once(message: str) -> None:
+    with _logged_lock:
+        if message in _logged:
+            return
+        _logged.add(message)
+    log.warning("%s", message)
+
+
+def _pci_key(info: Any) -> tuple[int, int, int]:
+    return (int(info.domain), int(info.bus), int(info.device))
+
+
+def nvml_gpus(nv: ModuleType | Any) -> list[Gpu]:
+    """GPUs and their NVLink peers from an initialised pynvml module.
+
+    Direct GPU↔GPU links are counted per peer. Links to an NVSwitch connect a GPU to every
+    other GPU on the switches, as `nvidia-smi topo -m` shows (NV18 on an HGX H100): each pair
+    of switch-attached GPUs gets the smaller of their two switch link counts.
+    """
+    count = int(nv.nvmlDeviceGetCount())
+    handles: dict[int, Any] = {}
+    gpus: dict[int, Gpu] = {}
+    by_pci: dict[tuple[int, int, int], int] = {}
+    for index in range(count):
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as exc:
+            gpus[index] = Gpu(index=index, health="error")
+            _log_once(f"GPU {index}: NVML cannot open it ({exc})")
+            continue
+        handles[index] = handle
+        gpu = Gpu(index=index)
+        try:
+            gpu.uuid = str(nv.nvmlDeviceGetUUID(handle))
+            gpu.name = str(nv.nvmlDeviceGetName(handle))
+            gpu.memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+            pci = nv.nvmlDeviceGetPciInfo(handle)
+            gpu.pci_bus_id = str(pci.busId)
+            by_pci[_pci_key(pci)] = index
+        except nv.NVMLError as exc:
+            gpu.health = "error"
+            _log_once(f"GPU {index}: NVML query failed ({exc})")
+        gpus[index] = gpu
+
+    peers: dict[int, Counter[int]] = {i: Counter() for i in handles}
+    switch_links: Counter[int] = Counter()
+    max_links = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
+    switch_type = getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+    for index, handle in handles.items():
+        for link in range(max_links):
+            try:
+                if nv.nvmlDeviceGetNvLinkState(handle, link) != enabled:
+                    continue
+            except nv.NVMLError:
+                continue  # no such link, or NVLink not supported on this GPU
+            try:
+                peer = by_pci.get(_pci_key(nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)))
+            except nv.NVMLError:
+                peer = None  # some switch-attached GPUs cannot name the far end's PCI address
+            if peer is not None and peer != index:
+                peers[index][peer] += 1
+                continue
+            try:
+                kind = nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+            except (nv.NVMLError, AttributeError):
+                continue  # cannot tell an NVSwitch from a CPU NPU: do not guess
+            if kind == switch_type:
+                switch_links[index] += 1
+    switched = sorted(switch_links)
+    for a in switched:
+        for b in switched:
+            if a != b:
+                peers[a][b] = max(peers[a][b], min(switch_links[a], switch_links[b]))
+    for index, counter in peers.items():
+        gpus[index].nvlink = {peer: n for peer, n in sorted(counter.items()) if n > 0}
+    return [gpus[i] for i in sorted(gpus)]
+
+
+def nvml_health(nv: ModuleType | Any) -> list[GpuHealth]:
+    out: list[GpuHealth] = []
+    for index in range(int(nv.nvmlDeviceGetCount())):
+        health = GpuHealth(index=index)
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as exc:
+            health.health = (
+                "lost" if isinstance(exc, getattr(nv, "NVMLError_GpuIsLost", ())) else "error"
+            )
+            out.append(health)
+            continue
+        try:
+            health.temperature_c = int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
+        except nv.NVMLError:
+            pass
+        try:
+            health.utilization_pct = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nv.NVMLError:
+            pass
+        try:
+            health.memory_used_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).used) // (1024 * 1024)
+        except nv.NVMLError as exc:
+            if isinstance(exc, getattr(nv, "NVMLError_GpuIsLost", ())):
+                health.health = "lost"
+        try:
+            health.ecc_uncorrected = int(nv.nvmlDeviceGetTotalEccErrors(
+                handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
+        except (nv.NVMLError, AttributeError):
+            pass  # ECC off or not supported (most PCIe consumer boards): not read
+        health.nvlink_down = _nvlink_down(nv, handle, index)
+        out.append(health)
+    return out
+
+
+class LinkMemory:
+    """The NVLink links NVML has shown up since the agent started, per GPU index and link.
+
+    NVML lists every link a GPU's silicon has (NVML_NVLINK_MAX_LINKS, 18 on Hopper), cabled or
+    not: an H100 PCIe board with three NVLink bridges has 12 links up and 6 that were never
+    connected, and reports all 6 as NVML_FEATURE_DISABLED, exactly as it reports a link that
+    went down. Counting every inactive link as down made such a board "6 NVLink links down"
+    (critical) for ever. A link is down only when it was up before (seen here) or NVML names the
+    device at its far end (`nvmlDeviceGetNvLinkRemotePciInfo`) and it is not up.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.up: set[tuple[int, int]] = set()
+
+    def saw(self, index: int, link: int, up: bool) -> bool:
+        """Record one reading; whether this link has been up before (now included)."""
+        with self.lock:
+            if up:
+                self.up.add((index, link))
+                return True
+            return (index, link) in self.up
+
+
+_links = LinkMemory()
+
+
+def _has_far_end(nv: ModuleType | Any, handle: Any, link: int) -> bool:
+    """NVML names a device at the link's far end (a cable or bridge is there). An uncabled link
+    answers with an error or an all-zero PCI address."""
+    try:
+        info = nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+    except nv.NVMLError:
+        return False
+    try:
+        return _pci_key(info) != (0, 0, 0)
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def _nvlink_down(nv: ModuleType | Any, handle: Any, index: int = -1, memory: LinkMemory | None = None) -> int | None:
+    """Links of this GPU that are not up although they are connected (see LinkMemory); None when
+    NVML lists no NVLink for it to ask about. A link that trained down before the agent started
+    and names no far end is not counted here: it shows as fewer links to a peer than the others
+    have (`nvml_gpus`), which doctor's nvlink check reports."""
+    memory = _links if memory is None else memory
+    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+    down, known = 0, False
+    for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            up = nv.nvmlDeviceGetNvLinkState(handle, link) == enabled
+        except nv.NVMLError:
+            continue  # no such link, or NVLink not supported on this GPU
+        known = True
+        if memory.saw(index, link, up) and not up:
+            down += 1  # it was up before
+        elif not up and _has_far_end(nv, handle, link):
+            down += 1
+    return down if known else None
