@@ -290,7 +290,8 @@ class FabricService:
         key = (pending.node, pending.port)
         now = self.wall()
         self.views[key] = (PortView(node=pending.node, port=pending.port, state=state, sm_lid=sm_lid,
-                                    records=tuple(parsed.records)), now)
+                                    records=tuple(parsed.records),
+                                    unreadable=not parsed.records and bool(parsed.problems)), now)
         self.recompute(now)
         master = next((r.guid for r in parsed.records if r.state is SmState.MASTER), "")
         fabric = self.port_fabric.get(key, "")
