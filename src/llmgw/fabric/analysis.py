@@ -429,10 +429,11 @@ def _rails(topo: Topology, hosts: Mapping[str, tuple[str | None, str]],
         if leaf_rail[leaf] == rank:
             continue
         home = node_leaves.get(node)
-        expected = ""
-        if home:
-            candidates = rail_leaves.get((group_of[home[0]], rank), [])
-            expected = candidates[0] if candidates else ""
+        # A node none of whose adapters is on its rail (both swapped on a 2-rail node, the commonest
+        # miscabling) has no home from its matches: the leaf it is cabled to says its group.
+        group = group_of[home[0]] if home else group_of[leaf]
+        candidates = rail_leaves.get((group, rank), [])
+        expected = candidates[0] if candidates else ""
         violations.append(RailViolation(
             node=node, adapter=device, guid=adapter, leaf=leaf, leaf_description=nodes[leaf].description,
             rail_leaf=expected, rail_leaf_description=nodes[expected].description if expected else "",
