@@ -76,7 +76,7 @@ def test_discovery_failover_and_a_degraded_cable(tmp_path: Path, procs: list[Pro
 
     text = httpx.get(f"{server.url}/metrics").text
     assert f'llmgw_fabric_master_sm{{fabric="{fabric["id"]}",guid="{detail["master"]["guid"]}"}} 1.0' in text
-    assert 'llmgw_fabric_problems{kind="degraded_link"} 1.0' in text
+    assert f'llmgw_fabric_problems{{fabric="{fabric["id"]}",kind="degraded_link"}} 1.0' in text
 
     table = ctl(server.url, "fabrics")
     assert table.returncode == 0 and fabric["id"] in table.stdout

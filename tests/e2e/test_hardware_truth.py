@@ -84,8 +84,8 @@ def test_port_down_at_runtime_takes_the_fabric_away_within_two_heartbeats(tmp_pa
     wait_until(lambda: (n := node_json(server, "gpu-01")) and n["fabrics"] == ["ib"] and n["heartbeats"] >= 1,
                "gpu-01 with fabric ib and a heartbeat", procs=procs)
     labels = {"node": "gpu-01", "device": "mlx5_2", "port": "1"}
-    assert metric(server, "llmgw_ib_port_active", **labels) == 1.0
-    assert metric(server, "llmgw_ib_port_counter_total", counter="port_xmit_data", **labels) == 0.0
+    assert metric(server, "llmgw_ib_port_active", state="ACTIVE", phys_state="LinkUp", **labels) == 1.0
+    assert metric(server, "llmgw_ib_port_data_words_total", counter="port_xmit_data", **labels) == 0.0
 
     before = server.get("/api/v1/nodes/gpu-01")["heartbeats"]
     result = run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-01"), "mlx5_2", "1", "down")
@@ -97,7 +97,7 @@ def test_port_down_at_runtime_takes_the_fabric_away_within_two_heartbeats(tmp_pa
     assert status["problems"] == ["mlx5_2: no ACTIVE port (port 1 DOWN (Disabled): the port is disabled)"]
     port = {p["port"]: p for p in after["port_states"]}["mlx5_2/1"]
     assert (port["state"], port["phys_state"]) == ("DOWN", "Disabled")
-    assert metric(server, "llmgw_ib_port_active", **labels) == 0.0
+    assert metric(server, "llmgw_ib_port_active", state="DOWN", phys_state="Disabled", **labels) == 0.0
     wait_until(lambda: "usable fabrics now none (were ib)" in procs[0].log(), "the server to log the change", procs=procs)
 
     # Said once, however many heartbeats read it; and back when the port is.
@@ -106,7 +106,7 @@ def test_port_down_at_runtime_takes_the_fabric_away_within_two_heartbeats(tmp_pa
     assert len(re.findall(r"fabric ib: not usable: mlx5_2", agent.log())) == 1, agent.log()
     assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-01"), "mlx5_2", "1", "up").returncode == 0
     wait_until(lambda: server.get("/api/v1/nodes/gpu-01")["fabrics"] == ["ib"], "the fabric back", procs=procs)
-    assert metric(server, "llmgw_ib_port_active", **labels) == 1.0
+    assert metric(server, "llmgw_ib_port_active", state="ACTIVE", phys_state="LinkUp", **labels) == 1.0
 
 
 CATALOG_ENV = """\

@@ -56,11 +56,24 @@ def test_wrong_link_layer_is_not_part_of_the_fabric():
     assert roce.usable and roce.ports == ["mlx5_1:1", "mlx5_2:1"] and roce.rate_gbps == 100.0
 
 
-def test_no_devices_declared_takes_the_active_ones_of_the_link_layer():
+def test_no_devices_declared_takes_the_active_ones_of_the_link_layer_on_one_subnet():
+    # issue 38, item 5: the real NERSC node has IB ports on three subnets (SM lid 10: 4 EDR ports;
+    # 43 and 344: FDR storage/other fabrics). NCCL_IB_HCA must never mix them.
     [status] = declared.check_fabrics([FabricDecl(name="ib")], NERSC)
     assert status.usable
     assert "mlx4_0:1" not in status.ports and "mlx5_3:1" not in status.ports  # Ethernet ports
-    assert status.ports == ["mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_4:1", "mlx5_5:1", "mlx5_6:1", "mlx5_7:1"]
+    assert status.ports == ["mlx5_0:1", "mlx5_2:1", "mlx5_4:1", "mlx5_6:1"]
+    assert status.rate_gbps == 100.0
+    assert status.problems == ["left out, on another subnet than mlx5_0:1 (SM lid 10): mlx5_1:1 (SM lid 43), "
+                               "mlx5_5:1 (SM lid 344), mlx5_7:1 (SM lid 43)"]
+
+
+def test_subnets_are_told_apart_by_the_gid_prefix_too():
+    ports = [Port(device=f"mlx5_{d}", port=1, state="ACTIVE", link_layer="InfiniBand", sm_lid=1, rate_gbps=400.0,
+                  gid=("fe80:0000:0000:0000" if d < 2 else "fe80:0000:0000:0001") + f":0000:0000:0000:000{d}")
+             for d in range(3)]
+    [status] = declared.check_fabrics([FabricDecl(name="ib")], ports)
+    assert status.ports == ["mlx5_0:1", "mlx5_1:1"]
 
 
 def test_ethernet_fabric_has_nothing_rdma_to_check():

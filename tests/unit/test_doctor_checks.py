@@ -290,3 +290,17 @@ def test_report_exit_codes(found: list[Status], code: int) -> None:
 def test_arbitrary_facts_never_raise(n: NodeFacts) -> None:
     found = run(ClusterFacts(nodes=[n]))
     assert found and all(f.status != UNKNOWN or "check failed" not in f.finding for f in found)
+
+
+def test_a_roce_port_in_init_is_not_told_to_start_opensm() -> None:
+    # issue 38, item 9: Ethernet has no subnet manager; a RoCE port that is not ACTIVE is a link,
+    # LLDP or PFC matter (rdma-core: a RoCE port's state follows its netdev's carrier).
+    n = _port_state(healthy(), "mlx5_1", "INIT", "LinkUp")
+    inventory = msgspec.structs.replace(n.inventory, ports=[
+        msgspec.structs.replace(p, link_layer="Ethernet") if p.device == "mlx5_1" else p for p in n.inventory.ports])
+    roce = msgspec.structs.replace(n, inventory=inventory)
+    found = grade("ports", roce)
+    assert statuses(found) == [CRIT] and found[0].subject == "mlx5_1/1"
+    assert "subnet manager" not in found[0].finding
+    assert "opensm" not in found[0].action and "subnet manager" not in found[0].action
+    assert "ip link" in found[0].action and "PFC" in found[0].action

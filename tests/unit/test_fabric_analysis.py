@@ -169,3 +169,28 @@ def test_parallel_inter_switch_link_below_its_siblings() -> None:
 def test_one_adapter_per_node_is_not_a_rail_fabric() -> None:
     fabric = sim(nodes=8, rails=1, group_size=4, spines=2)
     assert not fabric.summary.rail_optimised and fabric.rails == [] and fabric.rail_violations == []
+
+
+def test_a_two_rail_node_with_both_adapters_swapped_is_told_its_rails_leaves() -> None:
+    # issue 38, item 7: every adapter of the node is off its rail, so none places the node in a
+    # group; the advice comes from the group of the leaves it is cabled to, which carry the rails.
+    fabric = sim(nodes=8, rails=2, group_size=4, spines=2, misrail=["node-6"])
+    names = {s.guid: s.description for s in fabric.switches}
+    got = [(v.node, v.adapter, names[v.leaf], names.get(v.rail_leaf, "")) for v in fabric.rail_violations]
+    assert got == [
+        ("node-6", "mlx5_0", "MF0;leaf-g2-r1:MQM9700/U1", "MF0;leaf-g2-r0:MQM9700/U1"),
+        ("node-6", "mlx5_1", "MF0;leaf-g2-r0:MQM9700/U1", "MF0;leaf-g2-r1:MQM9700/U1"),
+    ]
+    assert all("no leaf carries" not in p.message for p in fabric.problems)
+
+
+def test_rails_are_judged_among_nodes_that_look_alike() -> None:
+    # issue 38, item 7: a host whose adapters are named another way (a UFM host's `HCA-1`, a box
+    # whose PCI order differs) is not held to the mlx5_N nodes' rail order: it is listed apart.
+    spec = FabricSpec(nodes=[f"node-{i}" for i in range(1, 9)], rails=2, group_size=4, spines=2, misrail=["node-6"])
+    text = generate(spec).ibnetdiscover
+    text = text.replace('"node-6 mlx5_0"', '"node-6 HCA-1"').replace('"node-6 mlx5_1"', '"node-6 HCA-2"')
+    fabric = analyse(parse_topology(text))
+    assert fabric.summary.rail_optimised
+    assert fabric.rail_violations == []
+    assert fabric.rails_apart == ["node-6"]

@@ -61,7 +61,8 @@ def test_ports_from_the_latest_heartbeat_counters_as_counters():
     registry.register(m.Register(node_id="gpu-1", version="t", inventory=inventory), 0.0, session)
     metrics = ServerMetrics(registry.counts, nodes=lambda: registry.nodes.values())
     before = families(metrics)
-    assert samples(before["llmgw_ib_port_active"])[(("device", "mlx5_0"), ("node", "gpu-1"), ("port", "1"))] == 1.0
+    assert samples(before["llmgw_ib_port_active"])[
+        (("device", "mlx5_0"), ("node", "gpu-1"), ("phys_state", ""), ("port", "1"), ("state", "ACTIVE"))] == 1.0
 
     beat = m.Heartbeat(seq=1, ports=[
         m.PortCounters(device="mlx5_0", port=1, state="DOWN", phys_state="Disabled", rate_gbps=400.0,
@@ -72,13 +73,18 @@ def test_ports_from_the_latest_heartbeat_counters_as_counters():
     registry.heartbeat("gpu-1", session, beat, 1.0)
     got = families(metrics)
     key = (("device", "mlx5_0"), ("node", "gpu-1"), ("port", "1"))
-    assert samples(got["llmgw_ib_port_active"])[key] == 0.0
+    # issue 38, item 11: an unplugged cable (DOWN/Polling) reads apart from a disabled port or no SM.
+    assert samples(got["llmgw_ib_port_active"])[(*key[:2], ("phys_state", "Disabled"), key[2], ("state", "DOWN"))] == 0.0
     assert samples(got["llmgw_ib_port_rate_gbps"])[key] == 400.0
-    counters = got["llmgw_ib_port_counter"]
-    assert counters.type == "counter"  # rate() works on it
-    values = {(s.labels["device"], s.labels["counter"]): s.value for s in counters.samples if s.name.endswith("_total")}
-    assert values[("mlx5_0", "port_xmit_data")] == 123.0
-    assert values[("mlx5_0", "port_rcv_packets")] == 7.0
+    # Data words, packets and errors in separate families: a sum() never adds words to errors.
+    by_family = {name: {(s.labels["device"], s.labels["counter"]): s.value for s in got[name].samples
+                        if s.name.endswith("_total")}
+                 for name in ("llmgw_ib_port_data_words", "llmgw_ib_port_packets", "llmgw_ib_port_errors")}
+    assert all(got[name].type == "counter" for name in by_family)  # rate() works on them
+    assert by_family["llmgw_ib_port_data_words"] == {("mlx5_0", "port_xmit_data"): 123.0}
+    assert by_family["llmgw_ib_port_packets"] == {("mlx5_0", "port_rcv_packets"): 7.0}
+    assert by_family["llmgw_ib_port_errors"] == {("mlx5_0", "symbol_error"): 0.0}
+    values = {k: v for family in by_family.values() for k, v in family.items()}
     assert ("i40iw0", "port_xmit_data") not in values  # N/A (no PMA): no series, not a zero
     assert not [k for k in values if k[0] == "i40iw0"]  # a name no sysfs file has is not exported
 
@@ -95,3 +101,27 @@ def test_fabrics_message_replaces_the_nodes_fabrics():
     node = registry.get("gpu-1")
     assert node is not None and node.fabrics == [] and node.fabric_status == [down]
     assert registry.fabrics_changed("gpu-1", session + 1, m.Fabrics(fabrics=[ib]), 2.0) is None  # a replaced stream
+
+
+def test_fabric_problems_are_labelled_by_fabric():
+    # issue 38, item 11: two fabrics with a degraded cable each are two series, not one count of 2.
+    from typing import Any, cast
+
+    from llmgw.fabric.subnet import FabricProblem, FabricProblemKind, FabricReport
+    from llmgw.server.fabric_service import FabricCollector
+
+    class Service:
+        report = FabricReport(fabrics=[], unmanaged=[], problems=[
+            FabricProblem(kind=FabricProblemKind.SM_UNREADABLE, message="could not read the subnet manager list")])
+
+        def fabric_ids(self) -> list[str]:
+            return ["0xaa", "0xbb"]
+
+        def problems(self, fabric_id: str) -> list[dict[str, Any]]:
+            return [{"kind": "degraded_link", "message": "x"}]
+
+    got = {f.name: f for f in FabricCollector(cast(Any, Service())).collect()}
+    values = {tuple(sorted(s.labels.items())): s.value for s in got["llmgw_fabric_problems"].samples}
+    assert values == {(("fabric", "0xaa"), ("kind", "degraded_link")): 1,
+                      (("fabric", "0xbb"), ("kind", "degraded_link")): 1,
+                      (("fabric", ""), ("kind", "sm_unreadable")): 1}

@@ -131,3 +131,23 @@ def test_loopback_on_one_side_of_a_pair_is_refused_on_both_ends():
         launch_env.check_address(rank(1, master="10.9.0.1"), facts("127.0.0.1"))
     with pytest.raises(launch_env.LaunchError, match=r"rank 0's node advertises a loopback address \(127.0.0.1\)"):
         launch_env.check_address(rank(1, master="127.0.0.1"), facts("10.1.0.5"))
+
+
+def test_roce_ports_with_different_gid_indexes_launch_and_nccl_picks_per_device():
+    # issue 38, item 9: NCCL >= 2.21 chooses the GID per device when NCCL_IB_GID_INDEX is unset
+    # (NVIDIA/nccl v2.31.2-1 src/transport/net_ib/connect.cc: IB_GID_INDEX defaults to -1,
+    # IB_ROCE_VERSION_NUM to 2), so one number for all ports is not needed and must not be forced.
+    ports = [Port(device="mlx5_1", port=1, link_layer="Ethernet", state="ACTIVE", rate_gbps=100.0,
+                  roce_v2_ipv4_gid_index=3),
+             Port(device="mlx5_2", port=1, link_layer="Ethernet", state="ACTIVE", rate_gbps=100.0,
+                  roce_v2_ipv4_gid_index=5)]
+    statuses = declared.check_fabrics([FabricDecl(name="roce", kind="roce", devices=["mlx5_1", "mlx5_2"])], ports)
+    env = env_for("roce", ports=ports, statuses=statuses)
+    assert env["NCCL_IB_HCA"] == "=mlx5_1:1,mlx5_2:1"
+    assert "NCCL_IB_GID_INDEX" not in env
+    assert env["NCCL_IB_ROCE_VERSION_NUM"] == "2"
+
+
+def test_a_profiles_nccl_ib_tc_is_reported_with_the_launch_env():
+    report = {s.name: s for s in launch_env.settings(env_for("roce"), {"NCCL_IB_TC": "106"})}
+    assert report["NCCL_IB_TC"].value == "106" and report["NCCL_IB_TC"].overridden

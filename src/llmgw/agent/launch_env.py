@@ -27,7 +27,11 @@ collective. So the agent sets, from what it discovered on this node:
   FASTEST_FIRST, which renumbers the GPUs of a board that mixes models, and then a shard runs on
   GPUs placement gave another (vLLM warns of it: vllm/platforms/cuda.py `log_warnings`).
 - `NCCL_IB_GID_INDEX` on RoCE only: the index of the RoCE v2 GID holding an IPv4-mapped
-  address (gid_attrs/types + gids), the same on every usable port or the launch is refused.
+  address (gid_attrs/types + gids) when it is the same on every usable port; when ports differ it
+  is left unset with `NCCL_IB_ROCE_VERSION_NUM=2`, and NCCL >= 2.21 picks per device.
+- `NCCL_IB_TC` (the traffic class of RoCE's lossless priority, e.g. 106 for DSCP 26 with ECN on a
+  PFC-enabled priority) is the network's choice, not the node's: the agent derives none, a
+  profile's `env:` sets it, and the launch report lists it beside the derived keys.
 
 A profile's `env:` wins over any of these; what was derived and what was overridden is
 reported back (ShardStatus.launch_env) and shown by the API.
@@ -63,7 +67,7 @@ class LaunchFacts(msgspec.Struct):
 
 
 DERIVED_KEYS = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_GID_INDEX",
-                "VLLM_HOST_IP", "SGLANG_HOST_IP", "CUDA_DEVICE_ORDER")
+                "NCCL_IB_ROCE_VERSION_NUM", "NCCL_IB_TC", "VLLM_HOST_IP", "SGLANG_HOST_IP", "CUDA_DEVICE_ORDER")
 # The variable each engine reads its own node's address from (see the module docstring).
 HOST_IP_ENV = {"vllm": "VLLM_HOST_IP", "sim": "VLLM_HOST_IP", "sglang": "SGLANG_HOST_IP"}
 
@@ -102,10 +106,14 @@ def derive(fabric: FabricStatus | None, ports: Sequence[Port], mgmt_interface: s
                                   "(no IPv4 address on its interface?); NCCL would pick a GID the other nodes cannot reach")
             indexes.setdefault(index, []).append(name)
         if len(indexes) > 1:
-            detail = "; ".join(f"{', '.join(names)}: {index}" for index, names in sorted(indexes.items()))
-            raise LaunchError(f"fabric {fabric.name}: the RoCE v2 IPv4 GID index differs between ports ({detail}) and "
-                              "NCCL_IB_GID_INDEX is one number; set it in the profile's env")
-        env["NCCL_IB_GID_INDEX"] = str(next(iter(indexes)))
+            # NCCL >= 2.21 picks the GID per device when NCCL_IB_GID_INDEX is unset (-1), taking a
+            # RoCE v2 one (NCCL_IB_ROCE_VERSION_NUM, default 2): NVIDIA/nccl v2.31.2-1
+            # src/transport/net_ib/connect.cc, NCCL_PARAM(IbGidIndex, "IB_GID_INDEX", -1) and
+            # NCCL_PARAM(IbRoceVersionNum, "IB_ROCE_VERSION_NUM", 2). One number would be wrong
+            # for some port, so none is set and the version is said explicitly.
+            env["NCCL_IB_ROCE_VERSION_NUM"] = "2"
+        else:
+            env["NCCL_IB_GID_INDEX"] = str(next(iter(indexes)))
     return env
 
 

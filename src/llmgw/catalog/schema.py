@@ -291,7 +291,11 @@ class FabricSettings(_Config):
 
     discover_interval: Duration = Duration(300)  # ibnetdiscover
     sm_interval: Duration = Duration(60)  # saquery SMIR through one port per fabric
-    tool_timeout: Duration = Duration(60)  # a tool still running then is killed by its agent
+    # A tool still running then is killed by its agent. 600 s: libibnetdisc (rdma-core 691953d8d,
+    # libibnetdisc/internal.h) keeps 2 SMPs on the wire with a 1000 ms timeout and 3 retries, so
+    # each port that does not answer adds 2 s to an ibnetdiscover sweep: a few thousand nodes with
+    # a hundred dead or hung ports take minutes (the old 60 s killed such sweeps every time).
+    tool_timeout: Duration = Duration(600)
 
 
 class EventSettings(_Config):

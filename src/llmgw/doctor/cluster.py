@@ -17,6 +17,7 @@ STUCK_STOPPING = 300.0
 # Fabric problem kinds (fabric/analysis.py, fabric/subnet.py, server/fabric_service.py) → status.
 FABRIC_STATUS = {
     "no_sm": CRIT,  # ports up with no subnet manager: they carry nothing
+    "sm_unreadable": WARN,  # the SM list came back in a format llmgw does not read: not "no SM"
     "sm_disagree": CRIT,  # two masters, or none: the subnet is split or unmanaged
     "no_standby": WARN,  # the next SM failure leaves the fabric unmanaged
     "master_changed": WARN,  # a failover in the last hour: why did the master go?
@@ -28,6 +29,7 @@ FABRIC_STATUS = {
 }
 FABRIC_ACTION = {
     "no_sm": "start a subnet manager on this fabric (opensm on a switch or node)",
+    "sm_unreadable": "run `saquery SMIR` (or `sminfo`) on that node by hand: llmgw reads those two formats",
     "sm_disagree": "sminfo through ports on each side; a partitioned fabric or two SMs with the same priority",
     "no_standby": "run a second subnet manager at a lower priority (a standby takes over when the master fails)",
     "master_changed": "the previous master's SM log says why it stopped; `llmgw ctl fabrics` shows the history",

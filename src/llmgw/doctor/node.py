@@ -221,7 +221,14 @@ def check_ports(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
             continue
         why = explain_state(state, phys)
         where = f"fabric {declared[port.device]}" if port.device in declared else "no declared fabric"
-        if state == "INIT":
+        if port.link_layer.lower() == "ethernet" and state in ("INIT", "ARMED"):
+            # RoCE has no subnet manager: the port's state follows its netdev (carrier, the switch
+            # port, the VLAN); NCCL's RoCE traffic also needs the lossless class (PFC/ECN) end to end.
+            out.append(_f(n, "ports", CRIT if port.device in declared else WARN,
+                          f"{key} {state} ({phys or 'unknown'}) on Ethernet (RoCE) ({where})",
+                          f"check the link of {port.device}'s netdev (`ip link`, `ethtool`), the switch port and "
+                          "its LLDP neighbour, and PFC/ECN on the lossless priority (`mlnx_qos -i <netdev>`)", key))
+        elif state == "INIT":
             out.append(_f(n, "ports", CRIT, f"{key} {why} ({where})",
                           "start a subnet manager on this fabric (opensm on a switch or node; `sminfo` through the port "
                           "says whether one answers)", key))

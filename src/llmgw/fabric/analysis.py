@@ -156,6 +156,9 @@ class FabricMap(msgspec.Struct, kw_only=True, gc=False):
     rails: list[RailInfo]
     rail_violations: list[RailViolation]
     problems: list[Problem]
+    # Nodes not judged for rails: their adapters are counted or named unlike most nodes' (a UFM
+    # host's `HCA-1`, a storage box with 1 adapter of 4), so their rank by name means nothing.
+    rails_apart: list[str] = []
 
 
 def host_of(description: str) -> tuple[str | None, str]:
@@ -233,7 +236,8 @@ def analyse(topo: Topology, known: Mapping[str, tuple[str, str]] | None = None) 
                               width=link.width, speed=link.speed, rate_gbps=rate, degraded=bool(reason),
                               reason=reason))
 
-    rails, violations, optimised = _rails(topo, hosts, kinds)
+    apart: list[str] = []
+    rails, violations, optimised = _rails(topo, hosts, kinds, apart)
     problems = _problems(topo, links, violations, nodes)
     tiers = Counter(s.tier for s in switches)
     summary = Summary(
@@ -243,7 +247,7 @@ def analyse(topo: Topology, known: Mapping[str, tuple[str, str]] | None = None) 
         tiers={name: tiers[name] for name in (*TIER_NAMES, "core", "unreached") if name in tiers}, rail_optimised=optimised, unreadable_lines=len(topo.problems),
     )
     return FabricMap(format=topo.format, summary=summary, switches=switches, adapters=adapters, links=links,
-                     rails=rails, rail_violations=violations, problems=problems)
+                     rails=rails, rail_violations=violations, problems=problems, rails_apart=apart)
 
 
 def _link_kind(nodes: Mapping[str, Node], aggregation: set[str], link: Link) -> LinkKind:
@@ -352,8 +356,13 @@ def _natural(text: str) -> tuple[tuple[int, str], ...]:
     return tuple((int(p), "") if i % 2 else (-1, p) for i, p in enumerate(_DIGITS.split(text)))
 
 
+def _shape(devices: Iterable[str]) -> tuple[str, ...]:
+    """How a node's adapters look: their names with the numbers taken out (`mlx5_#`, `HCA-#`)."""
+    return tuple(sorted(re.sub(r"\d+", "#", d) for d in devices))
+
+
 def _rails(topo: Topology, hosts: Mapping[str, tuple[str | None, str]],
-           kinds: list[LinkKind]) -> tuple[list[RailInfo], list[RailViolation], bool]:
+           kinds: list[LinkKind], apart: list[str]) -> tuple[list[RailInfo], list[RailViolation], bool]:
     nodes = topo.nodes
     switch = NodeKind.SWITCH
     # node → [(device, adapter key, leaf key)] for its adapters cabled to a switch
@@ -374,8 +383,12 @@ def _rails(topo: Topology, hosts: Mapping[str, tuple[str | None, str]],
         cabled[host[0]].append((host[1] if port == 1 else f"{host[1]}/{port}", here, there))
     # The Nth adapter of a node, by device name (mlx5_0 < mlx5_2 < mlx5_10), then GUID.
     entries: list[tuple[str, int, str, str, str]] = []  # node, rank, device, adapter, leaf
+    # Rails are judged among nodes that look alike: the commonest shape (adapter count and naming).
+    shapes = {node: _shape(i[0] for i in items) for node, items in cabled.items() if len(items) >= 2}
+    common = Counter(shapes.values()).most_common(1)[0][0] if shapes else ()
+    apart.extend(sorted((n for n, shape in shapes.items() if shape != common), key=_natural))
     for node, items in cabled.items():
-        if len(items) < 2:
+        if len(items) < 2 or shapes.get(node) != common:
             continue
         for rank, (device, adapter, leaf) in enumerate(sorted(items, key=lambda i: (_natural(i[0]), i[1]))):
             entries.append((node, rank, device or f"adapter {rank}", adapter, leaf))
@@ -429,10 +442,11 @@ def _rails(topo: Topology, hosts: Mapping[str, tuple[str | None, str]],
         if leaf_rail[leaf] == rank:
             continue
         home = node_leaves.get(node)
-        expected = ""
-        if home:
-            candidates = rail_leaves.get((group_of[home[0]], rank), [])
-            expected = candidates[0] if candidates else ""
+        # A node none of whose adapters is on its rail (both swapped on a 2-rail node, the commonest
+        # miscabling) has no home from its matches: the leaf it is cabled to says its group.
+        group = group_of[home[0]] if home else group_of[leaf]
+        candidates = rail_leaves.get((group, rank), [])
+        expected = candidates[0] if candidates else ""
         violations.append(RailViolation(
             node=node, adapter=device, guid=adapter, leaf=leaf, leaf_description=nodes[leaf].description,
             rail_leaf=expected, rail_leaf_description=nodes[expected].description if expected else "",

@@ -90,12 +90,42 @@ def check_fabric(decl: FabricDecl, ports: Sequence[Port]) -> FabricStatus:
             )
             continue
         usable.extend(active)
+    if not explicit and usable:
+        usable = _one_subnet(usable, status.problems)
     status.ports = [f"{p.device}:{p.port}" for p in usable]
     status.rate_gbps = min((p.rate_gbps for p in usable), default=0.0)
     # Declared adapters: all of them or the fabric is not advertised (a job would hang on the
     # missing one). Found ones (no devices declared): whichever are up.
     status.usable = bool(usable) and (not explicit or not status.problems)
     return status
+
+
+def _subnet(port: Port) -> tuple[str, int]:
+    """What tells one subnet from another on a port: the subnet prefix (the first 64 bits of
+    /sys/class/infiniband/<dev>/ports/<n>/gids/0) and the LID of the SM that manages it
+    (ports/<n>/sm_lid). The prefix alone is not enough: most subnets keep the default fe80::."""
+    prefix = ":".join(port.gid.split(":")[:4]) if port.gid.count(":") >= 4 else ""
+    return prefix, port.sm_lid
+
+
+def _one_subnet(ports: list[Port], problems: list[str]) -> list[Port]:
+    """Found adapters (none declared): the ports of one subnet, never two in one NCCL_IB_HCA (a
+    storage HCA or a second fabric's would hang the first collective that crosses them). The
+    subnet with the most ports wins, then the fastest, then the one of the first adapter."""
+    if ports[0].link_layer != "InfiniBand":
+        return ports  # RoCE: Ethernet has no SM; its subnets are IP routing's business
+    groups: dict[tuple[str, int], list[Port]] = {}
+    for port in ports:
+        groups.setdefault(_subnet(port), []).append(port)
+    if len(groups) == 1:
+        return ports
+    order = {id(p): i for i, p in enumerate(ports)}
+    best = min(groups.values(), key=lambda g: (-len(g), -min(p.rate_gbps for p in g), order[id(g[0])]))
+    left = [p for p in ports if p not in best]
+    first = best[0]
+    problems.append(f"left out, on another subnet than {first.device}:{first.port} (SM lid {first.sm_lid}): "
+                    + ", ".join(f"{p.device}:{p.port} (SM lid {p.sm_lid})" for p in left))
+    return best
 
 
 def check_fabrics(decls: Sequence[FabricDecl], ports: Sequence[Port]) -> list[FabricStatus]:

@@ -20,7 +20,10 @@ from llmgw.fabric.sysfs import parse_guid, roce_v2_ipv4_gid_index
 from llmgw.wire.messages import Port
 
 _IBSTAT_STATES = {"active": "ACTIVE", "initializing": "INIT", "init": "INIT", "down": "DOWN", "armed": "ARMED"}
-_CA = re.compile(r"^CA '([^']+)'\s*$")
+# `CA 'mlx5_0'` (ca_dump) or, for `ibstat mlx4_0 1`, `CA: 'mlx4_0'` with the port's lines unindented
+# (ca_stat → port_dump(alone=1)): rdma-core infiniband-diags/ibstat.c @691953d8d. node_type_str
+# also gives `Switch`, `Router`, `RNIC` and `???`.
+_CA = re.compile(r"^(?:CA|Switch|Router|RNIC|\?\?\?):? '([^']+)'\s*$")
 _PORT = re.compile(r"^Port (\d+):\s*$")
 
 

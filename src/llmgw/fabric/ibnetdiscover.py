@@ -55,7 +55,7 @@ _NODE = re.compile(
 )
 _SWITCH_TAIL = re.compile(r"\s*(?:base|enhanced)\s+port\s+0\s+lid\s+(\d{1,9})\s+lmc\s+\d{1,9}", re.ASCII)
 _PORT = re.compile(
-    r"\[(\d{1,9})\](?:\[ext\s*\d{1,9}\])?(?:\(([^)]*)\))?\s*"  # local port, [ext], (port guid | label)
+    r"\[(\d{1,9})\](?:\[ext\s*\d{1,9}\])?(?:\(([^)]*)\))?(?:\(([^)]*)\))?\s*"  # local port, [ext], (guid | label)x2
     r'"([SHR])-([^"]*)"\[(\d{1,9})\](?:\[ext\s*\d{1,9}\])?'  # the peer
     r"(?:\s*\(([^)]*)\))?\s*#\s*(.*)$",  # the peer's port guid, then the comment
     re.ASCII,
@@ -63,7 +63,8 @@ _PORT = re.compile(
 # The same with the comment read in the same match: one regex call per port line.
 _PORT_FULL = re.compile(
     _PORT.pattern[: -len("(.*)$")]
-    + r'(?:lid\s+(\d{1,9})\s+lmc\s+\d{1,9}\s+)?"(.*)"\s+lid\s+(\d{1,9})\s+(\d{1,2}x|\?\?)([A-Z0-9]+|\?\?\?)',
+    + r'(?:lid\s+(\d{1,9})\s+lmc\s+\d{1,9}\s+)?"(.*)"\s+lid\s*(-?\d{1,9})?'
+    + r'(?:\s+(\d{1,2}x|\?\?)([A-Z0-9]+|\?\?\?))?',
     re.ASCII,
 )
 _ID_NAMES = frozenset(("vendid", "devid", "sysimgguid", "switchguid", "caguid", "rtguid"))
@@ -260,8 +261,14 @@ def _port_problem(build: _Builder, current: Node | None, line: str, number: int)
 
 
 def _port_line(build: _Builder, current: Node, match: re.Match[str], number: int) -> None:
-    (port, local_paren, prefix, token, peer_port, peer_guid,
+    (port, local_paren, second_paren, prefix, token, peer_port, peer_guid,
      own_lid, description, peer_lid, width, speed) = match.groups()
+    # Old OFED (no `<width><speed>`): the cable is kept, its rate unknown. ibdiagnet's invalid
+    # LIDs (`lid  4xHDR`, `lid -1`) read as 0.
+    width, speed = width or "??", speed or "???"
+    lid = int(peer_lid) if peer_lid and not peer_lid.startswith("-") else 0
+    if second_paren and not (local_paren and normalise_guid(local_paren)):
+        local_paren = second_paren  # ibdiagnet: `[1](label)(guid)` or `[1](guid)(label)`
     kind = KINDS[prefix]
     key = build.keys.get(token) or build.key(token, description)
     peer = build.topo.nodes.get(key)
@@ -271,7 +278,7 @@ def _port_line(build: _Builder, current: Node, match: re.Match[str], number: int
             build.problem(number, match.string, "the peer GUID was seen before as another kind of node")
             return
         if not peer.lid:
-            peer.lid = int(peer_lid)
+            peer.lid = lid
     local_guid = ""
     if current.kind is not NodeKind.SWITCH:
         local_guid = build.guid(local_paren) if local_paren else ""

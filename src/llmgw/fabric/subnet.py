@@ -152,9 +152,26 @@ def parse_sminfo(text: str) -> SmParse:
     return SmParse(records=records, problems=problems)
 
 
+UNREADABLE_SM = "could not read the subnet manager list"
+
+
 def parse_sm_text(text: str) -> SmParse:
-    """Either source, by what the text holds."""
-    return parse_smir(text) if "SMInfoRecord dump:" in text else parse_sminfo(text)
+    """Either source, by what the text holds. Text that is neither (ibdiagnet's `ibdiagnet2.sm`
+    report, `saquery -s` PortInfoRecords, an error page) is one problem, not an empty list: an
+    empty list reads as "no subnet manager", and "start opensm" is the wrong advice for a fabric
+    whose SM is fine but whose report llmgw cannot read."""
+    parsed = parse_smir(text) if "SMInfoRecord dump:" in text else parse_sminfo(text)
+    if parsed.records or parsed.problems:
+        return parsed
+    first = next(((n, line.strip()) for n, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1)
+                  if line.strip() and not line.lstrip().startswith("#")), None)
+    if first is None:
+        return parsed
+    parsed.problems.append(LineProblem(
+        line=first[0], text=clip(first[1]),
+        reason=f"{UNREADABLE_SM}: neither `saquery SMIR` nor `sminfo` output (ibdiagnet's .sm, `saquery -s`?)",
+    ))
+    return parsed
 
 
 # ---- fabrics ------------------------------------------------------------------------------------
@@ -168,12 +185,14 @@ class PortView(msgspec.Struct, kw_only=True, frozen=True):
     state: str = "ACTIVE"  # ACTIVE, INIT, DOWN, ARMED
     sm_lid: int = 0
     records: tuple[SmRecord, ...] = ()
+    unreadable: bool = False  # the SM text came back in a format llmgw does not read
 
 
 class FabricProblemKind(enum.StrEnum):
     NO_STANDBY = "no_standby"
     SM_DISAGREE = "sm_disagree"
     NO_SM = "no_sm"
+    SM_UNREADABLE = "sm_unreadable"
     MASTER_CHANGED = "master_changed"
 
 
@@ -248,9 +267,12 @@ def group_fabrics(views: Iterable[PortView], known: Mapping[str, str] | None = N
 
     per_fabric: dict[str, list[PortView]] = defaultdict(list)
     unmanaged: list[str] = []
+    unreadable: list[str] = []
     for view in views:
         if view.records:
             per_fabric[fabric_of[view.records[0].guid]].append(view)
+        elif view.unreadable and view.state.upper() != "INIT":
+            unreadable.append(f"{view.node}/{view.port}")
         elif view.state.upper() == "INIT" or (view.state.upper() == "ACTIVE" and view.sm_lid == 0):
             unmanaged.append(f"{view.node}/{view.port}")
 
@@ -265,6 +287,12 @@ def group_fabrics(views: Iterable[PortView], known: Mapping[str, str] | None = N
         problems.append(FabricProblem(
             kind=FabricProblemKind.NO_SM,
             message=f"{len(unmanaged)} ports are up with no subnet manager (INIT): {', '.join(sorted(unmanaged)[:5])}",
+        ))
+    if unreadable:
+        problems.append(FabricProblem(
+            kind=FabricProblemKind.SM_UNREADABLE,
+            message=f"{UNREADABLE_SM} from {len(unreadable)} ports (not `saquery SMIR` or `sminfo` output): "
+                    + ", ".join(sorted(unreadable)[:5]),
         ))
     return FabricReport(fabrics=fabrics, unmanaged=sorted(unmanaged), problems=problems)
 

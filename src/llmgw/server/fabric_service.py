@@ -290,7 +290,8 @@ class FabricService:
         key = (pending.node, pending.port)
         now = self.wall()
         self.views[key] = (PortView(node=pending.node, port=pending.port, state=state, sm_lid=sm_lid,
-                                    records=tuple(parsed.records)), now)
+                                    records=tuple(parsed.records),
+                                    unreadable=not parsed.records and bool(parsed.problems)), now)
         self.recompute(now)
         master = next((r.guid for r in parsed.records if r.state is SmState.MASTER), "")
         fabric = self.port_fabric.get(key, "")
@@ -416,7 +417,7 @@ def _text(msg: m.DiscoverResult) -> str:
 
 
 class FabricCollector(Collector):
-    """llmgw_fabric_master_sm, llmgw_fabric_subnet_managers, llmgw_fabric_problems{kind}: read at
+    """llmgw_fabric_master_sm, llmgw_fabric_subnet_managers, llmgw_fabric_problems{fabric,kind}: read at
     scrape time from the service's last report."""
 
     def __init__(self, service: FabricService) -> None:
@@ -427,17 +428,24 @@ class FabricCollector(Collector):
                                    labels=["fabric", "guid"])
         count = GaugeMetricFamily("llmgw_fabric_subnet_managers", "Subnet managers each fabric lists.",
                                   labels=["fabric"])
-        problems = GaugeMetricFamily("llmgw_fabric_problems", "Fabric problems now, by kind.", labels=["kind"])
-        kinds: dict[str, int] = {}
+        problems = GaugeMetricFamily("llmgw_fabric_problems", "Fabric problems now, by fabric and kind.",
+                                     labels=["fabric", "kind"])
+        kinds: dict[tuple[str, str], int] = {}
         for fabric in self.service.report.fabrics:
             if fabric.master is not None:
                 master.add_metric([fabric.id, fabric.master.guid], 1)
             count.add_metric([fabric.id], len(fabric.subnet_managers))
         for fabric_id in self.service.fabric_ids():
             for problem in self.service.problems(fabric_id):
-                kinds[problem["kind"]] = kinds.get(problem["kind"], 0) + 1
-        for kind, value in sorted(kinds.items()):
-            problems.add_metric([kind], value)
+                key = (fabric_id, problem["kind"])
+                kinds[key] = kinds.get(key, 0) + 1
+        for loose in self.service.report.problems:  # belongs to no fabric (no_sm is counted per fabric)
+            if loose.kind.value == "no_sm":
+                continue
+            key = ("", loose.kind.value)
+            kinds[key] = kinds.get(key, 0) + 1
+        for (fabric_id, kind), value in sorted(kinds.items()):
+            problems.add_metric([fabric_id, kind], value)
         yield master
         yield count
         yield problems

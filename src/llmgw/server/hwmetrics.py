@@ -2,7 +2,8 @@
 GPU, and whether a node's GPU topology is known at all. Read from the registry at scrape time
 (heartbeats cost nothing here).
 
-Port counters are Prometheus counters (`llmgw_ib_port_counter_total`), so `rate()` works on
+Port counters are Prometheus counters (`llmgw_ib_port_data_words_total`, `_packets_total`,
+`_errors_total`: data words, packets and error counts apart, issue 38), so `rate()` works on
 them: the kernel's counters only grow (until the HCA resets, which `rate()` handles). A
 counter the port cannot read (`N/A (no PMA)`) has no series, not a zero.
 
@@ -24,6 +25,11 @@ from llmgw.server.registry import Node
 # caps (fleet.max_ports ports, 64 counters a port: fleet/limits.py) a node's series are bounded.
 _COUNTER_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 
+def _label(text: str) -> str:
+    """A state word as a label value: what sysfs prints, bounded, "" for nothing."""
+    return text if _COUNTER_NAME.match(text) else ("unknown" if text else "")
+
+
 # Sources that stand for NVML: NVML itself, and the simulated inventory that plays it.
 TOPOLOGY_SOURCES = frozenset({"nvml", "sim"})
 
@@ -33,13 +39,20 @@ class HardwareCollector(Collector):
         self._nodes = nodes
 
     def collect(self) -> Iterator[Metric]:
-        active = GaugeMetricFamily("llmgw_ib_port_active", "1 when the RDMA port's state is ACTIVE (latest heartbeat).",
-                                   labels=["node", "device", "port"])
+        active = GaugeMetricFamily("llmgw_ib_port_active", "1 when the RDMA port's state is ACTIVE (latest heartbeat); "
+                                   "state and phys_state say why not (DOWN/Polling: no cable; INIT/LinkUp: no SM).",
+                                   labels=["node", "device", "port", "state", "phys_state"])
         rate = GaugeMetricFamily("llmgw_ib_port_rate_gbps", "The RDMA port's link rate in Gb/s (latest heartbeat).",
                                  labels=["node", "device", "port"])
-        counter = CounterMetricFamily("llmgw_ib_port_counter", "The RDMA port's sysfs counters (counters/ and "
-                                      "counters_ext/, by file name; data counters count 4-byte words).",
+        # Three families, so a sum() or rate() over one never adds words to errors.
+        data = CounterMetricFamily("llmgw_ib_port_data_words", "The RDMA port's data counters (port_xmit_data, "
+                                   "port_rcv_data and their _64 forms), in 4-byte words as the HCA counts them.",
+                                   labels=["node", "device", "port", "counter"])
+        packets = CounterMetricFamily("llmgw_ib_port_packets", "The RDMA port's packet counters (*_packets).",
                                       labels=["node", "device", "port", "counter"])
+        errors = CounterMetricFamily("llmgw_ib_port_errors", "The RDMA port's other sysfs counters: errors and "
+                                     "congestion (symbol_error, link_downed, port_rcv_errors, port_xmit_wait, ...).",
+                                     labels=["node", "device", "port", "counter"])
         peers = GaugeMetricFamily("llmgw_gpu_nvlink_peers", "GPUs this GPU reaches over NVLink (0 is 'none' only where "
                                   "llmgw_node_nvml_available is 1).", labels=["node", "gpu"])
         nvml = GaugeMetricFamily("llmgw_node_nvml_available", "1 when the node's GPUs and NVLink topology came from NVML "
@@ -52,13 +65,17 @@ class HardwareCollector(Collector):
                 peers.add_metric([node.id, str(gpu.index)], float(sum(1 for n in gpu.nvlink.values() if n > 0)))
             for reading in node.ports.values():
                 labels = [node.id, reading.device, str(reading.port)]
-                active.add_metric(labels, 1.0 if reading.state.upper() == "ACTIVE" else 0.0)
+                active.add_metric([*labels, _label(reading.state.upper()), _label(reading.phys_state)],
+                                  1.0 if reading.state.upper() == "ACTIVE" else 0.0)
                 rate.add_metric(labels, reading.rate_gbps)
                 for name, value in sorted(reading.counters.items()):
                     if value is not None and _COUNTER_NAME.match(name):
-                        counter.add_metric([*labels, name], float(value))
+                        family = data if name.endswith(("_data", "_data_64")) else packets if "packets" in name else errors
+                        family.add_metric([*labels, name], float(value))
         yield active
         yield rate
-        yield counter
+        yield data
+        yield packets
+        yield errors
         yield peers
         yield nvml
