@@ -116,3 +116,23 @@ def test_probe_without_nvml_says_why(fresh, monkeypatch, tmp_path):
     gpus, doctor, tests = probe.summary(tmp_path)
     assert gpus.startswith("discovery: no GPUs from NVML (libnvidia-ml.so.1 not found")
     assert doctor.startswith("doctor --local: no report (doctor.json:") and tests == "pytest: no output"
+
+
+def test_every_nvml_call_of_the_probe_is_in_the_real_module():
+    """The probe asks NVML for more than the agent keeps (PCIe, ECC mode, versions): a name
+    nvidia-ml-py lacks would only show on the device, as an error in the JSON."""
+    import ast
+    import inspect
+
+    pynvml = pytest.importorskip("pynvml")
+    tree = ast.parse((ROOT / "tools" / "device_probe.py").read_text(encoding="utf-8"))
+    calls = [(node.args[1].value, len(node.args) - 2) for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_ask"
+             and isinstance(node.args[1], ast.Constant)]
+    names = {name for name, _ in calls}
+    assert {"nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetEccMode", "nvmlSystemGetNVMLVersion",
+            "nvmlDeviceGetTotalEccErrors"} <= names
+    for name, count in calls:
+        fn = getattr(pynvml, name, None)
+        assert fn is not None, f"{name} is not in nvidia-ml-py"
+        inspect.signature(fn).bind(*range(count))
