@@ -1,0 +1,260 @@
+"""The fake pynvml the tests use (tests/unit/test_discovery.py) against the real nvidia-ml-py
+module (issue 44), so that the fake cannot drift from what the agent meets on a GPU node.
+
+Nothing here needs a GPU: `import pynvml` works without a driver (only nvmlInit fails), and the
+real wrappers run against a stub in place of libnvidia-ml's function pointers, which returns
+NVML_SUCCESS and leaves every output zeroed, so their real return types are seen here too.
+Checked, for every name the code in src/ reads from NVML and every name the fake provides:
+- it exists in the real module (a function, a constant or an error class of the same kind);
+- each call the code makes binds to the real signature and to the fake's, and the fake accepts
+  no number of arguments the real one refuses;
+- the fake's constants have the real values (NVML_NVLINK_MAX_LINKS, the most links a GPU can
+  have, only as many or fewer: the fake's boards have 18, nvidia-ml-py 13 says 36);
+- the fake's error classes are NVMLError subclasses there too;
+- what the fake returns has the real return value's attributes, with the same kinds (str, int):
+  the code's `str(pci.busId)` is only right while the real busId is a str, not bytes.
+The same checks run on the device machine (tools/device-check.sh), against a real NVML.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import functools
+import inspect
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.unit.test_discovery import HGX_BUSES, SWITCH_BUSES, doctor_nvml, fake_nvml
+
+pynvml = pytest.importorskip("pynvml")  # a dependency of llmgw: there wherever llmgw installs
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "llmgw"
+
+
+def _is_nvml_name(name: str) -> bool:
+    return name.startswith(("nvml", "NVML"))
+
+
+@functools.cache
+def code_uses() -> dict[str, set[int]]:
+    """Every NVML name the sources read (`nv.X`, `pynvml.X`, `getattr(nv, "X", ...)`), with the
+    numbers of positional arguments each is called with (empty: never called)."""
+    uses: dict[str, set[int]] = defaultdict(set)
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _is_nvml_name(node.attr):
+                uses[node.attr]
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                  and isinstance(node.args[1].value, str) and _is_nvml_name(node.args[1].value)):
+                uses[node.args[1].value]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_nvml_name(node.func.attr):
+                assert not node.keywords, f"{path.name}:{node.lineno}: {node.func.attr} called with keywords"
+                uses[node.func.attr].add(len(node.args))
+    return dict(uses)
+
+
+def fakes() -> list[SimpleNamespace]:
+    """The fake in each of the shapes the tests build it in."""
+    links = {0: [("gpu", 0x2A)] * 2 + [("switch", SWITCH_BUSES[0])], 1: [("gpu", 0x18)] * 2}
+    return [
+        fake_nvml(HGX_BUSES[:2], links),
+        fake_nvml(HGX_BUSES[:2], links, remote_pci=False, remote_type=False),
+        doctor_nvml([SimpleNamespace(device=0, eventData=79)]),
+    ]
+
+
+def fake_items() -> list[tuple[str, Any]]:
+    """(name, what the fake provides under it) in every shape, a name once per distinct value
+    (NVML names only: the fake's own bookkeeping, like doctor_nvml's `registered`, is no part
+    of the API)."""
+    items: list[tuple[str, Any]] = []
+    for nv in fakes():
+        for name, value in vars(nv).items():
+            if _is_nvml_name(name) and not any(n == name and v is value for n, v in items):
+                items.append((name, value))
+    return items
+
+
+def fake_names() -> dict[str, Any]:
+    """Name → what the fake provides under it (the last shape's, doctor_nvml's, where several)."""
+    return dict(fake_items())
+
+
+def _is_function(value: Any) -> bool:
+    return callable(value) and not isinstance(value, type)
+
+
+def _accepts(fn: Any, count: int) -> bool:
+    try:
+        inspect.signature(fn).bind(*range(count))
+    except TypeError:
+        return False
+    return True
+
+
+# ---- names ------------------------------------------------------------------------------------
+
+
+def test_the_code_reads_some_nvml_at_all():
+    """The scan finds what discovery and the Xid watcher call (a scan that found nothing would
+    make every check below pass)."""
+    uses = code_uses()
+    for name in ("nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlEventSetWait",
+                 "nvmlDeviceGetTotalEccErrors", "NVML_NVLINK_MAX_LINKS", "NVMLError_GpuIsLost"):
+        assert name in uses, name
+    assert uses["nvmlDeviceGetNvLinkState"] == {2}
+
+
+def test_every_name_the_code_reads_is_in_the_real_module():
+    missing = sorted(name for name in code_uses() if not hasattr(pynvml, name))
+    assert missing == [], f"the code reads NVML names nvidia-ml-py {_version()} does not have: {missing}"
+
+
+def test_every_name_the_code_reads_is_faked():
+    """What the fake leaves out, the tests never drive: a call the code makes only on a GPU."""
+    missing = sorted(set(code_uses()) - set(fake_names()))
+    assert missing == [], f"the fake pynvml lacks names the code reads: {missing}"
+
+
+def test_every_name_the_fake_provides_is_in_the_real_module():
+    missing = sorted(name for name in fake_names() if not hasattr(pynvml, name))
+    assert missing == [], f"the fake pynvml provides names nvidia-ml-py {_version()} does not have: {missing}"
+
+
+def test_each_name_is_the_same_kind_of_thing():
+    for name, fake in fake_items():
+        real = getattr(pynvml, name, None)
+        if real is None:
+            continue  # test_every_name_the_fake_provides_is_in_the_real_module says so
+        if isinstance(fake, type):
+            assert isinstance(real, type) and issubclass(real, pynvml.NVMLError), name
+            assert issubclass(fake, fake_names()["NVMLError"]), name
+        elif _is_function(fake):
+            assert _is_function(real), f"{name}: the fake's is a function, the real one {type(real).__name__}"
+        else:
+            assert type(fake) is type(real), f"{name}: the fake's is {type(fake).__name__}, the real one {type(real).__name__}"
+
+
+# ---- signatures ----------------------------------------------------------------------------------
+
+
+def test_each_call_the_code_makes_binds_to_the_real_and_the_fake_signature():
+    fakes_of: dict[str, list[Any]] = defaultdict(list)
+    for name, value in fake_items():
+        fakes_of[name].append(value)
+    for name, counts in code_uses().items():
+        real = getattr(pynvml, name, None)
+        for count in counts:
+            assert real is not None and _accepts(real, count), \
+                f"{name} is called with {count} arguments; the real one is {name}{inspect.signature(real) if real else ' (missing)'}"
+            for fake in fakes_of[name]:
+                assert _accepts(fake, count), f"{name} is called with {count} arguments; the fake one takes {inspect.signature(fake)}"
+
+
+def test_the_fake_accepts_no_call_the_real_one_refuses():
+    for name, fake in fake_items():
+        real = getattr(pynvml, name, None)
+        if not _is_function(fake) or real is None:
+            continue
+        for count in range(6):
+            if _accepts(fake, count):
+                assert _accepts(real, count), \
+                    f"{name}: the fake takes {count} arguments, the real one is {name}{inspect.signature(real)}"
+
+
+# ---- constants and errors -----------------------------------------------------------------------
+
+
+def test_the_fake_constants_have_the_real_values():
+    for name, fake in fake_items():
+        real = getattr(pynvml, name, None)
+        if _is_function(fake) or isinstance(fake, type) or real is None:
+            continue
+        if name == "NVML_NVLINK_MAX_LINKS":  # an upper bound: the fake's boards have no more links than NVML can name
+            assert fake <= real, f"{name}: the fake's {fake}, more than the real {real}"
+        else:
+            assert fake == real, f"{name}: the fake's {fake!r}, the real {real!r}"
+
+
+def test_real_errors_are_what_the_code_catches():
+    """Real NVML errors are raised as subclasses of NVMLError (picked by return code), which is
+    what every `except nv.NVMLError` in discovery relies on."""
+    for name in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_NoPermission",
+                 "NVMLError_GpuIsLost", "NVMLError_Timeout", "NVMLError_NotSupported", "NVMLError_InvalidArgument"):
+        cls = getattr(pynvml, name)
+        assert issubclass(cls, pynvml.NVMLError)
+        assert isinstance(pynvml.NVMLError(cls().value), cls), name
+
+
+# ---- return values, through the real wrappers ---------------------------------------------------
+
+
+@pytest.fixture
+def real_wrappers(monkeypatch):
+    """The real module, its C functions replaced by one that succeeds and writes nothing."""
+    asked: list[str] = []
+
+    def lookup(name: str) -> Any:
+        asked.append(name)
+        return lambda *args: 0  # NVML_SUCCESS
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", lookup)
+    return asked
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool | int):
+        return "int"
+    if isinstance(value, str | bytes | float):
+        return type(value).__name__
+    if value is None:
+        return "None"
+    if isinstance(value, ctypes._Pointer | ctypes.c_void_p):
+        return "handle"
+    return "struct"
+
+
+def _check_value(name: str, fake: Any, real: Any) -> None:
+    if _kind(real) == "handle":
+        return  # an opaque handle: the fake's can be anything the fake itself understands
+    if isinstance(fake, SimpleNamespace):
+        assert _kind(real) == "struct", f"{name}: the fake returns a struct, the real one {type(real).__name__}"
+        for attr, value in vars(fake).items():
+            assert hasattr(real, attr), f"{name}: the fake's result has .{attr}, the real {type(real).__name__} has not"
+            _check_value(f"{name}().{attr}", value, getattr(real, attr))
+        return
+    assert _kind(fake) == _kind(real), f"{name}: the fake returns {_kind(fake)}, the real one {_kind(real)} ({real!r})"
+
+
+def test_what_the_fake_returns_has_the_real_shape(real_wrappers):
+    fake = fake_names()
+    called = 0
+    for name, counts in sorted(code_uses().items()):
+        if not _is_function(fake.get(name)) or name == "nvmlInit" or not counts:
+            continue  # nvmlInit loads the library itself: its result is None either way
+        count = max(counts)
+        args = (0, 0, "event-set")[:count] if name == "nvmlDeviceRegisterEvents" else (0,) * count
+        _check_value(name, fake[name](*args), getattr(pynvml, name)(*((0,) * count)))
+        called += 1
+    assert called >= 15 and len(set(real_wrappers)) >= 15
+
+
+def test_real_strings_come_back_as_str_not_bytes(real_wrappers):
+    """`str(...)` of bytes would be "b'GPU-…'": the code relies on these being str."""
+    for name in ("nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlSystemGetDriverVersion"):
+        fn = getattr(pynvml, name)
+        assert isinstance(fn(*((0,) * len(inspect.signature(fn).parameters))), str), name
+    assert isinstance(pynvml.nvmlDeviceGetPciInfo(0).busId, str)
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("nvidia-ml-py")
