@@ -4,6 +4,7 @@ simulated file server (`llmgw sim fileserver`) as processes on loopback."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -170,10 +171,13 @@ def test_a_slow_download_shows_in_ctl_replicas_with_rising_bytes_while_the_repli
     sparse_file(tmp_path / "files" / "model.safetensors", size)
     files, url = start_fileserver(tmp_path, tmp_path / "files", "--rate", "2MB")
     procs.append(files)
+    # A source with credentials and a presigned query (issue 40, finding 3): what viewers see of
+    # the download (GET /api/v1/replicas, ctl) must hold neither; the agent redacts it.
+    secret = url.replace("http://", "http://fetcher:s3cret-pass@") + "/model.safetensors?X-Amz-Signature=sig-0123"
     catalog = f"""\
 models:
   - name: slowfetch
-    source: {url}/model.safetensors
+    source: {secret}
     profiles:
       - {{engine: sim, gpus: 1, start_timeout: 2m}}
 """
@@ -197,6 +201,8 @@ models:
     assert any(s["progress"]["rate"] > 0 for s in samples)
     api = next(r for r in replicas(server) if r["id"] == samples[0]["id"])
     assert api["progress"] is None or api["progress"]["source"] == f"{url}/model.safetensors"  # GET /api/v1/replicas too
+    seen = json.dumps(samples) + json.dumps(replicas(server))
+    assert "s3cret-pass" not in seen and "sig-0123" not in seen and "fetcher@" not in seen
 
     # The table: a line under the replica, not a column.
     def table_line() -> str | None:

@@ -284,7 +284,9 @@ class Weights:
 
     def _progress(self, job: _Job, shard_id: str, failure: Reason | None = None) -> m.Progress:
         t = job.transfer
-        return m.Progress(shard_id=shard_id, source=job.url, done_bytes=t.done, total_bytes=t.total,
+        # The URL as logs show it (no user info, no query): a viewer reads this, and a source's
+        # credentials or presigned signature must not leave the node (issue 40, finding 3).
+        return m.Progress(shard_id=shard_id, source=job.display, done_bytes=t.done, total_bytes=t.total,
                           rate=round(job.rate, 1), fetched=self.fetched.get(job.url, 0),
                           failure=failure.value if failure is not None else "")
 
