@@ -98,13 +98,32 @@ def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_pa
     assert run_llmgw("sim", "node", "set-port", str(dirs["node-1"]), "mlx5_1", "1", "up").returncode == 0
     wait_for_exit(server, 0, "doctor back to 0 once the port is ACTIVE", procs)
 
-    # A cable of node-2 trains at 1x (the topology says so): a warning of the fabric.
+    # A dump that says node-2's cable trained at 1x while node-2 reads its port at 4X (a stale
+    # dump, or a node lying about another's cables, issue 40 finding 10): the map says who
+    # disagrees with whom, and the node's own reading stands: no degraded cable.
     make_fabric(fabric_dir, "--degrade", "node-2")
-    found = wait_for_exit(server, 1, "the degraded cable found", procs)
+    found = wait_for_exit(server, 1, "the dump's disagreement with node-2 found", procs)
     [(where, check, status, _)] = problems(found)
     assert (where, check, status) == ("(cluster)", "fabrics", "warn")
-    cable = next(f for f in found["findings"] if f["status"] == "warn")
-    assert "node-2" in cable["finding"] and cable["action"], cable
+    said = next(f for f in found["findings"] if f["status"] == "warn")
+    assert "node-2 reads 400 Gb/s" in said["finding"] and "ibstat" in said["action"], said
+
+    # The cable of node-2 really trains at 1x (its sysfs and the dump agree): a degraded cable,
+    # a warning of the fabric, and the node's port at a quarter of the fabric's rate is critical.
+    assert run_llmgw("sim", "node", "set-port", str(dirs["node-2"]), "mlx5_1", "1", "up",
+                     "--rate", "100 Gb/sec (1X NDR)").returncode == 0
+
+    def cable_found() -> dict[str, Any] | None:
+        rc, data = doctor(server)
+        return data if rc == 2 and len(problems(data)) == 2 and not any(
+            "reads 400" in f["finding"] for f in data["findings"]) else None
+
+    found = wait_until(cable_found, "the degraded cable found, the dump and node-2 agreeing", procs=procs, deadline=60,
+                       interval=0.5)
+    assert sorted((w, c, s) for w, c, s, _ in problems(found)) == [
+        ("(cluster)", "fabrics", "warn"), ("node-2", "port-rate", "crit")], problems(found)
+    cable = next(f for f in found["findings"] if f["check"] == "fabrics" and f["status"] == "warn")
+    assert "node-2" in cable["finding"] and "reseat" in cable["action"], cable
 
     # A node whose agent declares an adapter it does not have: critical, naming the adapter.
     config = make_sim_node(tmp_path, "node-3", server.fleet_url, "", "--ib-ports", "2", "--fabric", str(fabric_dir),

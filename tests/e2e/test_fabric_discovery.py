@@ -18,6 +18,7 @@ from tests.e2e.harness import (
     ctl,
     make_sim_fabric,
     make_sim_node,
+    run_llmgw,
     start_agent,
     wait_until,
 )
@@ -59,7 +60,10 @@ def test_discovery_failover_and_a_degraded_cable(tmp_path: Path, procs: list[Pro
     assert {s["tier"] for s in topology["switches"]} == {"leaf", "spine"}
     assert topology["summary"]["rail_optimised"] is True
 
-    # The master fails over and a cable of node-2 trains at 1x: the fabric keeps its id.
+    # The master fails over and a cable of node-2 trains at 1x (the dump and node-2's own sysfs
+    # say so alike, as on a real fabric): the fabric keeps its id.
+    assert run_llmgw("sim", "node", "set-port", str(tmp_path / "node-2"), "mlx5_1", "1", "up",
+                     "--rate", "100 Gb/sec (1X NDR)").returncode == 0
     make_fabric(fabric_dir, "--failover", "--degrade", "node-2")
 
     def changed() -> dict | None:

@@ -18,6 +18,7 @@ from tests.e2e.harness import (
     make_sim_fabric,
     make_sim_node,
     replicas,
+    run_llmgw,
     start_agent,
     token_digest,
     wait_until,
@@ -88,7 +89,10 @@ def test_a_replica_lands_under_one_leaf_and_a_short_cable_moves_the_next(tmp_pat
     assert wait_until(lambda: ready_nodes(server), "the 4-node replica ready", DEADLINE, procs) == sorted(LEAF_1)
     assert "under one leaf: leaf-g1-r0" in server.proc.log()  # type: ignore[union-attr]
 
-    # A cable of gpu-3 trains at one lane; once the map shows it, the next placement avoids gpu-3.
+    # A cable of gpu-3 trains at one lane (its sysfs and the dump say so alike); once the map shows
+    # it, the next placement avoids gpu-3.
+    assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-3"), "mlx5_0", "1", "up",
+                     "--rate", "100 Gb/sec (1X NDR)").returncode == 0
     make_fabric(fabric_dir, "--degrade", "gpu-3")
 
     def degraded() -> bool:

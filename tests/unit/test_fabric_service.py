@@ -193,3 +193,32 @@ async def test_smir_goes_through_one_port_per_master_so_a_split_stays_seen(tmp_p
         assert len(asked) == 2 and asked[0] == "n1" and asked[1] in ("n2", "n3"), asked  # (others: ports of no fabric yet)
         for session in fleet.sessions.values():
             session.sent.clear()
+
+
+async def test_a_dump_cannot_mark_another_nodes_cable_degraded(tmp_path: Path) -> None:
+    """Whichever node's dump the map comes from, a host cable's rate is held against what the node
+    at its end reads (issue 40, finding 10): n2's own heartbeat says its mlx5_1 runs at 400 Gb/s,
+    so a dump calling that cable 1xNDR steers no placement away from n2, and the map says who
+    disagrees with whom. Where n2 reads the short rate too, the cable stays short."""
+    for n2_reads, short in ((400.0, ""), (100.0, "cable to leaf-g1-r1 trained 1xNDR (others 4xNDR)")):
+        service, fleet = setup(tmp_path / str(n2_reads))
+        node = service.registry.get("n2")
+        assert node is not None
+        service.registry.heartbeat("n2", node.session, m.Heartbeat(seq=1, ports=[
+            m.PortCounters(device=f"mlx5_{d}", port=1, state="ACTIVE", phys_state="LinkUp",
+                           rate_gbps=n2_reads if d == 1 else 400.0) for d in range(2)]), 1.0)
+        service.tick()
+        await answer(service, fleet, smir_text())
+        service.tick()
+        topo = generate(FabricSpec(nodes=["n1", "n2", "n3"], rails=2, group_size=3, spines=2, degraded=["n2"]))
+        await answer(service, fleet, topo.ibnetdiscover.encode())
+        assert service.places.by_node["n2"]["mlx5_1"].short == short
+        (fabric,) = service.topologies
+        said = [p["message"] for p in service.problems(fabric) if p["kind"] == "map_disagrees"]
+        by = service.topologies[fabric].by
+        if short:
+            assert said == []
+        else:
+            assert said == [f"the dump from {by} has the cable at n2 mlx5_1/1 at 100 Gb/s (1xNDR); n2 reads 400 Gb/s: "
+                            "the node's own reading is used"], said
+            assert service.detail(fabric)["degraded_links"] == []  # type: ignore[index]

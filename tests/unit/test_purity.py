@@ -48,6 +48,7 @@ PURE = [
     "llmgw.fabric.locality",
     "llmgw.fabric.ibnetdiscover",
     "llmgw.fabric.analysis",
+    "llmgw.fabric.crosscheck",
     "llmgw.fabric.subnet",
     "llmgw.fabric.perftest",
     "llmgw.fabric.railtest",

@@ -170,7 +170,9 @@ def _bandwidths(items: tuple[str, ...]) -> dict[str, float]:
 @click.argument("device")
 @click.argument("port", type=click.IntRange(min=1))
 @click.argument("state", type=click.Choice(["up", "down", "init", "polling", "armed", "active"]))
-def set_port_command(directory: str, device: str, port: int, state: str) -> None:
+@click.option("--rate", default="", metavar="RATE",
+              help="The rate the link trained at, as sysfs prints it: '100 Gb/sec (1X NDR)' for a cable at 1x.")
+def set_port_command(directory: str, device: str, port: int, state: str, rate: str) -> None:
     """Change a simulated port's state (the running agent notices on its next heartbeat).
 
     \b
@@ -179,7 +181,7 @@ def set_port_command(directory: str, device: str, port: int, state: str) -> None
     """
     from llmgw.sim.node import set_port
 
-    line = set_port(directory, device, port, state)
+    line = set_port(directory, device, port, state, rate)
     say(f"{device}/{port} in {directory}: {line}")
 
 

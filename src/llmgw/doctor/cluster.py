@@ -26,6 +26,7 @@ FABRIC_STATUS = {
     "unreadable_line": WARN,
     "truncated": WARN,
     "tool_failed": UNKNOWN,  # ibnetdiscover or saquery failed: the map may be stale
+    "map_disagrees": WARN,  # one node's dump says of a cable what the node at its end does not read
 }
 FABRIC_ACTION = {
     "no_sm": "start a subnet manager on this fabric (opensm on a switch or node)",
@@ -38,6 +39,8 @@ FABRIC_ACTION = {
     "unreadable_line": "a newer ibnetdiscover format: upgrade llmgw on the server",
     "truncated": "ibnetdiscover was cut short: raise fabric.tool_timeout",
     "tool_failed": "run the tool by hand on that node to see why (ibnetdiscover / saquery SMIR)",
+    "map_disagrees": "run ibstat on the node at the cable's end and ibnetdiscover on the dump's author: one of "
+                     "them is stale or lies (the node's own reading is what placement uses)",
 }
 
 ClusterCheck = Callable[[ClusterFacts], list[Finding]]

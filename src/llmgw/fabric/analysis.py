@@ -67,6 +67,7 @@ class ProblemKind(enum.StrEnum):
     SM_DISAGREE = "sm_disagree"
     NO_SM = "no_sm"
     MASTER_CHANGED = "master_changed"
+    MAP_DISAGREES = "map_disagrees"  # a node's own port reading against the dump (fabric/crosscheck.py)
 
 
 class LinkKind(enum.StrEnum):
@@ -455,6 +456,11 @@ def _rails(topo: Topology, hosts: Mapping[str, tuple[str | None, str]],
     return rails, violations, True
 
 
+def degraded_problem(link: LinkInfo) -> Problem:
+    return Problem(kind=ProblemKind.DEGRADED_LINK,
+                   message=f"{link.a.name} [{link.a.port}] ↔ {link.b.name} [{link.b.port}]: {link.reason}")
+
+
 def _problems(topo: Topology, links: list[LinkInfo], violations: list[RailViolation],
               nodes: Mapping[str, Node]) -> list[Problem]:
     problems = [
@@ -474,12 +480,7 @@ def _problems(topo: Topology, links: list[LinkInfo], violations: list[RailViolat
     if topo.redacted:
         problems.append(Problem(kind=ProblemKind.REDACTED,
                                 message="GUIDs are redacted: nodes are told apart by their descriptions"))
-    for link in links:
-        if link.degraded:
-            problems.append(Problem(
-                kind=ProblemKind.DEGRADED_LINK,
-                message=f"{link.a.name} [{link.a.port}] ↔ {link.b.name} [{link.b.port}]: {link.reason}",
-            ))
+    problems.extend(degraded_problem(link) for link in links if link.degraded)
     for v in violations:
         where = (f"its rail uses {v.rail_leaf_description} ({v.rail_leaf})" if v.rail_leaf
                  else "no leaf carries this rail for the node's group")

@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from llmgw.catalog.schema import FabricSettings
 from llmgw.fabric.analysis import FabricMap, analyse
+from llmgw.fabric.crosscheck import OwnPort, cross_check
 from llmgw.fabric.ibnetdiscover import parse_topology
 from llmgw.fabric.locality import Place, Places, merge, places
 from llmgw.fabric.subnet import (
@@ -240,8 +241,9 @@ class FabricService:
             self._smir(pending, text)
             return
         known = self._owners()
+        own = self._own_readings(known)
         fabric = pending.fabric or self.port_fabric.get((pending.node, pending.port), "")
-        fabric_map, located = await trio.to_thread.run_sync(lambda: _analysed(text, known, fabric))
+        fabric_map, located = await trio.to_thread.run_sync(lambda: _analysed(text, known, fabric, own, where))
         if not fabric:
             return
         self.topologies[fabric] = TopologyState(map=fabric_map, at=self.wall(), by=where, size=len(text), places=located)
@@ -278,6 +280,25 @@ class FabricService:
                 log.warning("adapter GUID %s is reported by nodes %s: placed under neither in the fabric map",
                             guid, ", ".join(quote(x) for x in sorted(nodes)))
         return known
+
+    def _own_readings(self, known: Mapping[str, tuple[str, str]]) -> dict[tuple[str, int], OwnPort]:
+        """(adapter GUID, port) → what the adapter's own node reads of that port: the second
+        witness for every host cable of a map one node's dump made (fabric/crosscheck.py). Only
+        GUIDs one node alone reports (`known`)."""
+        out: dict[tuple[str, int], OwnPort] = {}
+        for node in self.registry.nodes.values():
+            live = {(r.device, r.port): r for r in node.heartbeat.ports} if node.heartbeat is not None else {}
+            for port in node.inventory.ports:
+                guid = parse_guid(port.node_guid) if port.node_guid else ""
+                if port.link_layer != "InfiniBand" or known.get(guid, ("", ""))[0] != node.id:
+                    continue
+                now = live.get((port.device, port.port))
+                out[(guid, port.port)] = OwnPort(
+                    node=node.id, device=port.device, port=port.port,
+                    state=(now.state if now is not None and now.state else port.state).upper(),
+                    phys_state=now.phys_state if now is not None and now.phys_state else port.phys_state,
+                    rate_gbps=now.rate_gbps if now is not None and now.rate_gbps else port.rate_gbps)
+        return out
 
     def _smir(self, pending: Pending, text: str) -> None:
         node = self.registry.get(pending.node)
@@ -403,9 +424,11 @@ class FabricService:
         return doc
 
 
-def _analysed(text: str, known: Mapping[str, tuple[str, str]], fabric: str) -> tuple[FabricMap, dict[str, dict[str, Place]]]:
-    """Parse, analyse and locate one dump (in a worker thread: a 4,000-node fabric takes a second)."""
-    fabric_map = analyse(parse_topology(text), known)
+def _analysed(text: str, known: Mapping[str, tuple[str, str]], fabric: str, own: Mapping[tuple[str, int], OwnPort],
+              source: str) -> tuple[FabricMap, dict[str, dict[str, Place]]]:
+    """Parse, analyse, cross-check against the nodes' own port readings and locate one dump (in
+    a worker thread: a 4,000-node fabric takes a second)."""
+    fabric_map = cross_check(analyse(parse_topology(text), known), own, source)
     return fabric_map, places(fabric, fabric_map)
 
 

@@ -566,17 +566,25 @@ def write_perftest_standin(root: str, bandwidth: dict[str, float]) -> None:
     atomic_write(os.path.join(bin_dir, "ib_write_bw"), script.encode(), mode=0o755)
 
 
-def set_port(directory: str, device: str, port: int, state: str) -> str:
+def set_port(directory: str, device: str, port: int, state: str, rate: str = "") -> str:
     """Change a simulated port's state the way the kernel would show it (cable pulled: down;
-    subnet manager gone: init; back: up). Atomic per file; the running agent reads it on its
-    next heartbeat. Returns the new `state` line."""
+    subnet manager gone: init; back: up), and with `rate` the rate it trained at (a cable that
+    came back at 1x: `100 Gb/sec (1X NDR)`, as `llmgw sim fabric --degrade` prints it in the
+    dump). Atomic per file; the running agent reads it on its next heartbeat. Returns the new
+    `state` line."""
     if state not in PORT_STATES:
         raise UsageError(f"port state {state!r}: use one of {', '.join(PORT_STATES)}")
+    if rate:
+        parsed = sysfs.parse_rate(rate)
+        if parsed.gbps <= 0 or not parsed.width:
+            raise UsageError(f"rate {rate!r}: write it as sysfs does, like '100 Gb/sec (1X NDR)'")
     port_dir = os.path.join(os.path.abspath(directory), "sys", "class", "infiniband", device, "ports", str(port))
     if not os.path.isdir(port_dir):
         raise UsageError(f"no port {device}/{port} in the simulated node {directory} ({port_dir} is not there)")
     state_line, phys_line = PORT_STATES[state]
     try:
+        if rate:
+            atomic_write(os.path.join(port_dir, "rate"), (rate + "\n").encode())
         atomic_write(os.path.join(port_dir, "phys_state"), (phys_line + "\n").encode())
         atomic_write(os.path.join(port_dir, "state"), (state_line + "\n").encode())
     except OSError as exc:
