@@ -261,3 +261,48 @@ models:
     assert f"shard {first['shards'][0]['shard_id']} stopped before it was launched" in agent.log()
     cached = list((tmp_path / "gpu-01" / "work" / "models").glob("*/model.safetensors"))
     assert len(cached) == 1 and cached[0].stat().st_size == size
+
+
+def test_a_redirect_into_the_node_is_refused_and_a_same_host_redirect_still_fetches(tmp_path: Path, procs: list[Proc]) -> None:
+    """Issue 40, finding 4, as reported: the source's server answers 302 to a "metadata service"
+    (here another port on loopback); the replica fails with one line naming the redirect, and
+    the metadata service is never asked. Beside it, a mirror handing off on its own host works."""
+    (tmp_path / "meta" / "latest" / "meta-data").mkdir(parents=True)
+    (tmp_path / "meta" / "latest" / "meta-data" / "iam").write_text('{"AccessKeyId": "AKIA-node-role"}')
+    meta, meta_url = start_fileserver(tmp_path, tmp_path / "meta", name="metadata")
+    procs.append(meta)
+    sparse_file(tmp_path / "files" / "store" / "good.safetensors", 2_000_000)
+    files, url = start_fileserver(tmp_path, tmp_path / "files", "--redirect", f"/model.safetensors={meta_url}/latest/meta-data/iam",
+                                  "--redirect", "/good.safetensors=/store/good.safetensors")
+    procs.append(files)
+    catalog = f"""\
+models:
+  - name: stolen
+    source: {url}/model.safetensors
+    profiles:
+      - {{engine: sim, gpus: 1, start_timeout: 30s}}
+  - name: mirrored
+    source: {url}/good.safetensors
+    profiles:
+      - {{engine: sim, gpus: 1, start_timeout: 30s}}
+"""
+    server, _ = one_node(tmp_path, procs, catalog)
+    states: dict[str, dict[str, Any]] = {}
+
+    def settled() -> bool:  # the failed replica is retried: its failure is kept once seen
+        for r in replicas(server):
+            if states.get(r["model"], {}).get("state") not in ("failed", "ready"):
+                states[r["model"]] = r
+        return states.get("stolen", {}).get("state") == "failed" and states.get("mirrored", {}).get("state") == "ready"
+
+    wait_until(settled, "the redirected replica failed and the mirrored one ready", procs=procs, deadline=60)
+    meta_host = meta_url.removeprefix("http://")
+    reason = states["stolen"]["reason"]
+    assert (f"weights {url}/model.safetensors: redirect to {meta_url}/latest/meta-data/iam refused: {meta_host} is not "
+            f"the source's host ({url.removeprefix('http://')}) nor in the catalog's allow_redirect_hosts") in reason, reason
+    assert "\n" not in reason
+    assert "GET " not in meta.log()  # the metadata service was never asked
+    cached = list((tmp_path / "gpu-01" / "work" / "models").glob("*/*"))
+    assert [p.name for p in cached] == ["good.safetensors"] and cached[0].stat().st_size == 2_000_000
+    wait_until(lambda: metric(server, "llmgw_weights_fetch_failures_total", node="gpu-01", reason="redirect") >= 1,
+               "the refusal counted in llmgw_weights_fetch_failures_total", procs=procs)

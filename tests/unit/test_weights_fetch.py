@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 import random
+import re
+import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -18,7 +21,7 @@ import trio
 import trio.testing
 
 from llmgw.agent.engines import LaunchError
-from llmgw.agent.fetch import partial_paths
+from llmgw.agent.fetch import DISK_MARGIN, partial_paths
 from llmgw.agent.weights import Weights, WeightsPlan
 from llmgw.catalog.sources import SourceKind
 from llmgw.sim.fileserver import FileServerHandle, FileServerOptions, serve_files
@@ -62,6 +65,10 @@ def size_of(path: Path) -> int | None:
         return path.stat().st_size
     except FileNotFoundError:
         return None
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 def put(path: str | Path, data: bytes) -> None:
@@ -512,3 +519,181 @@ async def test_a_shard_that_comes_as_the_last_one_leaves_gets_the_whole_file(tmp
         seen = srv.server.seen
     assert content(plan.target) == data
     assert len(seen) == 2 and seen[1].status == 206
+
+
+# -- redirects (issue 40, finding 4): the source's host or the catalog's list, bounded, never inward ----------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_a_redirect_to_a_metadata_service_on_another_host_or_port_is_refused_and_nothing_is_saved(
+        tmp_path: Path, host: str) -> None:
+    """The issue's attack: the source's server answers 302 to the node's metadata service (here
+    another port on loopback, and another name for it): refused, never fetched, nothing saved."""
+    put(tmp_path / "meta" / "latest" / "meta-data" / "iam", b'{"AccessKeyId": "AKIA..."}')
+    (tmp_path / "srv").mkdir()
+    async with file_server(tmp_path / "meta") as meta:
+        location = f"http://{host}:{meta.port}/latest/meta-data/iam"
+        async with file_server(tmp_path / "srv", redirects={"/model.safetensors": location}) as srv:
+            w = weights(tmp_path)
+            plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+            sent = Sent()
+            with pytest.raises(LaunchError) as info:
+                await fetch(w, plan, sent)
+            assert [s.status for s in srv.server.seen] == [302]  # asked once: a refusal is not retried
+        assert meta.server.seen == []  # the metadata service was never asked
+    text = str(info.value)
+    assert text == (f"weights {srv.url}/model.safetensors: redirect to {location} refused: {host}:{meta.port} is not "
+                    f"the source's host (127.0.0.1:{srv.port}) nor in the catalog's allow_redirect_hosts")
+    target = Path(plan.target)
+    assert not exists(target, *partial_paths(target))
+    assert [p.failure for p in sent.messages if p.failure] == ["redirect"]
+
+
+async def test_a_same_host_redirect_is_followed_and_a_cut_download_resumes_through_it(tmp_path: Path) -> None:
+    """The legitimate use beside the attack: a mirror that hands the file off on its own host
+    (relative and absolute Location) still works, and the resume goes through the redirect."""
+    data = make_file(tmp_path / "srv" / "store")
+    async with file_server(tmp_path / "srv", drop_after=SIZE // 3) as srv:
+        srv.server.options.redirects = {"/model.safetensors": "/hop", "/hop": f"{srv.url}/store/model.safetensors"}
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        await fetch(w, plan, Sent())
+        seen = srv.server.seen
+    assert [(s.path, s.status) for s in seen] == [("/model.safetensors", 302), ("/hop", 302), ("/store/model.safetensors", 200),
+                                                  ("/model.safetensors", 302), ("/hop", 302), ("/store/model.safetensors", 206)]
+    assert seen[-1].range == f"bytes={SIZE // 3}-" and seen[-1].if_range
+    assert content(plan.target) == data
+
+
+@pytest.mark.parametrize(("hops", "ok"), [(5, True), (6, False)])
+async def test_redirects_are_followed_for_at_most_five_hops(tmp_path: Path, hops: int, ok: bool) -> None:
+    data = make_file(tmp_path / "srv")
+    chain = {f"/r{i}": f"/r{i + 1}" for i in range(hops - 1)} | {f"/r{hops - 1}": "/model.safetensors"}
+    async with file_server(tmp_path / "srv", redirects=chain) as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/r0"))
+        if ok:
+            await fetch(w, plan, Sent())
+            assert content(plan.target) == data
+        else:
+            with pytest.raises(LaunchError, match=f"refused to follow more than 5 redirects "
+                                                  f"\\(the last to {srv.url}/model.safetensors\\)"):
+                await fetch(w, plan, Sent())
+            assert not exists(plan.target)
+        assert len(srv.server.seen) == hops + ok  # no request after the refusal
+
+
+async def test_a_host_the_catalog_allows_is_followed_unless_it_resolves_to_an_internal_address(tmp_path: Path) -> None:
+    """allow_redirect_hosts lets a source hand off to its CDN; the CDN's name resolving to the
+    metadata address (a DNS answer the source's owner controls) is still refused."""
+    data = make_file(tmp_path / "cdn")
+    (tmp_path / "srv").mkdir()
+    async with file_server(tmp_path / "cdn") as cdn:
+        allowed = f"localhost:{cdn.port}"
+        location = f"http://{allowed}/model.safetensors"
+        async with file_server(tmp_path / "srv", redirects={"/model.safetensors": location}) as srv:
+            source = spec(f"{srv.url}/model.safetensors")
+            source.allow_redirect_hosts.append(allowed)
+            w = weights(tmp_path, resolve=lambda host, port: ["127.0.0.1"])  # localhost, whatever /etc/hosts says
+            plan = w.plan(source)
+            await fetch(w, plan, Sent())
+            assert content(plan.target) == data and [s.status for s in cdn.server.seen] == [200]
+
+            os.unlink(plan.target)
+            poisoned = weights(tmp_path, resolve=lambda host, port: ["169.254.169.254"] if host == "localhost" else ["127.0.0.1"])
+            with pytest.raises(LaunchError, match=f"redirect to {location} refused: localhost resolves to "
+                                                  "169.254.169.254, a metadata address"):
+                await fetch(poisoned, poisoned.plan(source), Sent())
+            assert len(cdn.server.seen) == 1  # not asked again
+
+
+# -- the cache (issue 40, finding 8): no link followed, 0700/0600, no credentials at rest ------------------
+
+
+@pytest.mark.parametrize("link", ["entry", "target", ".partial", ".partial.json"])
+async def test_a_symbolic_link_in_the_cache_is_refused_and_never_written_through(tmp_path: Path, link: str) -> None:
+    """Whoever can write into a shared model_cache plants a link: the fetcher neither writes
+    through it (a victim file truncated or appended to) nor hands it to the engine as weights."""
+    make_file(tmp_path / "srv")
+    victim = tmp_path / "victim"
+    put(victim / "secret", b"not weights")
+    async with file_server(tmp_path / "srv") as srv:
+        w = weights(tmp_path)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        target = Path(plan.target)
+        partial_file, meta = partial_paths(target)
+        if link == "entry":
+            target.parent.parent.mkdir(parents=True)
+            target.parent.symlink_to(victim, target_is_directory=True)
+            planted = target.parent
+        else:
+            target.parent.mkdir(parents=True)
+            planted = {"target": target, ".partial": partial_file, ".partial.json": meta}[link]
+            planted.symlink_to(victim / "secret")
+        with pytest.raises(LaunchError, match=f"{planted} in the model cache is a symbolic link; the fetcher follows none"):
+            await fetch(w, plan, Sent())
+        with pytest.raises(LaunchError, match="is a symbolic link"):
+            w.plan(spec(plan.url))  # refused before launch as well, once the link is there
+    assert sorted(p.name for p in victim.iterdir()) == ["secret"]
+    assert (victim / "secret").read_bytes() == b"not weights"
+
+
+async def test_cache_dirs_are_0700_files_0600_and_the_partial_record_holds_no_credentials(tmp_path: Path) -> None:
+    data = make_file(tmp_path / "srv")
+    async with file_server(tmp_path / "srv", rate=SIZE) as srv:
+        source = f"http://alice:s3cret@127.0.0.1:{srv.port}/model.safetensors?X-Amz-Signature=topsecret"
+        w = weights(tmp_path)
+        plan = w.plan(spec(source))
+        target = Path(plan.target)
+        partial_file, meta = partial_paths(target)
+        sent = Sent()
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(fetch, w, plan, sent))
+                with trio.fail_after(DEADLINE):
+                    await sent.moving.wait()
+                scope.cancel()  # the agent stops mid-download: the partial file and its record stay
+        with trio.fail_after(DEADLINE):
+            for job in list(w.jobs.values()):
+                await job.done.wait()
+        record = meta.read_bytes()
+        assert b"s3cret" not in record and b"alice" not in record and b"topsecret" not in record
+        assert json.loads(record)["source"] == f"http://127.0.0.1:{srv.port}/model.safetensors"
+        modes = {p: mode_of(p) for p in (tmp_path / "cache", target.parent, partial_file, meta)}
+        assert modes == {tmp_path / "cache": 0o700, target.parent: 0o700, partial_file: 0o600, meta: 0o600}
+        kept = size_of(partial_file)
+        await fetch(weights(tmp_path), plan, Sent())  # the record, without the URL, still matches a resume
+        assert srv.server.seen[-1].status == 206 and srv.server.seen[-1].range == f"bytes={kept}-"
+    assert content(target) == data
+    assert mode_of(target) == 0o600
+
+
+# -- free space without a length (issue 40, finding 9) ---------------------------------------------------------
+
+
+async def test_a_download_without_a_length_that_outgrows_the_free_space_stops_with_the_reason(tmp_path: Path) -> None:
+    """No Content-Length, so no size to check up front: the free space is checked as the file
+    grows (every space_step bytes), and the download stops before the disk's margin is eaten."""
+    make_file(tmp_path / "srv")
+    step = 1 << 20
+    probes: list[int] = []
+
+    def disk_free(directory: Path) -> int:  # a disk with room for 3.5 MiB beyond the margin
+        written = sum(p.stat().st_size for p in directory.glob("*.partial"))
+        probes.append(written)
+        return DISK_MARGIN + 3 * step + step // 2 - written
+
+    async with file_server(tmp_path / "srv", no_length=True) as srv:
+        w = weights(tmp_path, disk_free=disk_free, space_step=step)
+        plan = w.plan(spec(f"{srv.url}/model.safetensors"))
+        sent = Sent()
+        with pytest.raises(LaunchError) as info:
+            await fetch(w, plan, sent)
+        assert len(srv.server.seen) == 1  # not retried: the disk will not have grown
+    text = str(info.value)
+    assert re.fullmatch(r"weights \S+: the server sent no Content-Length and the disk is filling: \d+ free in \S+ after "
+                        r"\d+ bytes \(keeping 64 MiB spare\); stopped and removed the partial file", text), text
+    assert 3 <= len(probes) <= 1 + SIZE // step  # bounded steps, not a probe per read
+    target = Path(plan.target)
+    assert not exists(target, *partial_paths(target))
+    assert [p.failure for p in sent.messages if p.failure] == ["disk"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import random
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +33,18 @@ import trio
 
 from llmgw.agent.backoff import Backoff
 from llmgw.agent.engines import LaunchError
-from llmgw.agent.fetch import FetchError, Reason, Stopped, Transfer, download
+from llmgw.agent.fetch import (
+    SPACE_STEP,
+    FetchError,
+    Reason,
+    Resolve,
+    Stopped,
+    Transfer,
+    cache_problem,
+    download,
+    resolve_host,
+)
+from llmgw.catalog.redirects import allowed_host_problem
 from llmgw.catalog.sources import (
     SourceError,
     SourceKind,
@@ -64,14 +76,16 @@ class WeightsPlan(msgspec.Struct, frozen=True, kw_only=True):
     url: str = ""
     target: str = ""  # the file in the model cache
     sha256: str = ""
+    allow_redirect_hosts: tuple[str, ...] = ()  # besides the source's own host (llmgw.catalog.redirects)
 
     def for_engine(self, spec: m.ShardSpec) -> m.ShardSpec:
         return spec if self.engine_source == spec.source else msgspec.structs.replace(spec, source=self.engine_source)
 
 
 class _Job:
-    def __init__(self, url: str, target: Path, sha256: str) -> None:
+    def __init__(self, url: str, target: Path, sha256: str, allow_redirect_hosts: tuple[str, ...] = ()) -> None:
         self.url = url
+        self.allow_redirect_hosts = allow_redirect_hosts
         self.display = parse_url(url).display
         self.name = parse_url(url).file_name
         self.target = target
@@ -89,14 +103,18 @@ class _Job:
 
 
 def default_client() -> httpx.Client:
-    return httpx.Client(follow_redirects=True, timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
+    # Redirects are followed by the fetcher itself, hop by hop, under llmgw.catalog.redirects' rules.
+    return httpx.Client(follow_redirects=False, timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
                         headers={"user-agent": "llmgw-agent-fetch"})
 
 
 class Weights:
     def __init__(self, work_dir: Path, cache_dir: Path | None = None, *, client: ClientFactory = default_client,
                  disk_free: Callable[[Path], int] | None = None, rng: random.Random | None = None,
-                 report_interval: float = REPORT_INTERVAL, retry_initial: float = 1.0) -> None:
+                 report_interval: float = REPORT_INTERVAL, retry_initial: float = 1.0, resolve: Resolve = resolve_host,
+                 space_step: int = SPACE_STEP) -> None:
+        self.resolve = resolve  # host -> addresses, for the redirect rules (tests answer for names)
+        self.space_step = space_step
         self.work_dir = work_dir
         self.cache_dir = cache_dir if cache_dir is not None else work_dir / "models"
         self.client = client
@@ -132,9 +150,15 @@ class Weights:
                 raise LaunchError(f"source {source}: no such file or directory on this node{where}")
             return WeightsPlan(kind=kind, engine_source=source)
         target = (self.cache_dir / cache_name(source)).absolute()
-        if target.is_dir():
-            raise LaunchError(f"source {parse_url(source).display}: {target} in the model cache is a directory, not the file")
-        return WeightsPlan(kind=kind, engine_source=str(target), url=source, target=str(target), sha256=spec.sha256.lower())
+        problem = cache_problem(target)
+        if problem:
+            raise LaunchError(f"source {parse_url(source).display}: {problem}")
+        for host in spec.allow_redirect_hosts:
+            problem = allowed_host_problem(host)
+            if problem:
+                raise LaunchError(problem)
+        return WeightsPlan(kind=kind, engine_source=str(target), url=source, target=str(target), sha256=spec.sha256.lower(),
+                           allow_redirect_hosts=tuple(spec.allow_redirect_hosts))
 
     # -- the wait (async, before the launch) ---------------------------------------------------------
 
@@ -175,12 +199,16 @@ class Weights:
                 continue
             if job is not None:
                 return job
-            present = await trio.Path(plan.target).is_file()
+            # lstat, not stat: a link planted at the name is no cached file (and is refused).
+            problem = await trio.to_thread.run_sync(cache_problem, Path(plan.target))
+            if problem:
+                raise LaunchError(f"weights {parse_url(plan.url).display}: {problem}")
+            present = await trio.to_thread.run_sync(_is_file, Path(plan.target))
             if key in self.jobs:
                 continue  # another shard began it while we looked
             if present:
                 return None
-            job = self.jobs[key] = _Job(plan.url, Path(plan.target), plan.sha256)
+            job = self.jobs[key] = _Job(plan.url, Path(plan.target), plan.sha256, plan.allow_redirect_hosts)
             self.downloads += 1
             nursery.start_soon(self._run, job, send)
             return job
@@ -240,7 +268,9 @@ class Weights:
         def work() -> FetchError | None:
             try:
                 with self.client() as client:
-                    download(client, job.url, job.display, job.target, job.sha256, transfer, disk_free=self.disk_free)
+                    download(client, job.url, job.display, job.target, job.sha256, transfer, disk_free=self.disk_free,
+                             allow_redirect_hosts=job.allow_redirect_hosts, resolve=self.resolve,
+                             space_step=self.space_step)
             except Stopped:
                 pass
             except FetchError as exc:
@@ -296,6 +326,13 @@ async def _stop_on_cancel(stop: threading.Event) -> None:
         await trio.sleep_forever()
     finally:
         stop.set()
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def _amount(done: int, total: int | None) -> str:

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.catalog.redirects import allowed_host_problem
 from llmgw.catalog.sources import SourceError, SourceKind, classify, sha256_problem
 from llmgw.catalog.units import ByteSize, Duration
 from llmgw.wire.ids import id_problem, model_problem
@@ -52,9 +53,14 @@ class Profile(_Config):
     # sha256 a fetched URL must have before it is renamed into the model cache.
     source: str = ""
     sha256: str = ""
+    # Hosts a redirect from an http(s) source may lead to, besides the source's own host:
+    # "cdn.example", "cdn.example:8443" or "*.example" (llmgw.catalog.redirects). Added to the
+    # model's list. A source on huggingface.co may go to the Hub's CDN (*.hf.co) without it.
+    allow_redirect_hosts: list[str] = []
 
     def __post_init__(self) -> None:
         problem = id_problem(self.name, "profile name") or sha256_problem(self.sha256)  # it travels in every Start
+        problem = problem or next(filter(None, map(allowed_host_problem, self.allow_redirect_hosts)), None)
         if problem:
             raise ValueError(problem)
         if self.engine == "command" and not self.command:
@@ -74,6 +80,8 @@ class Admission(_Config):
 class Model(_Config):
     name: str
     source: str = ""  # weights location handed to the engine; defaults to name
+    # Hosts a redirect from the source may lead to besides its own (see Profile).
+    allow_redirect_hosts: list[str] = []
     replicas: NonNegative = 1
     profiles: list[Profile] = []
     balancer: BalancerKind = "least-outstanding"
@@ -81,6 +89,7 @@ class Model(_Config):
 
     def __post_init__(self) -> None:
         problem = model_problem(self.name)  # it travels in every Start (wire/ids.py)
+        problem = problem or next(filter(None, map(allowed_host_problem, self.allow_redirect_hosts)), None)
         if problem:
             raise ValueError(problem)
         for profile in self.profiles:

@@ -35,8 +35,10 @@ SIZE = _Size()
 @click.option("--rate", type=SIZE, default=0, help="Serve each response at most this many bytes per second (e.g. 16MB).")
 @click.option("--validator", type=click.Choice(["etag", "last-modified", "none"]), default="etag", show_default=True,
               help="What the server offers for If-Range.")
+@click.option("--redirect", "redirects", multiple=True, metavar="PATH=URL",
+              help="Answer GET PATH with 302 to URL (repeatable): a CDN hand-off, or a redirect into the network.")
 def fileserver(root: str, host: str, port: int, drop_after: int, drops: int, no_length: bool, extra_length: int,
-               ignore_range: bool, rate: int, validator: str) -> None:
+               ignore_range: bool, rate: int, validator: str, redirects: tuple[str, ...]) -> None:
     """Serve the files under --root over HTTP/1.1 (GET, HEAD, Range, If-Range), for tests and the demo.
 
     \b
@@ -52,8 +54,15 @@ def fileserver(root: str, host: str, port: int, drop_after: int, drops: int, no_
         serve_files,
     )
 
+    moved: dict[str, str] = {}
+    for item in redirects:
+        path, sep, url = item.partition("=")
+        if not sep or not path.startswith("/") or not url:
+            raise click.BadParameter(f"{item!r} is not PATH=URL (PATH starting with /)", param_hint="--redirect")
+        moved[path] = url
     options = FileServerOptions(root=root, host=host, port=port, drop_after=drop_after, drops=drops, no_length=no_length,
-                                extra_length=extra_length, ignore_range=ignore_range, rate=float(rate), validator=validator)
+                                extra_length=extra_length, ignore_range=ignore_range, rate=float(rate), validator=validator,
+                                redirects=moved)
 
     def say(line: str) -> None:
         click.echo(line)

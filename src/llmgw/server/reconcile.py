@@ -505,6 +505,7 @@ def shard_spec(model: Model, profile: Profile, replica_id: str, shard_id: str, g
         engine=profile.engine,
         source=profile.source or model.source or model.name,
         sha256=profile.sha256,
+        allow_redirect_hosts=list(dict.fromkeys([*model.allow_redirect_hosts, *profile.allow_redirect_hosts])),
         rank=0,
         world=1,
         gpus=gpus,

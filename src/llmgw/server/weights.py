@@ -28,7 +28,7 @@ MAX_PROGRESS = 4096  # shards with a download shown at once; beyond, the oldest 
 MAX_SOURCES_PER_NODE = 64  # sources whose byte counts are remembered per node (LRU)
 MAX_SOURCE = 2048  # characters of a source kept (a node could send megabytes of one)
 # The agent's reasons (llmgw.agent.fetch.Reason); anything else counts as "other".
-REASONS = frozenset({"http", "network", "checksum", "length", "disk", "timeout", "source"})
+REASONS = frozenset({"http", "network", "checksum", "length", "disk", "timeout", "source", "redirect"})
 
 
 class ProgressView(msgspec.Struct, kw_only=True):

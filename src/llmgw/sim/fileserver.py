@@ -4,7 +4,7 @@ meets it the way it meets a real one (an object store, an nginx, a mirror).
 It answers GET and HEAD for files under one root with Content-Length, ETag and Last-Modified,
 honours `Range: bytes=N-` / `bytes=N-M` (with `If-Range`), and can misbehave on purpose: cut
 the connection after N body bytes, leave Content-Length out, announce more bytes than it sends,
-ignore Range, or serve slowly. Every request it answers is recorded (method, path, Range,
+ignore Range, serve slowly, or redirect. Every request it answers is recorded (method, path, Range,
 If-Range, status), so a test asserts what the server really saw.
 
 It runs on the project's one HTTP/1.1 server (llmgw.web.server) and sends file bytes with
@@ -45,6 +45,8 @@ class FileServerOptions(msgspec.Struct, kw_only=True):
     ignore_range: bool = False  # answer every GET 200 with the whole file (a server without Range support)
     rate: float = 0.0  # bytes per second per response (0: as fast as the socket takes them)
     validator: str = "etag"  # etag | last-modified | none: what the server offers for If-Range
+    # Request path -> Location: answered 302 (a CDN hand-off, a mirror, or a redirect into the network).
+    redirects: dict[str, str] = {}
 
 
 class SeenRequest(msgspec.Struct, frozen=True):
@@ -80,6 +82,12 @@ class FileServer:
     async def __call__(self, request: Request, responder: Responder) -> None:
         if request.method not in ("GET", "HEAD"):
             await self._plain(request, responder, 405, "only GET and HEAD")
+            return
+        location = self.options.redirects.get(request.path)
+        if location is not None:
+            self._record(request, 302)
+            await responder.respond(302, [(b"location", location.encode()), (b"content-type", b"text/plain")],
+                                    b"moved\n")
             return
         path = self._resolve(request.path)
         if path is None:

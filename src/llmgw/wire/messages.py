@@ -145,6 +145,9 @@ class ShardSpec(_Base):
     engine_mode: str = ""
     # For an http(s) source: the fetched file must have this digest before it is used.
     sha256: str = ""
+    # For an http(s) source: hosts a redirect may lead to besides the source's own
+    # (llmgw.catalog.redirects); an older server sends none, and only the source's host is followed.
+    allow_redirect_hosts: list[str] = []
     # The engine's own API key, made by the server for this shard: the engine refuses /v1/*
     # without it, and only the gateway sends it. A secret: never shown by the API or logged.
     api_key: str = ""
