@@ -34,6 +34,7 @@ PURE = [
     "llmgw.wire.gateway",
     "llmgw.catalog",
     "llmgw.catalog.load",
+    "llmgw.catalog.redirects",
     "llmgw.catalog.schema",
     "llmgw.catalog.sources",
     "llmgw.catalog.units",
