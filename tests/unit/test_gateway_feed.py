@@ -218,3 +218,31 @@ async def test_reports_are_parsed_in_steps_that_let_the_event_loop_run() -> None
     assert ticks - before >= text.count("\n") // PARSE_STEP - 1 >= 5
     assert collector._parsed[1][0] is text  # the scrape takes these, not a parse of its own
     assert generate_latest(scrape) == in_one_go
+
+
+def test_a_gateway_is_sent_the_routing_view_of_the_catalog_and_no_secret() -> None:
+    """Issue 40, finding 2: profiles (their env: HF_TOKEN) and source URLs (user:pass@, a presigned
+    query) stayed in every GatewayConfig. Both configs, a remote gateway's and a local worker's,
+    now carry of a model its name, balancer and admission only (tests/abuse/test_gateway_feed.py
+    checks the same on a real certificate's stream)."""
+    from llmgw.catalog.schema import Profile
+    from llmgw.wire.gateway import RouteModel
+
+    model = Model(name="m", source="https://alice:s3cret@hf.example/m?X-Amz-Signature=abc", balancer="prefix-affinity",
+                  admission=Admission(max_in_flight=4, max_queue=9),
+                  profiles=[Profile(engine="sim", env={"HF_TOKEN": "hf_secret"}, args=["--api-key", "argsecret"])])
+    feed = GatewayFeedService(local_workers=2, api_socket="/state/api.sock")
+    feed.publish_config([model], [], GatewaySettings())
+    for payload in (feed._config, feed._local_config):
+        for secret in (b"hf_secret", b"HF_TOKEN", b"s3cret", b"alice", b"Signature", b"argsecret", b"profiles", b"source"):
+            assert secret not in payload, (secret, payload)
+        config = decode_to_gateway(payload)
+        assert isinstance(config, GatewayConfig) and isinstance(config.models[0], RouteModel)
+        assert (config.models[0].name, config.models[0].balancer) == ("m", "prefix-affinity")
+    remote = decode_to_gateway(feed._config)
+    assert isinstance(remote, GatewayConfig) and remote.models[0].admission.max_in_flight == 4
+    # An older gateway decodes models as catalog Models (unknown fields refused): the view is a subset.
+    from llmgw.catalog.units import dec_hook
+
+    old = msgspec.json.decode(feed._config, type=dict)
+    assert msgspec.convert(old["models"][0], Model, dec_hook=dec_hook).admission.max_queue == 9

@@ -34,9 +34,11 @@ from llmgw.wire.gateway import (
     GatewayHello,
     GatewayStats,
     MessageError,
+    RouteModel,
     config_digest,
     decode_from_gateway,
     encode,
+    route_model,
 )
 from llmgw.wire.ids import printable
 
@@ -106,7 +108,7 @@ class GatewayFeedService:
                  not_ready_reason: Callable[[str], str] = lambda model: "", public_tls: ServerTls | None = None) -> None:
         self.not_ready_reason = not_ready_reason  # what the one-process gateway logs with its 503
         self._models: list[str] = []  # the catalog's model names, for their reasons
-        self._catalog: tuple[list[Model], list[StaticEndpoint], GatewaySettings] | None = None  # as last published
+        self._catalog: tuple[list[RouteModel], list[StaticEndpoint], GatewaySettings] | None = None  # as last published
         self.local_workers = local_workers  # the server's own workers share each model's admission
         self.api_socket = api_socket  # where a local worker forwards /api/v1, /admin and /metrics
         self.public_tls = public_tls  # the public port's TLS, which the server's own workers terminate
@@ -122,15 +124,20 @@ class GatewayFeedService:
 
     # -- what the control plane publishes -------------------------------------------------------
 
-    def publish_config(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None:
+    def publish_config(self, models: Sequence[Model | RouteModel], static: Sequence[StaticEndpoint],
+                       settings: GatewaySettings) -> None:
+        """Only the catalog's routing view is encoded, whatever the caller passed: a Model's
+        profiles (their env: HF_TOKEN) and source URL (user:pass@, signed queries) never reach a
+        gateway certificate (issue 40, finding 2)."""
         if self.frozen:
             return
-        self._catalog = (list(models), list(static), settings)
-        self._models = [m.name for m in models]
-        data = encode(GatewayConfig(models=list(models), static=list(static), settings=settings))
+        routing = [route_model(m) for m in models]
+        self._catalog = (routing, list(static), settings)
+        self._models = [m.name for m in routing]
+        data = encode(GatewayConfig(models=routing, static=list(static), settings=settings))
         n = max(1, self.local_workers)
         tls = self.public_tls
-        local = encode(GatewayConfig(models=[divide_admission(m, n) for m in models], static=list(static),
+        local = encode(GatewayConfig(models=[divide_admission(m, n) for m in routing], static=list(static),
                                      settings=settings, api_url=self.api_socket,
                                      public_tls=TlsPublic(cert=tls.cert, key=tls.key, ca=tls.ca) if tls else None,
                                      public_tls_digest=tls.digest if tls else ""))
@@ -242,7 +249,7 @@ class GatewayFeedService:
             return
 
 
-def divide_admission(model: Model, workers: int) -> Model:
+def divide_admission(model: RouteModel, workers: int) -> RouteModel:
     """`model` as one of `workers` workers applies it: its in-flight cap and queue divided
     (rounded up, so no worker is left at 0 = unlimited, and the total is at least the cap)."""
     adm = model.admission
