@@ -27,9 +27,14 @@ from llmgw.catalog.units import dec_hook, enc_hook
 from llmgw.wire.messages import MessageError, Unknown, _decode
 
 GATEWAY_PATH = "/llmgw.fleet.v1.Fleet/Gateway"
+# How the control plane ends a gateway certificate's stream when a newer one of the same
+# certificate opened (one stream per certificate); the gateway that reads it waits longest before
+# dialling again, so two processes sharing one certificate alternate every few seconds, not in a loop.
+REPLACED = "a newer stream of this gateway certificate replaced this one (one stream per certificate)"
 
 __all__ = [
     "GATEWAY_PATH",
+    "REPLACED",
     "GatewayConfig",
     "GatewayEndpoints",
     "GatewayHello",
