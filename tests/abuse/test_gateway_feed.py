@@ -35,7 +35,7 @@ from llmgw.wire.gateway import (
     encode,
 )
 from tests.abuse.door import Certs, make_ca, report
-from tests.e2e.harness import Proc, Server, start_sim_engine, wait_until, wait_until_async
+from tests.e2e.harness import Proc, Server, ctl_json, start_sim_engine, wait_until, wait_until_async
 from tests.e2e.test_gateway_remote import start_gateway
 
 SECRETS = (b"hf_secret_token_123", b"HF_TOKEN", b"s3cret-pass", b"alice", b"X-Amz-Signature", b"sig-abc123",
@@ -186,6 +186,8 @@ async def test_a_second_stream_of_one_certificate_replaces_the_first(site: Site)
         await wait_until_async(lambda: first.ended, "the first stream to be ended")
         assert REPLACED in first.ended, first.ended
         assert gateways(site).count("gw-twice") == 1 and not second.ended
+        listed = await trio.to_thread.run_sync(ctl_json, site.server.url, "gateways")
+        assert [g["name"] for g in listed].count("gw-twice") == 1, listed  # `ctl gateways`: once
         # The second is the one followed: its report is the one read.
         await second.send(encode(GatewayStats(metrics='# TYPE llmgw_requests_total counter\n'
                                                       'llmgw_requests_total{code="200",model="chat"} 3\n', requests=3)))
