@@ -123,6 +123,12 @@ class Certs(msgspec.Struct):
             ca.issue_client(self.directory, "node", node_id, now=time.time())
         return crt, key
 
+    def gateway(self, name: str) -> tuple[Path, Path]:
+        crt, key = self.directory / f"gateway-{name}.crt", self.directory / f"gateway-{name}.key"
+        if not crt.exists():
+            ca.issue_client(self.directory, "gateway", name, now=time.time())
+        return crt, key
+
 
 def make_ca(directory: Path) -> Certs:
     now = time.time()

@@ -174,7 +174,54 @@ def test_every_family_a_real_gateway_exports_reaches_the_scrape() -> None:
 
     worker = GatewayWorker("worker-0", Follow(unix_path="/nonexistent"), local=True)
     exported = {f.name for f in text_string_to_metric_families(generate_latest(worker.registry).decode())}
-    assert exported - GATEWAY_FAMILIES == set(), "add the new family to gwfeed.GATEWAY_FAMILIES"
+    assert exported - GATEWAY_FAMILIES == set(), "add the new family to gwfeed.GATEWAY_METRICS"
+
+
+async def test_every_series_a_real_gateway_exports_is_admitted_with_its_labels() -> None:
+    """Each family with samples (traffic of every kind, an endpoint in rotation): none refused, so
+    the allowlist's types and labels are a real gateway's (gwfeed.GATEWAY_METRICS)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from llmgw.catalog.schema import StaticEndpoint
+    from llmgw.server.gateway.worker import Follow, GatewayWorker
+    from llmgw.server.gwfeed import GATEWAY_METRICS, admit_report
+
+    worker = GatewayWorker("worker-0", Follow(unix_path="/nonexistent"), local=True)
+    worker.gateway.configure([Model(name="m")], [StaticEndpoint(model="m", url="http://127.0.0.1:9")])
+    m = worker.metrics
+    m.finished("m", 200, 0.1), m.first_token("m", 0.1), m.retried("m", "connect"), m.admitted("m", 0.1)
+    m.left_fast_lane("m", "answered"), m.rejected_for("m", "queue_full"), worker.updates.inc()
+    families = list(text_string_to_metric_families(generate_latest(worker.registry).decode()))
+    assert {f.name for f in families if f.samples} == set(GATEWAY_METRICS)
+    admitted = admit_report(families, cap=10_000)
+    assert admitted.refused == {"family": 0, "labels": 0, "cap": 0}
+    assert sum(len(f.samples) for f in admitted.families) == sum(len(f.samples) for f in families)
+
+
+def test_forged_families_labels_and_series_over_the_cap_are_refused_and_counted() -> None:
+    """Issue 40, finding 5: an allowed family with made-up labels, the right name with another
+    type, a label value of megabytes, and 20,000 made-up models' series: only the gateway's own,
+    up to its cap, reach the scrape; the rest is counted by reason, once per report."""
+    feed = GatewayFeedService()
+    feed.publish_config([Model(name="m")], [], GatewaySettings())
+    cap = feed.series_cap
+    assert cap < 20_000
+    forged = ['# TYPE llmgw_requests_in_flight_total counter', 'llmgw_requests_in_flight_total{model="m"} 1',  # wrong type
+              '# TYPE llmgw_engine_up gauge', 'llmgw_engine_up{model="m",endpoint="e",evil="1"} 1',  # a label of its own
+              'llmgw_engine_up{model="' + "x" * 600 + '",endpoint="e"} 1',  # a value no gateway sends
+              '# TYPE llmgw_requests_total counter']
+    forged += [f'llmgw_requests_total{{model="forged-{i}",code="200"}} 1' for i in range(20_000)]
+    feed.followers[1] = Follower(name="gw-evil", peer="10.0.0.9:1", metrics="\n".join(forged) + "\n")
+    scrape = CollectorRegistry()
+    collector = WorkerMetrics(feed)
+    scrape.register(collector)
+    text = generate_latest(scrape).decode()
+    assert "evil=" not in text and "x" * 600 not in text and "llmgw_requests_in_flight" not in text
+    assert text.count('worker="gw-evil"') == cap + 3  # its series under the cap, and its three refused counts
+    assert f'llmgw_gateway_series_refused_total{{reason="cap",worker="gw-evil"}} {20_000 - cap}.0' in text
+    assert 'llmgw_gateway_series_refused_total{reason="labels",worker="gw-evil"} 2.0' in text
+    assert 'llmgw_gateway_series_refused_total{reason="family",worker="gw-evil"} 1.0' in text
+    assert generate_latest(scrape).decode() == text  # the same report is not counted twice
 
 
 def _big_report() -> str:
@@ -194,11 +241,14 @@ async def test_reports_are_parsed_in_steps_that_let_the_event_loop_run() -> None
 
     text = _big_report()
     feed = GatewayFeedService()
+    feed.publish_config([Model(name=f"model-{i}") for i in range(600)], [], GatewaySettings())  # all under the cap
     feed.followers[1] = Follower(name="worker-0", peer="unknown", metrics=text)
+    reference = CollectorRegistry()
+    reference.register(WorkerMetrics(feed))
+    in_one_go = generate_latest(reference)  # another collector's: what it parses it keeps
     scrape = CollectorRegistry()
     collector = WorkerMetrics(feed)
     scrape.register(collector)
-    in_one_go = generate_latest(scrape)
     ticks = 0
 
     async def ticker() -> None:
@@ -218,3 +268,31 @@ async def test_reports_are_parsed_in_steps_that_let_the_event_loop_run() -> None
     assert ticks - before >= text.count("\n") // PARSE_STEP - 1 >= 5
     assert collector._parsed[1][0] is text  # the scrape takes these, not a parse of its own
     assert generate_latest(scrape) == in_one_go
+
+
+def test_a_gateway_is_sent_the_routing_view_of_the_catalog_and_no_secret() -> None:
+    """Issue 40, finding 2: profiles (their env: HF_TOKEN) and source URLs (user:pass@, a presigned
+    query) stayed in every GatewayConfig. Both configs, a remote gateway's and a local worker's,
+    now carry of a model its name, balancer and admission only (tests/abuse/test_gateway_feed.py
+    checks the same on a real certificate's stream)."""
+    from llmgw.catalog.schema import Profile
+    from llmgw.wire.gateway import RouteModel
+
+    model = Model(name="m", source="https://alice:s3cret@hf.example/m?X-Amz-Signature=abc", balancer="prefix-affinity",
+                  admission=Admission(max_in_flight=4, max_queue=9),
+                  profiles=[Profile(engine="sim", env={"HF_TOKEN": "hf_secret"}, args=["--api-key", "argsecret"])])
+    feed = GatewayFeedService(local_workers=2, api_socket="/state/api.sock")
+    feed.publish_config([model], [], GatewaySettings())
+    for payload in (feed._config, feed._local_config):
+        for secret in (b"hf_secret", b"HF_TOKEN", b"s3cret", b"alice", b"Signature", b"argsecret", b"profiles", b"source"):
+            assert secret not in payload, (secret, payload)
+        config = decode_to_gateway(payload)
+        assert isinstance(config, GatewayConfig) and isinstance(config.models[0], RouteModel)
+        assert (config.models[0].name, config.models[0].balancer) == ("m", "prefix-affinity")
+    remote = decode_to_gateway(feed._config)
+    assert isinstance(remote, GatewayConfig) and remote.models[0].admission.max_in_flight == 4
+    # An older gateway decodes models as catalog Models (unknown fields refused): the view is a subset.
+    from llmgw.catalog.units import dec_hook
+
+    old = msgspec.json.decode(feed._config, type=dict)
+    assert msgspec.convert(old["models"][0], Model, dec_hook=dec_hook).admission.max_queue == 9

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 import trio
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -29,14 +29,17 @@ from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint, TlsPubl
 from llmgw.fleet import ChannelClosed, FleetChannel, StreamRefused
 from llmgw.tls.context import ServerTls
 from llmgw.wire.gateway import (
+    REPLACED,
     GatewayConfig,
     GatewayEndpoints,
     GatewayHello,
     GatewayStats,
     MessageError,
+    RouteModel,
     config_digest,
     decode_from_gateway,
     encode,
+    route_model,
 )
 from llmgw.wire.ids import printable
 
@@ -51,19 +54,88 @@ BEHIND_AFTER = 5.0
 # a tool's error text); 2,000 × 500 characters stay well under the feed's 4 MiB message.
 MAX_REASONS = 2000
 MAX_REASON = 500
-# The metric families a gateway exports (GatewayWorker's registry, as the text parser names them):
-# only these of a follower's report reach the control plane's /metrics. Another name would let a
-# compromised gateway forge the control plane's own families (llmgw_nodes, llmgw_fleet_refused) or
-# any other, and a name the control plane exports too repeats its `# TYPE` line, which fails
-# Prometheus's whole scrape. tests/unit/test_gateway_feed.py checks this against a real worker.
-GATEWAY_FAMILIES = frozenset({
-    "llmgw_admission_queue_depth", "llmgw_admission_rejected", "llmgw_admission_wait_seconds",
-    "llmgw_endpoint_breaker_state", "llmgw_endpoint_healthy", "llmgw_engine_up", "llmgw_gateway_fast_lane_requests",
-    "llmgw_gateway_control_plane_connected", "llmgw_gateway_control_plane_last_update_timestamp_seconds",
-    "llmgw_gateway_control_plane_updates", "llmgw_gateway_control_plane_updates_created", "llmgw_gateway_worker_pid",
-    "llmgw_request_duration_seconds", "llmgw_requests", "llmgw_requests_in_flight", "llmgw_time_to_first_token_seconds",
-    "llmgw_upstream_retries",
-})
+# The metric families a gateway exports (GatewayWorker's registry, as the text parser names them),
+# each with its type and the labels it sets: only these of a follower's report reach the control
+# plane's /metrics. Another name would let a compromised gateway forge the control plane's own
+# families (llmgw_nodes, llmgw_fleet_refused) or any other, and a name the control plane exports
+# too repeats its `# TYPE` line, which fails Prometheus's whole scrape; another label (or type)
+# would let it grow a real family by any series it likes (issue 40, finding 5).
+# tests/unit/test_gateway_feed.py checks this against a real worker.
+_MODEL, _ENDPOINT, _LE = "model", "endpoint", "le"
+GATEWAY_METRICS: dict[str, tuple[str, frozenset[str]]] = {
+    "llmgw_requests": ("counter", frozenset({_MODEL, "code"})),
+    "llmgw_request_duration_seconds": ("histogram", frozenset({_MODEL, _LE})),
+    "llmgw_time_to_first_token_seconds": ("histogram", frozenset({_MODEL, _LE})),
+    "llmgw_admission_wait_seconds": ("histogram", frozenset({_MODEL, _LE})),
+    "llmgw_upstream_retries": ("counter", frozenset({_MODEL, "reason"})),
+    "llmgw_admission_rejected": ("counter", frozenset({_MODEL, "reason"})),
+    "llmgw_gateway_fast_lane_requests": ("counter", frozenset({_MODEL, "outcome"})),
+    "llmgw_endpoint_breaker_state": ("gauge", frozenset({_MODEL, _ENDPOINT})),
+    "llmgw_endpoint_healthy": ("gauge", frozenset({_MODEL, _ENDPOINT})),
+    "llmgw_engine_up": ("gauge", frozenset({_MODEL, _ENDPOINT})),
+    "llmgw_admission_queue_depth": ("gauge", frozenset({_MODEL})),
+    "llmgw_requests_in_flight": ("gauge", frozenset({_MODEL})),
+    "llmgw_gateway_control_plane_connected": ("gauge", frozenset()),
+    "llmgw_gateway_control_plane_updates": ("counter", frozenset()),
+    "llmgw_gateway_control_plane_updates_created": ("gauge", frozenset()),
+    "llmgw_gateway_control_plane_last_update_timestamp_seconds": ("gauge", frozenset()),
+    "llmgw_gateway_worker_pid": ("gauge", frozenset()),
+}
+GATEWAY_FAMILIES = frozenset(GATEWAY_METRICS)
+# The sample names of a family of each type, as suffixes of the family's name.
+_SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created")}
+# A label value longer than this is no gateway's (a model name is at most 256 characters,
+# wire.ids.MODEL_MAX; an endpoint URL far less): the sample is refused, so that series under the
+# cap cannot be made megabytes each.
+MAX_LABEL_VALUE = 512
+# Series (sample lines) one follower may add to /metrics: SERIES_BASE, plus SERIES_PER_MODEL for
+# each model it routes and SERIES_PER_ENDPOINT for each endpoint, as the largest routing view
+# published since start (a model dropped by a reload keeps its counters in the gateway until it
+# restarts). A gateway exports about 80 series per model it served (3 histograms of 19 lines, a
+# code, a reason, an outcome each) and 3 per endpoint; 4 streams x 20,000 forged series took
+# /metrics from ~10 KB to 9.3 MB (3.9 s a scrape). The excess is left out and counted in
+# llmgw_gateway_series_refused_total{reason="cap"}.
+SERIES_BASE = 1024
+SERIES_PER_MODEL = 256
+SERIES_PER_ENDPOINT = 8
+REFUSED_REASONS = ("family", "labels", "cap")
+MAX_REFUSED_NAMES = 256  # followers named in the refused counter; later names count as "other"
+
+
+class Admitted(msgspec.Struct):
+    """What of one follower's report reaches /metrics, and how many series were left out, by reason."""
+
+    families: list[Metric]
+    refused: dict[str, int]
+
+
+def admit_report(families: Iterable[Metric], cap: int) -> Admitted:
+    """The families and labels a gateway exports, their samples up to `cap` in all (pure)."""
+    kept: list[Metric] = []
+    refused = dict.fromkeys(REFUSED_REASONS, 0)
+    room = cap
+    for family in families:
+        allowed = GATEWAY_METRICS.get(family.name)
+        if allowed is None or allowed[0] != family.type:
+            refused["family"] += len(family.samples)
+            continue
+        names = {family.name + suffix for suffix in _SUFFIXES[family.type]}
+        labels = allowed[1]
+        samples = []
+        for sample in family.samples:
+            if (sample.name not in names or not labels.issuperset(sample.labels)
+                    or any(len(v) > MAX_LABEL_VALUE for v in sample.labels.values())):
+                refused["labels"] += 1
+            elif room <= 0:
+                refused["cap"] += 1
+            else:
+                room -= 1
+                samples.append(sample)
+        if samples:
+            own = Metric(family.name, family.documentation, family.type, family.unit)
+            own.samples = samples
+            kept.append(own)
+    return Admitted(kept, refused)
 
 
 class Follower(msgspec.Struct, kw_only=True):
@@ -106,7 +178,7 @@ class GatewayFeedService:
                  not_ready_reason: Callable[[str], str] = lambda model: "", public_tls: ServerTls | None = None) -> None:
         self.not_ready_reason = not_ready_reason  # what the one-process gateway logs with its 503
         self._models: list[str] = []  # the catalog's model names, for their reasons
-        self._catalog: tuple[list[Model], list[StaticEndpoint], GatewaySettings] | None = None  # as last published
+        self._catalog: tuple[list[RouteModel], list[StaticEndpoint], GatewaySettings] | None = None  # as last published
         self.local_workers = local_workers  # the server's own workers share each model's admission
         self.api_socket = api_socket  # where a local worker forwards /api/v1, /admin and /metrics
         self.public_tls = public_tls  # the public port's TLS, which the server's own workers terminate
@@ -117,20 +189,32 @@ class GatewayFeedService:
         self._endpoints = encode(GatewayEndpoints())
         self._changed = trio.Event()
         self.followers: dict[int, Follower] = {}  # by stream identity (two workers may share a name)
+        # A gateway certificate's one stream: its follower key and the scope that ends it when replaced.
+        self._streams: dict[str, tuple[int, trio.CancelScope]] = {}
+        self.replaced = 0  # streams ended because a newer one of the same certificate came
+        self._most = (0, 0)  # the most models and endpoints routed since start: what series_cap allows
+        self._static = 0  # static endpoints in the catalog
         self.connects = 0  # streams accepted since start (a restarted worker is one more)
         self.frozen = False
 
     # -- what the control plane publishes -------------------------------------------------------
 
-    def publish_config(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None:
+    def publish_config(self, models: Sequence[Model | RouteModel], static: Sequence[StaticEndpoint],
+                       settings: GatewaySettings) -> None:
+        """Only the catalog's routing view is encoded, whatever the caller passed: a Model's
+        profiles (their env: HF_TOKEN) and source URL (user:pass@, signed queries) never reach a
+        gateway certificate (issue 40, finding 2)."""
         if self.frozen:
             return
-        self._catalog = (list(models), list(static), settings)
-        self._models = [m.name for m in models]
-        data = encode(GatewayConfig(models=list(models), static=list(static), settings=settings))
+        routing = [route_model(m) for m in models]
+        self._catalog = (routing, list(static), settings)
+        self._models = [m.name for m in routing]
+        self._static = len(static)
+        self._grow(len({m.name for m in routing} | {ep.model for ep in static}), len(static))
+        data = encode(GatewayConfig(models=routing, static=list(static), settings=settings))
         n = max(1, self.local_workers)
         tls = self.public_tls
-        local = encode(GatewayConfig(models=[divide_admission(m, n) for m in models], static=list(static),
+        local = encode(GatewayConfig(models=[divide_admission(m, n) for m in routing], static=list(static),
                                      settings=settings, api_url=self.api_socket,
                                      public_tls=TlsPublic(cert=tls.cert, key=tls.key, ca=tls.ca) if tls else None,
                                      public_tls_digest=tls.digest if tls else ""))
@@ -151,10 +235,19 @@ class GatewayFeedService:
         if self.frozen:
             return
         lists = {m: sorted(eps) for m, eps in ready.items()}
+        self._grow(0, self._static + sum(len(eps) for eps in lists.values()))
         data = encode(GatewayEndpoints(ready=lists, keys=dict(keys), reasons=self._reasons(lists)))
         if data != self._endpoints:
             self._endpoints = data
             self._wake()
+
+    def _grow(self, models: int, endpoints: int) -> None:
+        self._most = (max(self._most[0], models), max(self._most[1], endpoints))
+
+    @property
+    def series_cap(self) -> int:
+        """Series one follower may add to /metrics (SERIES_BASE and per model and endpoint)."""
+        return SERIES_BASE + SERIES_PER_MODEL * self._most[0] + SERIES_PER_ENDPOINT * self._most[1]
 
     def _reasons(self, ready: Mapping[str, list[str]]) -> dict[str, str]:
         """Model → why it has no ready replica, for each catalog model without one (bounded)."""
@@ -207,23 +300,47 @@ class GatewayFeedService:
                             kind="worker" if local else "remote", pid=hello.pid,
                             version=printable(hello.version[:64]), since=time.time())
         key = id(follower)
+        scope = trio.CancelScope()
+        identity = channel.tls_identity if not local else None
+        if identity:
+            self._replace(identity, channel.peer)
+            self._streams[identity] = (key, scope)
         self.followers[key] = follower
         self.connects += 1
         log.info("gateway %s (pid %d, %s) follows the control plane", name, hello.pid, channel.peer)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._send_loop, channel, local)
-                while (payload := await _receive(channel)) is not None:
-                    msg = _decode(payload)
-                    if isinstance(msg, GatewayStats):
-                        follower.metrics = msg.metrics
-                        follower.requests = msg.requests
-                        follower.config = msg.config[:64]
-                        follower.last_report = time.time()
-                nursery.cancel_scope.cancel()
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._send_loop, channel, local)
+                    while (payload := await _receive(channel)) is not None:
+                        msg = _decode(payload)
+                        if isinstance(msg, GatewayStats):
+                            follower.metrics = msg.metrics
+                            follower.requests = msg.requests
+                            follower.config = msg.config[:64]
+                            follower.last_report = time.time()
+                    nursery.cancel_scope.cancel()
         finally:
-            del self.followers[key]
+            self.followers.pop(key, None)
+            if identity and self._streams.get(identity, (0,))[0] == key:
+                del self._streams[identity]
             log.info("gateway %s (pid %d) stopped following", name, hello.pid)
+        if scope.cancelled_caught:
+            raise StreamRefused("replaced", REPLACED)
+
+    def _replace(self, identity: str, peer: str) -> None:
+        """One stream per gateway certificate (issue 40, finding 5: four streams of one were four
+        followers, each reporting its own metrics, listed four times): a new stream replaces the
+        one before it, which is ended with REPLACED, and only the new one is listed from now."""
+        before = self._streams.pop(identity, None)
+        if before is None:
+            return
+        key, scope = before
+        self.followers.pop(key, None)
+        scope.cancel()
+        self.replaced += 1
+        log.warning("gateway %s: a new stream from %s replaces the one before it (one stream per gateway certificate)",
+                    identity, peer)
 
     async def _send_loop(self, channel: FleetChannel, local: bool) -> None:
         sent_config = sent_endpoints = b""
@@ -242,7 +359,7 @@ class GatewayFeedService:
             return
 
 
-def divide_admission(model: Model, workers: int) -> Model:
+def divide_admission(model: RouteModel, workers: int) -> RouteModel:
     """`model` as one of `workers` workers applies it: its in-flight cap and queue divided
     (rounded up, so no worker is left at 0 = unlimited, and the total is at least the cap)."""
     adm = model.admission
@@ -275,14 +392,19 @@ class WorkerMetrics(Collector):
     the feed's 4 MiB (1.9 s a scrape). `parse_reports` (the /metrics handler awaits it) parses each
     new report in steps of PARSE_STEP lines with a checkpoint between, so the event loop (the
     fleet's heartbeats, the feed, the gateway) is never held for a whole report; `collect` then
-    takes the parsed families (and parses in one go only a report that came in between)."""
+    takes the parsed families (and parses in one go only a report that came in between).
+
+    Of each report only a gateway's own families and labels, up to the service's series_cap, are
+    shown (`admit_report`); each series left out is counted once, in the report it came in, in
+    llmgw_gateway_series_refused_total{worker, reason}."""
 
     def __init__(self, service: GatewayFeedService, local: CollectorRegistry | None = None) -> None:
         self.service = service
         # The server's own gateway's metrics (unlabelled, as before workers), when it serves the port.
         self.local = local
         self._warned: set[str] = set()  # followers already named in a warning (one line each, not one a scrape)
-        self._parsed: dict[int, tuple[str, list[Metric]]] = {}  # follower key → (its report, parsed)
+        self._parsed: dict[int, tuple[str, list[Metric]]] = {}  # follower key → (its report, what of it is shown)
+        self.refused: dict[tuple[str, str], float] = {}  # (follower name, reason) → series left out
 
     async def parse_reports(self) -> None:
         followers = list(self.service.followers.items())
@@ -290,7 +412,10 @@ class WorkerMetrics(Collector):
             text = follower.metrics
             cached = self._parsed.get(key)
             if text and (cached is None or cached[0] is not text):
-                self._parsed[key] = (text, await self._parse(follower, text, steps=True))
+                parsed = await self._parse(follower, text, steps=True)
+                # Admitting is a step of its own: 35 ms for a 4 MiB report's 60,000 series, measured.
+                await trio.lowlevel.checkpoint()
+                self._admit(key, follower, text, parsed)
         for key in set(self._parsed) - {key for key, _ in followers}:
             del self._parsed[key]
 
@@ -302,14 +427,39 @@ class WorkerMetrics(Collector):
             return []
 
     def _families(self, key: int, follower: Follower) -> list[Metric]:
+        text = follower.metrics
         cached = self._parsed.get(key)
-        if cached is not None and cached[0] is follower.metrics:
+        if cached is not None and cached[0] is text:
             return cached[1]
         try:
-            return list(text_string_to_metric_families(follower.metrics))
+            parsed = list(text_string_to_metric_families(text))
         except ValueError as exc:
             log.warning("gateway %s sent metrics that do not parse: %s", follower.name, printable(str(exc)[:200]))
-            return []
+            parsed = []
+        return self._admit(key, follower, text, parsed)
+
+    def _admit(self, key: int, follower: Follower, text: str, parsed: list[Metric]) -> list[Metric]:
+        """What of a new report is shown; what is not is counted (once: the result is kept)."""
+        cap = self.service.series_cap
+        admitted = admit_report(parsed, cap)
+        self._parsed[key] = (text, admitted.families)
+        if not any(admitted.refused.values()):
+            return admitted.families
+        name = follower.name
+        if name not in {n for n, _ in self.refused} and len(self.refused) >= MAX_REFUSED_NAMES * len(REFUSED_REASONS):
+            name = "other"
+        for reason, n in admitted.refused.items():
+            if n:
+                self.refused[(name, reason)] = self.refused.get((name, reason), 0.0) + n
+        if follower.name not in self._warned:
+            self._warned.add(follower.name)
+            foreign = sorted({f.name for f in parsed if f.name not in GATEWAY_FAMILIES})
+            r = admitted.refused
+            log.warning("gateway %s reports series no gateway exports, left out of /metrics and counted in "
+                        "llmgw_gateway_series_refused_total: %d of other families%s, %d with labels a gateway does "
+                        "not set, %d over its cap of %d series", follower.name, r["family"],
+                        f" ({printable(', '.join(foreign)[:200])})" if foreign else "", r["labels"], r["cap"], cap)
+        return admitted.families
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
@@ -319,15 +469,7 @@ class WorkerMetrics(Collector):
         for key, follower in list(self.service.followers.items()):
             if not follower.metrics:
                 continue
-            parsed = self._families(key, follower)
-            foreign = [family.name for family in parsed if family.name not in GATEWAY_FAMILIES]
-            if foreign and follower.name not in self._warned:
-                self._warned.add(follower.name)
-                log.warning("gateway %s reports metric families no gateway exports, left out of /metrics: %s",
-                            follower.name, printable(", ".join(foreign)[:200]))
-            for family in parsed:
-                if family.name not in GATEWAY_FAMILIES:
-                    continue
+            for family in self._families(key, follower):
                 merged = families.get(family.name)
                 if merged is None:
                     merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
@@ -335,6 +477,15 @@ class WorkerMetrics(Collector):
                     merged.add_sample(sample.name, {**sample.labels, "worker": follower.name}, sample.value,
                                       sample.timestamp, sample.exemplar)
         yield from families.values()
+        refused = CounterMetricFamily(
+            "llmgw_gateway_series_refused",
+            "Series of gateways' metrics reports left out of /metrics, by gateway and reason: family (not one a "
+            "gateway exports), labels (a label it does not set, or a value over 512 characters), cap (over its "
+            "series cap, gateway feed SERIES_BASE + per model and endpoint). Counted once, in the report they came in.",
+            labels=["worker", "reason"])
+        for (name, reason), n in sorted(self.refused.items()):
+            refused.add_metric([name, reason], n)
+        yield refused
 
 
 PARSE_STEP = 2000  # lines of a report parsed between two checkpoints: the loop waits at most ~60 ms (a 39,000-line report took 0.65 s in one piece)

@@ -5,8 +5,12 @@ path GATEWAY_PATH): a local worker dials the control plane's Unix socket, a gate
 machine dials the fleet port with a gateway certificate. Pure: values in, bytes out.
 
     worker → control plane   GatewayHello (once), GatewayStats (its metrics, every second)
-    control plane → worker   GatewayConfig (catalog models, static endpoints, gateway settings),
-                             GatewayEndpoints (ready endpoints and their engine keys)
+    control plane → worker   GatewayConfig (the catalog's routing view, static endpoints, gateway
+                             settings), GatewayEndpoints (ready endpoints and their engine keys)
+
+A gateway is sent what routing needs and nothing else (issue 40, finding 2): of each model its
+name, balancer and admission (RouteModel), never its profiles (their `env` holds HF_TOKEN and the
+like, their args and commands), nor its source URL (user:pass@, presigned query strings).
 
 Each server message carries the whole state it describes, never a delta: a worker that missed
 one (a reconnect) is whole again with the next, and the control plane sends only the latest.
@@ -18,22 +22,30 @@ import hashlib
 
 import msgspec
 
-from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint, TlsPublic
+from llmgw.catalog.schema import BalancerKind, GatewaySettings, Model, StaticEndpoint, TlsPublic
 from llmgw.catalog.units import dec_hook, enc_hook
 from llmgw.wire.messages import MessageError, Unknown, _decode
 
 GATEWAY_PATH = "/llmgw.fleet.v1.Fleet/Gateway"
+# How the control plane ends a gateway certificate's stream when a newer one of the same
+# certificate opened (one stream per certificate); the gateway that reads it waits longest before
+# dialling again, so two processes sharing one certificate alternate every few seconds, not in a loop.
+REPLACED = "a newer stream of this gateway certificate replaced this one (one stream per certificate)"
 
 __all__ = [
     "GATEWAY_PATH",
+    "REPLACED",
     "GatewayConfig",
     "GatewayEndpoints",
     "GatewayHello",
     "GatewayStats",
     "MessageError",
+    "RouteAdmission",
+    "RouteModel",
     "decode_from_gateway",
     "decode_to_gateway",
     "encode",
+    "route_model",
 ]
 
 
@@ -56,8 +68,40 @@ class GatewayStats(_Base, tag="GatewayStats", tag_field="type"):
     config: str = ""  # config_digest of the last GatewayConfig it applied ("" from an older gateway)
 
 
+class _Route(msgspec.Struct, kw_only=True):
+    """Every field on the wire, defaults too: a gateway of another version never reads a value
+    the control plane left out as its own (different) default."""
+
+
+class RouteAdmission(_Route):
+    """A model's admission as the gateway's AdmissionGate applies it (catalog Admission)."""
+
+    max_in_flight: int = 0  # 0 = unlimited
+    max_queue: int = 256
+    max_wait: float = 30.0  # seconds
+
+
+class RouteModel(_Route):
+    """A catalog model as a gateway routes it: the fields llmgw.server.gateway.routes reads, and
+    no other. Decodable as a catalog Model by an older gateway (a subset of its fields)."""
+
+    name: str
+    balancer: BalancerKind = "least-outstanding"
+    admission: RouteAdmission = msgspec.field(default_factory=RouteAdmission)
+
+
+def route_model(model: Model | RouteModel) -> RouteModel:
+    """The routing view of a catalog model (a RouteModel is returned as it is)."""
+    if isinstance(model, RouteModel):
+        return model
+    adm = model.admission
+    return RouteModel(name=model.name, balancer=model.balancer,
+                      admission=RouteAdmission(max_in_flight=adm.max_in_flight, max_queue=adm.max_queue,
+                                               max_wait=float(adm.max_wait)))
+
+
 class GatewayConfig(_Base, tag="GatewayConfig", tag_field="type"):
-    models: list[Model] = []
+    models: list[RouteModel] = []
     static: list[StaticEndpoint] = []
     settings: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     # A local worker forwards the rest of the public port (/api/v1, /admin, /metrics) here.

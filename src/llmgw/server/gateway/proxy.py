@@ -32,6 +32,7 @@ from llmgw.server.metrics import GatewayMetrics
 from llmgw.web.client import Response, Upstream, UpstreamError, Watch
 from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import ClientGone, Request, Responder
+from llmgw.wire.gateway import RouteModel, route_model
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -71,7 +72,8 @@ def openai_error(message: str, kind: str, code: str | int | None = None) -> byte
 class Followers(Protocol):
     """Where the gateway's configuration goes on to (llmgw.server.gwfeed.GatewayFeedService)."""
 
-    def publish_config(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None: ...
+    def publish_config(self, models: Sequence[RouteModel], static: Sequence[StaticEndpoint],
+                       settings: GatewaySettings) -> None: ...
 
     def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None: ...
 
@@ -164,10 +166,14 @@ class Gateway:
     def settings(self) -> GatewaySettings:
         return self.table.settings
 
-    def configure(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings | None = None) -> None:
-        self.table.configure(models, static, settings)
+    def configure(self, models: Sequence[Model | RouteModel], static: Sequence[StaticEndpoint],
+                  settings: GatewaySettings | None = None) -> None:
+        """The catalog's models are kept, and passed on to the followers, as their routing view
+        only: what a gateway needs of them (issue 40, finding 2)."""
+        routing = [route_model(m) for m in models]
+        self.table.configure(routing, static, settings)
         if self.followers is not None:
-            self.followers.publish_config(models, static, self.table.settings)
+            self.followers.publish_config(routing, static, self.table.settings)
 
     def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None) -> None:
         self.table.set_endpoints(ready, keys)

@@ -10,13 +10,14 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import trio
 
-from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.catalog.schema import GatewaySettings, StaticEndpoint
 from llmgw.server.gateway.admission_gate import AdmissionGate
 from llmgw.server.gateway.balance import Balancer
 from llmgw.server.gateway.breaker import Breaker, BreakerState
 from llmgw.server.gateway.retry import RetryBudget
 from llmgw.server.metrics import GatewayMetrics
 from llmgw.web.client import Upstream
+from llmgw.wire.gateway import RouteModel
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -59,7 +60,9 @@ class RouteTable:
         self.changed = trio.Event()  # set when endpoints came or went (the scraper looks at once)
         self._bad_endpoints: set[str] = set()
 
-    def configure(self, models: Sequence[Model], static: Sequence[StaticEndpoint], settings: GatewaySettings | None = None) -> None:
+    def configure(self, models: Sequence[RouteModel], static: Sequence[StaticEndpoint],
+                  settings: GatewaySettings | None = None) -> None:
+        """`models`: the catalog's routing view (llmgw.wire.gateway.route_model), all a gateway is told of it."""
         if settings is not None:
             self.settings = settings
         wanted: dict[str, str] = {m.name: m.balancer for m in models}

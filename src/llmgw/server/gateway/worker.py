@@ -45,6 +45,7 @@ from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import HttpServer, Limits, Request, Responder
 from llmgw.wire.gateway import (
     GATEWAY_PATH,
+    REPLACED,
     GatewayConfig,
     GatewayEndpoints,
     GatewayHello,
@@ -154,6 +155,11 @@ class GatewayWorker:
                 why = str(leaf) or type(leaf).__name__
             self.connected.set(0)
             self.following = False
+            if REPLACED in why:  # another process follows with this certificate: let it, for a while
+                log.warning("gateway %s: the control plane at %s ended this stream: %s; is another gateway "
+                            "running with this certificate? Dialling again in %gs", self.name, self.follow.where(),
+                            why, BACKOFF[1])
+                wait = BACKOFF[1]
             if not lost_said:
                 if self.configured.is_set():
                     log.warning("gateway %s: lost the control plane at %s (%s); serving with the last endpoint set "
