@@ -164,3 +164,50 @@ async def test_a_known_node_that_never_returns_is_replaced_at_the_bound(
     assert bound <= starts[0][0] < bound + 1, starts
     assert controller.settle.plan.ended is Ended.BOUND and controller.settle.plan.missing_at_end == {"gpu-002"}
     assert not [msg for _, _, msg in sent if isinstance(msg, (m.Stop, m.Drain))]
+
+
+async def test_the_gateway_feed_says_settling_until_settled(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """While settling, the endpoint set handed to the gateway (and its followers) is flagged
+    `settling` and carries the last published endpoints of the nodes not back yet (from the state
+    directory) beside the ones rebuilt; settled, it is the real set, and it is kept."""
+    from llmgw.server.last_endpoints import Entry, LastEndpoints
+    from llmgw.server.views import GatewayFeed
+
+    last = LastEndpoints(tmp_path)
+    last.save({"http://gpu-000:20000": Entry(model="small", node="gpu-000", key="k0"),
+               "http://gpu-001:20000": Entry(model="small", node="gpu-001", key="k1")})
+    handed: list[tuple[dict[str, set[str]], dict[str, str], bool]] = []
+    known, reports = restart_fleet(tmp_path, 2)
+    registry = NodeRegistry(1.0)
+    settings = ReconcileSettings()
+    settle = Settle(settings, registry, known)
+    reconciler = make_reconciler(one_gpu_model(2), settings, rng=random.Random(2))
+    feed = GatewayFeed(reconciler, settle, trio.current_time, LastEndpoints(tmp_path))
+    controller = Controller(reconciler, registry, settle=settle, links={}, known=known,
+                            on_pass=lambda: handed.append(feed.endpoint_set()))
+    endpoints = {node: rs[0].endpoint for node, rs in reports.items()}
+
+    def register(node: str, session: int) -> None:
+        msg = m.Register(node_id=node, version="0.1.0", features=FEATURES, inventory=m.Inventory(gpus=gpus(2)),
+                         shards=reports[node])
+        registry.register(msg, trio.current_time(), session=session, endpoint_host=node)
+        controller.node_registered(node, msg)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(controller.run)
+        await trio.sleep(1)
+        ready, keys, settling = handed[-1]
+        assert settling and ready == {"small": {"http://gpu-000:20000", "http://gpu-001:20000"}}
+        register("gpu-000", 1)
+        await trio.sleep(5)
+        ready, keys, settling = handed[-1]
+        # gpu-000 is back: its own report replaces what was kept of it; gpu-001's kept endpoint stays.
+        assert settling and ready == {"small": {endpoints["gpu-000"], "http://gpu-001:20000"}}, ready
+        assert keys["http://gpu-001:20000"] == "k1"
+        register("gpu-001", 2)
+        await trio.sleep(1)
+        ready, keys, settling = handed[-1]
+        assert not settling and ready == {"small": set(endpoints.values())}
+        nursery.cancel_scope.cancel()
+    assert set(LastEndpoints(tmp_path).entries) == set(endpoints.values())
+    assert (tmp_path / "endpoints.json").stat().st_mode & 0o077 == 0  # it holds engine keys

@@ -60,6 +60,7 @@ GATEWAY_FAMILIES = frozenset({
     "llmgw_admission_queue_depth", "llmgw_admission_rejected", "llmgw_admission_wait_seconds",
     "llmgw_endpoint_breaker_state", "llmgw_endpoint_healthy", "llmgw_engine_up", "llmgw_gateway_fast_lane_requests",
     "llmgw_gateway_control_plane_connected", "llmgw_gateway_control_plane_last_update_timestamp_seconds",
+    "llmgw_gateway_control_plane_settling",
     "llmgw_gateway_control_plane_updates", "llmgw_gateway_control_plane_updates_created", "llmgw_gateway_worker_pid",
     "llmgw_request_duration_seconds", "llmgw_requests", "llmgw_requests_in_flight", "llmgw_time_to_first_token_seconds",
     "llmgw_upstream_retries",
@@ -147,11 +148,14 @@ class GatewayFeedService:
         if self._catalog is not None:
             self.publish_config(*self._catalog)
 
-    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None:
+    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str], *,
+                          settling: bool = False) -> None:
+        """`settling`: the control plane restarted and has not rebuilt its endpoint set yet; the
+        followers keep theirs and add these (GatewayEndpoints.settling)."""
         if self.frozen:
             return
         lists = {m: sorted(eps) for m, eps in ready.items()}
-        data = encode(GatewayEndpoints(ready=lists, keys=dict(keys), reasons=self._reasons(lists)))
+        data = encode(GatewayEndpoints(ready=lists, keys=dict(keys), reasons=self._reasons(lists), settling=settling))
         if data != self._endpoints:
             self._endpoints = data
             self._wake()

@@ -20,6 +20,7 @@ from llmgw.server.fabric_service import FabricService
 from llmgw.server.gateway.enginemetrics import EngineLoad
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.gwfeed import GatewayFeedService, GatewayView
+from llmgw.server.last_endpoints import Entry, LastEndpoints
 from llmgw.server.moves import Move
 from llmgw.server.reconcile import Reconciler, Replica, ReplicaState
 from llmgw.server.registry import Node, NodeRegistry
@@ -354,23 +355,42 @@ class GatewayFeed:
     """What the gateway learns from the control plane: built before the gateway, which asks it
     why a model has no endpoint (its 503) and is handed the ready endpoints after every pass."""
 
-    def __init__(self, reconciler: Reconciler, settle: Settle, clock: Callable[[], float]) -> None:
+    def __init__(self, reconciler: Reconciler, settle: Settle, clock: Callable[[], float],
+                 last: LastEndpoints | None = None) -> None:
         self.reconciler = reconciler
         self.settle = settle
         self.clock = clock
+        self.last = last  # the set published before a restart (None: nothing kept, as in unit tests)
 
-    def ready_endpoints(self) -> tuple[dict[str, set[str]], dict[str, str]]:
-        """Model → endpoints of its ready replicas, and endpoint → the engine key of the shard behind it."""
-        ready: dict[str, set[str]] = {}
-        keys: dict[str, str] = {}
+    def _ready(self) -> dict[str, Entry]:
+        out: dict[str, Entry] = {}
         for replica in self.reconciler.replicas.values():
             if replica.state != ReplicaState.READY:
                 continue
             for shard in replica.shards:
                 if shard.rank == 0 and shard.endpoint:
-                    ready.setdefault(replica.model, set()).add(shard.endpoint)
-                    keys[shard.endpoint] = shard.spec.api_key if shard.spec is not None else ""
-        return ready, keys
+                    out[shard.endpoint] = Entry(model=replica.model, node=shard.node,
+                                                key=shard.spec.api_key if shard.spec is not None else "")
+        return out
+
+    def endpoint_set(self) -> tuple[dict[str, set[str]], dict[str, str], bool]:
+        """What the gateway (and every follower) is handed after a pass: the ready endpoints, their
+        keys, and whether the control plane is still settling. Settling, the set is not rebuilt
+        yet: it is the ready endpoints so far beside the last published set's endpoints on nodes
+        not back yet (followers keep what they have on top); settled, it is the real set, and kept."""
+        entries = self._ready()
+        settling = not self.settle.settled
+        if self.last is not None:
+            if settling:
+                entries = {**self.last.unconfirmed(set(self.settle.registry.nodes)), **entries}
+            else:
+                self.last.save(entries)
+        ready: dict[str, set[str]] = {}
+        keys: dict[str, str] = {}
+        for endpoint, entry in entries.items():
+            ready.setdefault(entry.model, set()).add(endpoint)
+            keys[endpoint] = entry.key
+        return ready, keys, settling
 
     def not_ready_reason(self, model: str) -> str:
         """Why the gateway has no endpoint for `model`, for its 503. It once said "no ready
