@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.e2e.harness import Proc, wait_until
 from tests.e2e.test_gateway_remote import connected, start_gateway
@@ -57,3 +58,37 @@ def test_a_restarted_control_plane_does_not_empty_a_remote_gateway(tmp_path: Pat
     log = gw_proc.log()
     assert "the control plane is settling" in log and "keeping the last endpoint set" in log
     assert "the control plane has settled" in log
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "local-workers"])
+def test_a_restarted_server_serves_its_last_endpoint_set_while_it_settles(tmp_path: Path, procs: list[Proc],
+                                                                          workers: int) -> None:
+    """The server's own gateway (one process, or its local workers, started afresh with it) serves
+    the endpoint set it last published, kept in its state directory, while its agents are away:
+    the port is down only while no server listens, and no request gets a 503 from an empty set."""
+    fleet = Fleet(tmp_path, procs, extra_config=f"  workers: {workers}\n")  # continues FAULT_GATEWAY's section
+    with Load(fleet.url) as load:
+        load.wait_successes(20, "traffic flowing")
+        assert fleet.server.proc is not None
+        for agent in fleet.agents.values():
+            agent.signal(signal.SIGSTOP)
+        fleet.server.proc.kill_group()  # kill -9 of the server and its workers (systemd's cgroup kill)
+        fleet.server.proc.kill9()
+        procs.remove(fleet.server.proc)
+        procs.append(fleet.server.start())
+        listening = time.monotonic()
+        wait_until(lambda: time.monotonic() - listening > AWAY, "the agents' time away", deadline=AWAY + 5)
+        load.wait_successes(20, "traffic while the server settles")
+        for agent in fleet.agents.values():
+            agent.signal(signal.SIGCONT)
+        wait_until(lambda: len(fleet.ready()) == 2, "both replicas adopted")
+        wait_until(lambda: "all 2 known nodes have registered" in fleet.server.proc.log(), "the server to settle")
+        load.wait_successes(20, "traffic after settling")
+    failures = load.failures(avoidable_only=False)
+    unavailable = [o for o in failures if "503" in o.error]
+    after = [o for o in failures if o.started > listening]
+    load.report(f"server ({'one process' if workers == 1 else f'{workers} local workers'}) kill -9 and restart, "
+                "agents away 3 s", f"{len(unavailable)} × 503; {len(after)} failed after the new server listened "
+                f"({len(failures)} while none listened)")
+    assert not unavailable, unavailable[:3]
+    assert not after, after[:3]
