@@ -211,3 +211,15 @@ async def test_the_gateway_feed_says_settling_until_settled(tmp_path: Path, auto
         nursery.cancel_scope.cancel()
     assert set(LastEndpoints(tmp_path).entries) == set(endpoints.values())
     assert (tmp_path / "endpoints.json").stat().st_mode & 0o077 == 0  # it holds engine keys
+
+
+def test_the_kept_set_is_not_overwritten_by_a_shutdown(tmp_path: Path) -> None:
+    """Streams closing on the way down empty the ready set: a frozen store keeps the last one."""
+    from llmgw.server.last_endpoints import Entry, LastEndpoints
+
+    last = LastEndpoints(tmp_path)
+    last.save({"http://gpu-000:20000": Entry(model="small", node="gpu-000", key="k0")})
+    last.freeze()
+    last.save({})
+    assert set(LastEndpoints(tmp_path).entries) == {"http://gpu-000:20000"}
+    assert LastEndpoints(tmp_path).unconfirmed({"gpu-000"}) == {}

@@ -176,7 +176,8 @@ class ControlPlane:
         self.events = EventLog(cfg.state_dir, retention=float(cfg.events.retention))
         reconciler = make_reconciler(cfg.models, cfg.reconcile, placement=cfg.placement)
         settle = Settle(cfg.reconcile, self.registry, self.known_nodes)
-        feed = GatewayFeed(reconciler, settle, trio.current_time, LastEndpoints(cfg.state_dir))
+        self.last_endpoints = LastEndpoints(cfg.state_dir)  # what a restart serves until it has settled
+        feed = GatewayFeed(reconciler, settle, trio.current_time, self.last_endpoints)
         # Relays every streamed answer; its task starts (nursery.start) before the public port opens.
         self.relay_hub = RelayHub(coalesce=float(cfg.gateway.stream_coalesce))
         # Serves plain requests on the public port by callback (llmgw.server.gateway.fastlane).
@@ -349,6 +350,7 @@ class ControlPlane:
             task_status.started(bound)
             await self.shutdown_event.wait()
             self.followers.freeze()
+            self.last_endpoints.freeze()
             grace = float(self.operator.cfg.gateway.shutdown_grace)  # as reloaded
             log.info("shutting down: public port closed; %d request(s) in flight get up to %gs to finish",
                      sum(h.active_requests for h in self.http_servers), grace)

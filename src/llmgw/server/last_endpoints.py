@@ -39,9 +39,17 @@ class LastEndpoints:
         except (OSError, msgspec.DecodeError) as exc:
             log.warning("%s cannot be read (%s); a restart serves no endpoint set before settling", self.path, exc)
         self._saved = msgspec.json.encode(self.entries) if self.entries else b""
+        self.frozen = False
+
+    def freeze(self) -> None:
+        """The server is shutting down: the streams closing on the way empty its ready set, and
+        that must not be what the next start serves (a routine SIGTERM restart would be an outage)."""
+        self.frozen = True
 
     def save(self, entries: Mapping[str, Entry]) -> None:
         """The set published now (settled); written only when it changed."""
+        if self.frozen:
+            return
         data = msgspec.json.encode(dict(sorted(entries.items())))
         self.entries = dict(entries)
         if data == self._saved:
