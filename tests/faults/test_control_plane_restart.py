@@ -96,3 +96,4 @@ def test_a_restarted_server_serves_its_last_endpoint_set_while_it_settles(tmp_pa
                 f"({len(failures)} while none listened)")
     assert not unavailable, unavailable[:3]
     assert not after, after[:3]
+    assert "serving the last settled endpoint set (2 endpoint(s) on 2 node(s) not back yet)" in fleet.server.proc.log()

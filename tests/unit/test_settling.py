@@ -223,3 +223,34 @@ def test_the_kept_set_is_not_overwritten_by_a_shutdown(tmp_path: Path) -> None:
     last.save({})
     assert set(LastEndpoints(tmp_path).entries) == {"http://gpu-000:20000"}
     assert LastEndpoints(tmp_path).unconfirmed({"gpu-000"}) == {}
+
+
+async def test_a_gateway_keeps_its_endpoints_while_the_control_plane_settles() -> None:
+    """GatewayEndpoints.settling: what the control plane names joins the rotation instead of
+    replacing it, and followers are told the same; the settled set replaces it."""
+    from llmgw.catalog.schema import GatewaySettings, Model
+    from llmgw.server.gateway.proxy import Gateway
+    from llmgw.server.metrics import GatewayMetrics, ServerMetrics
+    from llmgw.web.relay import RelayHub
+
+    told: list[tuple[dict[str, list[str]], bool]] = []
+
+    class Followers:
+        def publish_config(self, *args: object) -> None:
+            pass
+
+        def publish_endpoints(self, ready, keys, *, settling=False) -> None:  # type: ignore[no-untyped-def]
+            told.append(({k: sorted(v) for k, v in ready.items()}, settling))
+
+    gw = Gateway(GatewaySettings(), GatewayMetrics(ServerMetrics(lambda: {}).registry), relay_hub=RelayHub(),
+                 client_door=lambda request: True, followers=Followers())
+    gw.configure([Model(name="chat")], [])
+    a, b, c = "http://127.0.0.1:20001", "http://127.0.0.1:20002", "http://127.0.0.1:20003"
+    gw.set_endpoints({"chat": {a, b}})
+    gw.set_endpoints({}, settling=True)  # a restarted control plane's still-empty set
+    assert gw.routes["chat"].dynamic == {a, b}
+    gw.set_endpoints({"chat": {c}}, settling=True)  # what it has rebuilt so far joins
+    assert gw.routes["chat"].dynamic == {a, b, c}
+    gw.set_endpoints({"chat": {b, c}})  # settled: the real set
+    assert gw.routes["chat"].dynamic == {b, c}
+    assert [s for _, s in told] == [False, True, True, False] and told[1][0] == {}

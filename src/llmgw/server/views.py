@@ -9,6 +9,7 @@ doctor's findings) get a method here and a view struct beside these.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -27,6 +28,8 @@ from llmgw.server.registry import Node, NodeRegistry
 from llmgw.server.rollout import Rollout
 from llmgw.server.weights import ProgressView, WeightsBoard
 from llmgw.wire import messages as m
+
+log = logging.getLogger("llmgw.server")
 
 
 class NodeView(msgspec.Struct, kw_only=True):
@@ -361,6 +364,7 @@ class GatewayFeed:
         self.settle = settle
         self.clock = clock
         self.last = last  # the set published before a restart (None: nothing kept, as in unit tests)
+        self._said_kept = False
 
     def _ready(self) -> dict[str, Entry]:
         out: dict[str, Entry] = {}
@@ -382,7 +386,12 @@ class GatewayFeed:
         settling = not self.settle.settled
         if self.last is not None:
             if settling:
-                entries = {**self.last.unconfirmed(set(self.settle.registry.nodes)), **entries}
+                kept = self.last.unconfirmed(set(self.settle.registry.nodes))
+                if not self._said_kept and kept:
+                    self._said_kept = True
+                    log.info("settling: serving the last settled endpoint set (%d endpoint(s) on %d node(s) not back "
+                             "yet) beside the replicas rebuilt so far", len(kept), len({e.node for e in kept.values()}))
+                entries = {**kept, **entries}
             else:
                 self.last.save(entries)
         ready: dict[str, set[str]] = {}
