@@ -258,6 +258,11 @@ class ReconcileSettings(_Config):
     # After a start, wait this long (or until every node seen before has registered) before
     # placing anything, so engines that agents report are adopted, not placed twice.
     settle: Duration = Duration(10)
+    # After a restart (known nodes in state_dir) the wait ends when every known node is back, or
+    # at this bound: agents reconnect with up to 30 s of backoff (agent backoff.max) after an
+    # outage, and 10 s ended before the last of them was back (issue 41). The longer of this and
+    # `settle` applies.
+    settle_max: Duration = Duration(60)
     # Nodes a first start (no known nodes in state_dir yet) waits for, up to `settle`: a fleet
     # started together, like `llmgw demo`'s, spreads a model's replicas over all of it instead
     # of placing them on whichever node came first. Later starts wait for the known nodes.

@@ -53,6 +53,7 @@ from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.gateway.workers import WorkerPool
 from llmgw.server.gwfeed import GatewayFeedService, WorkerMetrics
 from llmgw.server.known_nodes import KnownNodes
+from llmgw.server.last_endpoints import LastEndpoints
 from llmgw.server.logs import EngineLogs, LogHub
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
 from llmgw.server.operator import Operator
@@ -175,7 +176,8 @@ class ControlPlane:
         self.events = EventLog(cfg.state_dir, retention=float(cfg.events.retention))
         reconciler = make_reconciler(cfg.models, cfg.reconcile, placement=cfg.placement)
         settle = Settle(cfg.reconcile, self.registry, self.known_nodes)
-        feed = GatewayFeed(reconciler, settle, trio.current_time)
+        self.last_endpoints = LastEndpoints(cfg.state_dir)  # what a restart serves until it has settled
+        feed = GatewayFeed(reconciler, settle, trio.current_time, self.last_endpoints)
         # Relays every streamed answer; its task starts (nursery.start) before the public port opens.
         self.relay_hub = RelayHub(coalesce=float(cfg.gateway.stream_coalesce))
         # Serves plain requests on the public port by callback (llmgw.server.gateway.fastlane).
@@ -214,7 +216,7 @@ class ControlPlane:
             settle=settle,
             links=sessions,
             known=self.known_nodes,
-            on_pass=chain(lambda: gateway.set_endpoints(*feed.ready_endpoints()), self.event_feeds.after_pass,
+            on_pass=chain(lambda: _hand_endpoints(gateway, feed), self.event_feeds.after_pass,
                           self.drainer.after_pass),
             on_refused=self.metrics.count_refused,
             weights=weights,
@@ -348,6 +350,7 @@ class ControlPlane:
             task_status.started(bound)
             await self.shutdown_event.wait()
             self.followers.freeze()
+            self.last_endpoints.freeze()
             grace = float(self.operator.cfg.gateway.shutdown_grace)  # as reloaded
             log.info("shutting down: public port closed; %d request(s) in flight get up to %gs to finish",
                      sum(h.active_requests for h in self.http_servers), grace)
@@ -411,6 +414,12 @@ async def _no_nodes_here(channel: object) -> None:
     from llmgw.fleet import StreamRefused
 
     raise StreamRefused("not_fleet", "this socket feeds the server's gateway workers; agents dial the fleet port")
+
+
+def _hand_endpoints(gateway: Gateway, feed: GatewayFeed) -> None:
+    """After every pass: the gateway (and through it every follower) gets the endpoint set."""
+    ready, keys, settling = feed.endpoint_set()
+    gateway.set_endpoints(ready, keys, settling=settling)
 
 
 def settle_garbage_collector() -> None:

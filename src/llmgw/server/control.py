@@ -23,6 +23,7 @@ from llmgw.fabric.locality import Places
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.reconcile import NodeInfo, Reconciler, Refusal, Settings, StartShard, StopShard
 from llmgw.server.registry import NodeRegistry, Transition
+from llmgw.server.settling import Ended, SettlePlan, SettleState
 from llmgw.server.weights import WeightsBoard
 from llmgw.wire import messages as m
 from llmgw.wire.ids import printable
@@ -50,76 +51,65 @@ def make_reconciler(models: Sequence[Model], settings: ReconcileSettings, rng: r
 
 
 class Settle:
-    """The settle period after a start: nothing new is placed for `reconcile.settle`, or until
-    every node known before (and every one `reconcile.expect_nodes` names) has registered,
-    whichever comes first."""
+    """The settle period after a start (llmgw.server.settling.SettlePlan, the pure state): nothing
+    new is placed, and the gateways are told the endpoint set is not rebuilt yet, until every
+    node known before has re-registered, or `reconcile.settle_max` has passed (a first start:
+    its `expect_nodes`, or `reconcile.settle`)."""
 
     def __init__(self, settings: ReconcileSettings, registry: NodeRegistry, known: KnownNodes | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.known = known
-        self.started_at = 0.0
-        self.settled = False
-        self.expected: set[str] = set()
-        self.rejoining: set[str] = set()  # the nodes seen before this start (empty: a first start)
+        self.plan = SettlePlan(now=0.0, known=(), expect=(), settle=0.0, settle_max=0.0)  # settled until start()
+
+    @property
+    def settled(self) -> bool:
+        return not self.plan.settling
 
     def start(self, now: float) -> None:
-        self.started_at = now
-        self.settled = False
         known = set(self.known.ids) if self.known is not None else set()  # as of this start
-        self.rejoining = known
         # expect_nodes is for a first start; after one, every node seen is known (and a lost
         # one, dropped from the known nodes, is not waited for because the config names it).
-        self.expected = known or set(self.settings.expect_nodes)
-        if known and self.settings.settle > 0:
-            log.info("waiting up to %gs for %d known nodes to report their engines before placing replicas",
-                     self.settings.settle, len(self.expected))
-        elif self.expected and self.settings.settle > 0:
+        plan = self.plan = SettlePlan(now=now, known=known, expect=self.settings.expect_nodes,
+                                      settle=float(self.settings.settle), settle_max=float(self.settings.settle_max))
+        if not plan.settling:
+            return
+        if known:
+            log.info("settling: waiting up to %gs for %d known nodes to report their engines before placing replicas; "
+                     "gateways keep their last endpoint set until then", plan.bound, len(plan.awaited))
+        elif plan.awaited:
             log.info("first start: waiting up to %gs for %d expected nodes to register before placing replicas",
-                     self.settings.settle, len(self.expected))
-        elif self.settings.settle > 0:
-            log.info("first start: waiting %gs for nodes to register before placing replicas", self.settings.settle)
+                     plan.bound, len(plan.awaited))
+        else:
+            log.info("first start: waiting %gs for nodes to register before placing replicas", plan.bound)
 
     def _connected(self) -> set[str]:
         return {n.id for n in self.registry.nodes.values() if n.connected}
 
     def note(self, now: float) -> str:
         """Why nothing new is placed yet, while the settle period holds placements; else ""."""
-        if self.settled:
-            return ""
-        left = float(self.settings.settle) - (now - self.started_at)
-        if left <= 0:
-            return ""
-        missing = sorted(self.expected - self._connected())
-        if missing:
-            names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            verb = "re-register" if self.rejoining else "register"  # known before, or expect_nodes
-            return (f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for up to "
-                    f"{left:.0f}s more, until {names} {verb}{'s' if len(missing) == 1 else ''}")
-        return f"the server started {self.settings.settle - left:.0f}s ago and places nothing new for {left:.0f}s more"
+        return self.plan.note(now, self._connected()) if self.plan.settling else ""
 
     def left(self, now: float) -> float:
-        """Seconds to wait before placing anything: the settle period, cut short once every
-        node seen before has re-registered (a first start waits it out, so that the nodes
-        starting with it are there and replicas spread over them)."""
-        left = float(self.settings.settle) - (now - self.started_at)
-        if left <= 0 or self.settled:
-            if not self.settled:
-                self.settled = True
-                missing = self.expected - self._connected()
-                if missing:
-                    log.info("settle period over; not waiting for %s", ", ".join(sorted(missing)))
+        """Seconds to wait before placing anything (0: settled; the transition is logged once)."""
+        plan = self.plan
+        if not plan.settling:
             return 0.0
-        expected = self.expected
-        if expected and not expected - self._connected():
-            log.info("all %d known nodes have registered; placing replicas", len(expected))
-            self.settled = True
+        if plan.step(now, self._connected()) is SettleState.SETTLED:
+            if plan.ended is Ended.ALL_BACK:
+                log.info("settled %.1fs after the start: all %d known nodes have registered; placing replicas",
+                         now - plan.started_at, len(plan.awaited))
+            elif plan.missing_at_end:
+                log.info("settled at the %gs bound; not waiting for %s", plan.bound,
+                         ", ".join(sorted(plan.missing_at_end)))
+            else:
+                log.info("settle period over; placing replicas")
             return 0.0
-        return left
+        return max(plan.left(now), 0.01)
 
     def forget(self, node_id: str) -> None:
         """The node is gone for good: this settle period does not wait for it."""
-        self.expected.discard(node_id)
+        self.plan.forget(node_id)
 
 
 class Link(Protocol):
@@ -234,6 +224,8 @@ class Controller:
                 # lost (8 s of 503s with the default settle, issue 9); it is known again once
                 # it registers.
                 self.known.remove(t.node_id)
+            if t.new == "lost":
+                self.settle.forget(t.node_id)  # nor does this settle period wait for it
         self.wake()
 
     # -- driving -------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ GATEWAY_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "llmgw_admission_queue_depth": ("gauge", frozenset({_MODEL})),
     "llmgw_requests_in_flight": ("gauge", frozenset({_MODEL})),
     "llmgw_gateway_control_plane_connected": ("gauge", frozenset()),
+    "llmgw_gateway_control_plane_settling": ("gauge", frozenset()),
     "llmgw_gateway_control_plane_updates": ("counter", frozenset()),
     "llmgw_gateway_control_plane_updates_created": ("gauge", frozenset()),
     "llmgw_gateway_control_plane_last_update_timestamp_seconds": ("gauge", frozenset()),
@@ -231,12 +232,15 @@ class GatewayFeedService:
         if self._catalog is not None:
             self.publish_config(*self._catalog)
 
-    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None:
+    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str], *,
+                          settling: bool = False) -> None:
+        """`settling`: the control plane restarted and has not rebuilt its endpoint set yet; the
+        followers keep theirs and add these (GatewayEndpoints.settling)."""
         if self.frozen:
             return
         lists = {m: sorted(eps) for m, eps in ready.items()}
         self._grow(0, self._static + sum(len(eps) for eps in lists.values()))
-        data = encode(GatewayEndpoints(ready=lists, keys=dict(keys), reasons=self._reasons(lists)))
+        data = encode(GatewayEndpoints(ready=lists, keys=dict(keys), reasons=self._reasons(lists), settling=settling))
         if data != self._endpoints:
             self._endpoints = data
             self._wake()

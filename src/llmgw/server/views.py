@@ -9,6 +9,7 @@ doctor's findings) get a method here and a view struct beside these.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -20,12 +21,15 @@ from llmgw.server.fabric_service import FabricService
 from llmgw.server.gateway.enginemetrics import EngineLoad
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.gwfeed import GatewayFeedService, GatewayView
+from llmgw.server.last_endpoints import Entry, LastEndpoints
 from llmgw.server.moves import Move
 from llmgw.server.reconcile import Reconciler, Replica, ReplicaState
 from llmgw.server.registry import Node, NodeRegistry
 from llmgw.server.rollout import Rollout
 from llmgw.server.weights import ProgressView, WeightsBoard
 from llmgw.wire import messages as m
+
+log = logging.getLogger("llmgw.server")
 
 
 class NodeView(msgspec.Struct, kw_only=True):
@@ -354,23 +358,48 @@ class GatewayFeed:
     """What the gateway learns from the control plane: built before the gateway, which asks it
     why a model has no endpoint (its 503) and is handed the ready endpoints after every pass."""
 
-    def __init__(self, reconciler: Reconciler, settle: Settle, clock: Callable[[], float]) -> None:
+    def __init__(self, reconciler: Reconciler, settle: Settle, clock: Callable[[], float],
+                 last: LastEndpoints | None = None) -> None:
         self.reconciler = reconciler
         self.settle = settle
         self.clock = clock
+        self.last = last  # the set published before a restart (None: nothing kept, as in unit tests)
+        self._said_kept = False
 
-    def ready_endpoints(self) -> tuple[dict[str, set[str]], dict[str, str]]:
-        """Model → endpoints of its ready replicas, and endpoint → the engine key of the shard behind it."""
-        ready: dict[str, set[str]] = {}
-        keys: dict[str, str] = {}
+    def _ready(self) -> dict[str, Entry]:
+        out: dict[str, Entry] = {}
         for replica in self.reconciler.replicas.values():
             if replica.state != ReplicaState.READY:
                 continue
             for shard in replica.shards:
                 if shard.rank == 0 and shard.endpoint:
-                    ready.setdefault(replica.model, set()).add(shard.endpoint)
-                    keys[shard.endpoint] = shard.spec.api_key if shard.spec is not None else ""
-        return ready, keys
+                    out[shard.endpoint] = Entry(model=replica.model, node=shard.node,
+                                                key=shard.spec.api_key if shard.spec is not None else "")
+        return out
+
+    def endpoint_set(self) -> tuple[dict[str, set[str]], dict[str, str], bool]:
+        """What the gateway (and every follower) is handed after a pass: the ready endpoints, their
+        keys, and whether the control plane is still settling. Settling, the set is not rebuilt
+        yet: it is the ready endpoints so far beside the last published set's endpoints on nodes
+        not back yet (followers keep what they have on top); settled, it is the real set, and kept."""
+        entries = self._ready()
+        settling = not self.settle.settled
+        if self.last is not None:
+            if settling:
+                kept = self.last.unconfirmed(set(self.settle.registry.nodes))
+                if not self._said_kept and kept:
+                    self._said_kept = True
+                    log.info("settling: serving the last settled endpoint set (%d endpoint(s) on %d node(s) not back "
+                             "yet) beside the replicas rebuilt so far", len(kept), len({e.node for e in kept.values()}))
+                entries = {**kept, **entries}
+            else:
+                self.last.save(entries)
+        ready: dict[str, set[str]] = {}
+        keys: dict[str, str] = {}
+        for endpoint, entry in entries.items():
+            ready.setdefault(entry.model, set()).add(endpoint)
+            keys[endpoint] = entry.key
+        return ready, keys, settling
 
     def not_ready_reason(self, model: str) -> str:
         """Why the gateway has no endpoint for `model`, for its 503. It once said "no ready

@@ -120,6 +120,11 @@ class GatewayEndpoints(_Base, tag="GatewayEndpoints", tag_field="type"):
     # client's body says only "no ready replica of M"), so a worker's log says the same. Absent
     # from an older control plane: the worker then says less, nothing breaks.
     reasons: dict[str, str] = {}
+    # The control plane restarted and has not rebuilt its endpoint set yet (it waits for the nodes
+    # that were there: llmgw.server.settling): `ready` is what it has so far, and a follower keeps
+    # the endpoints it has beside them until a message without this flag replaces them. An older
+    # follower ignores the flag and takes `ready` as it is.
+    settling: bool = False
 
 
 FromGateway = GatewayHello | GatewayStats

@@ -75,7 +75,8 @@ class Followers(Protocol):
     def publish_config(self, models: Sequence[RouteModel], static: Sequence[StaticEndpoint],
                        settings: GatewaySettings) -> None: ...
 
-    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str]) -> None: ...
+    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str], *,
+                          settling: bool = False) -> None: ...
 
 
 class _Attempt(Watch):
@@ -175,10 +176,19 @@ class Gateway:
         if self.followers is not None:
             self.followers.publish_config(routing, static, self.table.settings)
 
-    def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None) -> None:
-        self.table.set_endpoints(ready, keys)
+    def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None, *,
+                      settling: bool = False) -> None:
+        """The control plane's endpoint set. `settling`: a restarted control plane has not rebuilt
+        it yet (llmgw.server.settling), so what it names joins the endpoints in rotation instead
+        of replacing them (its health checks take out those that no longer answer); the settled
+        set, which follows within the settle bound, replaces them (issue 41)."""
+        if settling:
+            merged = {name: set(ready.get(name, ())) | route.dynamic for name, route in self.routes.items()}
+            self.table.set_endpoints(merged, keys)
+        else:
+            self.table.set_endpoints(ready, keys)
         if self.followers is not None:
-            self.followers.publish_endpoints(ready, keys or {})
+            self.followers.publish_endpoints(ready, keys or {}, settling=settling)
 
     def upstream(self, url: str) -> Upstream:
         return self.table.upstream(url)

@@ -111,6 +111,10 @@ class GatewayWorker:
                                  "When the last update from the control plane came (unix time).", registry=self.registry)
         Gauge("llmgw_gateway_worker_pid", "This gateway process's id (a restarted worker has a new one).",
               registry=self.registry).set(os.getpid())
+        self.settling_gauge = Gauge("llmgw_gateway_control_plane_settling",
+                                    "1 while the control plane has not rebuilt its endpoint set since it restarted: "
+                                    "this gateway keeps its last one.", registry=self.registry)
+        self.control_plane_settling = False
         self.requests = 0
         self.config_digest = ""  # of the GatewayConfig last applied: reported, so `ctl gateways` says if it is current
         self.reasons: dict[str, str] = {}  # model → why it has no ready replica (GatewayEndpoints.reasons)
@@ -188,12 +192,32 @@ class GatewayWorker:
                 self.configured.set()  # with TLS to terminate, not before a context is built
             self.config_digest = config_digest(payload)
         elif isinstance(msg, GatewayEndpoints):
-            self.gateway.set_endpoints(msg.ready, msg.keys)
+            self._settling(msg.settling)
+            self.gateway.set_endpoints(msg.ready, msg.keys, settling=msg.settling)
             self.reasons = msg.reasons
         else:
             return  # a newer control plane's message: skipped
         self.updates.inc()
         self.last_update.set_to_current_time()
+
+    def _settling(self, settling: bool) -> None:
+        """A restarted control plane says it has not rebuilt its endpoint set: the last one is kept
+        (and its endpoints stay in rotation while they answer) until it has settled. Said once each way."""
+        if settling == self.control_plane_settling:
+            return
+        self.control_plane_settling = settling
+        self.settling_gauge.set(1 if settling else 0)
+        if settling:
+            log.warning("gateway %s: the control plane is settling (it restarted and waits for its nodes); keeping "
+                        "the last endpoint set (%d endpoint(s)) until it has", self.name, len(self.gateway.table.upstreams))
+        else:
+            log.info("gateway %s: the control plane has settled; following its endpoint set", self.name)
+
+    def control_plane(self) -> str:
+        """What /healthz on the metrics listener says of the control plane."""
+        if not self.following:
+            return "lost"
+        return "settling" if self.control_plane_settling else "following"
 
     def _take_tls(self, files: TlsPublic, digest: str) -> None:
         """The control plane's public_tls, built here with the same builder; rebuilt when the
@@ -238,8 +262,8 @@ class GatewayWorker:
         shows them too, behind its viewer door)."""
         if request.path == "/metrics":
             await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4")], generate_latest(self.registry))
-        elif request.path == "/healthz":
-            await responder.respond(200, [JSON], b'{"status":"ok"}')
+        elif request.path == "/healthz":  # this listener may say more than ok: "following", "settling", "lost"
+            await responder.respond(200, [JSON], b'{"status":"ok","control_plane":"%s"}' % self.control_plane().encode())
         else:
             await responder.respond(404, [JSON], openai_error("this listener serves /metrics and /healthz",
                                                              "invalid_request_error", "not_found"))
