@@ -72,11 +72,9 @@ def openai_error(message: str, kind: str, code: str | int | None = None) -> byte
 class Followers(Protocol):
     """Where the gateway's configuration goes on to (llmgw.server.gwfeed.GatewayFeedService)."""
 
-    def publish_config(self, models: Sequence[RouteModel], static: Sequence[StaticEndpoint],
-                       settings: GatewaySettings) -> None: ...
+    def publish_config(self, models: Sequence[RouteModel], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None: ...
 
-    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str], *,
-                          settling: bool = False) -> None: ...
+    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str], *, settling: bool = False) -> None: ...
 
 
 class _Attempt(Watch):
@@ -167,26 +165,18 @@ class Gateway:
     def settings(self) -> GatewaySettings:
         return self.table.settings
 
-    def configure(self, models: Sequence[Model | RouteModel], static: Sequence[StaticEndpoint],
-                  settings: GatewaySettings | None = None) -> None:
-        """The catalog's models are kept, and passed on to the followers, as their routing view
-        only: what a gateway needs of them (issue 40, finding 2)."""
+    def configure(self, models: Sequence[Model | RouteModel], static: Sequence[StaticEndpoint], settings: GatewaySettings | None = None) -> None:
+        """Models kept, and passed on, as their routing view only (issue 40, finding 2)."""
         routing = [route_model(m) for m in models]
         self.table.configure(routing, static, settings)
         if self.followers is not None:
             self.followers.publish_config(routing, static, self.table.settings)
 
-    def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None, *,
-                      settling: bool = False) -> None:
-        """The control plane's endpoint set. `settling`: a restarted control plane has not rebuilt
-        it yet (llmgw.server.settling), so what it names joins the endpoints in rotation instead
-        of replacing them (its health checks take out those that no longer answer); the settled
-        set, which follows within the settle bound, replaces them (issue 41)."""
-        if settling:
-            merged = {name: set(ready.get(name, ())) | route.dynamic for name, route in self.routes.items()}
-            self.table.set_endpoints(merged, keys)
-        else:
-            self.table.set_endpoints(ready, keys)
+    def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None, *, settling: bool = False) -> None:
+        """`settling` (server/settling.py): what a restarted control plane names joins the set in
+        rotation (health checks drop the dead) until the settled set replaces it (issue 41)."""
+        merged = {name: set(ready.get(name, ())) | route.dynamic for name, route in self.routes.items()} if settling else ready
+        self.table.set_endpoints(merged, keys)
         if self.followers is not None:
             self.followers.publish_endpoints(ready, keys or {}, settling=settling)
 
