@@ -27,6 +27,7 @@ from tests.e2e.harness import (
     engines_config,
     make_sim_fabric,
     make_sim_node,
+    run_llmgw,
     start_agent,
     token_digest,
     wait_until,
@@ -329,6 +330,10 @@ def test_fabric_refresh_keeps_the_view(cluster: Cluster, browser_page: Watched, 
     page.press("#fabric-search", "Enter")
     page.wait_for_selector("#fabric-panel:not([hidden])")
     selected, view = page.evaluate("[llmgwFabric.selected, llmgwFabric.view()]")
+    # The cable trains at 1x at both ends, as on a real fabric: node-4's own port reading is the
+    # map's second witness (fabric/crosscheck.py), so the dump alone would not mark it.
+    assert run_llmgw("sim", "node", "set-port", str(cluster.tmp / "node-4"), "mlx5_1", "1", "up",
+                     "--rate", "100 Gb/sec (1X NDR)").returncode == 0
     make_fabric(cluster.tmp / "fabric", "node-2", "node-4")
     wait_until(lambda: cluster.server.get(f"/api/v1/fabrics/{cluster.fabric_id}/topology")["summary"]["degraded_links"] == 2,
                "the second degraded cable discovered")
