@@ -192,3 +192,25 @@ async def test_the_client_dials_b_as_registered_and_a_system_port_is_refused(aut
         [client] = sessions["gpu-01"].tests_sent("client")
         assert (client.server_host, client.server_port) == ("10.0.0.2", 18515)  # gpu-02 as the server has it
         nursery.cancel_scope.cancel()
+
+
+async def test_a_node_inventing_notes_reaches_the_operator_at_most_max_notes_times(
+        autojump_clock: trio.testing.MockClock) -> None:
+    from llmgw.server.fabric_test import MAX_NOTES
+
+    async def chatty(msg: m.FabricTest):  # type: ignore[no-untyped-def]
+        for i in range(10_000):
+            yield m.FabricTestResult(request_id=msg.request_id, phase="progress", ok=True, notes=[f"note {i}"])
+            await trio.sleep(0.001)
+
+    heard: list[dict[str, Any]] = []
+
+    async def emit(event: dict[str, Any]) -> None:
+        heard.append(event)
+
+    async with trio.open_nursery() as nursery:
+        tests, _ = harness(nursery, ("a", "b"), {"b": chatty}, install_wait=30)
+        report = await tests.run("a", "b", emit)
+        nursery.cancel_scope.cancel()
+    assert len([e for e in heard if e["event"] == "note"]) == MAX_NOTES
+    assert len(report["notes"]) == MAX_NOTES and report["status"] == "crit"

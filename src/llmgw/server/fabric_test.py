@@ -65,6 +65,7 @@ INSTALL_WAIT = 660.0  # an agent installing perftest: its fabric_test.install_ti
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 600.0
 QUEUE = 8  # results in flight per request (progress, ready, done)
+MAX_NOTES = 32  # per rail: a real run says 1-4 (install, GID index, a retried port); a node inventing new ones is cut
 
 
 class Refused(Exception):
@@ -273,7 +274,7 @@ class FabricTests:
                 except (trio.EndOfChannel, trio.ClosedResourceError):
                     return m.FabricTestResult(request_id="", error=f"the stream to {node_id} ended during the test")
                 for note in msg.notes:
-                    if note not in notes:
+                    if note not in notes and len(notes) < MAX_NOTES:
                         notes.append(note)
                         await emit({"event": "note", "node": node_id, "message": note})
                 if msg.phase == "progress":
