@@ -230,7 +230,8 @@ class ControlPlane:
         self.fabrics = FabricService(self.registry, sessions, FabricStore(cfg.state_dir), cfg.fabric)
         self.metrics.registry.register(FabricCollector(self.fabrics))
         # `ctl fabric-test`: ib_write_bw between two nodes' agents, over the same streams.
-        self.fabric_tests = FabricTests(self.registry, lambda: sessions)
+        self.fabric_tests = FabricTests(self.registry, lambda: sessions, grace=float(cfg.fabric.test_grace),
+                                        install_wait=float(cfg.fabric.test_install_wait))
         self.fleet = FleetService(
             self.registry,
             self.metrics,
