@@ -36,7 +36,8 @@ from llmgw.fleet import FleetChannel, dial
 from llmgw.server.auth import Auth
 from llmgw.server.gateway import forwarded
 from llmgw.server.gateway.fastlane import GatewayLane
-from llmgw.server.gateway.proxy import JSON, Gateway, openai_error
+from llmgw.server.gateway.openai_api import openai_error
+from llmgw.server.gateway.proxy import JSON, Gateway
 from llmgw.server.metrics import GatewayMetrics, watch_gateway
 from llmgw.tls.context import ServerTls
 from llmgw.web.client import Upstream, UpstreamError
