@@ -8,10 +8,10 @@ found with the right check, status and subject; a server that is not there exits
 
 from __future__ import annotations
 
-import re
-
 import hashlib
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +203,33 @@ def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[
     assert problems(two) == [("gpu-02", "cert", "crit", "")]
     whole = ctl(server.url, "doctor", "--quiet", env=viewer)
     assert whole.returncode == 2 and len(whole.stdout.strip().splitlines()) == 3, whole.stdout  # the status line, 2 findings
+
+    # What alerts are written on (issue 46, item 8): each certificate's expiry as a timestamp, and
+    # the last full doctor run's verdict and counts (the --node runs above leave it alone).
+    samples = scrape(server, token)
+    expiry = {labels["identity"]: value for labels, value in samples["llmgw_certificate_expiry_timestamp_seconds"]
+              if labels["kind"] == "node"}
+    assert expiry.keys() == {"gpu-01", "gpu-02"}
+    assert abs(expiry["gpu-01"] - time.time() - 5 * 86400) < 3600 and abs(expiry["gpu-02"] - time.time() - 2 * 86400) < 3600
+    assert any(labels == {"kind": "server", "identity": "fleet-port"} for labels, _ in samples["llmgw_certificate_expiry_timestamp_seconds"])
+    assert samples["llmgw_doctor_status"] == [({}, 2.0)]
+    counts = {labels["status"]: value for labels, value in samples["llmgw_doctor_findings"]}
+    assert counts["crit"] == 1 and counts["warn"] == 1 and counts["ok"] > 0, counts
+    [(_, ran)] = samples["llmgw_doctor_last_run_timestamp_seconds"]
+    assert time.time() - 60 < ran <= time.time() + 1
+
+
+def scrape(server: Server, token: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """/metrics as samples by name, read with prometheus_client's own parser."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {token}"}, timeout=10).text
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
 
 
 def test_doctor_without_a_server_exits_3_with_one_line(tmp_path: Path) -> None:

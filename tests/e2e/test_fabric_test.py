@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -70,6 +71,10 @@ def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: li
     assert first.startswith("LLMGW FABRIC-TEST CRITICAL - gpu-01 → gpu-02: 4 rails: 1 crit, 1 warn, 0 unknown, 2 ok | "
                             "crit=1 warn=1 unknown=0 ok=2 ib_0_gbps="), first
     assert "ib_2_gbps=150 " in first + " ", first
+    # The pair's last result on /metrics: its Nagios code and each rail's Gb/s (issue 46, item 8).
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert 'llmgw_fabric_test_status{a="gpu-01",b="gpu-02"} 2.0' in metrics, metrics[-3000:]
+    assert re.search(r'llmgw_fabric_test_rail_gbps\{a="gpu-01",b="gpu-02",fabric="ib",rail="2"\} 150(\.0)?\n', metrics)
     quiet = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--quiet", timeout=120)
     status, *bad = quiet.stdout.splitlines()
     assert quiet.returncode == 2 and status.split(" | ")[0] == first.split(" | ")[0] and quiet.stderr == "", quiet

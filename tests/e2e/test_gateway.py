@@ -130,6 +130,10 @@ def test_openai_client_through_the_gateway(fleet: Server) -> None:
                    json={"model": "chat", "messages": [{"role": "user", "content": "x"}]}, timeout=10)
     assert len(r.headers["x-request-id"]) >= 16
     assert metric(fleet, "llmgw_requests_total", model="chat", code="200") >= 6
+    # Replicas wanted against serving, per model (issue 46, item 8): what a first alert compares.
+    assert [metric(fleet, f"llmgw_model_replicas_{kind}", model="chat") for kind in ("desired", "ready")] == [2, 2]
+    assert metric(fleet, "llmgw_model_replicas_desired", model="slow") == 1
+    assert metric(fleet, "llmgw_model_replicas", model="chat", state="ready") == 2
     assert metric(fleet, "llmgw_time_to_first_token_seconds_count", model="chat") >= 1
     # The five plain requests (the SDK writes each head and body separately) went through the
     # fast lane: answered there, or resumed by a task (one with no idle engine connection yet: the

@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import ssl
+import time
 from typing import Any
 
 import msgspec
@@ -37,6 +38,7 @@ from llmgw.fleet import FleetListener
 from llmgw.fleet.limits import Caps, RefusalLog
 from llmgw.netaddr import hostport
 from llmgw.server.admin.pages import AdminPages
+from llmgw.server.alertmetrics import AlertCollector, CheckResults
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
 from llmgw.server.control import Controller, Settle, make_reconciler
@@ -62,6 +64,7 @@ from llmgw.server.views import FleetReads, GatewayFeed
 from llmgw.server.weights import WeightsBoard
 from llmgw.tls import server_context
 from llmgw.tls.context import ServerTls
+from llmgw.tls.info import cert_not_after
 from llmgw.tls.revocation import Revocations, fleet_refusal, gateway_refusal
 from llmgw.web.assets import from_package
 from llmgw.web.reactor import Reactor
@@ -230,7 +233,8 @@ class ControlPlane:
         self.fabrics = FabricService(self.registry, sessions, FabricStore(cfg.state_dir), cfg.fabric)
         self.metrics.registry.register(FabricCollector(self.fabrics))
         # `ctl fabric-test`: ib_write_bw between two nodes' agents, over the same streams.
-        self.fabric_tests = FabricTests(self.registry, lambda: sessions, grace=float(cfg.fabric.test_grace),
+        results = CheckResults(time.time)  # the last doctor run and fabric tests, for /metrics
+        self.fabric_tests = FabricTests(self.registry, lambda: sessions, results=results, grace=float(cfg.fabric.test_grace),
                                         install_wait=float(cfg.fabric.test_install_wait))
         self.fleet = FleetService(
             self.registry,
@@ -282,7 +286,13 @@ class ControlPlane:
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,
                                       tls=self.public_tls is not None)
         self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
-        self.doctor = DoctorService(self.registry, reconciler, self.fabrics)  # GET /api/v1/doctor (issue 14)
+        self.doctor = DoctorService(self.registry, reconciler, self.fabrics, results=results)  # GET /api/v1/doctor (issue 14)
+        # What alerts are written on: replicas wanted and ready, certificate expiry, the last checks.
+        own = [("server", port, cert_not_after(tls.cert)) for port, tls in (("fleet-port", cfg.tls), ("public-port", public_tls))
+               if tls is not None and tls.cert]  # read once: a new file takes a restart, as the listeners do
+        self.metrics.registry.register(AlertCollector(
+            lambda: {name: model.replicas for name, model in reconciler.models.items()}, reconciler.replicas.values,
+            lambda: [*own, *(("node", n.id, n.cert_not_after) for n in self.registry.nodes.values())], results))
         self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
         self.shutdown_event = trio.Event()
 

@@ -54,6 +54,7 @@ from llmgw.fabric.railtest import (
     phase,
     split_port,
 )
+from llmgw.server.alertmetrics import CheckResults
 from llmgw.server.registry import NodeRegistry
 from llmgw.wire import messages as m
 from llmgw.wire.ids import quote
@@ -83,7 +84,7 @@ class _Route(msgspec.Struct):
 
 class FabricTests:
     def __init__(self, registry: NodeRegistry, sessions: Callable[[], Mapping[str, Any]], *,
-                 grace: float = GRACE, install_wait: float = INSTALL_WAIT) -> None:
+                 grace: float = GRACE, install_wait: float = INSTALL_WAIT, results: CheckResults | None = None) -> None:
         self.registry = registry
         self.sessions = sessions  # node id → its live fleet session (FleetService.sessions)
         self.routes: dict[str, _Route] = {}
@@ -92,6 +93,7 @@ class FabricTests:
         self._ids = itertools.count(1)
         self._locks: dict[str, trio.Lock] = {}  # one test at a time per node (kept while anyone holds or waits)
         self._users: dict[str, int] = {}
+        self.results = results  # where each test's report goes (llmgw.server.alertmetrics)
 
     # ---- from the fleet streams -------------------------------------------------------------------
 
@@ -160,8 +162,11 @@ class FabricTests:
         status, code = overall(results)
         log.info("fabric test %s → %s: %s (%s)", a, b, status,
                  ", ".join(f"{r.fabric}#{r.rail} {r.status}" for r in results))
-        return {"event": "done", "a": a, "b": b, "status": status, "exit_code": code, "notes": notes,
+        done = {"event": "done", "a": a, "b": b, "status": status, "exit_code": code, "notes": notes,
                 "rails": [msgspec.to_builtins(r) for r in results]}
+        if self.results is not None:
+            self.results.fabric_test_done(done)  # the pair's last result, on /metrics
+        return done
 
     @asynccontextmanager
     async def _holding(self, nodes: tuple[str, ...], emit: Callable[[dict[str, Any]], Awaitable[None]]) -> AsyncIterator[None]:
