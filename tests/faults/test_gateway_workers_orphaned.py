@@ -7,14 +7,16 @@ server refuses a worker that presents another start's key."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from tests.e2e.harness import FAST_FLEET, Proc, Server, ctl_json, pid_alive, wait_until
-from tests.faults.fleet import Fleet, Load, metric
+from tests.faults.fleet import MODEL, Fleet, Load, metric
 
 DEADLINE = 10.0  # seconds the orphaned workers get to exit: requests in flight finish first (~0.1 s)
 
@@ -67,6 +69,54 @@ def test_workers_end_with_a_killed_server_and_the_next_has_only_its_own(tmp_path
         assert f"(pid {pid}) refused" not in server.proc.log()  # they were gone, not refused
     log = (tmp_path / "server.log").read_text()
     assert "is gone; exiting (a new server starts its own workers)" in log
+
+
+def test_a_worker_draining_when_its_server_died_finishes_and_never_follows_the_next(tmp_path: Path,
+                                                                                   procs: list[Proc]) -> None:
+    """A worker with a stream in flight when its server died stops accepting and finishes it (up
+    to shutdown_grace) before it exits; meanwhile it dials the next server's gateway.sock with its
+    old key and is refused, so the next server lists only its own workers even then."""
+    fleet = Fleet(tmp_path, procs, extra_config="  workers: 2\n")
+    server = fleet.server
+    wait_until(lambda: len(workers(server)) == 2, "both workers to follow")
+    old = {g["pid"] for g in workers(server)}
+    events: list[int] = []
+    errors: list[str] = []
+
+    def long_stream() -> None:  # ~15 s of tokens (10 ms apart), longer than the next server takes to start
+        client = openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        try:
+            for _ in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}],
+                                                    max_tokens=1500, stream=True, extra_body={"ignore_eos": True}):
+                events.append(1)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    stream = threading.Thread(target=long_stream, daemon=True)
+    stream.start()
+    wait_until(lambda: len(events) >= 10 or errors, "the stream to flow")
+    assert server.proc is not None
+    server.proc.kill9()
+    killed = time.monotonic()
+    procs.remove(server.proc)
+    wait_until(lambda: sum(pid_alive(p) for p in old) == 1, "the idle worker to exit, the other to drain")
+    idle_exit = time.monotonic() - killed
+    draining = next(p for p in old if pid_alive(p))
+    procs.append(server.start())
+    wait_until(lambda: len(workers(server)) == 2, "the new server's workers to follow", procs=[server.proc])
+    refused = f"(pid {draining}) refused on the local feed: its worker key is not this server's"
+    wait_until(lambda: refused in server.proc.log() or not pid_alive(draining), "the draining worker to dial the next server")
+    assert sorted(g["name"] for g in workers(server)) == ["worker-0", "worker-1"]
+    assert draining not in {g["pid"] for g in workers(server)}
+    stream.join(timeout=60)
+    done = time.monotonic()
+    assert not errors, errors
+    assert len(events) >= 1500, len(events)
+    wait_until(lambda: not pid_alive(draining), "the draining worker to exit once its stream is done", deadline=DEADLINE)
+    print(f"FAULT server with 2 local workers, kill -9 alone with a stream in flight: idle worker exited {idle_exit:.1f}s "
+          f"after the kill; the stream ({len(events)} chunks) finished {done - killed:.1f}s after, its worker exited "
+          f"{time.monotonic() - done:.1f}s later; refused by the next server meanwhile: {refused in server.proc.log()}")
+    assert refused in server.proc.log()
 
 
 @pytest.mark.parametrize("key", ["wrong", None], ids=["wrong-key", "no-key"])

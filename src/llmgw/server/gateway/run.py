@@ -70,23 +70,27 @@ async def run_gateway(*, control_plane: str | None, listen: str, cert: str | Non
     async with trio.open_nursery() as nursery:
         # Watched from the start: a worker whose server dies before the first config exits too.
         nursery.start_soon(functools.partial(gw.serve, [sock], metrics_socks=metrics_socks))
-        await until_stopped(gw, parent_fd)
+        why = await until_stopped(gw, parent_fd)
         if gw.http is not None:
             grace = float(gw.gateway.settings.shutdown_grace)
             await gw.http.drain(grace)
         nursery.cancel_scope.cancel()
     with trio.CancelScope(shield=True):
         await gw.gateway.aclose()
-    if gw.disowned.is_set():
+    if why == "disowned":  # not when it was refused while it drained (its server gone, the next one's socket)
         raise LlmgwError(f"gateway {gw.name}: the control plane refused this worker: {NOT_OWN_WORKER}")
 
 
-async def until_stopped(gw: GatewayWorker, parent_fd: int | None) -> None:
+async def until_stopped(gw: GatewayWorker, parent_fd: int | None) -> str:
     """Until SIGTERM or SIGINT (SIGHUP re-reads TLS files), the server that started this worker
-    is gone, or the control plane refused it as not its own."""
+    is gone, or the control plane refused it as not its own; says which came first."""
     server_pid = os.getppid()
+    reasons: list[str] = []
     async with trio.open_nursery() as nursery:
-        stop = nursery.cancel_scope.cancel
+
+        def stop(why: str) -> None:
+            reasons.append(why)
+            nursery.cancel_scope.cancel()
 
         async def signals() -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as received:
@@ -96,23 +100,24 @@ async def until_stopped(gw: GatewayWorker, parent_fd: int | None) -> None:
                         continue
                     log.info("gateway %s: received %s", gw.name, signal.Signals(signum).name)
                     break
-            stop()
+            stop("signal")
 
         async def parent() -> None:
             assert parent_fd is not None
             await parent_gone(parent_fd)
             log.warning("gateway %s: the server that started it (pid %d) is gone; exiting (a new server starts "
                         "its own workers)", gw.name, server_pid)
-            stop()
+            stop("parent")
 
         async def disowned() -> None:
             await gw.disowned.wait()
-            stop()
+            stop("disowned")
 
         nursery.start_soon(signals)
         nursery.start_soon(disowned)
         if parent_fd is not None:
             nursery.start_soon(parent)
+    return reasons[0]
 
 
 async def parent_gone(fd: int) -> None:
