@@ -264,7 +264,8 @@ class ControlPlane:
             gateway_handler=self.followers.handle,
             gateway_check=lambda peer: gateway_refusal(peer, self.revocations),
         )
-        # The server's own workers follow on a Unix socket (its file mode is their credential).
+        # The server's own workers follow on a Unix socket (its file mode keeps other users out), each
+        # with this start's key in its hello (a worker of an earlier server is refused).
         self.feed_listener = FleetListener(_no_nodes_here, ssl_context=None, max_message=fleet.max_message,
                                            gateway_handler=self.followers.handle_local,
                                            on_refused=self.metrics.count_refused)
