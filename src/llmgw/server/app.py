@@ -269,9 +269,11 @@ class ControlPlane:
             gateway_handler=self.followers.handle,
             gateway_check=lambda peer: gateway_refusal(peer, self.revocations),
         )
-        # The server's own workers follow on a Unix socket (its file mode is their credential).
+        # The server's own workers follow on a Unix socket (its file mode keeps other users out), each
+        # with this start's key in its hello (a worker of an earlier server is refused).
         self.feed_listener = FleetListener(_no_nodes_here, ssl_context=None, max_message=fleet.max_message,
-                                           gateway_handler=self.followers.handle_local)
+                                           gateway_handler=self.followers.handle_local,
+                                           on_refused=self.metrics.count_refused)
         # What operators change, and what the API reads.
         self.operator = Operator(cfg, config_path=config_path, overrides=overrides, auth=self.auth, gateway=gateway,
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
@@ -339,6 +341,7 @@ class ControlPlane:
                                     [trio.SocketListener(trio.socket.from_stdlib_socket(unix_socket(self.feed_socket)))])
                 host, port = public_sock.getsockname()[:2]
                 self.worker_pool = WorkerPool(self.workers, listen=hostport(host, port), feed_socket=self.feed_socket,
+                                              key=self.followers.worker_key,
                                               log_level=logging.getLevelName(logging.getLogger().level).lower(),
                                               debug=log.isEnabledFor(logging.DEBUG))
                 await nursery.start(self.worker_pool.run)
