@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
@@ -15,7 +16,16 @@ from llmgw.cli.drain import cordon, drain, uncordon
 from llmgw.cli.fabric_test import fabric_test
 from llmgw.cli.fabrics import fabrics
 from llmgw.cli.progress import LinesUnder, progress_line
-from llmgw.cli.render import console, make_table, output_option, print_json, say, styled_state, text
+from llmgw.cli.render import (
+    console,
+    list_output_option,
+    make_table,
+    print_data,
+    print_names,
+    say,
+    styled_state,
+    text,
+)
 from llmgw.cli.rollout import rollout, rollout_cell
 
 if TYPE_CHECKING:
@@ -99,18 +109,29 @@ def _fabrics(n: dict) -> str:
 
 
 @ctl.command()
-@output_option
+@click.argument("node_id", required=False, metavar="[NODE]")
+@list_output_option
 @click.pass_context
-def nodes(ctx: click.Context, output: str) -> None:
-    """Nodes in the fleet: state, last heartbeat, GPUs, fabrics, agent version."""
-    data = api(ctx).get("/api/v1/nodes")
-    if output == "json":
-        print_json(data)
+def nodes(ctx: click.Context, node_id: str | None, output: str) -> None:
+    """Nodes in the fleet: state, last heartbeat, GPUs, fabrics, agent version. With NODE, that
+    node alone: its fields, GPUs (latest readings), ports, fabrics, replicas and recent events."""
+    if node_id is not None:
+        from llmgw.cli import describe
+
+        describe.node(api(ctx), node_id, output)
         return
+    data = api(ctx).get("/api/v1/nodes")
+    if output == "name":
+        print_names("node", [n["id"] for n in data])
+        return
+    if print_data(data, output):
+        return
+    wide = output == "wide"
     rows = []
     for n in data:
         age = n.get("last_heartbeat_age")
         gpus = f"{n['gpus']}× {n['gpu_name']}" if n.get("gpus") and n.get("gpu_name") else str(n.get("gpus", 0))
+        extra = (n.get("address") or "-", n.get("identity") or "-", ",".join(n.get("features") or []) or "-") if wide else ()
         rows.append((
             n["id"],
             styled_state(n["state"] + (f",{n['mark']}" if n.get("mark") else "")),
@@ -119,15 +140,24 @@ def nodes(ctx: click.Context, output: str) -> None:
             _fabrics(n),
             f"{n.get('ports_active', 0)}/{n.get('ports', 0)} up" if n.get("ports") else "-",
             n.get("version", ""),
+            *extra,
             _node_note(n),
         ))
     if not rows:
         say("no nodes have registered yet")
         return
-    console().print(make_table(["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "PORTS", "AGENT", "NOTE"], rows))
+    columns = ["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "PORTS", "AGENT",
+               *(["ADDRESS", "IDENTITY", "FEATURES"] if wide else []), "NOTE"]
+    console().print(make_table(columns, rows, cut=_cut(output)))
 
 
-def _replica_rows(data: list[dict]) -> list[tuple]:
+def _cut(output: str) -> bool:
+    """A listing at a terminal keeps each row on one line (its last cell ends in …); -o wide,
+    a pipe or a file get every cell whole."""
+    return output != "wide" and console().is_terminal
+
+
+def _replica_rows(data: list[dict], wide: bool = False) -> list[tuple]:
     rows = []
     for r in data:
         shards = r.get("shards") or []
@@ -141,14 +171,15 @@ def _replica_rows(data: list[dict]) -> list[tuple]:
             what = (f"moving ({move['kind']}, {move['state']})" + (f" → {move['other']}" if move["other"] else "")
                     if move["role"] == "old" else f"successor of {move['other']} ({move['kind']}, {move['state']})")
             reason = f"{what}: {move['note']}" + (f"; {reason}" if reason else "")
+        extra = (";".join(f"{s['rank']}:{s['state']}" for s in shards) or "-", str(r.get("attempt", 0))) if wide else ()
         rows.append((
             r["id"], r["model"], r.get("profile") or "-", styled_state(r["state"]), nodes, gpus,
-            r.get("endpoint") or "-", format_duration(r.get("age", 0)), reason,
+            r.get("endpoint") or "-", format_duration(r.get("age", 0)), *extra, reason,
         ))
     return rows
 
 
-def _replicas_view(data: list[dict], tail: int) -> Group:
+def _replicas_view(data: list[dict], tail: int, output: str = "table") -> Group:
     from rich.console import Group
     from rich.text import Text
 
@@ -160,12 +191,15 @@ def _replicas_view(data: list[dict], tail: int) -> Group:
         # an empty row holds its place in the table, and the line takes it when drawn.
         rows: list[tuple] = []
         lines: list[str] = []
-        for r, row in zip(data, _replica_rows(data), strict=True):
+        wide = output == "wide"
+        for r, row in zip(data, _replica_rows(data, wide), strict=True):
             rows.append(row)
             if r.get("progress"):
                 rows.append(("",) * len(row))
                 lines.append("  " + progress_line(r["progress"]))
-        table = make_table(["REPLICA", "MODEL", "PROFILE", "STATE", "NODE", "GPUS", "ENDPOINT", "AGE", "REASON"], rows)
+        columns = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODE", "GPUS", "ENDPOINT", "AGE",
+                   *(["RANKS", "ATTEMPT"] if wide else []), "REASON"]
+        table = make_table(columns, rows, cut=_cut(output))
         parts.append(LinesUnder(table, lines) if lines else table)
     for r in data:
         lines = (r.get("tail") or [])[-tail:] if tail else []
@@ -179,68 +213,113 @@ def _replicas_view(data: list[dict], tail: int) -> Group:
 
 
 @ctl.command()
-@output_option
+@click.argument("replica_id", required=False, metavar="[REPLICA]")
+@list_output_option
 @click.option("--model", "model_filter", help="Only replicas of this model.")
-@click.option("-w", "--watch", is_flag=True, help="Refresh in place until Ctrl-C (table output).")
+@click.option("-w", "--watch", is_flag=True, help="Refresh in place until Ctrl-C; with -o json, one replica a line "
+              "each time one appears or changes.")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
 @click.option("--tail", type=int, default=5, show_default=True, help="Output lines shown for failed replicas.")
 @click.pass_context
-def replicas(ctx: click.Context, output: str, model_filter: str | None, watch: bool, interval: float, tail: int) -> None:
-    """Replicas: model, profile, state, node, GPUs, endpoint, age, and why when pending or failed."""
+def replicas(ctx: click.Context, replica_id: str | None, output: str, model_filter: str | None, watch: bool, interval: float,
+             tail: int) -> None:
+    """Replicas: model, profile, state, node, GPUs, endpoint, age, and why when pending or failed.
+    With REPLICA, that replica alone: its fields, shards, last output and recent events."""
     client = api(ctx)
+    if replica_id is not None:
+        from llmgw.cli import describe
+
+        describe.replica(client, replica_id, output)
+        return
 
     def fetch() -> list[dict]:
         data = client.get("/api/v1/replicas")
         return [r for r in data if model_filter is None or r["model"] == model_filter]
 
-    if watch and output == "json":
-        raise click.UsageError("--watch shows a table; use -o json without --watch in scripts")
+    if watch and output in ("yaml", "name"):
+        raise click.UsageError(f"--watch prints a table or, with -o json, one replica a line; not -o {output}")
     if not watch:
         data = fetch()
-        if output == "json":
-            print_json(data)
-        else:
-            console().print(_replicas_view(data, tail))
+        if output == "name":
+            print_names("replica", [r["id"] for r in data])
+        elif not print_data(data, output):
+            console().print(_replicas_view(data, tail, output))
         return
-    import time
-
+    if output == "json":
+        _watch_json(fetch, interval)
+        return
     from rich.live import Live
 
     out = console()
-    with Live(_replicas_view(fetch(), tail), console=out, auto_refresh=False, screen=False) as live:
+    with Live(_replicas_view(fetch(), tail, output), console=out, auto_refresh=False, screen=False) as live:
         try:
             while True:
-                time.sleep(interval)
-                live.update(_replicas_view(fetch(), tail), refresh=True)
+                time.sleep(interval)  # ok: polling the server for what is new
+                live.update(_replicas_view(fetch(), tail, output), refresh=True)
         except KeyboardInterrupt:
             pass
 
 
+def _watch_json(fetch: Callable[[], list[dict]], interval: float) -> None:
+    """kubectl get -w -o json's habit: each object on a line of its own when it is new or changed
+    (age aside, which changes every poll), and a line with "deleted": true when it is gone."""
+    import json
+    import sys
+
+    seen: dict[str, str] = {}
+    try:
+        while True:
+            current = {}
+            for r in fetch():
+                line = json.dumps({k: v for k, v in r.items() if k != "age"}, sort_keys=True)
+                current[r["id"]] = line
+                if seen.get(r["id"]) != line:
+                    sys.stdout.write(json.dumps(r) + "\n")
+            for gone in seen.keys() - current.keys():
+                sys.stdout.write(json.dumps({"id": gone, "deleted": True}) + "\n")
+            sys.stdout.flush()
+            seen = current
+            time.sleep(interval)  # ok: polling the server for what is new
+    except KeyboardInterrupt:
+        pass
+
+
 @ctl.command()
-@output_option
+@click.argument("name", required=False, metavar="[MODEL]")
+@list_output_option
 @click.pass_context
-def models(ctx: click.Context, output: str) -> None:
-    """Models in the catalog: desired and ready replicas, profiles."""
+def models(ctx: click.Context, name: str | None, output: str) -> None:
+    """Models in the catalog: desired and ready replicas, profiles. With MODEL, that model alone:
+    its fields, replicas and recent events."""
+    if name is not None:
+        from llmgw.cli import describe
+
+        describe.model(api(ctx), name, output)
+        return
     data = api(ctx).get("/api/v1/models")
-    if output == "json":
-        print_json(data)
+    if output == "name":
+        print_names("model", [d["name"] for d in data])
+        return
+    if print_data(data, output):
         return
     rows = [(d["name"], f"{d['ready']}/{d['replicas']}", ",".join(d["profiles"]) or "-", d["balancer"], d["source"],
              rollout_cell(d.get("rollout"))) for d in data]
     if not rows:
         say("no models in the catalog")
         return
-    console().print(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE", "ROLLOUT"], rows))
+    console().print(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE", "ROLLOUT"], rows, cut=_cut(output)))
 
 
 @ctl.command()
-@output_option
+@list_output_option
 @click.pass_context
 def endpoints(ctx: click.Context, output: str) -> None:
     """Gateway endpoints: in-flight requests, circuit breaker, engine load and violations."""
     data = api(ctx).get("/api/v1/endpoints")
-    if output == "json":
-        print_json(data)
+    if output == "name":
+        print_names("endpoint", [e["endpoint"] for e in data])
+        return
+    if print_data(data, output):
         return
     rows = []
     for e in data:
@@ -255,11 +334,12 @@ def endpoints(ctx: click.Context, output: str) -> None:
     if not rows:
         say("no endpoints in rotation")
         return
-    console().print(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows))
+    console().print(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows,
+                               cut=_cut(output)))
 
 
 @ctl.command()
-@output_option
+@list_output_option
 @click.pass_context
 def gateways(ctx: click.Context, output: str) -> None:
     """Gateway workers (gateway.workers) and gateways on other machines that follow the server:
@@ -267,8 +347,10 @@ def gateways(ctx: click.Context, output: str) -> None:
     runs the config the server publishes now (CONFIG: current, updating just after a reload,
     behind when it still is not 5 s later; - before its first report)."""
     data = api(ctx).get("/api/v1/gateways")
-    if output == "json":
-        print_json(data)
+    if output == "name":
+        print_names("gateway", [g["name"] for g in data])
+        return
+    if print_data(data, output):
         return
     if not data:
         say("no gateway follows this server (gateway.workers: 1 serves the public port itself)")

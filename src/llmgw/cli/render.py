@@ -23,6 +23,9 @@ from llmgw.catalog.units import enc_hook
 from llmgw.safetext import json_text, terminal_text
 
 OUTPUT_CHOICE = click.Choice(["table", "json"])
+# What a listing prints (`ctl nodes`, `replicas`, `models`, ...), as kubectl's -o: `wide` adds
+# columns and cuts no cell, `name` prints kind/name a line for xargs and for loops.
+LIST_CHOICE = click.Choice(["table", "wide", "json", "yaml", "name"])
 
 
 def output_option(func):
@@ -34,6 +37,46 @@ def output_option(func):
         show_default=True,
         help="table for people, json for scripts.",
     )(func)
+
+
+def list_output_option(func):
+    return click.option(
+        "-o",
+        "--output",
+        type=LIST_CHOICE,
+        default="table",
+        show_default=True,
+        help="table for people (long cells cut at a terminal's width), wide (more columns, nothing cut), "
+        "json or yaml for scripts, name (kind/name, one a line).",
+    )(func)
+
+
+def print_data(data: Any, output: str) -> bool:
+    """Print `data` as json or yaml when that is the output asked for; False for a table's turn."""
+    if output == "json":
+        print_json(data)
+    elif output == "yaml":
+        print_yaml(data)
+    else:
+        return False
+    return True
+
+
+def print_yaml(data: Any) -> None:
+    """The JSON document as YAML (block style, keys in the order JSON has them); PyYAML escapes
+    what is not printable, as json_text does for JSON."""
+    import yaml
+
+    plain = msgspec.json.decode(msgspec.json.encode(data, enc_hook=enc_hook))
+    sys.stdout.write(yaml.safe_dump(plain, sort_keys=False, allow_unicode=False, default_flow_style=False))
+    sys.stdout.flush()
+
+
+def print_names(kind: str, names: Iterable[str]) -> None:
+    """`-o name`: kind/name a line (kubectl's form), control characters removed."""
+    for name in names:
+        sys.stdout.write(f"{kind}/{terminal_text(name)}\n")
+    sys.stdout.flush()
 
 
 def console(stderr: bool = False) -> Console:
@@ -78,14 +121,17 @@ def say(value: object, *, stderr: bool = False) -> None:
     console(stderr=stderr).print(text(value), soft_wrap=True)
 
 
-def make_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Table:
+def make_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None, *,
+               cut: bool = False) -> Table:
     table = Table(title=text(title) if title is not None else None, box=None, header_style="bold", pad_edge=False,
                   show_edge=False)
     for i, name in enumerate(columns):
         # Identifiers never wrap; the last column (free text: a reason, a note) wraps instead
-        # of a long reason squeezing the id and state columns out of the table. A heading may
-        # hold data too (`ADAPTER <node>`): text, never markup.
-        table.add_column(text(name), no_wrap=i < len(columns) - 1, overflow="fold")
+        # of a long reason squeezing the id and state columns out of the table, or with `cut`
+        # (a listing at a terminal) ends in … so a row stays one line. A heading may hold data
+        # too (`ADAPTER <node>`): text, never markup.
+        last = i == len(columns) - 1
+        table.add_column(text(name), no_wrap=not last or cut, overflow="ellipsis" if last and cut else "fold")
     for row in rows:
         table.add_row(*(_cell(cell) for cell in row))
     return table

@@ -72,6 +72,8 @@ class NodeDetail(NodeView, kw_only=True):
     inventory: m.Inventory | None = None
     # The latest heartbeat's reading of each port, counters included (None: "N/A (no PMA)").
     port_readings: list[m.PortCounters] = []
+    # The latest heartbeat's reading of each GPU: temperature, utilisation, memory used, ECC, Xid.
+    gpu_health: list[m.GpuHealth] = []
 
 
 class ShardView(msgspec.Struct, kw_only=True):
@@ -207,7 +209,9 @@ def node_view(node: Node, now: float, detail: bool = False, mark: str = "") -> N
         mark=mark,
     )
     if detail:
-        return NodeDetail(**msgspec.structs.asdict(view), inventory=inv, port_readings=list(node.ports.values()))
+        health = list(node.heartbeat.gpus) if node.heartbeat is not None else []
+        return NodeDetail(**msgspec.structs.asdict(view), inventory=inv, port_readings=list(node.ports.values()),
+                          gpu_health=health)
     return view
 
 
