@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from llmgw.catalog.units import format_duration
+from llmgw.cli import complete
 from llmgw.cli.cert import cert
 from llmgw.cli.day2 import events, logs
 from llmgw.cli.doctor import doctor
@@ -180,7 +181,7 @@ def _replicas_view(data: list[dict], tail: int) -> Group:
 
 @ctl.command()
 @output_option
-@click.option("--model", "model_filter", help="Only replicas of this model.")
+@click.option("--model", "model_filter", shell_complete=complete.MODELS, help="Only replicas of this model.")
 @click.option("-w", "--watch", is_flag=True, help="Refresh in place until Ctrl-C (table output).")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
 @click.option("--tail", type=int, default=5, show_default=True, help="Output lines shown for failed replicas.")
@@ -294,7 +295,7 @@ def reload(ctx: click.Context) -> None:
 
 
 @ctl.command()
-@click.argument("node_id")
+@click.argument("node_id", shell_complete=complete.NODES)
 @click.pass_context
 def forget(ctx: click.Context, node_id: str) -> None:
     """Forget a node that is gone for good (it must be disconnected)."""
@@ -305,7 +306,7 @@ def forget(ctx: click.Context, node_id: str) -> None:
 
 
 @ctl.command()
-@click.argument("replica_id")
+@click.argument("replica_id", shell_complete=complete.REPLICAS)
 @click.pass_context
 def restart(ctx: click.Context, replica_id: str) -> None:
     """Stop a replica; the reconciler places a new one in its stead."""
