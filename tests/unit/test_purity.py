@@ -78,6 +78,7 @@ PURE = [
     "llmgw.sim.metrics",
     "llmgw.sim.openai_api",
     "llmgw.sim.embeddings",
+    "llmgw.cli.candidates",
 ]
 
 # Top-level modules a pure module must not import: event loop, network, processes, files, clock.
