@@ -222,7 +222,8 @@ _CLIENT_COMMANDS: list[tuple[ClientKind, str, str]] = [
 def _cert_names(kind: ClientKind) -> complete.CertNames:
     """Renewing is issuing again under the same name: the CA directory's names of that kind, and
     for a gateway the names of those following the server (a remote gateway is its certificate's name)."""
-    return complete.CertNames(kind, f"the names of the {kind} certificates in the CA directory",
+    also = " and the gateways following the server (with --server or LLMGW_SERVER)" if kind == "gateway" else ""
+    return complete.CertNames(kind, f"the names of the {kind} certificates in the CA directory (--dir){also}",
                               server=complete.GATEWAYS if kind == "gateway" else None)
 
 
@@ -248,7 +249,7 @@ for _kind, _metavar, _help in _CLIENT_COMMANDS:
 
 
 @cert.command()
-@click.argument("target", metavar="NAME|SERIAL", shell_complete=complete.CertNames(None, "the names the CA directory issued certificates to"))
+@click.argument("target", metavar="NAME|SERIAL", shell_complete=complete.CertNames(None, "the names the CA directory (--dir) issued certificates to"))
 @_dir_option
 @click.option("--reason", default="", help="Why, kept in the deny list.")
 @output_option

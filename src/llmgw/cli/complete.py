@@ -188,6 +188,7 @@ class Names:
     def __init__(self, kind: str, what: str, pick: Pick | None = None) -> None:
         self.kind = kind
         self.what = what
+        self.asks_server = True
         self.pick: Pick = pick or (lambda _ctx, found: pure.names(found))
 
     def __call__(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
@@ -215,6 +216,7 @@ class CertNames:
         self.kind = kind
         self.what = what
         self.server = server  # also these names from the server, when --server or LLMGW_SERVER names one
+        self.asks_server = server is not None
 
     def __call__(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
         try:

@@ -54,6 +54,11 @@ def ctl(ctx: click.Context, server: str, token: str | None, cert_file: str | Non
     local   cert (the CA's files, no server needed), hash-secret
 
     \b
+    With the bash, zsh or fish completion scripts, TAB completes the names
+    the server knows (nodes, replicas and ranks, models, fabrics, gateways)
+    and cert names from the CA directory.
+
+    \b
     Exit codes: 0 ok, 1 failed, 2 bad usage, 3 server unreachable.
     doctor and fabric-test are Nagios plugins: 0 ok, 1 warn, 2 crit,
     3 could not run.
