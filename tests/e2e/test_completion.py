@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -245,21 +246,32 @@ def test_no_server_a_wrong_token_or_a_hung_server_offer_nothing_quickly(fleet: F
 
 
 class OneAnswer:
-    """An HTTP server on loopback that answers GET /api/v1/nodes once, then never again."""
+    """An HTTP server on loopback that answers one GET, then never again (with `tls`: HTTPS,
+    skipping connections whose handshake fails, and noting the client certificate's name)."""
 
-    def __init__(self, body: list[dict[str, Any]]) -> None:
+    def __init__(self, body: list[dict[str, Any]], tls: ssl.SSLContext | None = None) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
+        self.tls = tls
         self.requests: list[bytes] = []
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.clients: list[str] = []
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.listener.getsockname()[1]}"
         data = json.dumps(body).encode()
         self.answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data)
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
-        conn, _ = self.listener.accept()
-        with conn:
-            self.requests.append(conn.recv(65536))
-            conn.sendall(self.answer)
+        while not self.requests:
+            conn, _ = self.listener.accept()
+            try:
+                if self.tls is not None:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                    self.clients.append(dict(x[0] for x in conn.getpeercert()["subject"])["commonName"])
+                self.requests.append(conn.recv(65536))
+                conn.sendall(self.answer)
+            except (OSError, KeyError):
+                continue  # a refused handshake: wait for the next TAB
+            finally:
+                conn.close()
         self.listener.close()  # a second TAB that asks finds nobody: only the cache can answer it
 
 
@@ -289,6 +301,22 @@ def test_an_answer_is_kept_a_few_seconds_in_a_private_file(tmp_path: Path) -> No
     old["at"] -= 60
     entry.write_text(json.dumps(old))
     assert complete("ctl drain ", env, cache)[0] == []
+
+
+def test_over_https_with_the_commands_ca_and_client_certificate(tmp_path: Path) -> None:
+    ca = tmp_path / "ca"
+    for args in (("init",), ("server", "--ip", "127.0.0.1"), ("operator", "alice")):
+        assert run_llmgw("ctl", "cert", *args, "--dir", str(ca)).returncode == 0
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(ca / "server.crt", ca / "server.key")
+    tls.verify_mode = ssl.CERT_REQUIRED
+    tls.load_verify_locations(ca / "ca.crt")
+    server = OneAnswer([{"id": "gpu-07", "fabrics": []}], tls=tls)
+    client = {"LLMGW_CERT": str(ca / "operator-alice.crt"), "LLMGW_KEY": str(ca / "operator-alice.key")}
+    # Without --ca the server's certificate is not trusted: nothing offered, nothing said.
+    assert complete(f"ctl --server {server.url} drain ", client, tmp_path / "cache")[0] == []
+    offered, _ = complete(f"ctl --server {server.url} --ca {ca / 'ca.crt'} drain ", client, tmp_path / "cache")
+    assert offered == ["gpu-07"] and server.clients == ["alice"]  # the operator certificate went along
 
 
 def bash_completion(words: str, env: dict[str, str]) -> list[str]:
