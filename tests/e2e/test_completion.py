@@ -9,6 +9,7 @@ within the deadline, silently; an answer is kept a few seconds in a private cach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -199,40 +200,58 @@ def test_each_argument_completes_the_names_the_server_knows(fleet: Fleet, tmp_pa
     assert complete("ctl cert gateway ", {"LLMGW_CA_DIR": str(fleet.ca)}, cache=tmp_path / "c2")[0] == ["edge-1"]
 
 
-@pytest.fixture
-def hung_server() -> Iterator[str]:
-    """A socket that accepts connections and never answers a byte."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
+class Hung:
+    """A socket that accepts connections and never answers (`trickle`: answers a status line,
+    then one byte of header every 0.1 s, forever: each read is quick, the answer never ends)."""
 
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
+    def __init__(self, trickle: bool = False) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.trickle = trickle
+        self.held: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():  # the accept timeout paces the trickle
             try:
-                held.append(listener.accept()[0])
+                conn = self.listener.accept()[0]
+                self.held.append(conn)
+                if self.trickle:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nx-trickle: ")
             except TimeoutError:
-                continue
+                pass
             except OSError:
                 return
+            for conn in self.held if self.trickle else ():
+                with contextlib.suppress(OSError):
+                    conn.send(b"x")
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    stop.set()
-    thread.join(timeout=5)
-    listener.close()
-    for s in held:
-        s.close()
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.listener.close()
+        for s in self.held:
+            s.close()
 
 
-def test_no_server_a_wrong_token_or_a_hung_server_offer_nothing_quickly(fleet: Fleet, hung_server: str,
+@pytest.fixture
+def hung() -> Iterator[dict[str, str]]:
+    servers = {"a hung server": Hung(), "a trickling server": Hung(trickle=True)}
+    yield {what: h.url for what, h in servers.items()}
+    for h in servers.values():
+        h.close()
+
+
+def test_no_server_a_wrong_token_or_a_hung_server_offer_nothing_quickly(fleet: Fleet, hung: dict[str, str],
                                                                        tmp_path: Path) -> None:
     cases = {
         "no server": {"LLMGW_SERVER": f"http://127.0.0.1:{free_port()}", "LLMGW_TOKEN": TOKEN},
         "a wrong token": {"LLMGW_SERVER": fleet.server.url, "LLMGW_TOKEN": "not-the-token"},
         "no token": {"LLMGW_SERVER": fleet.server.url},
-        "a hung server": {"LLMGW_SERVER": hung_server, "LLMGW_TOKEN": TOKEN},
+        **{what: {"LLMGW_SERVER": url, "LLMGW_TOKEN": TOKEN} for what, url in hung.items()},
         "https to a plain port": {"LLMGW_SERVER": fleet.server.url.replace("http:", "https:"), "LLMGW_TOKEN": TOKEN},
         "a token in cleartext to another machine": {"LLMGW_SERVER": "http://192.0.2.1:9", "LLMGW_TOKEN": TOKEN},
     }

@@ -33,10 +33,6 @@ from llmgw.cli import candidates as pure
 Pick = Callable[[click.Context, list[dict[str, Any]]], list[str]]
 
 
-class _Late(Exception):
-    """The deadline passed (raised from SIGALRM, wherever the exchange was)."""
-
-
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "llmgw" / "complete"
@@ -62,31 +58,28 @@ def _ctl_params(ctx: click.Context) -> dict[str, Any]:
     return params
 
 
-@contextlib.contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
-    """A hard bound on the whole exchange (DNS, connect, TLS, every read): each socket timeout
-    alone would restart with every byte a trickling server sends."""
-    import signal
+def within(seconds: float, ask: Callable[[], Any]) -> Any:
+    """`ask()`'s value if it returns within `seconds`, else None: it runs in a daemon thread that
+    is waited for that long and then left behind (the process exits right after a TAB). A hard
+    bound whatever blocks, a resolver included; socket timeouts alone restart with every byte a
+    trickling server sends, and do not cover name resolution."""
     import threading
 
-    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    result: list[Any] = []
 
-    def late(_signum: int, _frame: object) -> None:
-        raise _Late
+    def run() -> None:
+        with contextlib.suppress(BaseException):  # nothing reaches the terminal, even from a thread
+            result.append(ask())
 
-    previous = signal.signal(signal.SIGALRM, late)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    thread = threading.Thread(target=run, name="llmgw-complete", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return result[0] if result else None
 
 
 def fetch(params: dict[str, Any], path: str, timeout: float = pure.TIMEOUT) -> Any:
-    """One GET of `path` on the server `params` name; the parsed JSON, or None on any failure."""
+    """One GET of `path` on the server `params` names: the parsed JSON; None when the server
+    refuses (any status but 200) or the credential may not be sent; raises when the exchange fails."""
     import http.client
     import json
     from urllib.parse import urlsplit
@@ -98,27 +91,26 @@ def fetch(params: dict[str, Any], path: str, timeout: float = pure.TIMEOUT) -> A
                                              insecure=bool(params.get("insecure"))):
         return None
     conn: http.client.HTTPConnection
-    with _deadline(timeout):
-        if url.scheme == "https":
-            import ssl
+    if url.scheme == "https":
+        import ssl
 
-            context = ssl.create_default_context(cafile=ca or None)
-            if cert and key:
-                context.load_cert_chain(cert, key)
-            conn = http.client.HTTPSConnection(url.hostname, url.port, timeout=timeout, context=context)
-        else:
-            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
-        try:
-            headers = {"user-agent": "llmgw-ctl-complete", "accept": "application/json"}
-            if token:
-                headers["authorization"] = f"Bearer {token}"
-            conn.request("GET", url.path.rstrip("/") + path, headers=headers)
-            response = conn.getresponse()
-            if response.status != 200:
-                return None
-            body = response.read(pure.MAX_BODY + 1)
-        finally:
-            conn.close()
+        context = ssl.create_default_context(cafile=ca or None)
+        if cert and key:
+            context.load_cert_chain(cert, key)
+        conn = http.client.HTTPSConnection(url.hostname, url.port, timeout=timeout, context=context)
+    else:
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+    try:
+        headers = {"user-agent": "llmgw-ctl-complete", "accept": "application/json"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        conn.request("GET", url.path.rstrip("/") + path, headers=headers)
+        response = conn.getresponse()
+        if response.status != 200:
+            return None
+        body = response.read(pure.MAX_BODY + 1)
+    finally:
+        conn.close()
     if len(body) > pure.MAX_BODY:
         return None
     return json.loads(body)
@@ -158,10 +150,8 @@ def records(ctx: click.Context, kind: str) -> list[dict[str, Any]] | None:
     fresh, found = _read_cache(cached)
     if fresh:
         return found
-    try:
-        found = pure.reduce(kind, fetch(params, path))
-    except Exception:  # _Late too
-        found = None
+    answer = within(pure.TIMEOUT, lambda: fetch(params, path))
+    found = None if answer is None else pure.reduce(kind, answer)
     with contextlib.suppress(OSError):
         _write_cache(cached, pure.encode(found, time.time()))
     return found
