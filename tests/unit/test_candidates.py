@@ -112,3 +112,15 @@ def test_arbitrary_answers_never_raise(body: Any, typed: str) -> None:
 @given(st.binary(max_size=64))
 def test_arbitrary_cache_bytes_never_raise(data: bytes) -> None:
     c.decode(data, 0.0)
+
+
+def test_a_tab_loads_no_http_stack_before_it_asks() -> None:
+    """The CLI with its completion callbacks imports neither httpx, cryptography, trio nor even
+    http.client and ssl (those load at the first TAB that asks): a TAB's cost is mostly start-up."""
+    import subprocess
+    import sys
+
+    check = ("import sys, llmgw.cli.main, llmgw.cli.complete; "
+             "print(','.join(m for m in ('httpx', 'cryptography', 'trio', 'http.client', 'ssl') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "", (result.stdout, result.stderr)
