@@ -8,7 +8,7 @@ cron wrapper can call them unchanged. Pure: no I/O.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 
 class Status(enum.StrEnum):
@@ -55,3 +55,18 @@ def grade_ratio(measured: float, expected: float, *, ok_at: float = 0.9, warn_at
     if ratio >= warn_at:
         return Status.WARN
     return Status.CRIT
+
+
+_PLUGIN_WORD = {Status.OK: "OK", Status.WARN: "WARNING", Status.CRIT: "CRITICAL", Status.UNKNOWN: "UNKNOWN"}
+
+
+def plugin_line(service: str, status: Status | str, summary: str, perf: Mapping[str, str | int | float] | None = None) -> str:
+    """The first line of a Nagios plugin's output: `SERVICE WORD - summary | perfdata`
+    (nagios-plugins guidelines: the status word, text, then `label=value[UOM]` pairs after a `|`;
+    Nagios shows this line and graphs the pairs). A `|` in the summary would start the perfdata,
+    so it becomes `/`; labels are plain words, so need no quoting."""
+    word = _PLUGIN_WORD.get(Status(status), "UNKNOWN")
+    line = f"{service} {word} - {summary.replace('|', '/')}"
+    if perf:
+        line += " | " + " ".join(f"{label}={value}" for label, value in perf.items())
+    return line

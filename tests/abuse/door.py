@@ -8,7 +8,7 @@ Every abuse test says its outcome in one line (`report`), with the figures the R
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -151,6 +151,9 @@ class Agent:
         self.received: list[msgspec.Struct] = []
         self.closed: str | None = None
         self.ack_starts = False  # answer each Start with a ShardStatus "starting", as an agent does
+        # For each message the server sends, an async generator of what this agent answers (run in its
+        # own task, so an answer that never ends, "progress" forever, does not stop the reader).
+        self.answer: Callable[[msgspec.Struct], AsyncIterator[msgspec.Struct]] | None = None
         self._send_lock = trio.Lock()
 
     def context(self):  # type: ignore[no-untyped-def]
@@ -162,7 +165,7 @@ class Agent:
             async with dial(self.fleet_url, ssl_context=self.context(), max_message=self.max_message) as ch:
                 await ch.send(m.encode(self.register))
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._receive, ch, nursery.cancel_scope)
+                    nursery.start_soon(self._receive, ch, nursery)
                     seq = 0
                     while not stop.is_set():
                         seq += 1
@@ -174,11 +177,14 @@ class Agent:
         except* ChannelClosed as group:
             self.closed = "; ".join(e.reason for e in group.exceptions if isinstance(e, ChannelClosed))
 
-    async def _receive(self, ch, scope: trio.CancelScope) -> None:  # type: ignore[no-untyped-def]
+    async def _receive(self, ch, nursery: trio.Nursery) -> None:  # type: ignore[no-untyped-def]
+        scope = nursery.cancel_scope
         try:
             while True:
                 msg = m.decode_server_message(await ch.receive())
                 self.received.append(msg)
+                if self.answer is not None:
+                    nursery.start_soon(self._answer, ch, msg)
                 if self.ack_starts and isinstance(msg, m.Start):
                     async with self._send_lock:
                         await ch.send(m.encode(m.ShardStatus(shard_id=msg.spec.shard_id, replica_id=msg.spec.replica_id,
@@ -186,6 +192,12 @@ class Agent:
         except ChannelClosed as exc:
             self.closed = exc.reason
             scope.cancel()
+
+    async def _answer(self, ch, msg: msgspec.Struct) -> None:  # type: ignore[no-untyped-def]
+        assert self.answer is not None
+        async for reply in self.answer(msg):
+            async with self._send_lock:
+                await ch.send(m.encode(reply))
 
     def starts(self) -> list[m.Start]:
         return [x for x in self.received if isinstance(x, m.Start)]

@@ -193,6 +193,27 @@ def test_out_prefix_and_force(cluster: Path, tmp_path: Path) -> None:
     assert statuses[written["serial"]] == "revoked" and statuses[again["serial"]] == "ok"
 
 
+def test_show_says_what_list_says(cluster: Path, tmp_path: Path) -> None:
+    """One source of status (issue 46, item 7): `show` of a revoked certificate said `ok`."""
+    out = tmp_path / "gpu-07"
+    issued = json.loads(ok("node", "gpu-07", "--dir", str(cluster), "--out", str(out), "-o", "json").stdout)
+    kept = tmp_path / "gpu-07-before-revoke.crt"
+    kept.write_bytes(Path(f"{out}.crt").read_bytes())
+    assert json.loads(ok("show", str(kept), "--dir", str(cluster), "-o", "json").stdout)["status"] == "ok"
+    ok("revoke", issued["serial"], "--dir", str(cluster))
+    listed = {i["serial"]: i["status"] for i in json.loads(ok("list", "--dir", str(cluster), "-o", "json").stdout)}
+    assert listed[issued["serial"]] == "revoked"
+    assert json.loads(ok("show", str(kept), "--dir", str(cluster), "-o", "json").stdout)["status"] == "revoked"
+    table = ok("show", str(kept), "--dir", str(cluster)).stdout
+    assert "revoked" in table and f"the CA in {cluster}" in table
+    # In the CA's own directory the CA is found without --dir; elsewhere the table says it read the dates only.
+    assert json.loads(ok("show", str(cluster / "server.crt"), "-o", "json").stdout)["status"] == "ok"
+    assert "its dates only" in ok("show", str(kept)).stdout
+    other = tmp_path / "other"
+    ok("init", "--dir", str(other))
+    assert json.loads(ok("show", str(kept), "--dir", str(other), "-o", "json").stdout)["status"] == "other CA"
+
+
 async def test_files_from_the_cli_make_a_working_mutual_tls_connection(cluster: Path) -> None:
     """The fleet port's set-up, end to end: CLI-written files, a TCP listener, an agent-side dial."""
     server_ctx = server_context(str(cluster / "server.crt"), str(cluster / "server.key"), str(cluster / "ca.crt"), True)

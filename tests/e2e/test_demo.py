@@ -130,17 +130,18 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert tested.returncode == 0, (tested.stdout, tested.stderr)
         rails = [line for line in tested.stdout.splitlines() if line.startswith("ib#")]
         assert len(rails) == 4 and all(" ok " in line for line in rails), tested.stdout
-        assert "fabric test gpu-01 → gpu-02: ok (4 ok)" in tested.stdout
+        assert tested.stdout.startswith("LLMGW FABRIC-TEST OK - gpu-01 → gpu-02: 4 rails: 0 crit, 0 warn, 0 unknown, 4 ok"), tested.stdout
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
         assert len(processes_under(work)) >= 8  # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
-        # `ctl doctor` from cron against the demo (issue 14): all ok, exit 0, nothing to mail; a port
+        # `ctl doctor` as a Nagios plugin against the demo (issues 14, 46): all ok, exit 0, the status line alone; a port
         # set to INIT makes it exit 2 with one line per problem, the port's among them.
         doctor_args = shlex.split(next(line for line in text.splitlines() if line.rstrip().endswith(" doctor")))
         doctor_args = doctor_args[doctor_args.index("ctl"):]  # as printed (path aside)
         printed = run_llmgw(*doctor_args, env=as_operator)
-        assert printed.returncode == 0 and printed.stdout.strip().splitlines()[-1].startswith("OK: 2 nodes"), printed.stdout
+        assert printed.returncode == 0 and printed.stdout.startswith("LLMGW DOCTOR OK - 2 nodes"), printed.stdout
         quiet = run_llmgw(*doctor_args, "--quiet", env=as_operator)
-        assert quiet.returncode == 0 and quiet.stdout == "", quiet.stdout + quiet.stderr
+        assert quiet.returncode == 0 and quiet.stdout.startswith("LLMGW DOCTOR OK - 2 nodes"), quiet.stdout + quiet.stderr
+        assert len(quiet.stdout.splitlines()) == 1, quiet.stdout  # the status line alone
         node_dir = str(work / "nodes" / "gpu-01")
         assert run_llmgw("sim", "node", "set-port", node_dir, "mlx5_1", "1", "init").returncode == 0
 
@@ -148,7 +149,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
             result = run_llmgw(*doctor_args, "--quiet", env=as_operator)
             return result if result.returncode == 2 else None
 
-        lines = wait_until(doctor_exits_2, "doctor to find the INIT port", deadline=60, interval=0.5).stdout.splitlines()
+        status, *lines = wait_until(doctor_exits_2, "doctor to find the INIT port", deadline=60, interval=0.5).stdout.splitlines()
+        assert status.startswith("LLMGW DOCTOR CRITICAL - "), status
         assert any(line.startswith("CRIT gpu-01 ports: mlx5_1/1 INIT") for line in lines), lines
         assert all(line.split()[0] in ("WARN", "CRIT") for line in lines), lines
         assert run_llmgw("sim", "node", "set-port", node_dir, "mlx5_1", "1", "up").returncode == 0

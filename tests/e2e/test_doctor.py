@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +81,18 @@ def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_pa
     assert {("node-1", "ports"), ("node-2", "memlock"), ("node-2", "clock"), ("(cluster)", "fabrics")} <= checks
     fabric = next(f for f in healthy["findings"] if f["check"] == "fabrics")
     assert "topology known" in fabric["finding"], fabric
+    # A Nagios plugin (issue 46, item 4): the verdict and the counts on the first line, perfdata
+    # after the `|`, then the table; --quiet keeps the first line (Nagios shows "(No output
+    # returned from plugin)" without one).
     table = ctl(server.url, "doctor")
-    assert table.returncode == 0 and "OK: 2 nodes" in table.stdout, table.stdout
+    first = table.stdout.splitlines()[0]
+    n = len(healthy["findings"])
+    assert table.returncode == 0 and first.startswith(f"LLMGW DOCTOR OK - 2 nodes, {n} findings: 0 crit, 0 warn"), table.stdout
+    assert re.search(rf" \| crit=0 warn=0 unknown=0 ok={n} nodes=2 took=\d+\.\d{{3}}s$", first), first
+    assert table.stdout.splitlines()[1].split()[:2] == ["NODE", "CHECK"]
     quiet = ctl(server.url, "doctor", "--quiet")
-    assert quiet.returncode == 0 and quiet.stdout == "", quiet.stdout  # cron mails nothing
+    [line] = quiet.stdout.splitlines()
+    assert quiet.returncode == 0 and line.split(" | ")[0] == first.split(" | ")[0], quiet.stdout
 
     # A port left in INIT (its subnet manager gone): critical, at the node, naming the port.
     assert run_llmgw("sim", "node", "set-port", str(dirs["node-1"]), "mlx5_1", "1", "init").returncode == 0
@@ -90,7 +100,8 @@ def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_pa
     assert ("node-1", "ports", "crit", "mlx5_1/1") in problems(found), problems(found)
     quiet = ctl(server.url, "doctor", "--quiet")
     assert quiet.returncode == 2
-    lines = quiet.stdout.strip().splitlines()
+    status, *lines = quiet.stdout.strip().splitlines()
+    assert status.startswith("LLMGW DOCTOR CRITICAL - 2 nodes,") and " | crit=" in status, status
     assert len(lines) == len(problems(found)) >= 1 and all(line.split()[0] in ("WARN", "CRIT", "UNKNOWN") for line in lines)
     assert any(line.startswith("CRIT node-1 ports: mlx5_1/1 INIT") and "subnet manager" in line for line in lines), lines
     narrowed = ctl(server.url, "doctor", "--node", "node-2")
@@ -191,14 +202,43 @@ def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[
     two = wait_for_exit(server, 2, "gpu-02's certificate found expiring", procs, "--node", "gpu-02", "--check", "cert", env=viewer)
     assert problems(two) == [("gpu-02", "cert", "crit", "")]
     whole = ctl(server.url, "doctor", "--quiet", env=viewer)
-    assert whole.returncode == 2 and len(whole.stdout.strip().splitlines()) == 2, whole.stdout
+    assert whole.returncode == 2 and len(whole.stdout.strip().splitlines()) == 3, whole.stdout  # the status line, 2 findings
+
+    # What alerts are written on (issue 46, item 8): each certificate's expiry as a timestamp, and
+    # the last full doctor run's verdict and counts (the --node runs above leave it alone).
+    samples = scrape(server, token)
+    expiry = {labels["identity"]: value for labels, value in samples["llmgw_certificate_expiry_timestamp_seconds"]
+              if labels["kind"] == "node"}
+    assert expiry.keys() == {"gpu-01", "gpu-02"}
+    assert abs(expiry["gpu-01"] - time.time() - 5 * 86400) < 3600 and abs(expiry["gpu-02"] - time.time() - 2 * 86400) < 3600
+    assert any(labels == {"kind": "server", "identity": "fleet-port"} for labels, _ in samples["llmgw_certificate_expiry_timestamp_seconds"])
+    assert samples["llmgw_doctor_status"] == [({}, 2.0)]
+    counts = {labels["status"]: value for labels, value in samples["llmgw_doctor_findings"]}
+    assert counts["crit"] == 1 and counts["warn"] == 1 and counts["ok"] > 0, counts
+    [(_, ran)] = samples["llmgw_doctor_last_run_timestamp_seconds"]
+    assert time.time() - 60 < ran <= time.time() + 1
+
+
+def scrape(server: Server, token: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """/metrics as samples by name, read with prometheus_client's own parser."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {token}"}, timeout=10).text
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
 
 
 def test_doctor_without_a_server_exits_3_with_one_line(tmp_path: Path) -> None:
     result = ctl(f"http://127.0.0.1:{free_port()}", "doctor")
     assert result.returncode == 3
     assert "cannot reach the llmgw server" in one_error_line(result)
-    assert result.stdout == ""
+    # stdout, where Nagios reads a plugin's answer, has the UNKNOWN status line.
+    [line] = result.stdout.splitlines()
+    assert line.startswith("LLMGW DOCTOR UNKNOWN - could not run: cannot reach the llmgw server"), line
 
 
 def test_doctor_local_reads_a_simulated_node_as_its_agent_would(tmp_path: Path) -> None:

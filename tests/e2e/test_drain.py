@@ -156,6 +156,7 @@ def test_drain_with_nowhere_to_go_stops_nothing_then_force_stops_and_marks_survi
     result = ctl(server, "drain", "gpu-01", "--force", "--timeout", "60", timeout=90)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "DOWN (--force)" in result.stdout and on_01 in result.stdout, result.stdout
+    assert "serves instead" not in result.stdout, result.stdout  # its successor is pending: said so, not that it serves
     wait_until(lambda: not pid_alive(before[on_01]), "the forced engine to exit", procs=procs)
     assert not any(s["node"] == "gpu-01" and s["state"] != "stopped" for r in replicas(server) for s in r["shards"])
     pending = [r for r in replicas(server) if r["state"] == "pending"]

@@ -71,6 +71,7 @@ def test_events_survive_a_server_restart(tmp_path: Path, procs: list[Proc]) -> N
     assert placed["node"] == "gpu-01" and placed["model"] == "chat" and replica["id"] in placed["message"]
     assert all(e["node"] == "gpu-01" for e in events(server, "--node", "gpu-01"))
     assert events(server, "--model", "nope") == []
+    assert [e["id"] for e in events(server, "--since", "1h")] == [e["id"] for e in before]
 
     assert server.proc is not None
     server.proc.stop()
@@ -79,6 +80,14 @@ def test_events_survive_a_server_restart(tmp_path: Path, procs: list[Proc]) -> N
                        procs=procs)
     assert [e["id"] for e in after[: len(before)]] == [e["id"] for e in before]  # the old ones, kept
     assert after[len(before)]["id"] > before[-1]["id"]
+
+
+def test_a_bad_since_is_bad_usage_before_any_request() -> None:
+    """Exit 2 and one line, as for every usage error (it was the server's 400: exit 1)."""
+    result = ctl("http://127.0.0.1:9", "events", "--since", "2x", env=AS_OPERATOR)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "--since" in result.stderr and "expected a duration back from now" in result.stderr
+    assert "Traceback" not in result.stderr and "connect" not in result.stderr.lower()
 
 
 def test_a_corrupt_events_database_is_moved_aside(tmp_path: Path, procs: list[Proc]) -> None:

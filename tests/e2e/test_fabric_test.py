@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -65,7 +66,19 @@ def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: li
     assert len(lines) == 4, table.stdout
     assert "150 Gb/s" in lines[2] and "crit" in lines[2] and "38%" in lines[2]
     assert "warn" in lines[1] and "ok" in lines[0]
-    assert "fabric test gpu-01 → gpu-02: crit (1 crit, 2 ok, 1 warn)" in table.stdout
+    # A Nagios plugin's first line (issue 46, item 4): verdict, rails by grade, each rail's Gb/s as perfdata.
+    first = table.stdout.splitlines()[0]
+    assert first.startswith("LLMGW FABRIC-TEST CRITICAL - gpu-01 → gpu-02: 4 rails: 1 crit, 1 warn, 0 unknown, 2 ok | "
+                            "crit=1 warn=1 unknown=0 ok=2 ib_0_gbps="), first
+    assert "ib_2_gbps=150 " in first + " ", first
+    # The pair's last result on /metrics: its Nagios code and each rail's Gb/s (issue 46, item 8).
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert 'llmgw_fabric_test_status{a="gpu-01",b="gpu-02"} 2.0' in metrics, metrics[-3000:]
+    assert re.search(r'llmgw_fabric_test_rail_gbps\{a="gpu-01",b="gpu-02",fabric="ib",rail="2"\} 150(\.0)?\n', metrics)
+    quiet = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--quiet", timeout=120)
+    status, *bad = quiet.stdout.splitlines()
+    assert quiet.returncode == 2 and status.split(" | ")[0] == first.split(" | ")[0] and quiet.stderr == "", quiet
+    assert [line.split()[:3] for line in bad] == [["WARN", "rail", "ib#1"], ["CRIT", "rail", "ib#2"]], bad
 
     # The same pair the other way round: the slow adapter is now on the client side, and still found.
     reverse = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", "-o", "json", timeout=120)
@@ -109,6 +122,8 @@ def test_refused_at_once_without_the_feature_and_behind_the_operator_door(tmp_pa
     assert result.returncode == 3, (result.stdout, result.stderr)  # could not run: Nagios unknown
     [line] = result.stderr.strip().splitlines()
     assert "the agent on gpu-02" in line and "does not run fabric tests" in line, line
+    [status] = result.stdout.splitlines()
+    assert status.startswith("LLMGW FABRIC-TEST UNKNOWN - fabric test gpu-01 → gpu-02 could not run:"), status
     assert took < 20, took  # refused, not timed out (the rail timeout is 60 s)
     assert "ib_write_bw" not in procs[1].log()  # gpu-01 was never asked to start anything
 

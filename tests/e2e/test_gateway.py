@@ -109,6 +109,9 @@ def test_openai_client_through_the_gateway(fleet: Server) -> None:
     emb = c.embeddings.create(model="chat", input=["one", "two"])
     assert len(emb.data) == 2 and len(emb.data[0].embedding) > 8
     assert {m.id for m in c.models.list()} == {"chat", "slow"}
+    # models.retrieve (GET /v1/models/{id}, the id percent-encoded by the client): the listed object.
+    got = c.models.retrieve("chat")
+    assert (got.id, got.object, got.owned_by) == ("chat", "model", "llmgw")
     # Streaming: events arrive one by one, and the stream ends with [DONE] (the client stops).
     pieces = []
     first_at = None
@@ -127,6 +130,10 @@ def test_openai_client_through_the_gateway(fleet: Server) -> None:
                    json={"model": "chat", "messages": [{"role": "user", "content": "x"}]}, timeout=10)
     assert len(r.headers["x-request-id"]) >= 16
     assert metric(fleet, "llmgw_requests_total", model="chat", code="200") >= 6
+    # Replicas wanted against serving, per model (issue 46, item 8): what a first alert compares.
+    assert [metric(fleet, f"llmgw_model_replicas_{kind}", model="chat") for kind in ("desired", "ready")] == [2, 2]
+    assert metric(fleet, "llmgw_model_replicas_desired", model="slow") == 1
+    assert metric(fleet, "llmgw_model_replicas", model="chat", state="ready") == 2
     assert metric(fleet, "llmgw_time_to_first_token_seconds_count", model="chat") >= 1
     # The five plain requests (the SDK writes each head and body separately) went through the
     # fast lane: answered there, or resumed by a task (one with no idle engine connection yet: the
@@ -145,6 +152,11 @@ def test_api_keys_and_openai_error_shapes(fleet: Server) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client(fleet).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert info.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError) as info:
+        client(fleet).models.retrieve("meta-llama/nope")
+    assert info.value.body["code"] == "model_not_found" and "`meta-llama/nope` does not exist" in info.value.body["message"]
+    with pytest.raises(openai.AuthenticationError):
+        client(fleet, key="wrong").models.retrieve("chat")
     auth = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
     r = httpx.post(f"{fleet.url}/v1/chat/completions", headers=auth, content=b"{not json", timeout=10)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

@@ -60,13 +60,15 @@ def test_a_restarted_control_plane_does_not_empty_a_remote_gateway(tmp_path: Pat
     assert "the control plane has settled" in log
 
 
-@pytest.mark.parametrize(("workers", "how"), [(1, "kill -9"), (2, "kill -9"), (1, "SIGTERM")],
-                         ids=["one-process", "local-workers", "one-process-sigterm"])
+@pytest.mark.parametrize(("workers", "how"), [(1, "kill -9"), (2, "kill -9"), (2, "kill -9 alone"), (1, "SIGTERM")],
+                         ids=["one-process", "local-workers", "local-workers-orphaned", "one-process-sigterm"])
 def test_a_restarted_server_serves_its_last_endpoint_set_while_it_settles(tmp_path: Path, procs: list[Proc],
                                                                           workers: int, how: str) -> None:
     """The server's own gateway (one process, or its local workers, started afresh with it) serves
     the endpoint set it last published, kept in its state directory, while its agents are away:
-    the port is down only while no server listens, and no request gets a 503 from an empty set."""
+    the port is down only while no server listens, and no request gets a 503 from an empty set.
+    "kill -9 alone": the server's pid only, as outside systemd; its workers see it gone and exit
+    (test_gateway_workers_orphaned), so the new server's workers serve alone."""
     fleet = Fleet(tmp_path, procs, extra_config=f"  workers: {workers}\n")  # continues FAULT_GATEWAY's section
     with Load(fleet.url) as load:
         load.wait_successes(20, "traffic flowing")
@@ -75,6 +77,8 @@ def test_a_restarted_server_serves_its_last_endpoint_set_while_it_settles(tmp_pa
             agent.signal(signal.SIGSTOP)
         if how == "SIGTERM":  # a routine restart: the streams closing on the way down are not what it keeps
             fleet.server.proc.stop(timeout=30)
+        elif how == "kill -9 alone":
+            fleet.server.proc.kill9()
         else:
             fleet.server.proc.kill_group()  # kill -9 of the server and its workers (systemd's cgroup kill)
             fleet.server.proc.kill9()
@@ -97,3 +101,6 @@ def test_a_restarted_server_serves_its_last_endpoint_set_while_it_settles(tmp_pa
     assert not unavailable, unavailable[:3]
     assert not after, after[:3]
     assert "serving the last settled endpoint set (2 endpoint(s) on 2 node(s) not back yet)" in fleet.server.proc.log()
+    if workers > 1:  # its own workers only, each once
+        names = [g["name"] for g in fleet.server.get("/api/v1/gateways") if g["kind"] == "worker"]
+        assert sorted(names) == ["worker-0", "worker-1"], names

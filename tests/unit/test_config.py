@@ -163,3 +163,14 @@ def test_deep_nesting_is_one_config_error_not_a_recursion_error(text: str, line:
 def test_nesting_up_to_the_limit_is_read_as_yaml() -> None:
     with pytest.raises(ConfigError, match=r"models\[0\]: expected mapping, got a list"):
         parse_config("models: " + "[" * 63 + "]" * 63 + "\n", ServerConfig, "s.yaml")
+
+
+def test_since_is_a_duration_back_seconds_back_or_an_epoch_time():
+    from llmgw.catalog.units import parse_since
+
+    now = 1_800_000_000.0
+    assert parse_since("2h", now) == now - 7200
+    assert parse_since("90", now) == now - 90
+    assert parse_since("1700000000", now) == 1_700_000_000.0
+    with pytest.raises(ValueError, match="expected a duration back from now"):
+        parse_since("2x", now)

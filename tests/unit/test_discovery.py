@@ -502,6 +502,39 @@ def test_without_xid_events_or_ecc_doctor_is_told_not_read(fresh_nvml, monkeypat
     assert (health.ecc_uncorrected, health.nvlink_down, health.xid) == (None, None, None)
 
 
+class _NotSupported(_FakeNvmlError):
+    pass
+
+
+def test_a_gpu_without_nvlink_answers_not_supported_for_every_link(fresh_nvml):
+    """What the device machine's H200 (a VM, driver 580.159.04, docs/device-check.md) answered:
+    nvmlDeviceGetNvLinkState raises NVMLError_NotSupported for every link index, where the fake
+    of a box without NVLink raises its plain error past the last link. Both are no NVLink: no
+    peers, links down not read (None), and doctor says PCIe, not a link down."""
+    from llmgw.doctor.facts import NodeFacts
+    from llmgw.doctor.node import NodeContext, check_nvlink
+    from llmgw.wire.messages import Inventory
+
+    nv = fake_nvml(HGX_BUSES[:1], {0: []})
+    nv.NVMLError_NotSupported = _NotSupported
+    asked: list[int] = []
+
+    def not_supported(h, link):
+        asked.append(link)
+        raise _NotSupported("Not Supported")
+
+    nv.nvmlDeviceGetNvLinkState = not_supported
+    nv.nvmlDeviceGetNvLinkRemotePciInfo = not_supported
+    gpus = discovery.nvml_gpus(nv)
+    assert [g.nvlink for g in gpus] == [{}]
+    [health] = discovery.nvml_health(nv)
+    assert health.nvlink_down is None
+    assert asked and max(asked) < nv.NVML_NVLINK_MAX_LINKS
+    facts = NodeFacts(id="h200-vm", state="ready", inventory=Inventory(gpus=gpus, gpu_source="nvml"), gpus=[health])
+    [finding] = check_nvlink(facts, NodeContext())
+    assert (finding.status, finding.finding) == ("ok", "no NVLink (GPUs on PCIe)")
+
+
 def test_an_xid_is_reported_for_an_hour_then_forgotten():
     now = [0.0]
     pending = [SimpleNamespace(device=0, eventData=13)]

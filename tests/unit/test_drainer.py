@@ -98,6 +98,8 @@ def test_no_room_fails_without_force_and_retires_with_it_and_a_restart_resumes(t
         if (v := again.view("gpu-01")) is not None and v.done:
             break
     assert {s.node for r in rec.replicas.values() for s in r.shards} == {"gpu-02"}
+    moved = [i for i in again.view("gpu-01").items if i.successor and i.move == "done"]
+    assert moved and all(i.note == f"{i.replica} retired; {i.successor} serves instead" for i in moved), moved
     # --force with nowhere to go: retired, and named as down.
     rec2 = make(models()[:1])
     bring_up(rec2, nodes("gpu-01"))
@@ -107,3 +109,7 @@ def test_no_room_fails_without_force_and_retires_with_it_and_a_restart_resumes(t
         run(rec2, forced, nodes("gpu-01"), clock)
     view = forced.view("gpu-01")
     assert view is not None and view.done and len(view.down) == 1, view
+    # Its note says what is true: the successor waits for room, it does not serve (issue 46, item 6).
+    [item] = [i for i in view.items if i.successor]
+    assert rec2.replicas[item.successor].state == "pending"
+    assert item.note == f"{item.replica} retired; {item.successor} is pending and serves once ready", item.note

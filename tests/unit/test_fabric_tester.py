@@ -130,6 +130,9 @@ async def test_roce_gets_the_roce_v2_gid_index_and_a_port_without_one_is_refused
     assert isinstance(absent, m.FabricTestResult) and absent.error == "this node has no RDMA port mlx5_9/1"
     [bad] = await run(tester, m.FabricTest(request_id="t", role="client", device="mlx5_0", server_host="-oProxy", server_port=1))
     assert isinstance(bad, m.FabricTestResult) and "not a host name" in bad.error
+    [system] = await run(tester, m.FabricTest(request_id="t", role="client", device="mlx5_0", server_host="10.0.0.2",
+                                              server_port=22))
+    assert isinstance(system, m.FabricTestResult) and system.error == "server port 22 is outside 1024-65535: not dialled"
 
 
 async def test_a_hung_ib_write_bw_is_killed_with_its_children(tmp_path: Path) -> None:

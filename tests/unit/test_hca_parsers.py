@@ -86,6 +86,7 @@ def test_counters_not_available_are_values_not_zeros():
     ("rtx-a6000-x3-nvlink-bridge-pair-plus-unbridged.txt", 3, "pairs:4"),
     ("stas00-2gpu-phb-no-nvlink-tabs-expanded.txt", 2, "none"),
     ("princeton-della-2xa100-pcie-2nic-sys.txt", 2, "none"),
+    ("llmgw-device-1xh200-vm-ansi-header.txt", 1, "none"),
 ])
 def test_nvidia_smi_topo_nvlink_matrix(name, gpus, matrix):
     got = gputopo.nvlink_matrix((REAL / "nvidia-smi-topo" / name).read_text())

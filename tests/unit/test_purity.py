@@ -70,6 +70,7 @@ PURE = [
     "llmgw.server.gateway.balance",
     "llmgw.server.gateway.breaker",
     "llmgw.server.gateway.enginemetrics",
+    "llmgw.server.gateway.openai_api",
     "llmgw.server.gateway.retry",
     "llmgw.web.http1",
     "llmgw.web.assets",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmgw.fabric.perftest import parse
-from llmgw.fabric.railtest import Rail, grade, overall, pair_rails
+from llmgw.fabric.railtest import Rail, client_target, grade, lock_order, overall, pair_rails, phase
 from llmgw.verdict import EXIT_CRIT, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN
 from llmgw.wire.messages import FabricStatus
 from tests.realfixtures import REAL
@@ -95,3 +95,41 @@ def test_the_exit_code_is_the_worst_rails_nagios_code() -> None:
     assert overall([warn, crit, ok]) == ("crit", EXIT_CRIT)
     assert overall([ok, unknown]) == ("unknown", EXIT_UNKNOWN)
     assert overall([]) == ("unknown", EXIT_UNKNOWN)
+
+
+# ---- issue 40, findings 6 and 7: what B may say, how long any wait lasts, the lock order -----------
+
+
+@pytest.mark.parametrize("port", [0, 22, 53, 1023, 65536, -1, 1 << 40, "18515", 18515.0, True, None])
+def test_a_port_b_answers_outside_1024_to_65535_is_refused_in_one_line(port: object) -> None:
+    host, tcp_port, why = client_target("gpu-02", "10.0.0.2", port)
+    assert (host, tcp_port) == ("", 0)
+    assert why.startswith("gpu-02 answered TCP port ") and "outside 1024-65535" in why and "\n" not in why
+
+
+@pytest.mark.parametrize("port", [1024, 18515, 40000, 65535])
+def test_the_client_gets_the_registered_host_and_a_port_in_range(port: int) -> None:
+    assert client_target("gpu-02", " 10.0.0.2 ", port) == ("10.0.0.2", port, "")
+
+
+@pytest.mark.parametrize("host", ["", "  ", "-oProxyCommand=x", "10.0.0.2 evil"])
+def test_no_usable_registered_host_is_refused(host: str) -> None:
+    _, _, why = client_target("gpu-02", host, 18515)
+    assert "no usable address on record for gpu-02" in why
+
+
+def test_a_phase_deadline_is_fixed_at_its_start_and_progress_moves_it_once_to_the_ceiling() -> None:
+    prepare = phase("prepare", 100.0, 0.0, 10.0, install=660.0)
+    assert (prepare.deadline, prepare.ceiling, prepare.seconds) == (110.0, 760.0, 10.0)
+    for _ in range(1000):  # a node saying "progress" forever
+        prepare.progressed()
+    assert (prepare.deadline, prepare.seconds) == (760.0, 660.0)
+    ready = phase("ready", 5.0, 60.0, 10.0)  # no install: progress changes nothing
+    ready.progressed()
+    assert (ready.deadline, ready.ceiling) == (75.0, 75.0)
+    assert phase("x", 0.0, -5.0, -1.0, install=-3.0).deadline == 0.0  # nothing negative widens or narrows it oddly
+
+
+def test_locks_are_taken_in_name_order_whichever_side_is_a() -> None:
+    assert lock_order("gpu-10", "gpu-02") == lock_order("gpu-02", "gpu-10") == ["gpu-02", "gpu-10"]
+    assert lock_order("n1", "n1") == ["n1"]

@@ -14,7 +14,9 @@ on the same stream:
   perftest that exits saying `Couldn't listen to port N` (perftest_communication.c,
   ethernet_server_connect: bind failed, exit status 1) is started again on another port, up to
   BIND_TRIES ports in all, each retry said in the result's notes.
-- client role: run `ib_write_bw ... SERVER_HOST` against that port and answer "done".
+- client role: run `ib_write_bw ... SERVER_HOST` against that port and answer "done". The host and
+  port are the server's (B's registered address, a port of 1024-65535), never B's own word; a port
+  outside that range is refused here too.
 - prepare: only make sure ib_write_bw is here (installing perftest if need be), before any rail
   starts, so that one side's install never outlasts the other side's waiting server.
 
@@ -45,6 +47,7 @@ import trio
 
 from llmgw.agent.fabric_tools import find_tool, run_tool, safe_device
 from llmgw.catalog.schema import FabricTestSettings
+from llmgw.fabric.railtest import TCP_PORTS
 from llmgw.wire import messages as m
 from llmgw.wire.ids import printable, quote
 
@@ -325,6 +328,8 @@ class FabricTester:
             return "a client run needs the server side's host and TCP port"
         if req.role == "client" and (req.server_host.startswith("-") or any(c.isspace() for c in req.server_host)):
             return f"server host {req.server_host!r} is not a host name or address"
+        if req.role == "client" and req.server_port not in TCP_PORTS:  # the server checks it too (railtest.client_target)
+            return f"server port {req.server_port} is outside {TCP_PORTS.start}-{TCP_PORTS.stop - 1}: not dialled"
         if not 1 <= req.size <= 1 << 30 or not 1 <= req.iterations <= 10_000_000:
             return "size and iterations out of range"
         return ""

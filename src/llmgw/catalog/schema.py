@@ -310,6 +310,12 @@ class FabricSettings(_Config):
     # each port that does not answer adds 2 s to an ibnetdiscover sweep: a few thousand nodes with
     # a hundred dead or hung ports take minutes (the old 60 s killed such sweeps every time).
     tool_timeout: Duration = Duration(600)
+    # `ctl fabric-test`: each wait on an agent is a phase whose deadline is fixed when it starts:
+    # the rail timeout plus test_grace; getting ib_write_bw ready (installing perftest) up to
+    # test_install_wait (an agent's fabric_test.install_timeout, 600 s, and the grace), however
+    # often the agent says "progress".
+    test_grace: Duration = Duration(10)
+    test_install_wait: Duration = Duration(660)
 
 
 class EventSettings(_Config):

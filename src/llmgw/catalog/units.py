@@ -57,6 +57,20 @@ def parse_duration(value: object) -> Duration:
     raise ValueError(f"expected a duration like 30s, 2m or 1h30m, got {_quote(value)}")
 
 
+def parse_since(text: str, now: float) -> float:
+    """`--since` / `since=`: a duration back from now (90m, 2h, 1d), seconds back, or a time in
+    seconds since the epoch (a number past 1e9) → the epoch time it names."""
+    try:
+        number = float(text)
+    except ValueError:
+        try:
+            return now - float(parse_duration(text))
+        except ValueError:
+            raise ValueError(f"since={text!r}: expected a duration back from now (30m, 2h, 1d) or seconds since "
+                             "the epoch") from None
+    return number if number > 1e9 else now - number
+
+
 def parse_size(value: object) -> ByteSize:
     if isinstance(value, bool):
         raise ValueError(f"expected a size like 4MiB, got {value!r}")

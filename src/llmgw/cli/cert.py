@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -307,13 +308,24 @@ def list_(ca_dir: str, output: str) -> None:
 
 @cert.command()
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--dir", "ca_dir", envvar="LLMGW_CA_DIR", show_envvar=True, type=click.Path(file_okay=False),
+              help="CA directory to check the status against (revoked, superseded, other CA), as `cert list` "
+              "does. Default: the file's own directory when it holds the CA; else the status is from the dates alone.")
 @output_option
-def show(file: str, output: str) -> None:
-    """One certificate file: subject, SANs, usages, serial, expiry, days left."""
+def show(file: str, ca_dir: str | None, output: str) -> None:
+    """One certificate file: subject, SANs, usages, serial, expiry, days left, status."""
+    from llmgw.tls import ca as ca_store
     from llmgw.tls.info import describe, load_certificate
 
-    info = describe(load_certificate(file), file, time.time())
+    certificate = load_certificate(file)
+    info = describe(certificate, file, time.time())
+    if ca_dir is None and (Path(file).parent / ca_store.CA_CERT).exists():
+        ca_dir = str(Path(file).parent)
+    if ca_dir is not None:
+        info.status = ca_store.status_in_ca(ca_dir, certificate, info.status)
     if output == "json":
         print_json(info)
         return
-    _print_detail(info)
+    rows = _detail_rows(info)
+    rows.append(("checked against", f"the CA in {ca_dir}" if ca_dir else "its dates only (no CA directory: --dir)"))
+    console().print(make_table(["field", "value"], rows))

@@ -35,9 +35,22 @@ def _print_details(events: list[dict[str, Any]]) -> None:
             out.print(text(f"    │ {line}", show_removed=True), soft_wrap=True)
 
 
+def _check_since(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Bad usage is exit 2 here, before the server's 400 (exit 1) would say the same."""
+    from llmgw.catalog.units import parse_since
+
+    if value.strip():
+        try:
+            parse_since(value.strip(), time.time())
+        except ValueError as exc:
+            raise click.BadParameter(str(exc).removeprefix(f"since={value.strip()!r}: ")) from None
+    return value
+
+
 @click.command()
 @output_option
-@click.option("--since", default="", help="How far back: a duration (30m, 2h, 7d) or seconds since the epoch. Default: all kept.")
+@click.option("--since", default="", callback=_check_since,
+              help="How far back: a duration (30m, 2h, 7d) or seconds since the epoch. Default: all kept.")
 @click.option("--node", default="", shell_complete=complete.NODES, help="Only events about this node.")
 @click.option("--model", default="", shell_complete=complete.MODELS, help="Only events about this model.")
 @click.option("-w", "--watch", is_flag=True, help="Keep printing new events until Ctrl-C (-o json: one object per line).")

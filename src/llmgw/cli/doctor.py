@@ -1,7 +1,8 @@
 """`llmgw ctl doctor`: node and fleet diagnosis from one terminal, and from cron (issue 14).
 
 Exit codes are the Nagios plugin convention (llmgw.verdict): 0 all ok, 1 a warning, 2 a critical
-finding, 3 doctor could not run (the server unreachable or refusing; one line on stderr).
+finding, 3 doctor could not run (the server unreachable or refusing; one line on stderr, and the
+UNKNOWN status line on stdout, where a plugin's output is read).
 """
 
 from __future__ import annotations
@@ -14,11 +15,20 @@ from urllib.parse import urlencode
 import click
 
 from llmgw.cli import complete
-from llmgw.cli.render import NagiosCommand, console, make_table, output_option, print_json, text
+from llmgw.cli.render import (
+    NagiosCommand,
+    console,
+    make_table,
+    output_option,
+    print_json,
+    say,
+    text,
+)
 from llmgw.doctor import CHECKS
 from llmgw.errors import LlmgwError, UsageError
-from llmgw.verdict import EXIT_UNKNOWN
+from llmgw.verdict import EXIT_UNKNOWN, plugin_line
 
+SERVICE = "LLMGW DOCTOR"
 STATUS_STYLES = {"ok": "green", "warn": "yellow", "crit": "bold red", "unknown": "magenta"}
 
 
@@ -71,11 +81,16 @@ def _table(findings: list[dict[str, Any]]) -> Any:
     return table
 
 
-def _summary(data: dict[str, Any]) -> str:
+def _status_line(data: dict[str, Any]) -> str:
+    """The Nagios plugin's first line: the verdict, the counts, and the counts as perfdata."""
     s = data["summary"]
     nodes = f"{s['nodes']} node{'s' if s['nodes'] != 1 else ''}"
-    return (f"{data['status'].upper()}: {nodes}, {len(data['findings'])} findings: {s['ok']} ok, {s['warn']} warn, "
-            f"{s['crit']} crit, {s['unknown']} unknown (exit {data['exit_code']})")
+    summary = (f"{nodes}, {len(data['findings'])} findings: {s['crit']} crit, {s['warn']} warn, {s['unknown']} unknown, "
+               f"{s['ok']} ok")
+    perf: dict[str, Any] = {k: s[k] for k in ("crit", "warn", "unknown", "ok", "nodes")}
+    if isinstance(data.get("took"), int | float):
+        perf["took"] = f"{data['took']:.3f}s"
+    return plugin_line(SERVICE, data["status"], summary, perf)
 
 
 @click.command(cls=NagiosCommand)
@@ -87,8 +102,8 @@ def _summary(data: dict[str, Any]) -> str:
 @click.option("--interval", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="With --local: seconds between the two readings of the error counters.")
 @click.option("--check", "check", type=click.Choice(CHECKS), help="Run only this check.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only what is not ok, one line each (for cron mail: "
-              "nothing printed when all is well).")
+@click.option("-q", "--quiet", is_flag=True, help="Print the status line and what is not ok, one line each "
+              "(the table left out).")
 @output_option
 @click.pass_context
 def doctor(ctx: click.Context, node_id: str | None, local: bool, config_path: str | None, interval: float,
@@ -96,37 +111,51 @@ def doctor(ctx: click.Context, node_id: str | None, local: bool, config_path: st
     """Check nodes and the fleet: agents, GPUs, NVLink, adapters, ports, counters, memlock, disk,
     certificates, clocks, fabrics, replicas. Each finding says what to do when it is not ok.
 
+    The first line is a Nagios plugin's: `LLMGW DOCTOR OK - <counts> | crit=0 warn=0 ...`, then the
+    table (or, with --quiet, one line per finding that is not ok).
+
     \b
     Exit codes (Nagios): 0 all ok, 1 warning, 2 critical, 3 could not run.
     llmgw ctl doctor                 # the whole fleet
-    llmgw ctl doctor --quiet         # cron: mail only when something is wrong
+    llmgw ctl doctor --quiet         # Nagios/Icinga: the status line and what is wrong
+    chronic llmgw ctl doctor --quiet # cron (moreutils): mail only when it exits non-zero
     llmgw ctl doctor --local --config /etc/llmgw/agent.yaml
     """
-    if local:
-        try:
-            data = _local_report(config_path, node_id, check, interval)
-        except UsageError as exc:  # no config, a bad one, --node of another machine: doctor could not run
-            raise CouldNotRun(str(exc)) from None
-    else:
-        query = urlencode({k: v for k, v in (("node", node_id), ("check", check)) if v})
-        from llmgw.cli.ctl import api
-
-        try:
-            data = api(ctx).get("/api/v1/doctor" + (f"?{query}" if query else ""))
-        except LlmgwError as exc:  # a usage error too (--server's URL): could not run, never CRITICAL
-            raise CouldNotRun(str(exc)) from None
+    try:
+        data = _report(ctx, local, config_path, node_id, check, interval)
+    except CouldNotRun as exc:  # Nagios shows stdout's first line: "(No output returned from plugin)" otherwise
+        if output != "json":
+            say(plugin_line(SERVICE, "unknown", f"could not run: {exc}"))
+        raise
     findings = data["findings"]
     if quiet:
         findings = [f for f in findings if f["status"] != "ok"]
     if output == "json":
         print_json({**data, "findings": findings})
-    elif quiet:
-        out = console()
-        for f in findings:
-            out.print(text(_line(f)), soft_wrap=True)
     else:
         out = console()
-        out.print(_table(findings))
-        out.print(text(_summary(data), STATUS_STYLES.get(data["status"], "")))
+        out.print(text(_status_line(data), STATUS_STYLES.get(data["status"], "")), soft_wrap=True)
+        if quiet:
+            for f in findings:
+                out.print(text(_line(f)), soft_wrap=True)
+        else:
+            out.print(_table(findings))
     sys.stdout.flush()
     sys.exit(int(data["exit_code"]))
+
+
+def _report(ctx: click.Context, local: bool, config_path: str | None, node_id: str | None, check: str | None,
+            interval: float) -> dict[str, Any]:
+    if local:
+        try:
+            return _local_report(config_path, node_id, check, interval)
+        except UsageError as exc:  # no config, a bad one, --node of another machine: doctor could not run
+            raise CouldNotRun(str(exc)) from None
+    query = urlencode({k: v for k, v in (("node", node_id), ("check", check)) if v})
+    from llmgw.cli.ctl import api
+
+    try:
+        data: dict[str, Any] = api(ctx).get("/api/v1/doctor" + (f"?{query}" if query else ""))
+    except LlmgwError as exc:  # a usage error too (--server's URL): could not run, never CRITICAL
+        raise CouldNotRun(str(exc)) from None
+    return data

@@ -10,6 +10,7 @@ a check that could not run never reads as a warning.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -26,7 +27,9 @@ from llmgw.cli.render import (
     text,
 )
 from llmgw.errors import LlmgwError
+from llmgw.verdict import plugin_line
 
+SERVICE = "LLMGW FABRIC-TEST"
 GRADE_STYLES = {"ok": "green", "warn": "yellow", "crit": "red", "unknown": "magenta"}
 
 
@@ -54,7 +57,35 @@ def _progress(event: dict[str, Any]) -> str:
     return str(event.get("message") or "")
 
 
-def render(report: dict[str, Any]) -> None:
+def status_line(report: dict[str, Any]) -> str:
+    """The Nagios plugin's first line: the verdict, the rails by grade, each rail's Gb/s as perfdata."""
+    rails = report.get("rails") or []
+    counts = {grade: sum(1 for r in rails if r.get("status") == grade) for grade in ("crit", "warn", "unknown", "ok")}
+    summary = f"{report.get('a')} → {report.get('b')}: {len(rails)} rails: " + ", ".join(f"{n} {g}" for g, n in counts.items())
+    perf: dict[str, Any] = dict(counts)
+    for r in rails:
+        if r.get("measured_gbps") is not None:
+            perf[_label(f"{r.get('fabric')}_{r.get('rail')}_gbps")] = f"{r['measured_gbps']:g}"
+    if report.get("error"):
+        summary += f" ({report['error']})"
+    return plugin_line(SERVICE, str(report.get("status") or "unknown"), summary, perf)
+
+
+def _label(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def render(report: dict[str, Any], quiet: bool = False) -> None:
+    out = console()
+    out.print(text(status_line(report), GRADE_STYLES.get(str(report.get("status")), "")), soft_wrap=True)
+    if quiet:
+        for r in report.get("rails") or []:
+            if r.get("status") != "ok":
+                detail = f": {r['detail']}" if r.get("detail") else ""
+                out.print(text(f"{str(r.get('status')).upper()} rail {r.get('fabric')}#{r.get('rail')} {r.get('a')} → "
+                               f"{r.get('b')}: {_gbps(r.get('measured_gbps'))} of {_gbps(r.get('expected_gbps'))}{detail}"),
+                          soft_wrap=True)
+        return
     rows = []
     for r in report.get("rails") or []:
         ratio = r.get("ratio")
@@ -68,15 +99,8 @@ def render(report: dict[str, Any]) -> None:
             text(r.get("status"), GRADE_STYLES.get(str(r.get("status")), "")),
             r.get("detail") or "",
         ))
-    out = console()
     a, b = report.get("a"), report.get("b")
     out.print(make_table(["RAIL", f"ADAPTER {a}", f"ADAPTER {b}", "MEASURED", "EXPECTED", "RATIO", "GRADE", "DETAIL"], rows))
-    counts: dict[str, int] = {}
-    for r in report.get("rails") or []:
-        counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    out.print(text(f"fabric test {a} → {b}: {report.get('status')} ({summary or 'no rails'})",
-                   GRADE_STYLES.get(str(report.get("status")), "")))
 
 
 @click.command("fabric-test", cls=NagiosCommand)
@@ -86,13 +110,17 @@ def render(report: dict[str, Any]) -> None:
               help="Seconds one rail's ib_write_bw may run before it is killed.")
 @click.option("--size", type=click.IntRange(1, 1 << 30), default=65536, show_default=True, help="Message size (-s).")
 @click.option("--iterations", type=click.IntRange(1, 10_000_000), default=5000, show_default=True, help="Iterations (-n).")
+@click.option("-q", "--quiet", is_flag=True, help="Print the status line and the rails that are not ok (no progress, no table).")
 @output_option
 @click.pass_context
 def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: float, size: int, iterations: int,
-                output: str) -> None:
+                quiet: bool, output: str) -> None:
     """Measure every rail between two nodes: ib_write_bw, adapter by adapter (the Nth of A to the
     Nth of B, as NCCL pairs them), one rail at a time, each graded against its link's rate (ok from
     90 %, warn from 70 %, crit below or failed). NODE_B runs the server side.
+
+    The first line is a Nagios plugin's (`LLMGW FABRIC-TEST OK - ... | crit=0 ... ib_0_gbps=392.3`),
+    then the table; progress goes to stderr.
 
     \b
     Exit codes: 0 all ok, 1 a warn, 2 a crit, 3 could not run.
@@ -111,18 +139,19 @@ def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: floa
                 raise LlmgwError(f"the server sent a line that is not JSON: {line[:200]}") from None
             if event.get("event") == "done":
                 report = event
-            else:
+            elif not quiet:
                 say(_progress(event), stderr=True)
-    except CouldNotRun:
-        raise
+        if report is None:
+            raise CouldNotRun(f"fabric test {node_a} → {node_b}: the server ended the answer without a report")
     except LlmgwError as exc:  # refused (no such node, a credential, not connected) or the answer broke off
-        raise CouldNotRun(f"fabric test {node_a} → {node_b} could not run: {exc}") from None
-    if report is None:
-        raise CouldNotRun(f"fabric test {node_a} → {node_b}: the server ended the answer without a report")
+        failed = exc if isinstance(exc, CouldNotRun) else CouldNotRun(f"fabric test {node_a} → {node_b} could not run: {exc}")
+        if output != "json":  # Nagios reads stdout's first line
+            say(plugin_line(SERVICE, "unknown", str(failed)))
+        raise failed from None
     if output == "json":
         print_json(report)
     else:
-        render(report)
+        render(report, quiet)
         if report.get("error"):
             say(report["error"], stderr=True)
     sys.exit(int(report.get("exit_code", 3)))

@@ -37,12 +37,14 @@ from llmgw.cli.logs import setup_logging
 @click.option("--insecure", is_flag=True, help="Follow over plain h2c, without TLS (labs and tests only).")
 @click.option("--worker", type=int, default=None, hidden=True, help="Internal: the server's worker INDEX.")
 @click.option("--feed-socket", default="", hidden=True, help="Internal: the control plane's Unix socket.")
+@click.option("--parent-fd", type=int, default=None, hidden=True,
+              help="Internal: a pipe from the server; EOF on it (the server is gone) stops the worker.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.pass_context
 def gateway(ctx: click.Context, control_plane: str | None, listen: str, cert: str | None, key: str | None,
             ca: str | None, name: str, insecure: bool, worker: int | None, feed_socket: str, log_level: str,
             metrics_listen: str, public_tls_cert: str | None, public_tls_key: str | None,
-            public_tls_ca: str | None) -> None:
+            public_tls_ca: str | None, parent_fd: int | None) -> None:
     """Serve the OpenAI-compatible gateway alone, following a control plane.
 
     Gateway capacity then grows past one machine behind any L4 load balancer: every such
@@ -59,5 +61,5 @@ def gateway(ctx: click.Context, control_plane: str | None, listen: str, cert: st
     setup_logging(ctx.obj.get("debug", False), log_level)
     trio.run(lambda: run_gateway(control_plane=control_plane, listen=listen, cert=cert, key=key, ca=ca, name=name,
                                  insecure=insecure, worker=worker, feed_socket=feed_socket,
-                                 metrics_listen=metrics_listen,
+                                 metrics_listen=metrics_listen, parent_fd=parent_fd,
                                  public_tls=(public_tls_cert or "", public_tls_key or "", public_tls_ca or "")))

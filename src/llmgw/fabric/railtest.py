@@ -138,3 +138,65 @@ def overall(results: Sequence[RailResult]) -> tuple[str, int]:
         return Status.UNKNOWN.value, exit_code([Status.UNKNOWN])
     statuses = [Status(r.status) for r in results]
     return worst(statuses).value, exit_code(statuses)
+
+
+# ---- the rules the server holds each side to (issue 40, findings 6 and 7) -------------------------
+
+# The TCP ports B's answer may name for its ib_write_bw server. perftest's default is 18515 and the
+# agent picks one the kernel hands out (Linux: 32768-60999); below 1024 is a system service (ssh on
+# 22, a resolver on 53), which A's client must never be sent to.
+TCP_PORTS = range(1024, 65536)
+
+
+def client_target(b: str, registered_host: str, tcp_port: object) -> tuple[str, int, str]:
+    """Where A's ib_write_bw client dials: (host, port, "") or ("", 0, why not, one line).
+
+    The host is the server's record of B (its registered endpoint host: the advertise_host the
+    server accepted, or the address its stream comes from), never anything B's answer says; the
+    port is the one B's agent answered, if it is a TCP port an unprivileged ib_write_bw listens on.
+    """
+    if type(tcp_port) is not int or tcp_port not in TCP_PORTS:
+        shown = repr(tcp_port)[:40]
+        return "", 0, (f"{b} answered TCP port {shown} for its ib_write_bw server: outside "
+                       f"{TCP_PORTS.start}-{TCP_PORTS.stop - 1}, so it is not passed to the client; refused")
+    host = registered_host.strip()
+    if not host or host.startswith("-") or any(c.isspace() for c in host):
+        return "", 0, f"the server has no usable address on record for {b} (got {host[:60]!r}); refused"
+    return host, tcp_port, ""
+
+
+class Phase(msgspec.Struct, kw_only=True):
+    """One wait of a fabric test, its deadline fixed when it starts (times are the caller's clock).
+
+    `deadline` is when the wait gives up: the run's own timeout plus a grace. A phase that may
+    install perftest (prepare) has a `ceiling` too, also fixed at the start: the agent's first
+    "progress" (installing) moves the deadline there, and nothing moves it past. Before this a
+    node sending "progress" every few minutes held the test, and every test behind it, forever.
+    """
+
+    name: str  # "prepare", "ready", "client", "server done": what the operator reads
+    started: float
+    deadline: float
+    ceiling: float
+
+    @property
+    def seconds(self) -> float:
+        """How long the phase may last, as it stands now."""
+        return self.deadline - self.started
+
+    def progressed(self) -> None:
+        """The agent said it is still at it (installing): the deadline is now the ceiling."""
+        self.deadline = max(self.deadline, self.ceiling)
+
+
+def phase(name: str, now: float, within: float, grace: float, install: float = 0.0) -> Phase:
+    """A phase starting at `now` that has `within` (+ `grace`) seconds, or up to `install` seconds
+    from `now` once the agent says it is installing."""
+    deadline = now + max(within, 0.0) + max(grace, 0.0)
+    return Phase(name=name, started=now, deadline=deadline, ceiling=max(deadline, now + max(install, 0.0)))
+
+
+def lock_order(*nodes: str) -> list[str]:
+    """The order a test takes its nodes' locks in: by name, so two tests sharing nodes never each
+    hold one the other waits for (A→B beside B→A)."""
+    return sorted(set(nodes))

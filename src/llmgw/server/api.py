@@ -424,21 +424,12 @@ def parse_event_query(query: str, now: float) -> EventQuery:
     `after=` an event id (what is new since the last look); `node=`, `model=`, `limit=`."""
     from urllib.parse import parse_qs
 
-    from llmgw.catalog.units import parse_duration
+    from llmgw.catalog.units import parse_since
 
     args = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
     since = 0.0
     if text := args.get("since", "").strip():
-        try:
-            number = float(text)
-        except ValueError:
-            try:
-                since = now - float(parse_duration(text))
-            except ValueError:
-                raise ValueError(f"since={text!r}: expected a duration back from now (30m, 2h, 1d) or seconds since "
-                                 "the epoch") from None
-        else:
-            since = number if number > 1e9 else now - number
+        since = parse_since(text, now)
     try:
         after = int(args.get("after") or 0)
         limit = min(int(args.get("limit") or QUERY_LIMIT), QUERY_LIMIT)

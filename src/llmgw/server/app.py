@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import ssl
+import time
 from typing import Any
 
 import msgspec
@@ -37,6 +38,7 @@ from llmgw.fleet import FleetListener
 from llmgw.fleet.limits import Caps, RefusalLog
 from llmgw.netaddr import hostport
 from llmgw.server.admin.pages import AdminPages
+from llmgw.server.alertmetrics import AlertCollector, CheckResults
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
 from llmgw.server.control import Controller, Settle, make_reconciler
@@ -62,6 +64,7 @@ from llmgw.server.views import FleetReads, GatewayFeed
 from llmgw.server.weights import WeightsBoard
 from llmgw.tls import server_context
 from llmgw.tls.context import ServerTls
+from llmgw.tls.info import cert_not_after
 from llmgw.tls.revocation import Revocations, fleet_refusal, gateway_refusal
 from llmgw.web.assets import from_package
 from llmgw.web.reactor import Reactor
@@ -230,7 +233,9 @@ class ControlPlane:
         self.fabrics = FabricService(self.registry, sessions, FabricStore(cfg.state_dir), cfg.fabric)
         self.metrics.registry.register(FabricCollector(self.fabrics))
         # `ctl fabric-test`: ib_write_bw between two nodes' agents, over the same streams.
-        self.fabric_tests = FabricTests(self.registry, lambda: sessions)
+        results = CheckResults(time.time)  # the last doctor run and fabric tests, for /metrics
+        self.fabric_tests = FabricTests(self.registry, lambda: sessions, results=results, grace=float(cfg.fabric.test_grace),
+                                        install_wait=float(cfg.fabric.test_install_wait))
         self.fleet = FleetService(
             self.registry,
             self.metrics,
@@ -264,9 +269,11 @@ class ControlPlane:
             gateway_handler=self.followers.handle,
             gateway_check=lambda peer: gateway_refusal(peer, self.revocations),
         )
-        # The server's own workers follow on a Unix socket (its file mode is their credential).
+        # The server's own workers follow on a Unix socket (its file mode keeps other users out), each
+        # with this start's key in its hello (a worker of an earlier server is refused).
         self.feed_listener = FleetListener(_no_nodes_here, ssl_context=None, max_message=fleet.max_message,
-                                           gateway_handler=self.followers.handle_local)
+                                           gateway_handler=self.followers.handle_local,
+                                           on_refused=self.metrics.count_refused)
         # What operators change, and what the API reads.
         self.operator = Operator(cfg, config_path=config_path, overrides=overrides, auth=self.auth, gateway=gateway,
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
@@ -281,7 +288,13 @@ class ControlPlane:
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,
                                       tls=self.public_tls is not None)
         self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
-        self.doctor = DoctorService(self.registry, reconciler, self.fabrics)  # GET /api/v1/doctor (issue 14)
+        self.doctor = DoctorService(self.registry, reconciler, self.fabrics, results=results)  # GET /api/v1/doctor (issue 14)
+        # What alerts are written on: replicas wanted and ready, certificate expiry, the last checks.
+        own = [("server", port, cert_not_after(tls.cert)) for port, tls in (("fleet-port", cfg.tls), ("public-port", public_tls))
+               if tls is not None and tls.cert]  # read once: a new file takes a restart, as the listeners do
+        self.metrics.registry.register(AlertCollector(
+            lambda: {name: model.replicas for name, model in reconciler.models.items()}, reconciler.replicas.values,
+            lambda: [*own, *(("node", n.id, n.cert_not_after) for n in self.registry.nodes.values())], results))
         self.http_servers: list[HttpServer] = []  # the public port's and the admin listener's
         self.shutdown_event = trio.Event()
 
@@ -328,6 +341,7 @@ class ControlPlane:
                                     [trio.SocketListener(trio.socket.from_stdlib_socket(unix_socket(self.feed_socket)))])
                 host, port = public_sock.getsockname()[:2]
                 self.worker_pool = WorkerPool(self.workers, listen=hostport(host, port), feed_socket=self.feed_socket,
+                                              key=self.followers.worker_key,
                                               log_level=logging.getLevelName(logging.getLogger().level).lower(),
                                               debug=log.isEnabledFor(logging.DEBUG))
                 await nursery.start(self.worker_pool.run)

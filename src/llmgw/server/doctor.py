@@ -32,6 +32,7 @@ from llmgw.doctor.facts import (
     Report,
     report,
 )
+from llmgw.server.alertmetrics import CheckResults
 from llmgw.server.fabric_service import FabricService
 from llmgw.server.reconcile import Reconciler
 from llmgw.server.registry import Node, NodeRegistry
@@ -91,10 +92,11 @@ def fabric_facts(service: FabricService) -> list[FabricFacts]:
 class DoctorService:
     def __init__(self, registry: NodeRegistry, reconciler: Reconciler, fabrics: FabricService | None = None, *,
                  clock: Callable[[], float] = trio.current_time, wall: Callable[[], float] = time.time,
-                 deadline: float = DEADLINE) -> None:
+                 deadline: float = DEADLINE, results: CheckResults | None = None) -> None:
         self.registry = registry
         self.reconciler = reconciler
         self.fabrics = fabrics
+        self.results = results  # where the last full report goes (llmgw.server.alertmetrics)
         self.clock = clock
         self.wall = wall
         self.deadline = deadline
@@ -136,4 +138,7 @@ class DoctorService:
             found = [Finding(node=CLUSTER, check=check or "(all)", status=Status.UNKNOWN,
                              finding=f"the checks did not finish in {self.deadline + GRACE:g}s",
                              action="the server is overloaded: its log and /metrics say more")]
-        return report(found, nodes=len(facts.nodes), took=self.clock() - started)
+        done = report(found, nodes=len(facts.nodes), took=self.clock() - started)
+        if node is None and check is None and self.results is not None:
+            self.results.doctor_done(done)  # the whole fleet's verdict, on /metrics
+        return done

@@ -7,16 +7,24 @@ so two runs never share a link:
 0. (once) asks both agents to `prepare`: have ib_write_bw, installing perftest if need be;
 1. sends B's agent `FabricTest(role=server)` for its port and waits for "ready" with the TCP port
    its ib_write_bw listens on;
-2. sends A's agent `FabricTest(role=client)` with B's address (its endpoint host, the management
-   address) and that port, and waits for "done";
+2. sends A's agent `FabricTest(role=client)` with B's address and that port, and waits for "done".
+   The address is the server's record of B (its registered endpoint host), never anything in B's
+   answer, and the port must be 1024-65535 (railtest.client_target): a node cannot send its
+   partner's client to a host or a system port of its choosing;
 3. grades the client's table against the rail's link rate; if the client failed, B's run is
    cancelled (killed there) instead of waiting out its timeout.
 
 A test is refused at once, before anything is sent, when a node is unknown, not connected, or its
 agent does not list `fabric-test` in Register.features (an agent too old to answer would only
-time out). Every wait has a deadline (the rail timeout plus GRACE; an agent installing perftest
-says so and gets INSTALL_WAIT); a node whose stream ends fails its rail at once. Progress goes to
-the caller as NDJSON lines while the test runs (`emit`), then the report.
+time out). Every wait is a phase with a hard deadline fixed when it starts (railtest.Phase: the
+rail timeout plus `fabric.test_grace`; prepare, where an agent may install perftest, up to
+`fabric.test_install_wait` once it says "progress", and never past it, however often it says so);
+a node whose stream ends fails its rail at once. Progress goes to the caller as NDJSON lines while
+the test runs (`emit`), then the report.
+
+One test at a time per node, not per server: two tests sharing a node would share its links and
+skew both, but a test of C and D has nothing to wait for while A and B run (or hang until their
+deadline). A test takes its two nodes' locks in name order, so A→B beside B→A cannot deadlock.
 
 Results are matched by request id and node: an unsolicited FabricTestResult is dropped.
 """
@@ -26,25 +34,39 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import msgspec
 import trio
 
 from llmgw.fabric.perftest import parse
-from llmgw.fabric.railtest import Rail, RailResult, grade, overall, pair_rails, split_port
+from llmgw.fabric.railtest import (
+    Phase,
+    Rail,
+    RailResult,
+    client_target,
+    grade,
+    lock_order,
+    overall,
+    pair_rails,
+    phase,
+    split_port,
+)
+from llmgw.server.alertmetrics import CheckResults
 from llmgw.server.registry import NodeRegistry
 from llmgw.wire import messages as m
 from llmgw.wire.ids import quote
 
 log = logging.getLogger("llmgw.server.fabric_test")
 
-GRACE = 10.0  # beyond the run's own timeout: the agent's queue, the stream, perftest's start
-INSTALL_WAIT = 660.0  # an agent installing perftest (its fabric_test.install_timeout, 600 s, and GRACE)
+GRACE = 10.0  # beyond the run's own timeout: the agent's queue, the stream, perftest's start (fabric.test_grace)
+INSTALL_WAIT = 660.0  # an agent installing perftest: its fabric_test.install_timeout, 600 s, and GRACE
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 600.0
 QUEUE = 8  # results in flight per request (progress, ready, done)
+MAX_NOTES = 32  # per rail: a real run says 1-4 (install, GID index, a retried port); a node inventing new ones is cut
 
 
 class Refused(Exception):
@@ -61,12 +83,17 @@ class _Route(msgspec.Struct):
 
 
 class FabricTests:
-    def __init__(self, registry: NodeRegistry, sessions: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, registry: NodeRegistry, sessions: Callable[[], Mapping[str, Any]], *,
+                 grace: float = GRACE, install_wait: float = INSTALL_WAIT, results: CheckResults | None = None) -> None:
         self.registry = registry
         self.sessions = sessions  # node id → its live fleet session (FleetService.sessions)
         self.routes: dict[str, _Route] = {}
+        self.grace = grace
+        self.install_wait = install_wait
         self._ids = itertools.count(1)
-        self._lock = trio.Lock()  # one test at a time per server: two would share links and skew both
+        self._locks: dict[str, trio.Lock] = {}  # one test at a time per node (kept while anyone holds or waits)
+        self._users: dict[str, int] = {}
+        self.results = results  # where each test's report goes (llmgw.server.alertmetrics)
 
     # ---- from the fleet streams -------------------------------------------------------------------
 
@@ -119,9 +146,7 @@ class FabricTests:
         """Test every rail between A (client) and B (server); `emit` gets each step as it happens."""
         rails = self.check(a, b)
         timeout = min(max(float(rail_timeout), 1.0), MAX_TIMEOUT)
-        if self._lock.locked():
-            await emit({"event": "waiting", "message": "another fabric test is running; this one starts after it"})
-        async with self._lock:
+        async with self._holding((a, b), emit):
             await emit({"event": "start", "a": a, "b": b, "rails": [msgspec.to_builtins(r) for r in rails]})
             results: list[RailResult] = []
             notes: list[str] = []
@@ -137,8 +162,40 @@ class FabricTests:
         status, code = overall(results)
         log.info("fabric test %s → %s: %s (%s)", a, b, status,
                  ", ".join(f"{r.fabric}#{r.rail} {r.status}" for r in results))
-        return {"event": "done", "a": a, "b": b, "status": status, "exit_code": code, "notes": notes,
+        done = {"event": "done", "a": a, "b": b, "status": status, "exit_code": code, "notes": notes,
                 "rails": [msgspec.to_builtins(r) for r in results]}
+        if self.results is not None:
+            self.results.fabric_test_done(done)  # the pair's last result, on /metrics
+        return done
+
+    @asynccontextmanager
+    async def _holding(self, nodes: tuple[str, ...], emit: Callable[[dict[str, Any]], Awaitable[None]]) -> AsyncIterator[None]:
+        """Both nodes' locks, taken in name order (lock_order); the caller hears whom it waits for."""
+        order = lock_order(*nodes)
+        busy = [n for n in order if n in self._locks and self._locks[n].locked()]
+        if busy:
+            await emit({"event": "waiting", "message": f"{' and '.join(busy)} {'is' if len(busy) == 1 else 'are'} "
+                                                       "in another fabric test; this one starts after it"})
+        for node_id in order:
+            self._users[node_id] = self._users.get(node_id, 0) + 1
+            self._locks.setdefault(node_id, trio.Lock())
+        try:
+            async with AsyncExitStack() as stack:
+                for node_id in order:
+                    await stack.enter_async_context(self._locks[node_id])
+                yield
+        finally:
+            for node_id in order:
+                self._users[node_id] -= 1
+                if not self._users[node_id]:
+                    del self._users[node_id], self._locks[node_id]
+
+    def busy(self) -> list[str]:
+        """The nodes in a fabric test now."""
+        return sorted(n for n, lock in self._locks.items() if lock.locked())
+
+    def _phase(self, name: str, within: float, install: float = 0.0) -> Phase:
+        return phase(name, trio.current_time(), within, self.grace, install)
 
     async def _prepare(self, nodes: tuple[str, ...], emit: Callable[[dict[str, Any]], Awaitable[None]],
                        notes: list[str]) -> str:
@@ -149,10 +206,11 @@ class FabricTests:
             async with self._asking(node_id, f"{base}-p-{node_id}") as (request_id, results):
                 self._send(node_id, m.FabricTest(request_id=request_id, role="prepare"))
                 said: list[str] = []
-                done = await self._wait(node_id, results, 0.0, said, emit, want="done")
+                step = self._phase("prepare", 0.0, self.install_wait)
+                done = await self._wait(node_id, results, step, said, emit, want="done")
                 notes.extend(f"{node_id}: {note}" for note in said)
             if done is None or not done.ok:
-                return _why(node_id, done, "could not get ib_write_bw ready")
+                return _why(node_id, done, "could not get ib_write_bw ready", step)
         return ""
 
     async def _rail(self, a: str, b: str, rail: Rail, emit: Callable[[dict[str, Any]], Awaitable[None]],
@@ -167,20 +225,28 @@ class FabricTests:
         async with self._asking(b, base + "-s") as (server_id, server_results):
             self._send(b, m.FabricTest(request_id=server_id, role="server", device=b_dev, port=b_port, size=size,
                                        iterations=iterations, timeout=timeout + GRACE))
-            ready = await self._wait(b, server_results, timeout, notes, emit, want="ready")
+            step = self._phase("ready", timeout)
+            ready = await self._wait(b, server_results, step, notes, emit, want="ready")
             if ready is None or not ready.ok or ready.phase != "ready":
-                why = _why(b, ready, "did not start its ib_write_bw server")
+                why = _why(b, ready, "did not start its ib_write_bw server", step)
                 return _with(grade(rail, None, why), notes)
-            host = self._host(b)
+            host, tcp_port, refused = client_target(b, self._host(b), ready.tcp_port)
+            if refused:
+                log.warning("fabric test %s → %s, rail %s: %s", a, b, rail.name, refused)
+                self._send(b, m.FabricTestCancel(request_id=server_id))
+                return _with(grade(rail, None, refused), notes)
             async with self._asking(a, base + "-c") as (client_id, client_results):
                 self._send(a, m.FabricTest(request_id=client_id, role="client", device=a_dev, port=a_port,
-                                           server_host=host, server_port=ready.tcp_port, size=size,
+                                           server_host=host, server_port=tcp_port, size=size,
                                            iterations=iterations, timeout=timeout))
-                done = await self._wait(a, client_results, timeout, notes, emit, want="done")
+                step = self._phase("client", timeout)
+                done = await self._wait(a, client_results, step, notes, emit, want="done")
             if done is None or not done.ok:
                 self._send(b, m.FabricTestCancel(request_id=server_id))
-                return _with(grade(rail, parse(done.output) if done else None, _why(a, done, "ran no client")), notes)
-            server_done = await self._wait(b, server_results, GRACE, notes, emit, want="done")
+                why = _why(a, done, "ran no client", step)
+                return _with(grade(rail, parse(done.output) if done else None, why), notes)
+            server_done = await self._wait(b, server_results, self._phase("server done", 0.0), notes, emit,
+                                           want="done")
         table = parse(done.output)
         if table.result is None and server_done is not None:
             table = parse(server_done.output)  # the server side prints the same table
@@ -189,6 +255,7 @@ class FabricTests:
         return result
 
     def _host(self, node_id: str) -> str:
+        """Where B is reached: the host the server decided at its Register (fleet.endpoint_host)."""
         node = self.registry.get(node_id)
         return (node.endpoint_host or node.address.rpartition(":")[0].strip("[]")) if node else ""
 
@@ -200,23 +267,23 @@ class FabricTests:
     def _asking(self, node_id: str, request_id: str) -> _Asking:
         return _Asking(self, node_id, request_id)
 
-    async def _wait(self, node_id: str, results: trio.MemoryReceiveChannel[m.FabricTestResult], within: float,
+    async def _wait(self, node_id: str, results: trio.MemoryReceiveChannel[m.FabricTestResult], step: Phase,
                     notes: list[str], emit: Callable[[dict[str, Any]], Awaitable[None]], *,
                     want: str) -> m.FabricTestResult | None:
-        """The next result of phase `want` (or a failure), None at the deadline or when the node is gone."""
-        limit = within + GRACE
+        """The next result of phase `want` (or a failure), None at the phase's deadline or when the
+        node is gone. Nothing the node sends moves the deadline past the phase's ceiling."""
         while True:
-            with trio.move_on_after(limit):
+            with trio.move_on_at(step.deadline):
                 try:
                     msg = await results.receive()
                 except (trio.EndOfChannel, trio.ClosedResourceError):
                     return m.FabricTestResult(request_id="", error=f"the stream to {node_id} ended during the test")
                 for note in msg.notes:
-                    if note not in notes:
+                    if note not in notes and len(notes) < MAX_NOTES:
                         notes.append(note)
                         await emit({"event": "note", "node": node_id, "message": note})
                 if msg.phase == "progress":
-                    limit = INSTALL_WAIT  # installing perftest: minutes, said once
+                    step.progressed()  # installing perftest: up to the ceiling fixed at the phase start
                     continue
                 if msg.phase == want or not msg.ok:
                     return msg
@@ -249,9 +316,10 @@ def _rates(node: Any) -> dict[str, float]:
     return rates
 
 
-def _why(node_id: str, msg: m.FabricTestResult | None, what: str) -> str:
+def _why(node_id: str, msg: m.FabricTestResult | None, what: str, step: Phase) -> str:
     if msg is None:
-        return f"{node_id} {what} in time (no answer before the deadline)"
+        return (f"{node_id} {what} in time: the {step.name} phase's deadline ({step.seconds:g} s, fixed when it "
+                "started) passed")
     return f"{node_id}: {msg.error or what}"
 
 

@@ -15,7 +15,9 @@ collectors (the breaker and health state), and it needs its environment before t
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -29,6 +31,7 @@ from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint, TlsPubl
 from llmgw.fleet import ChannelClosed, FleetChannel, StreamRefused
 from llmgw.tls.context import ServerTls
 from llmgw.wire.gateway import (
+    NOT_OWN_WORKER,
     REPLACED,
     GatewayConfig,
     GatewayEndpoints,
@@ -197,6 +200,10 @@ class GatewayFeedService:
         self._static = 0  # static endpoints in the catalog
         self.connects = 0  # streams accepted since start (a restarted worker is one more)
         self.frozen = False
+        # This start's secret, in the environment of the workers it starts (llmgw.server.gateway
+        # .workers): a worker of an earlier server, left running by a kill -9 outside systemd, dials
+        # the same gateway.sock with its own and is refused rather than serving beside ours.
+        self.worker_key = secrets.token_urlsafe(32)
 
     # -- what the control plane publishes -------------------------------------------------------
 
@@ -296,6 +303,11 @@ class GatewayFeedService:
         hello = _decode(first) if first is not None else None
         if not isinstance(hello, GatewayHello):
             raise StreamRefused("bad_hello", "a gateway stream must open with GatewayHello")
+        if local and not hmac.compare_digest(hello.key.encode(), self.worker_key.encode()):
+            log.warning("gateway %s (pid %d) refused on the local feed: %s (a worker left running by an earlier "
+                        "server?); it exits", printable(hello.name[:64]), hello.pid,
+                        "it presented no worker key" if not hello.key else "its worker key is not this server's")
+            raise StreamRefused("not_own_worker", NOT_OWN_WORKER)
         # A certificate's name wins over what the worker says (a remote gateway is who its certificate says).
         # Without a certificate (a lab's plain fleet port) the name is the peer's text: escaped, bounded.
         name = channel.tls_identity or printable(hello.name[:64])

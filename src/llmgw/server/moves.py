@@ -148,8 +148,7 @@ class Mover(Observer):
             if move.state == MoveState.SURGING:
                 self._surging(move, old, successor, now)
             elif old is None:  # RETIRING, BELOW: the old one is gone
-                self._move_to(move, MoveState.DONE, now, f"{move.replica} retired" +
-                              (f"; {move.successor} serves instead" if successor is not None else ""))
+                self._move_to(move, MoveState.DONE, now, _retired(move, successor))
         busy = {mv.model: mv.replica for mv in self.moves.values() if mv.state in MOVE_ACTIVE}
         for move in in_order:
             if move.state != MoveState.QUEUED:
@@ -244,3 +243,12 @@ class Mover(Observer):
         ended = [mid for mid, mv in self.moves.items() if mv.state in MOVE_ENDED]
         for mid in ended[: max(0, len(ended) - KEEP_ENDED)]:
             del self.moves[mid]
+
+
+def _retired(move: Move, successor: Replica | None) -> str:
+    """What is true when the old replica is gone: a --force move's successor may still wait for room."""
+    if successor is None:
+        return f"{move.replica} retired"
+    if successor.state == ReplicaState.READY:
+        return f"{move.replica} retired; {move.successor} serves instead"
+    return f"{move.replica} retired; {move.successor} is {successor.state} and serves once ready"

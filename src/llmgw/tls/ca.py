@@ -439,21 +439,43 @@ def list_certificates(directory: str | Path, now: float) -> list[CertInfo]:
     """
     ca = load_ca(directory)
     records = read_records(ca.directory)
-    denied = deny_list(ca.directory).serials()
-    latest: dict[str, float] = {}
-    for rec in records:
-        latest[rec.cert] = max(latest.get(rec.cert, rec.issued_at), rec.issued_at)
+    standing = _Standing(ca, records)
     rows: list[tuple[int, float, CertInfo]] = [(0, 0.0, describe(ca.cert, str(ca.cert_path.resolve()), now, key=str(ca.key_path.resolve())))]
     for rec in records:
         cert = _record_cert(ca, rec)
         info = describe(cert, rec.cert, now, key=rec.key)
-        if not _issued_by(cert, ca.cert):
-            info.status = "other CA"
-        elif cert.serial_number in denied:
-            info.status = "revoked"
-        elif rec.issued_at < latest[rec.cert]:
-            info.status = "superseded"
+        info.status = standing.status(cert, info.status)
         rows.append((_KIND_ORDER.get(info.kind, 9), rec.issued_at, info))
     rows.sort(key=lambda row: (row[0], row[1]))
     return [info for _, _, info in rows]
+
+
+def status_in_ca(directory: str | Path, cert: x509.Certificate, dated: str) -> str:
+    """What `cert list` says of this certificate (`cert show --dir`): one source of status.
+    `dated`: its status from its dates alone (llmgw.tls.info.status_of)."""
+    ca = load_ca(directory)
+    return _Standing(ca, read_records(ca.directory)).status(cert, dated)
+
+
+class _Standing:
+    """A certificate's standing with its CA: signed by it, on its deny list, reissued since."""
+
+    def __init__(self, ca: Ca, records: list[IssuedRecord]) -> None:
+        self.ca = ca
+        self.denied = deny_list(ca.directory).serials()
+        latest: dict[str, float] = {}
+        for rec in records:
+            latest[rec.cert] = max(latest.get(rec.cert, rec.issued_at), rec.issued_at)
+        self.superseded = {rec.serial for rec in records if rec.issued_at < latest[rec.cert]}
+
+    def status(self, cert: x509.Certificate, dated: str) -> str:
+        if cert == self.ca.cert:
+            return dated
+        if not _issued_by(cert, self.ca.cert):
+            return "other CA"
+        if cert.serial_number in self.denied:
+            return "revoked"
+        if format(cert.serial_number, "x") in self.superseded:
+            return "superseded"
+        return dated
 

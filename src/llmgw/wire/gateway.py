@@ -31,9 +31,13 @@ GATEWAY_PATH = "/llmgw.fleet.v1.Fleet/Gateway"
 # certificate opened (one stream per certificate); the gateway that reads it waits longest before
 # dialling again, so two processes sharing one certificate alternate every few seconds, not in a loop.
 REPLACED = "a newer stream of this gateway certificate replaced this one (one stream per certificate)"
+# How the control plane ends a local worker's stream when its hello carries another key than the
+# one this server started its workers with: a worker of an earlier server (issue 41, finding 4).
+NOT_OWN_WORKER = "this server did not start this worker (its LLMGW_WORKER_KEY is not this server's)"
 
 __all__ = [
     "GATEWAY_PATH",
+    "NOT_OWN_WORKER",
     "REPLACED",
     "GatewayConfig",
     "GatewayEndpoints",
@@ -57,6 +61,10 @@ class GatewayHello(_Base, tag="GatewayHello", tag_field="type"):
     name: str  # "worker-0" for a local worker, the certificate's name for a remote gateway
     version: str
     pid: int = 0
+    # A local worker's proof that this server started it: the per-start secret its server put in
+    # its environment (LLMGW_WORKER_KEY). A gateway on another machine sends none: its certificate
+    # says who it is. Never logged.
+    key: str = ""
 
 
 class GatewayStats(_Base, tag="GatewayStats", tag_field="type"):

@@ -25,6 +25,7 @@ from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.server.gateway.admission import Ticket
 from llmgw.server.gateway.admission_gate import AdmissionRejected
 from llmgw.server.gateway.balance import Pick, prompt_prefix
+from llmgw.server.gateway.openai_api import is_models_path, models_answer, openai_error
 from llmgw.server.gateway.probes import EngineProbes
 from llmgw.server.gateway.retry import FailureKind, should_retry
 from llmgw.server.gateway.routes import Route, RouteTable, log_breaker
@@ -63,10 +64,6 @@ _rid_counter = itertools.count(1)
 
 def _request_id() -> bytes:
     return b"%s%016x" % (_RID_PREFIX, next(_rid_counter))
-
-
-def openai_error(message: str, kind: str, code: str | int | None = None) -> bytes:
-    return msgspec.json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
 class Followers(Protocol):
@@ -207,14 +204,15 @@ class Gateway:
         path = request.head.path
         rid = request.head.get(b"x-request-id") or _request_id()
         extra = [(b"x-request-id", rid)]
-        if path == b"/v1/models":
+        if is_models_path(path):
             if request.method != "GET":
-                await responder.respond(405, [JSON, *extra], openai_error("use GET /v1/models", "invalid_request_error"))
+                await responder.respond(405, [JSON, *extra], openai_error(f"use GET {request.path}", "invalid_request_error"))
                 return
             if not self._authorized(request):
                 await self._unauthorized(responder, extra)
                 return
-            await responder.respond(200, [JSON, *extra], self._models_body())
+            status, body = models_answer(path, self.models_ready(), self.routes, int(time.time()))
+            await responder.respond(status, [JSON, *extra], body)
             return
         if path not in ROUTES:
             await responder.respond(404, [JSON, *extra], openai_error(f"unknown route {request.path}", "invalid_request_error", "not_found"))
@@ -499,13 +497,6 @@ class Gateway:
         await responder.respond(503, [JSON, (b"x-request-id", rid), (b"retry-after", b"5")], openai_error(
             f"{message}; retry later (request id {rid.decode('latin-1')})", "server_error", "no_ready_replica"))
         return 503
-
-    def _models_body(self) -> bytes:
-        created = int(time.time())
-        return msgspec.json.encode({
-            "object": "list",
-            "data": [{"id": name, "object": "model", "created": created, "owned_by": "llmgw"} for name in self.models_ready()],
-        })
 
     async def _unauthorized(self, responder: Responder, extra: list[tuple[bytes, bytes]]) -> None:
         await responder.respond(401, *unauthorized(extra))

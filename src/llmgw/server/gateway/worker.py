@@ -36,7 +36,8 @@ from llmgw.fleet import FleetChannel, dial
 from llmgw.server.auth import Auth
 from llmgw.server.gateway import forwarded
 from llmgw.server.gateway.fastlane import GatewayLane
-from llmgw.server.gateway.proxy import JSON, Gateway, openai_error
+from llmgw.server.gateway.openai_api import openai_error
+from llmgw.server.gateway.proxy import JSON, Gateway
 from llmgw.server.metrics import GatewayMetrics, watch_gateway
 from llmgw.tls.context import ServerTls
 from llmgw.web.client import Upstream, UpstreamError
@@ -45,6 +46,7 @@ from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import HttpServer, Limits, Request, Responder
 from llmgw.wire.gateway import (
     GATEWAY_PATH,
+    NOT_OWN_WORKER,
     REPLACED,
     GatewayConfig,
     GatewayEndpoints,
@@ -86,10 +88,13 @@ class Follow:
 
 
 class GatewayWorker:
-    def __init__(self, name: str, follow: Follow, *, local: bool, public_tls: ServerTls | None = None) -> None:
+    def __init__(self, name: str, follow: Follow, *, local: bool, public_tls: ServerTls | None = None,
+                 worker_key: str = "") -> None:
         self.name = name
         self.follow = follow
         self.local = local  # a local worker forwards the non-/v1 paths to the control plane
+        self.worker_key = worker_key  # a local worker's proof that its server started it (GatewayHello.key)
+        self.disowned = trio.Event()  # set when the control plane refused it as not its own worker: it exits
         # The client port's TLS: a remote gateway's own files (--public-tls-*), a local worker's
         # from the control plane (its public_tls, in GatewayConfig).
         self.public_tls = public_tls
@@ -139,7 +144,8 @@ class GatewayWorker:
         while True:
             try:
                 async with self.follow.dial() as channel:
-                    await channel.send(encode(GatewayHello(name=self.name, version=__version__, pid=os.getpid())))
+                    await channel.send(encode(GatewayHello(name=self.name, version=__version__, pid=os.getpid(),
+                                                           key=self.worker_key)))
                     # Following from the control plane's first message, not from the stream's opening: a
                     # refused gateway (revoked, not a gateway certificate) has its stream opened and then
                     # ended with the reason, and said "following ... again" and "lost" on every dial.
@@ -159,6 +165,11 @@ class GatewayWorker:
                 why = str(leaf) or type(leaf).__name__
             self.connected.set(0)
             self.following = False
+            if NOT_OWN_WORKER in why:  # another server's socket now: this worker's own server is gone
+                log.error("gateway %s: the control plane at %s refused it: %s; exiting", self.name,
+                          self.follow.where(), why)
+                self.disowned.set()
+                return
             if REPLACED in why:  # another process follows with this certificate: let it, for a while
                 log.warning("gateway %s: the control plane at %s ended this stream: %s; is another gateway "
                             "running with this certificate? Dialling again in %gs", self.name, self.follow.where(),

@@ -5,6 +5,15 @@ a worker that exits for any reason (a crash, kill -9) is started again, with a b
 dies at once, while the others serve on (the kernel sends new connections to the sockets that
 are still listening). Cancelling the pool ends them all (SIGTERM, then SIGKILL).
 
+A worker ends with the server however the server ends (issue 41, finding 4: after a kill -9
+outside systemd they kept the public port and followed the next server beside its own workers).
+Each gets the read end of a pipe whose write end only this process holds (--parent-fd): the
+kernel closes it when the server dies, kill -9 included, and the worker reads EOF and stops as on
+SIGTERM. Not PR_SET_PDEATHSIG: it fires when the *thread* that forked the child exits, and trio
+spawns from a worker thread of its cache, which exits after 10 s idle, so a healthy worker would
+get the signal. And each worker presents this start's secret (LLMGW_WORKER_KEY in its
+environment) in its hello: a worker of another server is refused (llmgw.server.gwfeed).
+
 A reload that changes the count resizes the pool live (`resize`): new slots start and serve; the
 surplus (the highest indices) get SIGTERM and drain as at shutdown (stop accepting, finish their
 requests for up to shutdown_grace, exit 0), and are not started again."""
@@ -27,8 +36,11 @@ BACKOFF = (0.2, 10.0)
 
 
 class WorkerPool:
-    def __init__(self, count: int, *, listen: str, feed_socket: str, log_level: str = "info", debug: bool = False) -> None:
+    def __init__(self, count: int, *, listen: str, feed_socket: str, key: str, log_level: str = "info",
+                 debug: bool = False) -> None:
         self.count = count
+        self.key = key  # this start's worker key (GatewayFeedService.worker_key)
+        self.parent_fd = -1  # the pipe's read end the workers watch, while run() runs
         self.listen = listen
         self.feed_socket = feed_socket
         self.log_level = log_level
@@ -43,17 +55,24 @@ class WorkerPool:
     def command(self, index: int) -> list[str]:
         return [sys.executable, "-m", "llmgw", *(["--debug"] if self.debug else []), "gateway",
                 "--worker", str(index), "--feed-socket", self.feed_socket, "--listen", self.listen,
-                "--log-level", self.log_level]
+                "--log-level", self.log_level, "--parent-fd", str(self.parent_fd)]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._start_slots(nursery)
-            log.info("gateway: %d worker(s) on %s", self.count, self.listen)
-            task_status.started()
-            while True:
-                await self._resized.wait()
-                self._resized = trio.Event()
+        # Both ends close-on-exec (os.pipe): only the workers get the read end (pass_fds), and no
+        # child of this process inherits the write end, so the workers read EOF when this process ends.
+        self.parent_fd, alive = os.pipe()
+        try:
+            async with trio.open_nursery() as nursery:
                 self._start_slots(nursery)
+                log.info("gateway: %d worker(s) on %s", self.count, self.listen)
+                task_status.started()
+                while True:
+                    await self._resized.wait()
+                    self._resized = trio.Event()
+                    self._start_slots(nursery)
+        finally:
+            os.close(alive)
+            os.close(self.parent_fd)
 
     def _start_slots(self, nursery: trio.Nursery) -> None:
         for index in range(self.count):
@@ -94,7 +113,8 @@ class WorkerPool:
             started = trio.current_time()
             async with trio.open_nursery() as nursery:
                 process: trio.Process = await nursery.start(functools.partial(
-                    trio.run_process, self.command(index), check=False, stdin=subprocess.DEVNULL))
+                    trio.run_process, self.command(index), check=False, stdin=subprocess.DEVNULL,
+                    pass_fds=(self.parent_fd,), env={**os.environ, "LLMGW_WORKER_KEY": self.key}))
                 self.pids[index] = process.pid
                 if index >= self.count:  # resized away while it started
                     _terminate(process.pid)
