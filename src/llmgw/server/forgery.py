@@ -23,8 +23,6 @@ Pure: a request head in, a refusal (status and one line) or None out.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 import msgspec
 
 from llmgw.web.http1 import Framing
@@ -55,10 +53,8 @@ def cross_site(head: Framing) -> str | None:
         return None  # not a browser (curl, ctl), or one older than Origin on POST
     host = (head.get(b"host") or b"").strip().lower()
     text = origin.strip().decode("latin-1")
-    try:
-        netloc = urlsplit(text).netloc.lower().encode("latin-1") if text != "null" else b""
-    except ValueError:
-        netloc = b""
+    # An Origin is `scheme://host[:port]` (RFC 6454 §6.1), or `null` from a sandboxed or file: page.
+    netloc = text.partition("://")[2].partition("/")[0].lower().encode("latin-1")
     if netloc and netloc == host:
         return None
     return f"Origin {text[:100]!r} is not this server ({host.decode('latin-1')[:100]!r})"
