@@ -47,7 +47,9 @@ def cross_site(head: Framing) -> str | None:
         site = fetch_site.strip().lower()
         if site in (b"same-origin", b"none"):
             return None
-        return f"Sec-Fetch-Site: {site.decode('latin-1')[:40]}"
+        origin = head.get(b"origin")
+        sent = f", from {origin.strip().decode('latin-1')[:100]!r}" if origin else ""
+        return f"Sec-Fetch-Site: {site.decode('latin-1')[:40]}{sent}"
     origin = head.get(b"origin")
     if origin is None:
         return None  # not a browser (curl, ctl), or one older than Origin on POST
