@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import ssl
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -30,6 +32,9 @@ from tests.e2e.harness import (
     wait_until,
 )
 from tests.e2e.test_operator_auth import llmgw_ok, public_tls
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Route
 
 NODE = "gpu-01"
 EVIL = "https://evil.example"
@@ -117,3 +122,48 @@ def test_a_cross_site_form_changes_nothing_and_ctl_still_does(tmp_path: Path, pr
         assert http.post(f"{url}/api/v1/nodes/{NODE}/uncordon", headers=sibling).status_code == 403
         # Reads are as they were: a GET needs no header.
         assert http.get(f"{url}/api/v1/nodes/{NODE}").json()["mark"] == "cordoned"
+
+
+EVIL_PAGE = """<!doctype html><title>cute cats</title>
+<form id="f" method="post" enctype="text/plain" action="{action}"><input type="hidden" name='{{"force": true, "x": "' value='"}}'></form>
+<script>document.getElementById("f").submit()</script>"""
+
+
+def serving(html: str) -> Callable[[Route], None]:
+    """A Playwright route handler that answers with `html` (one parameter: Playwright passes the
+    request too to a handler that takes two)."""
+    return lambda route: route.fulfill(content_type="text/html", body=html)
+
+
+def test_a_real_browser_on_another_site_cannot_cordon_an_open_lab(tmp_path: Path, procs: list[Proc]) -> None:
+    """The same attack from a real Chromium, on a lab server that opens changes to anyone (--insecure,
+    no credential): a page of another origin submits its form to the API; Chromium adds the Origin
+    and Fetch Metadata itself. Refused, nothing cordoned; a same-origin call with the headers, made
+    by a script of the server's own origin in the same browser, still cordons."""
+    from tests.e2e.browser import chromium
+
+    server = Server(tmp_path, FAST_FLEET)
+    procs.append(server.start())
+    procs.append(start_agent(tmp_path, NODE, make_sim_node(tmp_path, NODE, server.fleet_url, FAST_AGENT)))
+    wait_until(lambda: NODE in server.nodes(), f"{NODE} registered", procs=procs)
+    with chromium() as browser:
+        page = browser.new_context().new_page()
+        for path in (f"/api/v1/nodes/{NODE}/cordon", f"/api/v1/nodes/{NODE}/drain?force=1", "/api/v1/reload"):
+            target = f"{server.url}{path}"
+            page.route("http://evil.example/", serving(EVIL_PAGE.format(action=target)))
+            with page.expect_response(target) as answer:
+                page.goto("http://evil.example/")
+            assert answer.value.status == 403, (path, answer.value.status)
+            assert "another site" in answer.value.json()["error"]["message"]
+            page.unroute("http://evil.example/")
+        assert server.nodes()[NODE]["mark"] == ""
+        log = server.proc.log()
+        assert "cordoned by" not in log and "reload requested by" not in log
+        assert "Sec-Fetch-Site: cross-site, from 'http://evil.example'" in log
+
+        # The server's own origin, in the same browser: a script that sends the headers changes the fleet.
+        page.goto(f"{server.url}/healthz")
+        status = page.evaluate("""async (path) => (await fetch(path, {method: "POST",
+            headers: {"Content-Type": "application/json", "X-Llmgw-Request": "1"}})).status""",
+                               f"/api/v1/nodes/{NODE}/cordon")
+        assert status == 200 and server.nodes()[NODE]["mark"] == "cordoned"
