@@ -74,7 +74,8 @@ class ApiClient:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         try:
-            response = self._client.request(method, path, content=None if body is None else msgspec.json.encode(body), headers=_headers(method))
+            content = None if body is None else msgspec.json.encode(body)
+            response = self._client.request(method, path, content=content, headers=_headers(method))
         except httpx.TimeoutException:
             raise Unreachable(f"the llmgw server at {self.server} did not answer in time") from None
         except httpx.HTTPError as exc:
@@ -118,8 +119,9 @@ class ApiClient:
         """The lines of a streamed answer as they come (`ctl logs -f`, `ctl fabric-test`): no read
         timeout, since a quiet engine writes nothing for minutes; a slow reader simply reads
         slower, and the server and the node wait for it (their buffers are bounded)."""
+        content = None if body is None else msgspec.json.encode(body)
         try:
-            with self._client.stream(method, path, content=None if body is None else msgspec.json.encode(body), headers=_headers(method),
+            with self._client.stream(method, path, content=content, headers=_headers(method),
                                      timeout=httpx.Timeout(self._client.timeout.connect, read=None)) as response:
                 if response.status_code >= 400:
                     response.read()

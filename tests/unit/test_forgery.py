@@ -67,3 +67,9 @@ def test_without_a_host_no_origin_is_ours() -> None:
 def test_arbitrary_heads_never_raise(headers: dict[bytes, bytes]) -> None:
     refusal = check_write("PATCH", head(headers))
     assert refusal is None or refusal.status in (403, 415)
+
+
+def test_what_a_refusal_quotes_of_a_header_is_printable() -> None:
+    refusal = check_write("POST", head({**GOOD, b"sec-fetch-site": b"cross\x1b]0;x\x07", b"origin": b"http://e\x1b[2J"}))
+    assert refusal is not None and "\x1b" not in refusal.message and "\x07" not in refusal.why
+    assert "Sec-Fetch-Site: cross?]0;x?" in refusal.why

@@ -48,18 +48,18 @@ def cross_site(head: Framing) -> str | None:
         if site in (b"same-origin", b"none"):
             return None
         origin = head.get(b"origin")
-        sent = f", from {origin.strip().decode('latin-1')[:100]!r}" if origin else ""
-        return f"Sec-Fetch-Site: {site.decode('latin-1')[:40]}{sent}"
+        sent = f", from {_text(origin.strip(), 100)!r}" if origin else ""
+        return f"Sec-Fetch-Site: {_text(site, 40)}{sent}"
     origin = head.get(b"origin")
     if origin is None:
         return None  # not a browser (curl, ctl), or one older than Origin on POST
     host = (head.get(b"host") or b"").strip().lower()
-    text = origin.strip().decode("latin-1")
+    text = _text(origin.strip(), 200)
     # An Origin is `scheme://host[:port]` (RFC 6454 §6.1), or `null` from a sandboxed or file: page.
     netloc = text.partition("://")[2].partition("/")[0].lower().encode("latin-1")
     if netloc and netloc == host:
         return None
-    return f"Origin {text[:100]!r} is not this server ({host.decode('latin-1')[:100]!r})"
+    return f"Origin {text[:100]!r} is not this server ({_text(host, 100)!r})"
 
 
 def check_write(method: str, head: Framing) -> Refusal | None:
@@ -73,7 +73,7 @@ def check_write(method: str, head: Framing) -> Refusal | None:
     missing = []
     content_type = (head.get(b"content-type") or b"").split(b";")[0].strip().lower()
     if content_type != b"application/json":
-        shown = content_type.decode("latin-1")[:60] or "none"
+        shown = _text(content_type, 60) or "none"
         missing.append(f"the content type was {shown!r}")
     if not (head.get(REQUEST_HEADER) or b"").strip():
         missing.append("X-Llmgw-Request was missing")
@@ -82,3 +82,8 @@ def check_write(method: str, head: Framing) -> Refusal | None:
     status = 415 if len(missing) == 1 and content_type != b"application/json" else 403
     return Refusal(status, f"a change to the fleet must show it is no forged browser request: {SEND}; "
                            f"{' and '.join(missing)}", "; ".join(missing))
+
+
+def _text(value: bytes, limit: int) -> str:
+    """A header's value as a log line or a refusal may quote it: printable ASCII, at most `limit`."""
+    return "".join(c if " " <= c <= "~" else "?" for c in value[:limit].decode("latin-1"))
