@@ -23,7 +23,7 @@ import trio.testing
 from llmgw.agent.engines import LaunchError
 from llmgw.agent.fetch import DISK_MARGIN, partial_paths
 from llmgw.agent.weights import Weights, WeightsPlan
-from llmgw.catalog.sources import SourceKind, shown
+from llmgw.catalog.sources import SourceKind
 from llmgw.sim.fileserver import FileServerHandle, FileServerOptions, serve_files
 from llmgw.wire import messages as m
 
@@ -697,14 +697,3 @@ async def test_a_download_without_a_length_that_outgrows_the_free_space_stops_wi
     target = Path(plan.target)
     assert not exists(target, *partial_paths(target))
     assert [p.failure for p in sent.messages if p.failure] == ["disk"]
-
-
-@pytest.mark.parametrize(("source", "seen"), [
-    ("https://fetcher:s3cret@files.example:8443/m/model.safetensors?X-Amz-Signature=sig#x",
-     "https://files.example:8443/m/model.safetensors"),
-    ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
-    ("/models/llama", "/models/llama"),
-    ("s3://key:secret@bucket/x", "s3://…"),  # refused by the catalog; never echoed whole
-])
-def test_what_viewers_see_of_a_source_holds_no_credential(source: str, seen: str) -> None:
-    assert shown(source) == seen
