@@ -75,6 +75,7 @@ PURE = [
     "llmgw.web.http1",
     "llmgw.web.assets",
     "llmgw.server.admin.traffic",
+    "llmgw.server.forgery",
     "llmgw.sim.latency",
     "llmgw.sim.metrics",
     "llmgw.sim.openai_api",
