@@ -48,6 +48,31 @@ def _walk(command: click.Command, path: list[str]) -> list[tuple[list[str], clic
     return out
 
 
+def _completion_section(command: click.Command, ctx: click.Context) -> list[str]:
+    """COMPLETION: what each argument completes at TAB beyond the CLI's own words (a callback of
+    llmgw.cli.complete says it in its `what`), and how names are asked of the server."""
+    from llmgw.cli import candidates
+
+    lines, asks = [], False
+    for param in command.get_params(ctx):
+        # click keeps the shell_complete= callback here; ours carry the sentence for this page.
+        found = getattr(param, "_custom_shell_complete", None)
+        what = getattr(found, "what", None)
+        if what is None:
+            continue
+        name = param.human_readable_name if isinstance(param, click.Argument) else param.opts[-1]
+        lines.append(f"{name}: {what}.")
+        asks = asks or getattr(found, "asks_server", False)
+    if not lines:
+        return []
+    note = ("Names the server knows are asked with the --server, --token, --cert, --key and --ca given to llmgw ctl "
+            f"(or LLMGW_SERVER, LLMGW_TOKEN, LLMGW_CERT, LLMGW_KEY, LLMGW_CA): one read-only GET, at most "
+            f"{candidates.TIMEOUT:g} s, kept {candidates.TTL:g} s in a private file under ~/.cache/llmgw/complete "
+            "($XDG_CACHE_HOME). A server that cannot answer offers nothing, and nothing is printed.")
+    return [".SH COMPLETION", "With the bash, zsh or fish completion scripts (completions/), TAB completes",
+            ".nf", *(_roff(line) for line in lines), ".fi", *([_roff(note)] if asks else [])]
+
+
 def man_pages() -> dict[str, str]:
     from llmgw import __version__
     from llmgw.cli.main import cli
@@ -82,6 +107,7 @@ def man_pages() -> dict[str, str]:
                     continue
                 opts, help_text = record
                 lines += [".TP", f".B {_roff(opts)}", _roff(help_text)]
+        lines += _completion_section(command, ctx)
         if isinstance(command, click.Group):
             lines.append(".SH COMMANDS")
             for sub in command.list_commands(ctx):

@@ -12,6 +12,7 @@ import msgspec
 
 from llmgw.errors import LlmgwError, Unreachable, UsageError
 from llmgw.safetext import terminal_text
+from llmgw.server.forgery import SAFE_METHODS, WRITE_HEADERS
 from llmgw.tls.context import check_key_pair, client_context
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"  # also in llmgw.cli.ctl (kept light to import)
@@ -73,10 +74,8 @@ class ApiClient:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         try:
-            response = self._client.request(
-                method, path, content=None if body is None else msgspec.json.encode(body),
-                headers={"content-type": "application/json"} if body is not None else None,
-            )
+            content = None if body is None else msgspec.json.encode(body)
+            response = self._client.request(method, path, content=content, headers=_headers(method))
         except httpx.TimeoutException:
             raise Unreachable(f"the llmgw server at {self.server} did not answer in time") from None
         except httpx.HTTPError as exc:
@@ -122,8 +121,7 @@ class ApiClient:
         slower, and the server and the node wait for it (their buffers are bounded)."""
         content = None if body is None else msgspec.json.encode(body)
         try:
-            with self._client.stream(method, path, content=content,
-                                     headers={"content-type": "application/json"} if body is not None else None,
+            with self._client.stream(method, path, content=content, headers=_headers(method),
                                      timeout=httpx.Timeout(self._client.timeout.connect, read=None)) as response:
                 if response.status_code >= 400:
                     response.read()
@@ -155,6 +153,11 @@ class ApiClient:
                     "(its public port has no public_tls)")
         line = explain_tls_error(exc, host).replace("point tls.ca at", "pass --ca with")
         return f"TLS with the llmgw server at {self.server} failed: {line}"
+
+
+def _headers(method: str) -> dict[str, str] | None:
+    """What every change sends: what a browser cannot send from another site (server/forgery.py)."""
+    return None if method in SAFE_METHODS else WRITE_HEADERS
 
 
 def is_loopback(host: str) -> bool:

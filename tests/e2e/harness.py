@@ -192,6 +192,13 @@ def bearer(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
+def writes(token: str | None) -> dict[str, str]:
+    """A change's headers: its credential and what no browser sends from another site (as ctl does)."""
+    from llmgw.server.forgery import WRITE_HEADERS
+
+    return {**bearer(token), **WRITE_HEADERS}
+
+
 def token_digest(secret: str) -> str:
     """The `sha256:<hex>` form a config stores for a token or API key (what `ctl hash-secret` prints)."""
     import hashlib

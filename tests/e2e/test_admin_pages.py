@@ -208,6 +208,13 @@ def test_who_may_read_the_pages(cluster: Cluster) -> None:
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie  # plain HTTP here
     jar = {"llmgw_admin": VIEWER}
     assert httpx.get(f"{cluster.server.url}/admin/", cookies=jar).status_code == 200
+    # A login form on another site's page is refused (it would sign this browser in as someone else);
+    # the browser login above (the browser_page fixture, Chromium sending its own Origin) is not.
+    for foreign in ({"origin": "https://evil.example"}, {"sec-fetch-site": "cross-site"}):
+        forged = httpx.post(url, data={"token": VIEWER}, headers=foreign)
+        assert forged.status_code == 403 and "set-cookie" not in forged.headers and "another site" in forged.text
+    own = httpx.post(url, data={"token": VIEWER}, headers={"origin": cluster.server.url, "sec-fetch-site": "same-origin"})
+    assert own.status_code == 303 and "set-cookie" in own.headers
     # Elsewhere only: a redirect target off these pages falls back to /admin/.
     away = httpx.post(url, data={"token": VIEWER, "next": "https://elsewhere.example/"})
     assert away.headers["location"] == "/admin/"

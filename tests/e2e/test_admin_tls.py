@@ -36,6 +36,7 @@ from tests.e2e.harness import (
     tls_agent_config,
     token_digest,
     wait_until,
+    writes,
 )
 
 pytestmark = pytest.mark.e2e
@@ -186,7 +187,7 @@ def test_sign_in_over_tls_sets_a_secure_cookie_that_only_reads(cluster: Cluster)
             # The same token as a bearer header (what ctl sends) is the operator's, and the cookie's
             # refusal was not some other fault.
             if token == OPERATOR:
-                assert browser.post("/api/v1/reload", headers=bearer(OPERATOR)).status_code == 200
+                assert browser.post("/api/v1/reload", headers=writes(OPERATOR)).status_code == 200
             signed_out = browser.get("/admin/logout")
             assert signed_out.status_code == 303 and "Secure" in signed_out.headers["set-cookie"]
             assert_login_form(browser.get("/admin/"))
@@ -231,7 +232,7 @@ def test_a_revoked_viewer_certificate_is_refused(cluster: Cluster) -> None:
         cert(cluster.cadir, "revoke", "mallory")
         # The server re-reads its deny list on reload (an operator's certificate asks).
         with cluster.client("operator-alice") as alice:
-            assert alice.post("/api/v1/reload").status_code == 200
+            assert alice.post("/api/v1/reload", headers=writes(None)).status_code == 200
         wait_until(lambda: mallory.get("/admin/").status_code == 401, "mallory refused after the reload",
                    procs=[cluster.server.proc])
         page = mallory.get(f"/admin/nodes/{NODE}")

@@ -29,6 +29,7 @@ from tests.e2e.harness import (
     run_llmgw,
     start_agent,
     wait_until,
+    writes,
 )
 
 KEY, VIEWER, OPERATOR = "sk-client-7f1e", "viewer-3c9a", "operator-d52b"
@@ -113,12 +114,17 @@ def test_every_route_stands_behind_its_door(tmp_path: Path, procs: list[Proc]) -
             r = http.request(method, path, headers=bearer(VIEWER))
             assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (method, path, r.text)
             assert "may read the fleet but not change it" in r.json()["error"]["message"]
+        # The operator token alone is not enough for a change: a browser could have been made to send
+        # it from another site (issue 40); with JSON and X-Llmgw-Request it passes.
+        for method, path in changes:
+            r = http.request(method, path, headers=bearer(OPERATOR))
+            assert r.status_code in (403, 415) and "X-Llmgw-Request: 1" in r.json()["error"]["message"], (method, path)
         # The operator token passes every change (what the change then says is the route's business:
         # gpu-01 is connected, so forgetting it is a 409).
         for method, path in changes:
-            r = http.request(method, path, headers=bearer(OPERATOR))
-            assert r.status_code not in (401, 403), (method, path, r.text)
-        assert http.delete("/api/v1/nodes/gpu-01", headers=bearer(OPERATOR)).status_code == 409
+            r = http.request(method, path, headers=writes(OPERATOR))
+            assert r.status_code not in (401, 403, 415), (method, path, r.text)
+        assert http.delete("/api/v1/nodes/gpu-01", headers=writes(OPERATOR)).status_code == 409
         # Paths no route knows: a credential first, then 404 (nothing is learned without one).
         assert http.get("/api/v1/nothing").status_code == 401
         assert http.get("/api/v1/nothing", headers=bearer(VIEWER)).status_code == 404
@@ -148,7 +154,7 @@ def test_admin_listener_is_the_only_operator_door(tmp_path: Path, procs: list[Pr
         # The client port: the gateway and /healthz; the operator door is not here, whatever the credential.
         for path in ("/api/v1/nodes", "/api/v1/replicas", "/api/v1/endpoints", "/metrics"):
             assert http.get(server.url + path, headers=bearer(OPERATOR)).status_code == 404, path
-        assert http.post(server.url + "/api/v1/reload", headers=bearer(OPERATOR)).status_code == 404
+        assert http.post(server.url + "/api/v1/reload", headers=writes(OPERATOR)).status_code == 404
         assert http.get(server.url + "/v1/models", headers=bearer(KEY)).status_code == 200
         # The admin listener: the API and metrics behind their doors, no gateway.
         assert http.get(admin + "/api/v1/nodes", headers=bearer(VIEWER)).json() == []

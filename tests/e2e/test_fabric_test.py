@@ -27,6 +27,7 @@ from tests.e2e.harness import (
     run_llmgw,
     start_agent,
     wait_until,
+    writes,
 )
 
 NO_INSTALL = FAST_AGENT + "fabric_test:\n  install: false\n"
@@ -144,10 +145,10 @@ def test_refused_at_once_without_the_feature_and_behind_the_operator_door(tmp_pa
         assert r.status_code == 403 and "may read the fleet but not change it" in r.json()["error"]["message"]
         for headers in (bearer(key), {}):
             assert http.post("/api/v1/fabric-tests", json=body, headers=headers).status_code == 401
-        bad = http.post("/api/v1/fabric-tests", content=b"[1]", headers=bearer(operator))
+        bad = http.post("/api/v1/fabric-tests", content=b"[1]", headers=writes(operator))
         assert bad.status_code == 400 and "fabric test request" in bad.json()["error"]["message"]
         for field, value in (("timeout", -1), ("timeout", 1e9), ("size", 0), ("size", -5), ("iterations", 0)):
-            wild = http.post("/api/v1/fabric-tests", json={**body, field: value}, headers=bearer(operator))
+            wild = http.post("/api/v1/fabric-tests", json={**body, field: value}, headers=writes(operator))
             assert wild.status_code == 400 and field in wild.json()["error"]["message"], (field, value, wild.text)
     viewer_ctl = run_llmgw("ctl", "--server", server.url, "--token", viewer, "fabric-test", "gpu-01", "gpu-02")
     # Refused is "could not run" (3), never a warning (1) to a Nagios check.

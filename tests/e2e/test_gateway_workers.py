@@ -14,7 +14,16 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.e2e.harness import FAST_FLEET, Proc, Server, bearer, ctl, start_sim_engine, wait_until
+from tests.e2e.harness import (
+    FAST_FLEET,
+    Proc,
+    Server,
+    bearer,
+    ctl,
+    start_sim_engine,
+    wait_until,
+    writes,
+)
 
 WORKERS = """\
 gateway:
@@ -195,7 +204,12 @@ def test_through_workers_every_door_holds(tmp_path: Path, procs: list[Proc]) -> 
     assert status("POST", "/api/v1/reload", bearer(VIEWER)) == {403}
     assert status("POST", "/api/v1/reload", bearer(KEY)) == {401}
     assert status("POST", "/api/v1/reload", {}, cookies={"llmgw_admin": OPERATOR}) == {401}  # the cookie only reads
-    assert status("POST", "/api/v1/reload", bearer(OPERATOR)) == {200}
+    assert status("POST", "/api/v1/reload", writes(OPERATOR)) == {200}
+    # A worker passes the client's Host on, so a page of this server's own origin is told from another site's.
+    own = {**writes(OPERATOR), "origin": server.url}
+    assert status("POST", "/api/v1/reload", own) == {200}
+    assert status("POST", "/api/v1/reload", {**own, "origin": "http://evil.example"}) == {403}
+    assert status("POST", "/api/v1/reload", bearer(OPERATOR)) == {403}  # no JSON, no X-Llmgw-Request
 
 
 def scrape_with(server: Server, token: str) -> set[str]:

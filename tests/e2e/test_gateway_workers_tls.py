@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from llmgw.server.forgery import WRITE_HEADERS
 from tests.e2e.harness import (
     FAST_FLEET,
     Proc,
@@ -119,9 +120,10 @@ def test_clients_verifying_the_ca_are_served_by_both_tls_workers(pair: Pair) -> 
 
 
 def outcome(http: httpx.Client, method: str, path: str, headers: dict[str, str]) -> tuple[Any, ...]:
-    """What the caller learns: the status and the refusal's line, or how the connection failed."""
+    """What the caller learns: the status and the refusal's line, or how the connection failed.
+    A change carries what ctl sends besides its credential (server/forgery.py)."""
     try:
-        answer = http.request(method, path, headers=headers)
+        answer = http.request(method, path, headers=headers if method == "GET" else {**WRITE_HEADERS, **headers})
     except httpx.HTTPError as exc:
         return ("no answer", type(exc).__name__)
     if answer.status_code < 400:

@@ -201,7 +201,11 @@ models:
     assert any(s["progress"]["rate"] > 0 for s in samples)
     api = next(r for r in replicas(server) if r["id"] == samples[0]["id"])
     assert api["progress"] is None or api["progress"]["source"] == f"{url}/model.safetensors"  # GET /api/v1/replicas too
-    seen = json.dumps(samples) + json.dumps(replicas(server))
+    # The catalog's own view (GET /api/v1/models, `ctl models`) shows the source without them too.
+    models = ctl_json(server.url, "models")
+    assert models[0]["source"] == f"{url}/model.safetensors", models
+    seen = json.dumps(samples) + json.dumps(replicas(server)) + json.dumps(server.get("/api/v1/models"))
+    seen += run_llmgw("ctl", "--server", server.url, "models").stdout
     assert "s3cret-pass" not in seen and "sig-0123" not in seen and "fetcher@" not in seen
 
     # The table: a line under the replica, not a column.

@@ -75,10 +75,12 @@ PURE = [
     "llmgw.web.http1",
     "llmgw.web.assets",
     "llmgw.server.admin.traffic",
+    "llmgw.server.forgery",
     "llmgw.sim.latency",
     "llmgw.sim.metrics",
     "llmgw.sim.openai_api",
     "llmgw.sim.embeddings",
+    "llmgw.cli.candidates",
 ]
 
 # Top-level modules a pure module must not import: event loop, network, processes, files, clock.

@@ -95,6 +95,16 @@ def parse_url(source: str) -> Url:
     return Url(source, scheme.lower(), host, hostport, path)
 
 
+def shown(source: str) -> str:
+    """`source` as the API, `ctl` and the admin pages show it to viewers: a URL without its user info
+    or query (a password or a presigned signature stays with the nodes that fetch it); a model id or
+    a path as it is."""
+    try:
+        return parse_url(source).display if classify(source) is SourceKind.URL else source
+    except SourceError:  # the catalog refuses these; never echo one whole
+        return source.partition("://")[0][:20] + "://…" if "://" in source else source
+
+
 def cache_name(source: str) -> str:
     """Where a URL's file lives under the model cache: one directory per URL (the digest of the
     whole URL, so two files named model.safetensors never meet) and the file's own name."""

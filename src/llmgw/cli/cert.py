@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from llmgw.cli import complete
 from llmgw.cli.render import console, make_table, output_option, print_json, say, text
 from llmgw.tls.defaults import CA_DAYS, DEFAULT_CA_NAME, DEFAULT_KEY_TYPE, KEY_TYPES, LEAF_DAYS
 
@@ -219,9 +220,17 @@ _CLIENT_COMMANDS: list[tuple[ClientKind, str, str]] = [
 ]
 
 
+def _cert_names(kind: ClientKind) -> complete.CertNames:
+    """Renewing is issuing again under the same name: the CA directory's names of that kind, and
+    for a gateway the names of those following the server (a remote gateway is its certificate's name)."""
+    also = " and the gateways following the server (with --server or LLMGW_SERVER)" if kind == "gateway" else ""
+    return complete.CertNames(kind, f"the names of the {kind} certificates in the CA directory (--dir){also}",
+                              server=complete.GATEWAYS if kind == "gateway" else None)
+
+
 def _client_command(kind: ClientKind, metavar: str, help_text: str) -> None:
     @cert.command(name=kind, help=help_text)
-    @click.argument("name", metavar=metavar)
+    @click.argument("name", metavar=metavar, shell_complete=_cert_names(kind))
     @_dir_option
     @_out_option
     @_days_option(LEAF_DAYS)
@@ -241,7 +250,7 @@ for _kind, _metavar, _help in _CLIENT_COMMANDS:
 
 
 @cert.command()
-@click.argument("target", metavar="NAME|SERIAL")
+@click.argument("target", metavar="NAME|SERIAL", shell_complete=complete.CertNames(None, "the names the CA directory (--dir) issued certificates to"))
 @_dir_option
 @click.option("--reason", default="", help="Why, kept in the deny list.")
 @output_option

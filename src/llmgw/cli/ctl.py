@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from llmgw.catalog.units import format_duration
+from llmgw.cli import complete
 from llmgw.cli.cert import cert
 from llmgw.cli.day2 import events, logs
 from llmgw.cli.doctor import doctor
@@ -63,6 +64,11 @@ def ctl(ctx: click.Context, server: str, token: str | None, cert_file: str | Non
     local   cert (the CA's files, no server needed), hash-secret
 
     \b
+    With the bash, zsh or fish completion scripts, TAB completes the names
+    the server knows (nodes, replicas and ranks, models, fabrics, gateways)
+    and cert names from the CA directory.
+
+    \b
     Exit codes: 0 ok, 1 failed, 2 bad usage, 3 server unreachable.
     doctor and fabric-test are Nagios plugins: 0 ok, 1 warn, 2 crit,
     3 could not run.
@@ -109,7 +115,7 @@ def _fabrics(n: dict) -> str:
 
 
 @ctl.command()
-@click.argument("node_id", required=False, metavar="[NODE]")
+@click.argument("node_id", required=False, metavar="[NODE]", shell_complete=complete.NODES)
 @list_output_option
 @click.pass_context
 def nodes(ctx: click.Context, node_id: str | None, output: str) -> None:
@@ -213,9 +219,9 @@ def _replicas_view(data: list[dict], tail: int, output: str = "table") -> Group:
 
 
 @ctl.command()
-@click.argument("replica_id", required=False, metavar="[REPLICA]")
+@click.argument("replica_id", required=False, metavar="[REPLICA]", shell_complete=complete.REPLICAS)
 @list_output_option
-@click.option("--model", "model_filter", help="Only replicas of this model.")
+@click.option("--model", "model_filter", shell_complete=complete.MODELS, help="Only replicas of this model.")
 @click.option("-w", "--watch", is_flag=True, help="Refresh in place until Ctrl-C; with -o json, one replica a line "
               "each time one appears or changes.")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
@@ -285,7 +291,7 @@ def _watch_json(fetch: Callable[[], list[dict]], interval: float) -> None:
 
 
 @ctl.command()
-@click.argument("name", required=False, metavar="[MODEL]")
+@click.argument("name", required=False, metavar="[MODEL]", shell_complete=complete.MODELS)
 @list_output_option
 @click.pass_context
 def models(ctx: click.Context, name: str | None, output: str) -> None:
@@ -376,7 +382,7 @@ def reload(ctx: click.Context) -> None:
 
 
 @ctl.command()
-@click.argument("node_id")
+@click.argument("node_id", shell_complete=complete.NODES)
 @click.pass_context
 def forget(ctx: click.Context, node_id: str) -> None:
     """Forget a node that is gone for good (it must be disconnected)."""
@@ -387,7 +393,7 @@ def forget(ctx: click.Context, node_id: str) -> None:
 
 
 @ctl.command()
-@click.argument("replica_id")
+@click.argument("replica_id", shell_complete=complete.REPLICAS)
 @click.pass_context
 def restart(ctx: click.Context, replica_id: str) -> None:
     """Stop a replica; the reconciler places a new one in its stead."""

@@ -10,6 +10,7 @@ from urllib.parse import urlencode
 
 import click
 
+from llmgw.cli import complete
 from llmgw.cli.render import console, make_table, output_option, say, text
 
 WATCH_INTERVAL = 1.0  # seconds between two looks for new events with --watch
@@ -50,8 +51,8 @@ def _check_since(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @output_option
 @click.option("--since", default="", callback=_check_since,
               help="How far back: a duration (30m, 2h, 7d) or seconds since the epoch. Default: all kept.")
-@click.option("--node", default="", help="Only events about this node.")
-@click.option("--model", default="", help="Only events about this model.")
+@click.option("--node", default="", shell_complete=complete.NODES, help="Only events about this node.")
+@click.option("--model", default="", shell_complete=complete.MODELS, help="Only events about this model.")
 @click.option("-w", "--watch", is_flag=True, help="Keep printing new events until Ctrl-C (-o json: one object per line).")
 @click.pass_context
 def events(ctx: click.Context, output: str, since: str, node: str, model: str, watch: bool) -> None:
@@ -103,8 +104,8 @@ def _show(data: list[dict[str, Any]], output: str, *, header: bool) -> None:
 
 
 @click.command()
-@click.argument("replica_id")
-@click.option("--shard", type=int, default=None, help="Only the shard of this rank (a replica on several nodes).")
+@click.argument("replica_id", shell_complete=complete.REPLICAS)
+@click.option("--shard", type=int, default=None, shell_complete=complete.RANKS, help="Only the shard of this rank (a replica on several nodes).")
 @click.option("--tail", type=click.IntRange(0, 10_000), default=200, show_default=True, help="Lines from the end of the log to start with.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
 @click.pass_context

@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 
 import click
 
+from llmgw.cli import complete
 from llmgw.cli.render import (
     NagiosCommand,
     console,
@@ -93,7 +94,7 @@ def _status_line(data: dict[str, Any]) -> str:
 
 
 @click.command(cls=NagiosCommand)
-@click.option("--node", "node_id", help="Only this node's checks (the fleet-wide checks are left out).")
+@click.option("--node", "node_id", shell_complete=complete.NODES, help="Only this node's checks (the fleet-wide checks are left out).")
 @click.option("--local", is_flag=True, help="Run the node checks on this machine, with no server (a node being "
               "brought up): the agent's own discovery, with --config's settings.")
 @click.option("--config", "config_path", envvar="LLMGW_AGENT_CONFIG", type=click.Path(dir_okay=False),

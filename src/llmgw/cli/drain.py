@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from llmgw.cli import complete
 from llmgw.cli.render import output_option, print_json, say
 from llmgw.errors import LlmgwError
 from llmgw.safetext import terminal_text
@@ -30,7 +31,7 @@ def _mark(ctx: click.Context, node_id: str, action: str, output: str) -> bool:
 
 
 @click.command()
-@click.argument("node_id")
+@click.argument("node_id", shell_complete=complete.NODES)
 @output_option
 @click.pass_context
 def cordon(ctx: click.Context, node_id: str, output: str) -> None:
@@ -40,7 +41,7 @@ def cordon(ctx: click.Context, node_id: str, output: str) -> None:
 
 
 @click.command()
-@click.argument("node_id")
+@click.argument("node_id", shell_complete=complete.NODES)
 @output_option
 @click.pass_context
 def uncordon(ctx: click.Context, node_id: str, output: str) -> None:
@@ -60,7 +61,7 @@ def _item_line(item: dict[str, Any]) -> str:
 
 
 @click.command()
-@click.argument("node_id")
+@click.argument("node_id", shell_complete=complete.NODES)
 @click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait for the node to run nothing; the drain goes on server-side after.")
 @click.option("--force", is_flag=True,

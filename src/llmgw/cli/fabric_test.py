@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from llmgw.cli import complete
 from llmgw.cli.render import (
     NagiosCommand,
     console,
@@ -103,8 +104,8 @@ def render(report: dict[str, Any], quiet: bool = False) -> None:
 
 
 @click.command("fabric-test", cls=NagiosCommand)
-@click.argument("node_a")
-@click.argument("node_b")
+@click.argument("node_a", shell_complete=complete.FABRIC_A)
+@click.argument("node_b", shell_complete=complete.FABRIC_B)
 @click.option("--rail-timeout", type=click.FloatRange(1, 600), default=60.0, show_default=True,
               help="Seconds one rail's ib_write_bw may run before it is killed.")
 @click.option("--size", type=click.IntRange(1, 1 << 30), default=65536, show_default=True, help="Message size (-s).")

@@ -17,6 +17,7 @@ from typing import Any
 import click
 import msgspec
 
+from llmgw.cli import complete
 from llmgw.cli.render import console, make_table, output_option, print_json, say
 from llmgw.errors import UsageError
 
@@ -151,7 +152,7 @@ def render(doc: dict[str, Any]) -> None:
 
 
 @click.command()
-@click.argument("fabric", required=False)
+@click.argument("fabric", required=False, shell_complete=complete.FABRICS)
 @click.option("--file", "topology_file", type=click.Path(dir_okay=True),
               help="Analyse a saved `ibnetdiscover` (or `ibnetdiscover -p`) output offline, with no server.")
 @click.option("--sm", "sm_file", type=click.Path(dir_okay=True),

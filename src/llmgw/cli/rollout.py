@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from llmgw.cli import complete
 from llmgw.cli.render import output_option, print_json, say
 from llmgw.errors import LlmgwError
 from llmgw.safetext import terminal_text
@@ -36,7 +37,7 @@ def rollout() -> None:
 
 
 @rollout.command()
-@click.argument("model")
+@click.argument("model", shell_complete=complete.MODELS)
 @click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to follow it before giving up (the rollout goes on server-side).")
 @click.option("-w/-W", "--watch/--no-watch", default=True, show_default=True, help="Follow until it ends.")

@@ -2,7 +2,8 @@
 
 Every API route is one row of `API_ROUTES` with the door it stands behind (llmgw.server.auth):
 the dispatcher checks the door before any handler runs, so a route cannot be added without one
-(tests/e2e/test_doors.py walks the table).
+(tests/e2e/test_doors.py walks the table), and then that a change is no request a browser was
+made to send from another site (forgery.py: JSON and `X-Llmgw-Request`, no foreign Origin).
 
 Handlers read through `ReadModel` (views.py) and change through `Actions` (operator.py); they
 hold no state and reach no object behind those. Where what comes next goes: fabric and doctor
@@ -142,6 +143,10 @@ class PublicHandler:
         door = found[0].door if found else (Door.VIEWER if method in ("GET", "HEAD") else Door.OPERATOR)
         who = await self._pass(door, request, responder)
         if who is None:
+            return
+        if (forged := self.auth.forged(request, who)) is not None:  # CSRF: forgery.py
+            await send_error(responder, forged.status, forged.message,
+                             "unsupported_media_type" if forged.status == 415 else "forbidden")
             return
         if found is None:
             if any(r.match(route) is not None for r in API_ROUTES):

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from llmgw.catalog.schema import ServerConfig, sha256_digest
+from llmgw.server.forgery import check_write
 from llmgw.tls.build import OPERATOR_OU, VIEWER_OU
 from llmgw.tls.identity import HasPeerCert, peer_common_name, peer_kind, peer_units
 from llmgw.web.server import Request
@@ -289,7 +290,7 @@ class Auth:
         if digest is not None and _known(digest, self.creds.api_keys):
             return True
         presented = request.head.get(b"authorization")
-        self._refused(Door.CLIENT, request, "a token that is no API key" if presented else "no API key")
+        self.refused(Door.CLIENT, request, "a token that is no API key" if presented else "no API key")
         return False
 
     def check(self, door: Door, request: Request) -> Verdict:
@@ -316,10 +317,20 @@ class Auth:
                     "operator credential (a token in api.operator_tokens or `llmgw ctl cert operator NAME`)"))
             else:
                 verdict = Verdict(False, status=401, message=self._operator_hint(ident, request))
-        self._refused(door, request, ident.who if ident.presented else "no credential")
+        self.refused(door, request, ident.who if ident.presented else "no credential")
         return verdict
 
-    def _refused(self, door: Door, request: Request, what: str) -> None:
+    def forged(self, request: Request, who: str) -> Verdict | None:
+        """A refusal for a change a browser could have been made to send from another site
+        (forgery.py), whoever `who` is; counted and logged at the operator door. None: genuine."""
+        refusal = check_write(request.method, request.head)
+        if refusal is None:
+            return None
+        self.refused(Door.OPERATOR, request, f"{who}, but {refusal.why}")
+        return Verdict(False, status=refusal.status, message=refusal.message)
+
+    def refused(self, door: Door, request: Request, what: str) -> None:
+        """Count a refusal at `door` and log it (throttled) with `what` was presented, never a secret."""
         self._count(door.value)
         held = self._throttles[door].take(self._clock())
         if held is None:

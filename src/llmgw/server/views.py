@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from llmgw.catalog.sources import shown
 from llmgw.server.control import Settle
 from llmgw.server.fabric_service import FabricService
 from llmgw.server.gateway.enginemetrics import EngineLoad
@@ -328,7 +329,7 @@ class FleetReads:
         return [
             ModelView(
                 name=model.name,
-                source=model.source or model.name,
+                source=shown(model.source) if model.source else model.name,  # no user:pass@ nor signature
                 replicas=model.replicas,
                 ready=sum(1 for r in reconciler.of_model(model.name) if r.state == ReplicaState.READY),
                 profiles=[p.name for p in model.profiles],

@@ -8,7 +8,8 @@
     /admin/static/{name.hash.ext}    the pages' files, content-hashed, cached for a year
     /admin/login, /admin/logout      the login form: a token into an HttpOnly cookie
 
-Every page is a read (GET/HEAD); the login form's POST only checks a token and sets the cookie.
+Every page is a read (GET/HEAD); the login form's POST only checks a token and sets the cookie,
+and is refused when another site's page sent it (server/forgery.py's `cross_site`).
 Access follows the public port's rules (server/auth.py): the viewer door, which a viewer or
 operator token (header or the login cookie) or certificate opens, and a gateway API key does not.
 With no credential configured the lab is open, as /api/v1 is. A browser without a credential
@@ -32,6 +33,7 @@ from llmgw.server.admin.traffic import ports_document
 from llmgw.server.api import send_error
 from llmgw.server.auth import COOKIE, Auth, Door, Role, cookie_value
 from llmgw.server.events import EventLog, EventQuery
+from llmgw.server.forgery import cross_site
 from llmgw.server.views import NodeDetail, ReadModel
 from llmgw.web.assets import IMMUTABLE, PREFIX, Assets
 from llmgw.web.server import Request, Responder
@@ -177,6 +179,12 @@ class AdminPages:
         if request.method != "POST":
             await self.page(responder, 405, render.refusal_page(self.assets.url, 405, "the login form is GET or POST"),
                             [(b"allow", b"GET, HEAD, POST")])
+            return
+        if (foreign := cross_site(request.head)) is not None:  # another site signing this browser in (forgery.py)
+            self.auth.refused(Door.VIEWER, request, f"a login form sent from another site ({foreign})")
+            await self.page(responder, 403, render.refusal_page(
+                self.assets.url, 403, f"a login from another site's page is refused ({foreign}): use this server's own "
+                "login form"))
             return
         form = parse_qs(request.body.decode("utf-8", errors="replace"), max_num_fields=8)
         token = form.get("token", [""])[-1].strip()

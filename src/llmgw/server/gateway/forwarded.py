@@ -23,7 +23,10 @@ from llmgw.web.server import Handler, Request, Responder
 
 PEER_HEADER = b"x-llmgw-peer-certificate"
 ADDRESS_HEADER = b"x-llmgw-peer-address"  # the client's address, for the doors' refusal log lines
-HEADERS = frozenset({PEER_HEADER, ADDRESS_HEADER})  # set by the worker alone: dropped from what a client sends
+# The Host the client sent (the worker's request to the socket carries its own): a browser's Origin
+# is compared with it (server/forgery.py), so a change from the server's own pages is told apart.
+HOST_HEADER = b"x-llmgw-peer-host"
+HEADERS = frozenset({PEER_HEADER, ADDRESS_HEADER, HOST_HEADER})  # set by the worker alone: dropped from a client's
 
 
 class ForwardedPeer:
@@ -41,7 +44,9 @@ class ForwardedPeer:
 def peer_headers(request: Request) -> list[tuple[bytes, bytes]]:
     """The headers that carry this request's client address and verified certificate (if any)."""
     cert = request.tls.getpeercert() if request.tls is not None else None
+    host = request.head.get(b"host")
     return [(ADDRESS_HEADER, request.peer.encode("latin-1", "replace"))] + (
+        [(HOST_HEADER, host)] if host is not None else []) + (
         [(PEER_HEADER, msgspec.json.encode(cert))] if cert else [])
 
 
@@ -53,6 +58,9 @@ def trusting_forwarded_peers(handler: Handler) -> Handler:
         request.tls = None
         if address := request.head.get(ADDRESS_HEADER):
             request.peer = address.decode("latin-1")
+        host = request.head.get(HOST_HEADER)
+        request.head.headers = [(k, v) for k, v in request.head.headers if k != b"host"] + (
+            [(b"host", host)] if host is not None else [])
         if raw:
             try:
                 cert = msgspec.json.decode(raw)
