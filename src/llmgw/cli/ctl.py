@@ -30,7 +30,7 @@ from llmgw.cli.render import (
 from llmgw.cli.rollout import rollout, rollout_cell
 
 if TYPE_CHECKING:
-    from rich.console import Group
+    from rich.console import Group, RenderableType
 
     from llmgw.api_client import ApiClient
 
@@ -154,13 +154,18 @@ def nodes(ctx: click.Context, node_id: str | None, output: str) -> None:
         return
     columns = ["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "PORTS", "AGENT",
                *(["ADDRESS", "IDENTITY", "FEATURES"] if wide else []), "NOTE"]
-    console().print(make_table(columns, rows, cut=_cut(output)))
+    _show(make_table(columns, rows, cut=_cut()), output)
 
 
-def _cut(output: str) -> bool:
-    """A listing at a terminal keeps each row on one line (its last cell ends in …); -o wide,
-    a pipe or a file get every cell whole."""
-    return output != "wide" and console().is_terminal
+def _cut() -> bool:
+    """At a terminal a listing is drawn at its own width, a row a line: cut at the terminal's
+    edge (table), or whole and left to the terminal to wrap (-o wide). A pipe or a file gets
+    every cell whole."""
+    return console().is_terminal
+
+
+def _show(listing: RenderableType, output: str) -> None:
+    console().print(listing, crop=output != "wide")
 
 
 def _replica_rows(data: list[dict], wide: bool = False) -> list[tuple]:
@@ -205,7 +210,7 @@ def _replicas_view(data: list[dict], tail: int, output: str = "table") -> Group:
                 lines.append("  " + progress_line(r["progress"]))
         columns = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODE", "GPUS", "ENDPOINT", "AGE",
                    *(["RANKS", "ATTEMPT"] if wide else []), "REASON"]
-        table = make_table(columns, rows, cut=_cut(output))
+        table = make_table(columns, rows, cut=_cut())
         parts.append(LinesUnder(table, lines) if lines else table)
     for r in data:
         lines = (r.get("tail") or [])[-tail:] if tail else []
@@ -249,7 +254,7 @@ def replicas(ctx: click.Context, replica_id: str | None, output: str, model_filt
         if output == "name":
             print_names("replica", [r["id"] for r in data])
         elif not print_data(data, output):
-            console().print(_replicas_view(data, tail, output))
+            _show(_replicas_view(data, tail, output), output)
         return
     if output == "json":
         _watch_json(fetch, interval)
@@ -313,7 +318,7 @@ def models(ctx: click.Context, name: str | None, output: str) -> None:
     if not rows:
         say("no models in the catalog")
         return
-    console().print(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE", "ROLLOUT"], rows, cut=_cut(output)))
+    _show(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE", "ROLLOUT"], rows, cut=_cut()), output)
 
 
 @ctl.command()
@@ -340,8 +345,8 @@ def endpoints(ctx: click.Context, output: str) -> None:
     if not rows:
         say("no endpoints in rotation")
         return
-    console().print(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows,
-                               cut=_cut(output)))
+    _show(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows, cut=_cut()),
+          output)
 
 
 @ctl.command()

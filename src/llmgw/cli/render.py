@@ -123,17 +123,25 @@ def say(value: object, *, stderr: bool = False) -> None:
 
 def make_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None, *,
                cut: bool = False) -> Table:
+    """`cut` (a listing at a terminal): every row one line, cut at the terminal's edge."""
     table = Table(title=text(title) if title is not None else None, box=None, header_style="bold", pad_edge=False,
                   show_edge=False)
     for i, name in enumerate(columns):
         # Identifiers never wrap; the last column (free text: a reason, a note) wraps instead
-        # of a long reason squeezing the id and state columns out of the table, or with `cut`
-        # (a listing at a terminal) ends in … so a row stays one line. A heading may hold data
-        # too (`ADAPTER <node>`): text, never markup.
-        last = i == len(columns) - 1
-        table.add_column(text(name), no_wrap=not last or cut, overflow="ellipsis" if last and cut else "fold")
-    for row in rows:
-        table.add_row(*(_cell(cell) for cell in row))
+        # of a long reason squeezing the id and state columns out of the table. A heading may
+        # hold data too (`ADAPTER <node>`): text, never markup.
+        table.add_column(text(name), no_wrap=i < len(columns) - 1 or cut, overflow="fold")
+    cells = [[_cell(cell) for cell in row] for row in rows]
+    for row in cells:
+        table.add_row(*row)
+    if cut:
+        # Drawn at its own width and cropped by the console at the terminal's edge: left to fit
+        # no-wrap columns in 80 columns itself, Rich squeezes the first ones out of the table.
+        widths = [len(name) for name in columns]
+        for row in cells:
+            for i, cell in enumerate(row):
+                widths[i] = max(widths[i], cell.cell_len if isinstance(cell, Text) else 0)
+        table.width = sum(widths) + 2 * (len(widths) - 1)
     return table
 
 
