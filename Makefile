@@ -69,10 +69,13 @@ $(PUREENV)/.stamp: $(WHEELS)/.stamp
 
 # Programs from Debian's packages that tests drive, installed here when missing (CI starts on
 # fresh machines): chromium for the admin pages' browser tests, openssl for the certificate
-# checks. tests/e2e/needs.py fails, never skips, where apt-get exists and one is missing.
+# checks, zsh and fish for the completion tests in those shells. tests/e2e/needs.py fails, never
+# skips, where apt-get exists and chromium or openssl is missing.
 tools:
 	@missing=""; command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	command -v zsh >/dev/null 2>&1 || missing="$$missing zsh"; \
+	command -v fish >/dev/null 2>&1 || missing="$$missing fish"; \
 	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing Debian's$$missing for the tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
