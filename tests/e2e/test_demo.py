@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,6 +124,9 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
             return len(listed) == 3 and all(r["state"] == "ready" for r in listed)
 
         wait_until(all_ready, "all three replicas ready again after uncordon", deadline=120)
+        # Node certificates of a year: no "expires in 30 days" beside every node (issue 46, item 10).
+        listed_nodes = json.loads(run_llmgw("ctl", "--server", server, "nodes", "-o", "json", env=as_operator).stdout)
+        assert listed_nodes and all(n["cert_days_left"] > 300 for n in listed_nodes), listed_nodes
         # The printed `ctl fabric-test` measures every rail between the two nodes and grades it (issue 14).
         test_line = next(line.strip() for line in text.splitlines() if " fabric-test " in line)
         test_args = shlex.split(test_line)
@@ -161,7 +165,10 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
     assert "stopped; nothing left running" in text
     assert demo.returncode == 0, text[-2000:]
     wait_until(lambda: not processes_under(work), "no demo process left", deadline=10)
-    assert not work.exists()  # a clean stop leaves no temp files either
+    # A clean stop leaves the logs the banner pointed at, and says where; nothing else (keys, state).
+    assert sorted(p.name for p in work.iterdir()) == ["logs"] and (work / "logs" / "server.log").stat().st_size > 0
+    assert f"logs kept in {work / 'logs'}" in text
+    shutil.rmtree(work)
 
 
 def test_demo_port_in_use_is_one_clear_line() -> None:
