@@ -251,6 +251,8 @@ class Reconciler(Roller):
         for replica in pending:
             if replica.state != ReplicaState.PENDING or self.replicas.get(replica.id) is not replica or replica.model not in self.models:
                 continue  # changed while the pass let others run
+            if not replica.gone():
+                continue  # a rank back from a lost node after it was given up: placed again once that one has stopped
             if usage is None or usage.generation != self.generation:
                 usage = _Usage(nodes, self.replicas.values(), self.generation)
             starts = self._place(replica, usage, now)
