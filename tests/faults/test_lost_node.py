@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.harness import (
     Proc,
     Server,
@@ -94,25 +96,51 @@ class Rotation:
             self.fewest = n if self.fewest is None else min(self.fewest, n)
 
 
-def test_a_lost_rank1_node_with_no_room_elsewhere_keeps_its_replicas_serving(tmp_path: Path, procs: list[Proc]) -> None:
+def away(agent: Proc, how: str) -> None:
+    """The agent goes away, its engines serving on: stopped (SIGSTOP), or killed (kill -9 of the agent alone)."""
+    if how == "SIGSTOP":
+        agent.signal(signal.SIGSTOP)
+    else:
+        agent.kill9()
+
+
+def come_back(tmp: Path, procs: list[Proc], agents: dict[str, Proc], node: str, how: str) -> None:
+    """SIGCONT, or a new agent on the same work dir (it adopts the engines it finds there)."""
+    if how == "SIGSTOP":
+        agents[node].signal(signal.SIGCONT)
+        return
+    procs.remove(agents[node])
+    agents[node] = start_agent(tmp, node, tmp / node / "agent.yaml", "--stop-engines-on-exit")
+    procs.append(agents[node])
+
+
+@pytest.mark.parametrize(("rank", "how"), [(1, "SIGSTOP"), (1, "kill -9"), (0, "SIGSTOP")],
+                         ids=["rank1-sigstop", "rank1-kill9", "rank0-sigstop"])
+def test_a_lost_node_with_no_room_elsewhere_keeps_its_2node_replicas_serving(tmp_path: Path, procs: list[Proc],
+                                                                              rank: int, how: str) -> None:
+    """Two 2-node replicas over two nodes, nowhere else to go: the node holding one rank of each is
+    lost (rank 1's, as in the finding; rank 0's too, whose endpoints are then on the lost node)."""
     server, agents = start(tmp_path, procs, catalog(replicas=2, nodes=2), {"gpu-01": 2, "gpu-02": 2})
     before = wait_until(lambda: serving(server, 2), "two 2-node replicas serving", deadline=60, procs=procs)
-    rank0_nodes = {s["node"] for r in before for s in r["shards"] if s["rank"] == 0}
-    victim = next((n for n in ("gpu-02", "gpu-01") if n not in rank0_nodes), "gpu-02")  # rank 1 only, where it can be
+    ranks = {s["rank"]: s["node"] for r in before for s in r["shards"]}
+    nodes_of = {n: {s["rank"] for r in before for s in r["shards"] if s["node"] == n} for n in ("gpu-01", "gpu-02")}
+    victim = next((n for n, held in nodes_of.items() if held == {rank}), ranks[rank])  # that rank only, where it can be
     shards = {r["id"]: {s["shard_id"]: s["pid"] for s in r["shards"]} for r in before}
     assert len(engine_pids(tmp_path)) == 4
     with Load(server.url) as load, Rotation(server) as sampled:
         load.wait_successes(20, "traffic flowing")
-        agents[victim].signal(signal.SIGSTOP)  # the agent away, its engines serving on
+        away(agents[victim], how)
         hit_at = time.monotonic()
-        wait_until(lambda: server.nodes()[victim]["state"] == "lost", f"{victim} lost", deadline=30, procs=procs)
+        wait_until(lambda: server.nodes()[victim]["state"] == "lost", f"{victim} lost", deadline=30, procs=[procs[0]])
         lost = time.monotonic() - hit_at
         # The server has decided: each replica is to be replaced, and nothing can take a successor.
         wait_until(lambda: all((r.get("move") or {}).get("note", "").startswith("no room")
-                               for r in replicas(server) if r["id"] in shards), "both moves waiting for room", procs=procs)
-        load.wait_successes(40, "traffic while the node is lost")
+                               for r in replicas(server) if r["id"] in shards), "both moves waiting for room",
+                   procs=[procs[0]])
+        load.wait_successes(120, "traffic while the node is lost (seconds of it)")
         assert {r["id"] for r in serving(server, 2) or []} == set(shards), replicas(server)
-        agents[victim].signal(signal.SIGCONT)
+        away_for = time.monotonic() - hit_at
+        come_back(tmp_path, procs, agents, victim, how)
         back_at = time.monotonic()
         wait_until(lambda: server.nodes()[victim]["state"] == "ready", f"{victim} ready again", deadline=30, procs=procs)
 
@@ -126,9 +154,9 @@ def test_a_lost_rank1_node_with_no_room_elsewhere_keeps_its_replicas_serving(tmp
         load.wait_successes(20, "traffic after the node came back")
     failures = load.failures()
     log = procs[0].log()
-    load.report(f"rank-1 node's agent SIGSTOP past lost_after, no room elsewhere ({len(shards)} 2-node replicas)",
-                f"{victim} lost after {lost:.1f}s; the replicas served on, fewest endpoints in rotation "
-                f"{sampled.fewest} of 2; re-adopted {settled:.1f}s after the agent returned")
+    load.report(f"rank-{rank} node's agent {how} past lost_after, no room elsewhere ({len(shards)} 2-node replicas)",
+                f"{victim} lost after {lost:.1f}s and away {away_for:.1f}s; the replicas served on, fewest endpoints in "
+                f"rotation {sampled.fewest} of 2; re-adopted {settled:.1f}s after the agent returned")
     assert failures == [], failures[:5]
     assert sampled.fewest == 2
     assert engine_pids(tmp_path) == {pid for r in shards.values() for pid in r.values()}  # nothing started, nothing stopped

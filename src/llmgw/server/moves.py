@@ -55,7 +55,7 @@ class Move(msgspec.Struct, kw_only=True):
     replica: str  # the replica being replaced
     model: str
     node: str  # where the old replica ran (its rank 0's node), for the event log
-    kind: str  # the event kind and who asked: "drain", "rollout", "spread", "move"
+    kind: str  # the event kind and who asked: "drain", "rollout", "spread", "lost", "move"
     reason: str  # the caller's words: "drain of gpu-01 requested by operator …"
     avoid: list[str] = []  # nodes the successor must not be placed on
     no_room: NoRoom = NoRoom.FAIL
