@@ -196,3 +196,40 @@ def test_a_lost_single_node_replica_serves_until_its_successor_is_ready(tmp_path
     assert failures == [], failures[:5]
     assert sampled.fewest == 1
     assert ILLEGAL not in log, [line for line in log.splitlines() if ILLEGAL in line][:5]
+
+
+def test_a_lost_rank1_node_with_room_elsewhere_is_replaced_and_its_engine_stopped_when_back(tmp_path: Path,
+                                                                                            procs: list[Proc]) -> None:
+    """The one 2-node replica's rank-1 node is lost and there is room: a successor is placed (not on
+    the lost node), and the old replica serves until it is ready; then only its rank 0 is drained
+    (rank 1 is unknown). When the node returns, its rank-1 engine belongs to nothing and is stopped."""
+    server, agents = start(tmp_path, procs, catalog(replicas=1, nodes=2), {"gpu-01": 2, "gpu-02": 2, "gpu-03": 2})
+    [old] = wait_until(lambda: serving(server, 1), "the 2-node replica serving", deadline=60, procs=procs)
+    victim = next(s["node"] for s in old["shards"] if s["rank"] == 1)
+    with Load(server.url) as load, Rotation(server) as sampled:
+        load.wait_successes(20, "traffic flowing")
+        agents[victim].signal(signal.SIGSTOP)
+        hit_at = time.monotonic()
+        wait_until(lambda: server.nodes()[victim]["state"] == "lost", f"{victim} lost", deadline=30, procs=[procs[0]])
+        [new] = wait_until(lambda: (rs := serving(server, 1)) and rs[0]["id"] != old["id"] and rs, "a successor serving",
+                           deadline=60, procs=[procs[0]])
+        replaced = time.monotonic() - hit_at
+        assert victim not in {s["node"] for s in new["shards"]}
+        wait_until(lambda: all(r["id"] == new["id"] for r in replicas(server)), "the old replica let go", procs=[procs[0]])
+        load.wait_successes(20, "traffic on the successor")
+        agents[victim].signal(signal.SIGCONT)
+        back_at = time.monotonic()
+        wait_until(lambda: server.nodes()[victim]["state"] == "ready", f"{victim} ready again", deadline=30, procs=procs)
+        wanted = {s["pid"] for s in new["shards"]}
+        wait_until(lambda: engine_pids(tmp_path) == wanted and serving(server, 1), "exactly the successor's engines left",
+                   deadline=30, procs=procs)
+        settled = time.monotonic() - back_at
+        load.wait_successes(20, "traffic after the node came back")
+    failures = load.failures()
+    log = procs[0].log()
+    load.report("rank-1 node's agent SIGSTOP past lost_after, room elsewhere (the only replica, 2 nodes)",
+                f"successor in rotation {replaced:.1f}s after the fault, the old one in rotation until then (fewest "
+                f"endpoints {sampled.fewest}); the old rank 1 stopped {settled:.1f}s after the agent returned")
+    assert failures == [], failures[:5]
+    assert sampled.fewest == 1
+    assert ILLEGAL not in log, [line for line in log.splitlines() if ILLEGAL in line][:5]
