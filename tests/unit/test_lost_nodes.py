@@ -89,6 +89,30 @@ def test_rank1_lost_with_no_room_keeps_both_replicas_serving_and_adopts_them_bac
     assert rec.drain_illegal() == []
 
 
+def test_the_gateway_feed_keeps_a_lost_replicas_endpoint_until_its_successor_is_ready() -> None:
+    """The production path from the book to the gateway (views.GatewayFeed), not the test's own
+    reading of it: the endpoint on the lost node is handed to the gateway until the swap."""
+    from llmgw.catalog.schema import ReconcileSettings
+    from llmgw.server.control import Settle
+    from llmgw.server.registry import NodeRegistry
+    from llmgw.server.views import GatewayFeed
+
+    rec = make(replicas=1, nodes=1)
+    feed = GatewayFeed(rec, Settle(ReconcileSettings(), NodeRegistry(1.0)), lambda: 0.0)
+    [s] = up(rec, fleet("gpu-1", "gpu-2", per_node=1))
+    old = f"http://{s.node}:{s.spec.port}"
+    assert feed.endpoint_set()[0] == {"chat": {old}}
+    rec.on_node_state(s.node, "lost", 10)
+    lost = fleet("gpu-1", "gpu-2", lost=(s.node,), per_node=1)
+    [successor] = [a for a in rec.reconcile(lost, 10) if isinstance(a, StartShard)]
+    assert feed.endpoint_set()[0] == {"chat": {old}}
+    say(rec, successor, "ready", 11)
+    new = f"http://{successor.node}:{successor.spec.port}"
+    assert feed.endpoint_set()[0] == {"chat": {old, new}}  # both, until the pass retires the old one
+    rec.reconcile(lost, 11)
+    assert feed.endpoint_set()[0] == {"chat": {new}}
+
+
 def test_a_lost_single_node_replica_serves_until_its_successor_is_ready() -> None:
     rec = make(replicas=1, nodes=1)
     [s] = up(rec, fleet("gpu-1", "gpu-2", per_node=1))
