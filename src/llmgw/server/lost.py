@@ -16,6 +16,9 @@ replicas down though their rank 0s served and nothing else could fit. So:
   replica is whole, and a successor not yet ready is let go (adopted, not duplicated). A shard it
   no longer runs ends the replica as any rank ending does (observe.py).
 - A successor that fails ends its move; the next is asked after the replica's backoff.
+- While a move waits for room, the model's rollout and spreading wait too (they move one replica
+  of a model at a time); `ctl forget` of the node ends the wait: its replicas fail and are placed
+  again wherever they fit.
 - A replica that never served (starting), or is already failed, is replaced as before; one the
   operator said is gone for good (`ctl forget`) is dead, not unknown (`on_node_gone`).
 """
