@@ -89,6 +89,24 @@ def test_rank1_lost_with_no_room_keeps_both_replicas_serving_and_adopts_them_bac
     assert rec.drain_illegal() == []
 
 
+def test_forgetting_the_lost_node_ends_the_wait_and_its_replicas_are_placed_again() -> None:
+    rec = make(replicas=1)
+    placed = up(rec, fleet("gpu-1", "gpu-2"))
+    rec.on_node_state("gpu-2", "lost", 10)
+    assert rec.reconcile(fleet("gpu-1", "gpu-2", lost=("gpu-2",)), 10) == []
+    [move] = rec.moves.values()
+    assert move.state == "surging" and move.note.startswith("no room")
+    rec.on_node_gone("gpu-2", 20)  # `ctl forget gpu-2`
+    replica = rec.replicas[placed[0].spec.replica_id]
+    assert replica.state == "failed" and "forgotten" in replica.reason
+    [stop] = [a for a in rec.reconcile(fleet("gpu-1"), 20) if isinstance(a, StopShard)]
+    assert stop.shard_id == placed[0].spec.shard_id and move.state == "done"
+    say(rec, placed[0], "stopped", 21)
+    rec.reconcile(fleet("gpu-1"), 21)
+    assert [r.state for r in rec.replicas.values()] == ["pending"]  # one replica, waiting for a second node
+    assert rec.drain_illegal() == []
+
+
 def test_the_gateway_feed_keeps_a_lost_replicas_endpoint_until_its_successor_is_ready() -> None:
     """The production path from the book to the gateway (views.GatewayFeed), not the test's own
     reading of it: the endpoint on the lost node is handed to the gateway until the swap."""
