@@ -177,7 +177,7 @@ class Controller:
         if self.known is not None:
             self.known.remove(node_id)
         self.settle.forget(node_id)
-        self.reconciler.on_node_state(node_id, "lost", trio.current_time())
+        self.reconciler.on_node_gone(node_id, trio.current_time())
         self.wake()
 
     def shard_status(self, node_id: str, msg: m.ShardStatus) -> None:

@@ -95,7 +95,7 @@ class MoveView(msgspec.Struct, kw_only=True):
     """A replica's unfinished move (moves.py), as `ctl replicas` shows it."""
 
     id: int
-    kind: str  # drain | rollout | spread | move
+    kind: str  # drain | rollout | spread | lost | move
     state: str  # queued | surging | below | retiring
     role: str  # "old": this replica is being replaced; "successor": this one replaces `other`
     other: str  # the successor's id (role old; "" while queued) or the replaced replica's
