@@ -21,8 +21,9 @@ Each mutant runs against its unit tests first, then, only when they miss it, its
   `tests/unit/test_tools_mutants.py` runs the same check of the list in `make test` (no test
   run: milliseconds), so a refactoring that moves a mutant's text fails CI with its name.
 
-The unmutated copy is run first against every selected test; a failure there stops the run
-(a test that fails anyway would make every mutant look caught).
+The unmutated copy is run first against every selected unit test, and against a mutant's e2e
+tests before they first run; a failure there stops the run (a test that fails anyway would make
+every mutant look caught).
 
     .venv/bin/python tools/mutants.py            # all; exit 0 only when every mutant is caught
     .venv/bin/python tools/mutants.py --list
@@ -121,6 +122,14 @@ def _files(args: tuple[str, ...]) -> list[str]:
     return [a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] != "-k")]
 
 
+def _baseline(copy: Path, env: dict[str, str], args: tuple[str, ...], limit: float) -> None:
+    """The unmutated copy passes these tests, or nothing the mutants show would mean anything."""
+    rc, out = pytest(copy, env, args, limit)
+    if rc != 0:
+        print(out[-6000:])
+        raise ListError(f"the tests fail without any mutant (pytest exit {rc}: {' '.join(args)}); fix that first")
+
+
 def _verdict(rc: int | None, out: str, mutant: Mutant, limit: float) -> str | None:
     """'caught', 'hung' or None (the tests passed); a run that did not even collect raises."""
     if rc == 1:
@@ -146,16 +155,14 @@ def run(mutants: tuple[Mutant, ...], limit: float) -> int:
         if not probe.stdout.strip().startswith(str(copy / "src")):
             raise ListError(f"the copy is not what Python imports: llmgw comes from {probe.stdout.strip()}")
 
-        selected: list[str] = []  # every file or test id the mutants name
+        selected: list[str] = []  # every unit test file or id the mutants name
         for mutant in mutants:
-            selected += [a for a in _files(mutant.unit) + _files(mutant.e2e) if a not in selected]
+            selected += [a for a in _files(mutant.unit) if a not in selected]
         started = time.monotonic()
-        print(f"baseline: the unmutated copy against {len(selected)} test selections ...", flush=True)
-        rc, out = pytest(copy, env, tuple(selected), limit * 4)
-        if rc != 0:
-            print(out[-6000:])
-            raise ListError(f"the tests fail without any mutant (pytest exit {rc}); fix that first")
+        print(f"baseline: the unmutated copy against {len(selected)} unit test selections ...", flush=True)
+        _baseline(copy, env, tuple(selected), limit * 4)
         print(f"baseline: green in {time.monotonic() - started:.0f}s", flush=True)
+        green: set[tuple[str, ...]] = set()  # e2e selections run green unmutated (each once, when first needed)
 
         by_unit: list[str] = []
         by_e2e: list[str] = []
@@ -174,6 +181,11 @@ def run(mutants: tuple[Mutant, ...], limit: float) -> int:
                     by_unit.append(mutant.name)
                 elif mutant.e2e:
                     tests = " ".join(mutant.e2e)
+                    if mutant.e2e not in green:
+                        path.write_text(original)
+                        _baseline(copy, env, mutant.e2e, limit)
+                        green.add(mutant.e2e)
+                        path.write_text(original.replace(mutant.old, mutant.new, 1))
                     verdict = _verdict(*pytest(copy, env, mutant.e2e, limit), mutant, limit)
                     if verdict is not None:
                         verdict = f"e2e only ({verdict})" if verdict != "caught" else "e2e only"

@@ -212,4 +212,13 @@ CORE: tuple[Mutant, ...] = (
         "if True:",
         PLACEMENT,
     ),
+    # -- the supervisor (issue 37: the seed's bug, adopted engines reported stopped, none killed) --
+    Mutant(
+        "adopted-engine-not-killed-by-stop",  # the seed's bug: reported stopped, nothing killed
+        "src/llmgw/agent/supervisor.py",
+        "run.pid, run.pgid, run.start_ticks = state.pid, state.pgid, state.start_ticks",
+        "run.pid, run.pgid, run.start_ticks = state.pid, 0, state.start_ticks",
+        (),
+        ("tests/e2e/test_supervisor.py::test_stopping_an_adopted_engine_kills_it_and_frees_its_gpus",),
+    ),
 )

@@ -80,10 +80,10 @@ FABRIC: tuple[Mutant, ...] = (
         SUBNET,
     ),
     Mutant(
-        "subnet-known-sm-forgets-its-fabric",
+        "subnet-failover-renames-the-fabric",
         "src/llmgw/fabric/subnet.py",
-        "        if guid in known:\n            by_known[known[guid]].append(guid)",
-        "        if False:\n            by_known[known[guid]].append(guid)",
+        "name = min(names) if names else min(group)",
+        "name = min(group)",
         SUBNET,
     ),
     # -- multi-node placement across the fabric ---------------------------------------------
@@ -205,12 +205,11 @@ FABRIC: tuple[Mutant, ...] = (
         DRAIN,
     ),
     Mutant(
-        "drain-done-while-an-engine-stops",
-        "src/llmgw/server/drain.py",
-        "busy = True  # drained, its engine still stopping",
-        "busy = busy  # drained, its engine still stopping",
+        "drain-cuts-requests-in-flight",
+        "src/llmgw/server/moves.py",
+        "self.stop_replica(replica, now, replica.reason, drain=True)",
+        "self.stop_replica(replica, now, replica.reason, drain=False)",
         DRAIN,
-        ("tests/e2e/test_drain.py",),
     ),
     # -- doctor's severity and exit codes --------------------------------------------------------
     Mutant(
@@ -240,7 +239,7 @@ FABRIC: tuple[Mutant, ...] = (
         'sys.exit(int(data["exit_code"]))',
         "sys.exit(0)",
         (),
-        ("tests/e2e/test_doctor.py",),
+        ("tests/e2e/test_doctor.py::test_doctor_local_reads_a_simulated_node_as_its_agent_would",),
     ),
     # -- perftest read by heading ------------------------------------------------------------------
     Mutant(
@@ -251,10 +250,10 @@ FABRIC: tuple[Mutant, ...] = (
         PERFTEST,
     ),
     Mutant(
-        "perftest-by-position",
+        "perftest-iterations-by-position",
         "src/llmgw/fabric/perftest.py",
-        'size_at = _column(columns, "#bytes")',
-        "size_at = 0",
+        'iters_at = _column(columns, "#iterations")',
+        "iters_at = 1",
         PERFTEST,
     ),
     # -- the doors of the API --------------------------------------------------------------------
@@ -309,14 +308,6 @@ FABRIC: tuple[Mutant, ...] = (
         "        if shard.node == node_id:\n            return None\n        return Refusal(",
         "        if True:\n            return None\n        return Refusal(",
         AUTHZ,
-    ),
-    Mutant(
-        "adopted-engine-not-killed-by-stop",  # the seed's bug: reported stopped, nothing killed
-        "src/llmgw/agent/supervisor.py",
-        "run.pid, run.pgid, run.start_ticks = state.pid, state.pgid, state.start_ticks",
-        "run.pid, run.pgid, run.start_ticks = state.pid, 0, state.start_ticks",
-        (),
-        ("tests/e2e/test_supervisor.py", "-k", "adopted"),
     ),
     Mutant(
         "gateway-feed-any-family",
