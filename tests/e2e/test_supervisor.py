@@ -373,7 +373,8 @@ async def test_stopping_an_adopted_engine_kills_it_and_frees_its_gpus(tmp_path: 
         async with node(work) as n:
             assert [(r.spec.shard_id, r.state, r.pid) for r in n.supervisor.reports()] == [(s.shard_id, "ready", pid)]
             n.supervisor.stop(s.shard_id, 2.0, "surplus")
-            await until(lambda: n.status(s.shard_id, "stopped"), "the adopted engine reported stopped")
+            # The grace is 2 s: well within 15 s, or nothing was signalled (the seed's bug).
+            await until(lambda: n.status(s.shard_id, "stopped"), "the adopted engine reported stopped", deadline=15.0)
             assert not pid_alive(pid), "reported stopped, but the adopted engine still runs"
             again = spec("successor", gpus=list(s.gpus))  # the same GPU
             n.supervisor.start(again)

@@ -42,7 +42,7 @@ CORE: tuple[Mutant, ...] = (
         "src/llmgw/server/gateway/proxy.py",
         "balancer.release(pick, trio.current_time() if now is None else now, ok=outcome,",
         "balancer.release(pick, trio.current_time() if now is None else now, ok=True,",
-        (),
+        ("tests/unit/test_gateway_attempts.py",),
         ("tests/e2e/test_gateway.py::test_engine_killed_mid_run_loses_no_request",),
     ),
     Mutant(
