@@ -354,8 +354,7 @@ FABRIC: tuple[Mutant, ...] = (
         "src/llmgw/server/app.py",
         "self.event_feeds.after_pass,\n                          self.drainer.after_pass),",
         "self.event_feeds.after_pass),",
-        (),
-        ("tests/e2e/test_drain.py::test_drain_moves_every_replica_under_load_without_a_failed_request",),
+        ("tests/unit/test_composition_passes.py",),
     ),
     *(_door(method, path) for method, path in ROUTES),
 )
