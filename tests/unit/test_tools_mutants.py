@@ -6,6 +6,7 @@ today, checked here in `make test` (no test run, milliseconds), so it cannot rot
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -82,3 +83,33 @@ def test_most_mutants_are_in_the_code_of_the_fabric_wave_and_later() -> None:
     newer = [m for m in tool.MUTANTS if m not in tool.CORE]
     assert len(newer) * 2 > len(tool.MUTANTS), (len(newer), len(tool.MUTANTS))
     assert all(m.unit or m.e2e for m in tool.MUTANTS)
+
+
+def test_unit_tests_first_then_e2e_and_a_summary_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """On a tree of its own (a two-function `llmgw`): a bug the unit tests catch, one only the
+    e2e tests catch, one nothing catches; each said per mutant, and counted in the summary."""
+    tool = _mutants()
+    (tmp_path / "src" / "llmgw").mkdir(parents=True)
+    (tmp_path / "src" / "llmgw" / "__init__.py").write_text("")
+    (tmp_path / "src" / "llmgw" / "core.py").write_text("def f():\n    return 1\n\n\ndef g():\n    return 2  # g\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_u.py").write_text("from llmgw.core import f\n\n\ndef test_f():\n    assert f() == 1\n")
+    (tmp_path / "tests" / "test_e.py").write_text("from llmgw.core import g\n\n\ndef test_g():\n    assert g() == 2\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    core, unit, e2e = "src/llmgw/core.py", ("tests/test_u.py",), ("tests/test_e.py",)
+    mutants = (
+        tool.Mutant("f-off", core, "return 1", "return 0", unit, e2e),
+        tool.Mutant("g-off", core, "return 2  # g", "return 3  # g", unit, e2e),
+        tool.Mutant("comment", core, "# g", "# h", unit, e2e),
+    )
+    monkeypatch.setattr(tool, "CORE", mutants[:1])
+    assert tool.run(mutants, limit=60) == 1
+    out = capsys.readouterr().out
+    for pattern in (r"^caught +f-off .*tests/test_u\.py$", r"^e2e only +g-off .*tests/test_e\.py$",
+                    r"^NOT CAUGHT +comment "):
+        assert re.search(pattern, out, re.MULTILINE), (pattern, out)
+    assert ("3 mutants (2 in code since 1 Dec, 1 before): 1 caught by unit tests, 1 caught by e2e only, "
+            "1 survived, in ") in out
+    assert "NOT CAUGHT: comment" in out
