@@ -174,10 +174,14 @@ FABRIC: tuple[Mutant, ...] = (
     Mutant(
         "fetch-rename-before-sha256",  # issue 37's second miss: a bad file under the model's name
         "src/llmgw/agent/fetch.py",
-        "    if digest is not None and digest.hexdigest() != sha256.lower():\n        _discard(entry, partial, meta)\n",
-        "    entry.publish(partial.name, target.name)\n"
         "    if digest is not None and digest.hexdigest() != sha256.lower():\n"
-        "        entry.unlink(target.name)\n        entry.unlink(meta.name)\n",
+        "        _discard(entry, partial, meta)\n"
+        "        raise FetchError(Reason.CHECKSUM,",
+        "    entry.publish(partial.name, target.name)\n"
+        "    partial = target  # what a mismatch removes is now the file under the model's name\n"
+        "    if digest is not None and digest.hexdigest() != sha256.lower():\n"
+        "        _discard(entry, partial, meta)\n"
+        "        raise FetchError(Reason.CHECKSUM,",
         ("tests/unit/test_weights_verify.py",),
     ),
     Mutant(
@@ -197,8 +201,8 @@ FABRIC: tuple[Mutant, ...] = (
     Mutant(
         "weights-two-downloads-of-one-file",
         "src/llmgw/agent/weights.py",
-        "            if job is not None:\n                return job\n",
-        "            if job is not None and False:\n                return job\n",
+        "key = (plan.url, plan.sha256)",
+        "key = (plan.url, plan.sha256, trio.current_time())  # a key of each shard's own",
         FETCH,
     ),
     Mutant(
