@@ -76,9 +76,9 @@ CORE: tuple[Mutant, ...] = (
     ),
     Mutant(
         "unreachable-node-loses-its-replicas",
-        "src/llmgw/server/observe.py",
-        'if state != "lost":\n            return  # unreachable',
-        'if state not in ("lost", "unreachable"):\n            return  # unreachable',
+        "src/llmgw/server/lost.py",
+        'if state != "lost":\n            return\n        self.generation += 1',
+        'if state not in ("lost", "unreachable"):\n            return\n        self.generation += 1',
         RECONCILE,
     ),
     Mutant(
