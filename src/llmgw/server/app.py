@@ -37,7 +37,7 @@ from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
 from llmgw.fleet.limits import Caps, RefusalLog
 from llmgw.netaddr import hostport
-from llmgw.server.admin.pages import AdminPages
+from llmgw.server.admin.pages import AdminPages, package_assets
 from llmgw.server.alertmetrics import AlertCollector, CheckResults
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
@@ -66,7 +66,6 @@ from llmgw.tls import server_context
 from llmgw.tls.context import ServerTls
 from llmgw.tls.info import cert_not_after
 from llmgw.tls.revocation import Revocations, fleet_refusal, gateway_refusal
-from llmgw.web.assets import from_package
 from llmgw.web.reactor import Reactor
 from llmgw.web.relay import RelayHub
 from llmgw.web.server import Handler, HttpServer, Limits
@@ -285,7 +284,7 @@ class ControlPlane:
                                 followers=self.followers)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
-        self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,
+        self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=package_assets(), events=self.events,
                                       tls=self.public_tls is not None)
         self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
         self.doctor = DoctorService(self.registry, reconciler, self.fabrics, results=results)  # GET /api/v1/doctor (issue 14)
