@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.server.admin import render
+from llmgw.server.admin.pages import package_assets
 from llmgw.server.admin.traffic import ports_document
 from llmgw.server.views import NodeDetail
-from llmgw.server.admin.pages import package_assets
 from llmgw.web.assets import IMMUTABLE, Assets, hashed_name
 from llmgw.wire import messages as m
 
