@@ -261,6 +261,9 @@ class FabricTests:
             return grade(rail, None)
         base = f"ft-{next(self._ids)}-{secrets.token_hex(4)}"
         notes: list[str] = []
+        if plan.cuda:
+            notes.append(f"GPUDirect: buffers in GPU {plan.cuda.get((a, rail.index), -1)} of {a} and GPU "
+                         f"{plan.cuda.get((b, rail.index), -1)} of {b} (--use_cuda)")
         b_dev, b_port = split_port(rail.b)
         a_dev, a_port = split_port(rail.a)
         async with self._asking(b, base + "-s") as (server_id, server_results):
