@@ -137,6 +137,7 @@ def test_locks_are_taken_in_name_order_whichever_side_is_a() -> None:
 
 # ---- issue 39: graded against what the link carries (encoding, the HCA's PCIe link) ---------------
 
+from llmgw.fabric import sysfs  # noqa: E402
 from llmgw.fabric.linkrate import capacity, data_gbps, parse_pcie_speed, parse_pcie_width, pcie_gbps  # noqa: E402
 
 
@@ -192,3 +193,19 @@ def test_an_x8_limited_hca_is_graded_against_pcie_with_that_reason() -> None:
     # The same card in a full slot: the link limits, nothing to say.
     [healthy], _ = pair_rails(a, b, {"mlx5_0/1": full}, {"mlx5_3/1": full})
     assert healthy.expected_gbps == 100.0 and grade(healthy, table(96.0)).detail == ""
+
+
+@pytest.mark.parametrize(("fixture", "lane", "speed", "encoding"), [
+    ("qdr-is5030-10-hosts-down-polling.txt", "10.0", "QDR", 8 / 10),
+    ("edr-sb7700-xcat-2nodes-author-truncated.txt", "25.78125", "EDR", 64 / 66),
+    # HDR: PAM4 with RS(544,514) FEC and 256b/257b transcoding
+    ("hdr-quantum-20-nodes-sharp-an-full.txt", "53.125", "HDR", 514 / 544 * 256 / 257),
+])
+def test_iblinkinfos_signalling_rates_give_the_data_rates_we_grade_against(
+        fixture: str, lane: str, speed: str, encoding: float) -> None:
+    """iblinkinfo (infiniband-diags) prints the per-lane signalling rate; less its encoding it is the
+    data rate linkrate assigns to the figure sysfs prints for that speed (4X: 4 lanes)."""
+    text = (REAL / "iblinkinfo" / fixture).read_text()
+    assert f"4X {lane} Gbps" in " ".join(text.split()), fixture
+    printed = sysfs.parse_rate(sysfs.format_rate(4, speed)).gbps
+    assert data_gbps(printed, speed) == pytest.approx(4 * float(lane) * encoding, abs=0.05)

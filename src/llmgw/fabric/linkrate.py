@@ -16,6 +16,10 @@ the kernel's ib_rate_to_mbps (drivers/infiniband/core/verbs.c): 4X QDR 40000, 4X
   and sysfs rounds it to 14: data is 14.0625 × 64/66 = 13.64 a lane (4X FDR: 56 → 54.55).
 - EDR (25.78125 × 64/66 = 25), HDR, NDR, XDR: sysfs prints the data rate.
 
+iblinkinfo (rdma-core's infiniband-diags) prints the per-lane signalling rate, and the real samples
+agree (tests/fixtures/real/iblinkinfo: `4X 10.0 Gbps` on QDR, `4X 25.78125 Gbps` on EDR, `4X 53.125
+Gbps` on HDR, whose PAM4 lanes lose RS(544,514) FEC and 256b/257b to reach 50; test_railtest.py).
+
 **Ethernet (RoCE).** ib_get_eth_speed (verbs.c) maps the netdev's speed onto an IB width and speed
 only to fill the same fields (40GbE shows as "4X FDR10", 20GbE as "4X DDR", and mlx4 shows 10GbE
 as "10 Gb/sec (1X QDR)", tests/fixtures/real/ibstatus): the figure is Ethernet's data rate, and no
