@@ -39,7 +39,7 @@ class Rail(msgspec.Struct, frozen=True, kw_only=True):
     b_gbps: float = 0.0
     link_gbps: float = 0.0  # the slower link's data rate (expected_gbps unless PCIe is lower)
     limit: str = ""  # what sets expected_gbps when it is not the link: "PCIe gen3 x8 on B (57.6 Gb/s; ...)"
-    basis: str = ""  # how the link figure was reached: "4X QDR signals 40 Gb/s, 8b/10b carries 32"
+    basis: str = ""  # how the link figure was reached, where its encoding costs: "40 Gb/s signalling, 8b/10b carries 32"
 
     @property
     def name(self) -> str:
@@ -57,6 +57,7 @@ class RailResult(msgspec.Struct, kw_only=True, omit_defaults=False):
     ratio: float | None = None
     status: str = Status.UNKNOWN.value
     detail: str = ""  # why not ok, one line
+    limited_by: str = ""  # what caps expected_gbps below the link: "PCIe gen3 x8 on B (57.6 Gb/s of payload)"
     size: int = 0  # the message size measured
     duration: float = 0.0
     notes: list[str] = []  # what the agents said on the way (perftest installed, GID index chosen)
@@ -128,7 +129,8 @@ def pair_rails(a: Sequence[FabricStatus], b: Sequence[FabricStatus],
 
 def grade(rail: Rail, table: Table | None, error: str = "", *, ok_at: float = 0.9, warn_at: float = 0.7) -> RailResult:
     """One rail's result: the client's table against the rail's expected rate."""
-    out = RailResult(rail=rail.index, fabric=rail.fabric, a=rail.a, b=rail.b, expected_gbps=rail.expected_gbps)
+    out = RailResult(rail=rail.index, fabric=rail.fabric, a=rail.a, b=rail.b, expected_gbps=rail.expected_gbps,
+                     limited_by=rail.limit)
     if not rail.a or not rail.b:
         out.status = Status.CRIT.value
         missing = "A" if not rail.a else "B"
