@@ -52,6 +52,7 @@ PURE = [
     "llmgw.fabric.crosscheck",
     "llmgw.fabric.subnet",
     "llmgw.fabric.perftest",
+    "llmgw.fabric.linkrate",
     "llmgw.fabric.railtest",
     "llmgw.placement",
     "llmgw.placement.gpus",

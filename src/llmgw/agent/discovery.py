@@ -189,6 +189,7 @@ def discover_ports(cfg: Discovery) -> list[Port]:
                 netdev=_netdev(cfg, device, port, port_dir),
                 hca_type=_read(os.path.join(device_dir, "hca_type")) or "",
                 fw_ver=_read(os.path.join(device_dir, "fw_ver")) or "",
+                pcie=_read_files(os.path.join(device_dir, "device"), sysfs.PCIE_FILES),
             )
         )
     return ports
