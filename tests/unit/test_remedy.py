@@ -279,3 +279,18 @@ def test_the_rules_hold_in_generated_histories(steps: list, hold: int, clear_aft
         for node, readings in history.items():
             if readings and readings[-1][1]:
                 assert node in r.unplaceable()
+
+
+# ---- health feeds placement ---------------------------------------------------------------------------
+
+
+def test_an_unplaceable_gpu_is_skipped_and_named_in_why_nothing_fits() -> None:
+    from llmgw.placement.single import NodeCapacity, NoFit, Placement, Request, place
+
+    gpus = [m.Gpu(index=i, name="H200", memory_mib=141000) for i in range(2)]
+    node = NodeCapacity(node_id="n1", state="ready", gpus=gpus, unplaceable={0: "gpu 0 Xid 79"})
+    got = place(Request(replica_id="r1", gpus=1), [node], (20000, 20010))
+    assert isinstance(got, Placement) and got.gpus == (1,)
+    got = place(Request(replica_id="r1", gpus=2), [node], (20000, 20010))
+    assert isinstance(got, NoFit)
+    assert got.summary() == "n1: only 1 of 2 matching GPUs are healthy, 2 needed (not placeable: gpu 0 Xid 79)"
