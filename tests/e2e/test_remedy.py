@@ -51,6 +51,12 @@ models:
         gpus: 1
         stop_grace: 10s
         args: ["--ttft-ms", "5", "--itl-ms", "5"]
+  - name: other
+    replicas: 1
+    profiles:
+      - engine: sim
+        gpus: 1
+        args: ["--ttft-ms", "5", "--itl-ms", "5"]
 """
 
 
@@ -93,13 +99,17 @@ def fleet(tmp: Path, procs: list[Proc], nodes: list[str], catalog: str, max_node
     return server
 
 
-def serving(server: Server) -> tuple[str, str, int] | None:
-    """(replica, node, GPU) of the one ready replica, when exactly one exists."""
-    rs = replicas(server)
+def serving(server: Server, model: str = "chat") -> tuple[str, str, int] | None:
+    """(replica, node, GPU) of the model's one ready replica, when exactly one exists."""
+    rs = [r for r in replicas(server) if r["model"] == model]
     if len(rs) != 1 or rs[0]["state"] != "ready":
         return None
     shard = rs[0]["shards"][0]
     return rs[0]["id"], shard["node"], shard["gpus"][0]
+
+
+def pid_of(server: Server, replica: str) -> int:
+    return next(r["shards"][0]["pid"] for r in replicas(server) if r["id"] == replica)
 
 
 def test_xid_79_moves_the_replica_with_no_failed_request_and_the_gpu_returns(tmp_path: Path,
@@ -108,6 +118,10 @@ def test_xid_79_moves_the_replica_with_no_failed_request_and_the_gpu_returns(tmp
     first = wait_until(lambda: serving(server), "the replica ready", procs=procs)
     rid, node, gpu = first
     other = "gpu-02" if node == "gpu-01" else "gpu-01"
+    # Best fit packs the other model's replica beside it, on the node's healthy GPU: it must stay.
+    neighbour = wait_until(lambda: serving(server, "other"), "the other model's replica ready", procs=procs)
+    assert neighbour[1] == node and neighbour[2] != gpu, (first, neighbour)
+    neighbour_pid = pid_of(server, neighbour[0])
 
     with Load(server.url, "chat", threads=3, api_key=KEY) as load:
         set_gpu(tmp_path, node, gpu, "--xid", "79")
@@ -118,6 +132,7 @@ def test_xid_79_moves_the_replica_with_no_failed_request_and_the_gpu_returns(tmp
         load.wait(10, "traffic after the move")
     assert load.failures == [], load.failures[:5]
     assert moved[1] == other, moved  # a healthy GPU, on the node that is not cordoned
+    assert serving(server, "other") == neighbour and pid_of(server, neighbour[0]) == neighbour_pid  # untouched
 
     view = server.nodes()[node]
     assert view["unplaceable"] == {str(gpu): f"gpu {gpu} Xid 79"}, view
