@@ -363,11 +363,11 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         say(f"  {cmd} ctl --server {public} events --watch")
         say(f"  {cmd} ctl --server {public} doctor")
         shard = next(r for r in ready if r["id"] == small)["shards"][0]
-        node_dir = shlex.quote(str(work / "nodes" / shard["node"]))
+        faulty_dir = shlex.quote(str(work / "nodes" / shard["node"]))
         gpu = shard["gpus"][0]
-        say(f"  {cmd} sim node set-gpu {node_dir} {gpu} --xid 79   # GPU {gpu} of {shard['node']} falls off the bus: "
+        say(f"  {cmd} sim node set-gpu {faulty_dir} {gpu} --xid 79   # GPU {gpu} of {shard['node']} falls off the bus: "
             f"{small} moves to a healthy GPU (events --watch says why)")
-        say(f"  {cmd} sim node set-gpu {node_dir} {gpu} --xid 0    # cleared: {shard['node']} returns 30s later")
+        say(f"  {cmd} sim node set-gpu {faulty_dir} {gpu} --xid 0    # cleared: {shard['node']} returns 30s later")
         if len(node_ids) >= 2:
             # Every demo node runs a rank of the 2-node replica, which has no other pair to go to.
             last = node_ids[-1]
