@@ -379,7 +379,7 @@ class ServerConfig(_Config):
     api: ApiSettings = msgspec.field(default_factory=ApiSettings)
     fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)
     events: EventSettings = msgspec.field(default_factory=EventSettings)
-    remedy: RemedySettings = msgspec.field(default_factory=RemedySettings)
+    remedy: RemedySettings = msgspec.field(default_factory=RemedySettings)  # reloadable (SIGHUP, ctl reload)
     models: list[Model] = []
     endpoints: list[StaticEndpoint] = []
 

@@ -286,7 +286,8 @@ class ControlPlane:
                                  end_revoked_streams=self.fleet_listener.recheck, drainer=self.drainer,
                                  public_tls=self.public_tls,
                                  record=lambda kind, message: self.events.record(kind, message),
-                                 feed=self.followers, worker_pool=lambda: self.worker_pool, cores=os.cpu_count() or 1)
+                                 feed=self.followers, worker_pool=lambda: self.worker_pool, cores=os.cpu_count() or 1,
+                                 set_remedy=self.remedy.configure)
         self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer,
                                 followers=self.followers, unplaceable=self.remedy.unplaceable)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)

@@ -85,15 +85,24 @@ class RemedyService:
     def unplaceable(self) -> dict[str, dict[int, str]]:
         return self.remedy.unplaceable()
 
-    async def run(self) -> None:
-        if self.settings.mode == "off":
-            log.info("auto_remediate: off (doctor's findings are only reported by `ctl doctor`)")
-            return
+    def configure(self, settings: RemedySettings) -> None:
+        """A reload's remedy section, at once (`report` during an incident stops the cordons);
+        the histories stay, so a finding held before is still held."""
+        if settings != self.settings:
+            self._say(settings)
+            self.settings = self.remedy.settings = settings
+            self.reconciler.generation += 1  # `off` frees the unplaceable GPUs for the next pass
+            self.wake()
+
+    def _say(self, settings: RemedySettings) -> None:
         log.info("auto_remediate: %s (hold %d readings, clear after %gs, at most %d nodes / %g %%)",
-                 self.settings.mode, self.settings.hold, self.settings.clear_after, self.settings.max_nodes,
-                 self.settings.max_percent)
+                 settings.mode, settings.hold, settings.clear_after, settings.max_nodes, settings.max_percent)
+
+    async def run(self) -> None:
+        self._say(self.settings)
         while True:
-            await self.step()
+            if self.settings.mode != "off":
+                await self.step()
             await trio.sleep(self.registry.heartbeat_interval)
 
     async def step(self) -> None:
