@@ -112,6 +112,12 @@ reconcile:
   expect_nodes: [{", ".join(node_ids)}]
   backoff_initial: 1s
   backoff_max: 30s
+remedy:
+  # The banner's `llmgw sim node set-gpu … --xid 79` takes that GPU out and moves the replica on
+  # it to a healthy GPU, successor ready first (issue 43); cleared, the node returns 30 s later.
+  auto_remediate: act
+  hold: 2
+  clear_after: 30s
 models:
   - name: {SMALL_MODEL}
     replicas: 2
@@ -356,6 +362,12 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         say(f"  {cmd} ctl --server {public} logs -f {small}")
         say(f"  {cmd} ctl --server {public} events --watch")
         say(f"  {cmd} ctl --server {public} doctor")
+        shard = next(r for r in ready if r["id"] == small)["shards"][0]
+        faulty_dir = shlex.quote(str(work / "nodes" / shard["node"]))
+        gpu = shard["gpus"][0]
+        say(f"  {cmd} sim node set-gpu {faulty_dir} {gpu} --xid 79   # GPU {gpu} of {shard['node']} falls off the bus: "
+            f"{small} moves to a healthy GPU (events --watch says why)")
+        say(f"  {cmd} sim node set-gpu {faulty_dir} {gpu} --xid 0    # cleared: {shard['node']} returns 30s later")
         if len(node_ids) >= 2:
             # Every demo node runs a rank of the 2-node replica, which has no other pair to go to.
             last = node_ids[-1]

@@ -63,6 +63,7 @@ PURE = [
     "llmgw.server.observe",
     "llmgw.server.moves",
     "llmgw.server.lost",
+    "llmgw.server.remedy",
     "llmgw.server.rollout",
     "llmgw.server.reconcile",
     "llmgw.server.replicas",

@@ -60,6 +60,7 @@ from llmgw.server.logs import EngineLogs, LogHub
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
 from llmgw.server.operator import Operator
 from llmgw.server.registry import NodeRegistry
+from llmgw.server.remedy_service import RemedyService
 from llmgw.server.views import FleetReads, GatewayFeed
 from llmgw.server.weights import WeightsBoard
 from llmgw.tls import server_context
@@ -212,6 +213,10 @@ class ControlPlane:
         self.drainer = Drainer(MarkStore(cfg.state_dir), reconciler, self.registry, now=trio.current_time,
                                wake=lambda: self.controller.wake(),
                                record=lambda kind, message, node: self.events.record(kind, message, node=node))
+        # A fleet that heals itself (issue 43): doctor's GPU findings → unplaceable GPUs, auto-cordons, moves.
+        self.remedy = RemedyService(cfg.remedy, self.registry, reconciler, self.drainer,
+                                    record=lambda kind, message, node: self.events.record(kind, message, node=node),
+                                    metrics=self.metrics.registry, wake=lambda: self.controller.wake())
         self.controller = Controller(
             reconciler,
             self.registry,
@@ -224,6 +229,7 @@ class ControlPlane:
             weights=weights,
             places=lambda: self.fabrics.places,  # multi-node placement reads the fabric map
             cordoned=self.drainer.cordoned,
+            unplaceable=self.remedy.unplaceable,
         )
         # `ctl logs`: engine log chunks from the streams to their readers.
         self.log_hub = LogHub(lambda: sessions)
@@ -279,9 +285,10 @@ class ControlPlane:
                                  end_revoked_streams=self.fleet_listener.recheck, drainer=self.drainer,
                                  public_tls=self.public_tls,
                                  record=lambda kind, message: self.events.record(kind, message),
-                                 feed=self.followers, worker_pool=lambda: self.worker_pool, cores=os.cpu_count() or 1)
+                                 feed=self.followers, worker_pool=lambda: self.worker_pool, cores=os.cpu_count() or 1,
+                                 set_remedy=self.remedy.configure)
         self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer,
-                                followers=self.followers)
+                                followers=self.followers, unplaceable=self.remedy.unplaceable)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=package_assets(), events=self.events,
@@ -355,6 +362,7 @@ class ControlPlane:
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.fabrics.run)
             nursery.start_soon(self.controller.run)
+            nursery.start_soon(self.remedy.run)
             nursery.start_soon(self.operator.reload_on_sighup)
             nursery.start_soon(self.event_feeds.watch_breakers)
             log.info("llmgw server %s: public %s, fleet %s%s; %s", __version__, bound.public_url, bound.fleet_url,

@@ -107,6 +107,7 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     fabric_devices: dict[str, list[str]] = {}  # usable fabric → its devices (where the fabric map is read)
     # The leaf switches its adapters are cabled to (the fabric map), for `placement.spread: leaves`.
     leaves: list[str] = []
+    unplaceable: dict[int, str] = {}  # GPU → why it takes no new work (server/remedy.py)
 
 
 class _Usage:
@@ -130,6 +131,7 @@ class _Usage:
                 fabric_notes=dict(n.fabric_notes),
                 address=n.address,
                 fabric_devices=n.fabric_devices,
+                unplaceable=n.unplaceable,
             )
             for n in sorted(nodes, key=lambda n: n.node_id)
         ]
