@@ -196,8 +196,8 @@ def discover_ports(cfg: Discovery) -> list[Port]:
 
 def _counter_files(port_dir: str) -> dict[str, str]:
     files = _read_files(port_dir, sysfs.COUNTER_FILES)
-    for directory in sysfs.COUNTER_DIRS:
-        names = sorted(_listdir(os.path.join(port_dir, directory)))[: sysfs.MAX_COUNTERS]
+    for directory in (*sysfs.COUNTER_DIRS, sysfs.HW_COUNTER_DIR):
+        names = sorted(set(_listdir(os.path.join(port_dir, directory))) - sysfs.HW_NOT_COUNTERS)[: sysfs.MAX_COUNTERS]
         files.update(_read_files(port_dir, (f"{directory}/{name}" for name in names)))
     return files
 
