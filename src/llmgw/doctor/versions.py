@@ -83,7 +83,7 @@ def _grade(check: str, facts: ClusterFacts,
     pools = _pools(facts)
     out: list[Finding] = []
     same: list[str] = []
-    silent: set[str] = set()
+    silent: dict[str, set[str]] = {}
     compared = 0
     for pool, nodes in pools.items():
         if len(nodes) < 2:
@@ -93,7 +93,8 @@ def _grade(check: str, facts: ClusterFacts,
         for what, get, action, applies in parts(nodes):
             odd, top, quiet = _compare(check, pool, nodes, what, get, action, applies)
             out.extend(odd)
-            silent.update(quiet)
+            if quiet:
+                silent.setdefault(what, set()).update(quiet)
             if top and not odd:
                 agreed.append(f"{what} {top}")
         if agreed:
@@ -103,7 +104,8 @@ def _grade(check: str, facts: ClusterFacts,
     if not compared:
         return [Finding(node=CLUSTER, check=check, status=Status.OK,
                         finding="no two ready nodes with the same GPU model: nothing to compare")]
-    note = f"; not reported by {', '.join(sorted(silent))} (agent older than this server?)" if silent else ""
+    note = "".join(f"; {what} not reported by {', '.join(sorted(nodes))}" for what, nodes in silent.items())
+    note += " (agents older than this server?)" if silent else ""
     return [Finding(node=CLUSTER, check=check, status=Status.OK,
                     finding=("the same on " + "; ".join(same) if same else "no versions reported") + note)]
 
