@@ -42,7 +42,7 @@ def _local_report(config_path: str | None, node: str | None, checks: frozenset[s
                   interval: float) -> dict[str, Any]:
     import msgspec
 
-    from llmgw import doctor as checks
+    from llmgw import doctor as grading
     from llmgw.agent.selfcheck import local_facts
     from llmgw.catalog import load_agent_config
     from llmgw.doctor.facts import ClusterFacts, report
@@ -51,7 +51,7 @@ def _local_report(config_path: str | None, node: str | None, checks: frozenset[s
     facts = local_facts(cfg, interval=interval)
     if node is not None and node != facts.id:
         raise UsageError(f"--node {node} with --local: this machine is {facts.id} (drop --node, or run it there)")
-    found = checks.run(ClusterFacts(nodes=[facts]), clock=time.monotonic, deadline=time.monotonic() + 30,
+    found = grading.run(ClusterFacts(nodes=[facts]), clock=time.monotonic, deadline=time.monotonic() + 30,
                        checks=checks, cluster=False, local=True)
     return msgspec.to_builtins(report(found, nodes=1))
 

@@ -42,6 +42,10 @@ def _hca_fw(hca_type: str) -> Getter:
     return get
 
 
+def _has_hca(hca_type: str) -> Callable[[NodeFacts], bool]:
+    return lambda n: any(p.hca_type == hca_type for p in n.inventory.ports)
+
+
 def _pools(facts: ClusterFacts) -> dict[str, list[NodeFacts]]:
     out: dict[str, list[NodeFacts]] = {}
     for n in sorted(facts.nodes, key=lambda n: n.id):
@@ -130,8 +134,6 @@ def check_firmware_versions(facts: ClusterFacts) -> list[Finding]:
     def parts(nodes: list[NodeFacts]) -> list[tuple[str, Getter, str, Callable[[NodeFacts], bool]]]:
         kinds = sorted({p.hca_type for n in nodes for p in n.inventory.ports if p.hca_type})
         hcas: list[tuple[str, Getter, str, Callable[[NodeFacts], bool]]] = [
-            (f"{kind} firmware", _hca_fw(kind), FIRMWARE_ACTION,
-             lambda n, kind=kind: any(p.hca_type == kind for p in n.inventory.ports))  # type: ignore[misc]
-            for kind in kinds]
+            (f"{kind} firmware", _hca_fw(kind), FIRMWARE_ACTION, _has_hca(kind)) for kind in kinds]
         return [("GPU VBIOS", _vbios, FIRMWARE_ACTION, _has_gpus), *hcas]
     return _grade("firmware-versions", facts, parts)
