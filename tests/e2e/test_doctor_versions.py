@@ -62,6 +62,15 @@ def test_the_one_node_on_another_driver_is_flagged_and_only_it(tmp_path: Path, p
     firmware = next(f for f in found["findings"] if f["check"] == "firmware-versions")
     assert firmware["status"] == "ok" and "GPU VBIOS 96.00.A5.00.1A" in firmware["finding"], firmware
 
+    # The API takes the same selection (only=, skip=); an id that is no check is a 400 naming it.
+    import httpx
+
+    api = f"{server.url}/api/v1/doctor"
+    clocks = httpx.get(api, params={"only": "clock,cert"}, timeout=10).json()
+    assert {f["check"] for f in clocks["findings"]} == {"clock", "cert"}
+    refused = httpx.get(api, params={"skip": "clock,bogus"}, timeout=10)
+    assert refused.status_code == 400 and "'bogus'" in refused.text
+
     # --skip leaves it out (the rest of this fleet is healthy once each port has two readings).
     rest = wait_for_exit(server, 0, "doctor ok without the version check", procs, "--skip", "driver-versions")
     assert "driver-versions" not in {f["check"] for f in rest["findings"]}
