@@ -34,10 +34,10 @@ def test_list_names_every_check_with_what_it_reads_and_means() -> None:
     rows = {line.split()[0] for line in table.stdout.splitlines()[1:] if line and not line[0].isspace()}
     assert rows == set(CHECKS)
     assert "CRIT: " in table.stdout and "WARN: " in table.stdout
-    for args in (("--only", "clock,nope"), ("--skip", "bogus")):
+    for args in (("--only", "clock,nope"), ("--skip", "bogus"), ("--local", "--only", "driver-versions,clock")):
         bad = run_llmgw("ctl", "--server", "http://127.0.0.1:9", "doctor", *args)
         assert bad.returncode == 3, bad.stderr  # UNKNOWN, as the Nagios guidelines have bad usage
-        assert "no check" in one_error_line(bad)
+        assert "no check" in one_error_line(bad) or "need a server" in one_error_line(bad)
 
 
 def test_the_one_node_on_another_driver_is_flagged_and_only_it(tmp_path: Path, procs: list[Proc]) -> None:
@@ -87,3 +87,16 @@ def test_the_one_node_on_another_driver_is_flagged_and_only_it(tmp_path: Path, p
     said = rising["findings"][0]
     assert "packet_seq_err +900 (" in said["finding"] and "/s)" in said["finding"], said
     assert "mlnx_qos -i eth0" in said["action"], said
+
+
+def test_local_takes_only_and_skip(tmp_path: Path) -> None:
+    made = run_llmgw("sim", "node", "--dir", str(tmp_path / "n"), "--node-id", "n-1", "--ib-ports", "1",
+                     "--init-port", "mlx5_0")
+    assert made.returncode == 0, made.stderr
+    config = str(tmp_path / "n" / "agent.yaml")
+    skipped = run_llmgw("ctl", "doctor", "--local", "--config", config, "--interval", "0", "--skip", "ports", "-o", "json")
+    assert skipped.returncode == 0, skipped.stderr  # the INIT port is not looked at
+    checks = {f["check"] for f in json.loads(skipped.stdout)["findings"]}
+    assert "ports" not in checks and {"memlock", "nvml", "counters"} <= checks
+    only = run_llmgw("ctl", "doctor", "--local", "--config", config, "--interval", "0", "--only", "ports", "-o", "json")
+    assert only.returncode == 2 and {f["check"] for f in json.loads(only.stdout)["findings"]} == {"ports"}

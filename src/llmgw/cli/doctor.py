@@ -165,12 +165,17 @@ def doctor(ctx: click.Context, node_id: str | None, local: bool, config_path: st
     if list_checks:
         _print_list(output)
         return
-    from llmgw.doctor.catalog import UnknownCheck, select, split_ids
+    from llmgw.doctor.catalog import UnknownCheck, listing, select, split_ids
 
     try:
         checks = select([*only, *([check] if check else [])], skip)
     except UnknownCheck as exc:  # bad usage: UNKNOWN (3) through NagiosCommand, one line
         raise click.UsageError(str(exc)) from None
+    if local and checks is not None:
+        here = {doc.id for doc in listing() if doc.scope == "node" and not doc.needs_server}
+        if not checks & here:
+            raise click.UsageError(f"--local runs this machine's node checks; {', '.join(sorted(checks))} "
+                                   "need a server (the fleet's checks compare nodes)")
     try:
         data = _report(ctx, local, config_path, node_id, checks, interval, split_ids([*only, *([check] if check else [])]),
                        split_ids(skip))
