@@ -341,6 +341,8 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         say(f"  {cmd} ctl --server {public} logs -f {small}")
         say(f"  {cmd} ctl --server {public} events --watch")
         say(f"  {cmd} ctl --server {public} doctor")
+        say(f"  {cmd} ctl doctor --list   # every check: what it reads, what its CRIT and WARN mean")
+        say(f"  {cmd} sim node set-counter {work / 'nodes' / node_ids[0]} mlx5_0 1 packet_seq_err 900   # then doctor")
         if len(node_ids) >= 2:
             # Every demo node runs a rank of the 2-node replica, which has no other pair to go to.
             last = node_ids[-1]
