@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 
 import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmgw.doctor.cluster import CLUSTER_CHECKS
 from llmgw.doctor.facts import CLUSTER, ClusterFacts, NodeFacts
@@ -140,3 +142,35 @@ def test_a_counter_that_went_back_is_a_driver_reload_not_a_rise() -> None:
 def test_cluster_findings_stay_under_the_cluster_group() -> None:
     found = CLUSTER_CHECKS["driver-versions"](ClusterFacts(nodes=[node("a"), node("b"), node("c", driver="1")]))
     assert all(f.node == CLUSTER and f.check == "driver-versions" for f in found)
+
+
+_version = st.sampled_from(["", "550.54.15", "550.90.07", "12.4", "a, b"])
+_counts = st.dictionaries(st.sampled_from(["packet_seq_err", "out_of_buffer", "req_transport_retries_exceeded",
+                                           "np_cnp_sent", "x"]), st.none() | st.integers(0, 2**64))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(_version, _version, _version, _version, st.sampled_from(["H100", "H200", ""]),
+                          st.booleans()), max_size=6))
+def test_arbitrary_versions_never_raise_and_name_only_ready_nodes(rows: list[tuple[str, str, str, str, str, bool]]) -> None:
+    nodes = []
+    for i, (driver, cuda, vbios, fw, gpu, ready) in enumerate(rows):
+        n = node(f"n{i}", driver=driver, cuda=cuda, vbios=vbios, fw=fw, stack=driver, gpu=gpu)
+        n.state = "ready" if ready else "lost"
+        nodes.append(n)
+    facts = ClusterFacts(nodes=nodes)
+    ready = {n.id for n in nodes if n.state == "ready"}
+    for check in ("driver-versions", "firmware-versions"):
+        found = CLUSTER_CHECKS[check](facts)
+        assert found and all(f.status in (OK, WARN) for f in found)
+        assert all(f.subject in ready or f.status == OK or "no majority" in f.finding for f in found)
+
+
+@settings(max_examples=80, deadline=None)
+@given(_counts, _counts, st.floats(0, 1e4))
+def test_arbitrary_hw_counters_never_raise(before: dict[str, int | None], after: dict[str, int | None],
+                                           window: float) -> None:
+    then = m.PortCounters(device="mlx5_0", port=1, hw_counters=before)
+    now = m.PortCounters(device="mlx5_0", port=1, hw_counters=after)
+    found = grade("counters", healthy(ports=[now], ports_before=[then], window=window))
+    assert found and all(f.status in (OK, WARN, CRIT) for f in found)
