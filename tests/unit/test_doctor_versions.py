@@ -174,3 +174,11 @@ def test_arbitrary_hw_counters_never_raise(before: dict[str, int | None], after:
     now = m.PortCounters(device="mlx5_0", port=1, hw_counters=after)
     found = grade("counters", healthy(ports=[now], ports_before=[then], window=window))
     assert found and all(f.status in (OK, WARN, CRIT) for f in found)
+
+
+def test_loss_on_infiniband_is_not_blamed_on_pfc() -> None:
+    n = _readings({"packet_seq_err": 0}, {"packet_seq_err": 30})
+    n.inventory = m.Inventory(ports=[m.Port(device="mlx5_0", port=1, link_layer="InfiniBand", state="ACTIVE")])
+    [f] = grade("counters", n)
+    assert f.status == WARN and "ibqueryerrors" in f.action and "mlnx_qos" not in f.action
+    assert "(packet_seq_err: sequence-error NAKs received)" in f.action

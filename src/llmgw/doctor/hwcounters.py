@@ -56,12 +56,15 @@ def _rate(delta: int, window: float) -> str:
     return f" ({per:.1f}/s)" if per < 10 else f" ({per:,.0f}/s)"
 
 
-def hw_rises(now: m.PortCounters, then: m.PortCounters | None, window: float, netdev: str = "") -> HwRise:
-    """The graded hw_counters that rose between `then` and `now` (`window` seconds apart)."""
+def hw_rises(now: m.PortCounters, then: m.PortCounters | None, window: float, netdev: str = "",
+             roce: bool = True) -> HwRise:
+    """The graded hw_counters that rose between `then` and `now` (`window` seconds apart); `roce`
+    False for an InfiniBand port (credit-based: no PFC to blame)."""
     out = HwRise()
     if then is None or not now.hw_counters:
         return out
     worst = Status.OK
+    meanings: list[str] = []
     kinds: set[str] = set()
     for name in GRADED:
         a, b = now.hw_counters.get(name), then.hw_counters.get(name)
@@ -74,17 +77,23 @@ def hw_rises(now: m.PortCounters, then: m.PortCounters | None, window: float, ne
         elif worst != Status.CRIT:
             worst = Status.WARN
         kinds.add("crit" if name in HW_CRIT else "loss" if name in HW_LOSS else "receiver")
+        meanings.append(f"{name}: {HW_CRIT.get(name) or HW_LOSS.get(name) or HW_RECEIVER[name]}")
     out.status = worst
-    dev = f"{now.device}"
-    qos = f"mlnx_qos -i {netdev}" if netdev else "mlnx_qos -i <netdev>"
+    if not out.rises:
+        return out
+    dev, watch = now.device, f"`rdma statistic show link {now.device}/{now.port}` to watch it"
+    parts = [f"({'; '.join(meanings)})"]
     if "crit" in kinds:
-        out.action = (f"queue pairs on {dev} went to error: the jobs on them failed; ")
-    if "loss" in kinds or "crit" in kinds:
-        out.action += (f"packets are lost on a fabric that must be lossless: PFC/ECN on the RoCE priority ({qos}), "
-                       "the switch port's pause and drop counters, then the cable (mlxlink -d "
-                       f"{dev} -c); `rdma statistic show link {dev}/{now.port}` to watch it")
+        parts.append(f"queue pairs on {dev} went to error: the jobs on them failed")
+    if kinds & {"loss", "crit"} and roce:
+        qos = f"mlnx_qos -i {netdev}" if netdev else "mlnx_qos -i <netdev>"
+        parts.append(f"packets are lost on a fabric that must be lossless: PFC/ECN on the RoCE priority ({qos}), the "
+                     f"switch port's pause and drop counters, then the cable (mlxlink -d {dev} -c); {watch}")
+    elif kinds & {"loss", "crit"}:
+        parts.append(f"packets are lost on InfiniBand: the cable or a port (mlxlink -d {dev} -c, the symbol errors "
+                     f"at both ends), or a switch discarding (ibqueryerrors); {watch}")
     if "receiver" in kinds:
-        sep = "; " if out.action else ""
-        out.action += (f"{sep}the receiver on {dev} had no buffer posted: an engine not keeping up, or too few "
-                       "receive WQEs (NCCL_IB_* settings); watch `rdma statistic show link` while it runs")
+        parts.append(f"the receiver on {dev} had no buffer posted: an engine not keeping up, or too few receive "
+                     "WQEs (NCCL_IB_* settings)")
+    out.action = parts[0] + " " + "; ".join(parts[1:])
     return out

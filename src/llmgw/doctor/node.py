@@ -289,7 +289,7 @@ def check_counters(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
         return [_f(n, "counters", UNKNOWN, "one reading of the error counters so far: a rise shows from the next one",
                    "run doctor again in a minute")]
     before = {f"{p.device}/{p.port}": p for p in n.ports_before}
-    netdevs = {f"{p.device}/{p.port}": p.netdev for p in n.inventory.ports}
+    known = {f"{p.device}/{p.port}": p for p in n.inventory.ports}
     out: list[Finding] = []
     old: list[str] = []
     for p in n.ports:
@@ -305,7 +305,8 @@ def check_counters(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
                 crit = crit or name == "link_downed"
             elif now:
                 old.append(f"{key} {name} {now}")
-        hw = hw_rises(p, earlier, n.window, netdevs.get(key, ""))  # RoCE and QP errors, as rates (issue 39)
+        port = known.get(key)  # RoCE and QP errors, as rates (issue 39)
+        hw = hw_rises(p, earlier, n.window, port.netdev if port else "", port is None or port.link_layer == "Ethernet")
         if rises or hw.rises:
             status = CRIT if crit or hw.status == CRIT else WARN
             cable = (f"a cable, transceiver or port going bad: mlxlink -d {p.device} -p {p.port} -c; "
