@@ -147,8 +147,10 @@ def _status_line(data: dict[str, Any]) -> str:
 def doctor(ctx: click.Context, node_id: str | None, local: bool, config_path: str | None, interval: float,
            only: tuple[str, ...], skip: tuple[str, ...], check: str | None, list_checks: bool, quiet: bool,
            output: str) -> None:
-    """Check nodes and the fleet: agents, GPUs, NVLink, adapters, ports, counters, memlock, disk,
-    certificates, clocks, fabrics, replicas. Each finding says what to do when it is not ok.
+    """Check nodes and the fleet: agents, GPUs, NVLink, adapters, ports, counters (hw_counters as
+    rates), memlock, disk, certificates, clocks, fabrics, replicas, and driver and firmware versions
+    that differ across nodes. Each finding says what to do when it is not ok; --list says what
+    each check reads.
 
     The first line is a Nagios plugin's: `LLMGW DOCTOR OK - <counts> | crit=0 warn=0 ...`, then the
     table (or, with --quiet, one line per finding that is not ok).
