@@ -182,3 +182,15 @@ def test_loss_on_infiniband_is_not_blamed_on_pfc() -> None:
     [f] = grade("counters", n)
     assert f.status == WARN and "ibqueryerrors" in f.action and "mlnx_qos" not in f.action
     assert "(packet_seq_err: sequence-error NAKs received)" in f.action
+
+
+def test_cuda_and_vbios_read_as_the_real_nvidia_smi_prints_them() -> None:
+    from llmgw.agent.versions import cuda_text
+
+    text = (REAL / "nvidia-smi-q" / "llmgw-device-1xh200-vm.txt").read_text()
+    cuda = re.search(r"CUDA Version\s+: (\S+)", text)
+    vbios = re.search(r"VBIOS Version\s+: (\S+)", text)
+    assert cuda and vbios
+    assert cuda_text(13000) == cuda[1] == "13.0" and cuda_text(12040) == "12.4" and cuda_text(0) == ""
+    from llmgw.sim.node_faults import SIM_VBIOS
+    assert vbios[1] == SIM_VBIOS  # the simulated node's VBIOS has the real one's shape
