@@ -34,8 +34,8 @@ _WORDS: dict[str, tuple[str, str, str]] = {
     "agent": ("the agent's stream and its heartbeats (server side)",
               "the agent is not connected: the node's readings are stale and nothing can start there",
               "heartbeats late by more than two intervals: an overloaded host or a lossy network"),
-    "nvml": ("NVML (nvmlInit, nvmlSystemGetDriverVersion) or the simulated inventory",
-             "", ""),
+    "nvml": ("NVML (nvmlInit, nvmlSystemGetDriverVersion) or the simulated inventory; never CRIT or WARN, "
+             "UNKNOWN when NVML cannot be reached (the GPU checks then have nothing to read)", "", ""),
     "gpu-health": ("NVML per GPU: health, volatile uncorrected ECC, Xid events (dcgmi diag -r 1's ECC/Xid part)",
                    "a GPU lost or in error, uncorrected ECC errors, or an Xid that takes it out of service (79, 48, ...)",
                    "an Xid that is worth watching (13, 31, 43, 63, 92, 94)"),
