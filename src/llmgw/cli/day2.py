@@ -25,7 +25,8 @@ def _when(t: float) -> str:
 
 
 def _event_rows(events: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    return [(_when(e["time"]), e["kind"], e.get("node") or "-", e.get("model") or "-", e["message"]) for e in events]
+    return [(_when(e["time"]), e["kind"], ",".join(e.get("nodes") or []) or e.get("node") or "-", e.get("model") or "-",
+             e["message"]) for e in events]
 
 
 def _print_details(events: list[dict[str, Any]]) -> None:

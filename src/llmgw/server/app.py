@@ -44,7 +44,7 @@ from llmgw.server.auth import Auth
 from llmgw.server.control import Controller, Settle, make_reconciler
 from llmgw.server.doctor import DoctorService
 from llmgw.server.drain import Drainer, MarkStore
-from llmgw.server.events import EventFeeds, EventLog, RecordingObserver, chain
+from llmgw.server.events import EventFeeds, EventLog, RecordingObserver, chain, port_events
 from llmgw.server.fabric_service import FabricCollector, FabricService
 from llmgw.server.fabric_store import FabricStore
 from llmgw.server.fabric_test import FabricTests
@@ -251,6 +251,7 @@ class ControlPlane:
             log_hub=self.log_hub,
             fabric_tests=self.fabric_tests,
             max_message=int(fleet.max_message),
+            on_port_change=lambda node_id, changes: port_events(self.events, node_id, changes),
         )
         fleet_ctx = None if cfg.tls is None else fleet_ssl_context(cfg)
         self.fleet_tls = fleet_ctx is not None

@@ -25,7 +25,7 @@ from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
 from llmgw.fleet.outbox import Outbox
 from llmgw.server.logs import LogHub
 from llmgw.server.metrics import ServerMetrics
-from llmgw.server.registry import NodeRegistry, Transition
+from llmgw.server.registry import NodeRegistry, PortChange, Transition, port_changes
 from llmgw.wire import messages as m
 from llmgw.wire.ids import message_problems, printable, quote, spec_problems
 
@@ -105,8 +105,10 @@ class FleetService:
         log_hub: LogHub | None = None,
         fabric_tests: FabricTestRoutes | None = None,
         max_message: int = 0,  # the listener's limit (fleet.max_message), told to agents in the Welcome
+        on_port_change: Callable[[str, list[PortChange]], None] | None = None,
     ) -> None:
         self.max_message = max_message
+        self.on_port_change = on_port_change  # a port's state changed between two heartbeats (the event log)
         self.outbox_capacity = outbox_capacity
         self.log_hub = log_hub  # engine log chunks go to their readers (`ctl logs`)
         self.fabric_tests = fabric_tests  # ib_write_bw results go to the test that asked (`ctl fabric-test`)
@@ -323,9 +325,15 @@ class FleetService:
                 shards = msg.shards
                 if shards is not None:
                     msg = msgspec.structs.replace(msg, shards=None)  # the registry keeps the readings only
+                node = registry.get(node_id)
+                before = node.ports if node is not None and node.session == session.number else {}
                 t = registry.heartbeat(node_id, session.number, msg, now, wall=time.time())
                 if t is not None:
                     self._notify([t])
+                if before and msg.ports and self.on_port_change is not None:
+                    changes = port_changes(before, registry.nodes[node_id].ports)
+                    if changes:
+                        self.on_port_change(node_id, changes)
                 if shards is not None and self.observer is not None:
                     self.observer.shard_resync(node_id, self._good_reports(node_id, "Heartbeat", shards))
             elif isinstance(msg, m.ShardStatus):
