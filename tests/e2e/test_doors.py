@@ -81,7 +81,7 @@ def test_every_route_stands_behind_its_door(tmp_path: Path, procs: list[Proc]) -
                          "a ready replica", procs=procs)
     fabric = wait_until(lambda: next((f["id"] for f in server.get("/api/v1/fabrics") if f["topology"]), None),
                         "a fabric with its topology", procs=procs)
-    ids = {"node": "gpu-01", "replica": replica["id"], "fabric": fabric}
+    ids = {"node": "gpu-01", "replica": replica["id"], "fabric": fabric, "move": "1", "model": replica["model"]}
     # Reads stand behind the viewer door and every change behind the operator door.
     routes = [(r.method, "/api/v1/" + r.path.format(**ids), r.door) for r in API_ROUTES] + [("GET", "/metrics", Door.VIEWER)]
     for method, path, door in routes:

@@ -61,6 +61,7 @@ PURE = [
     "llmgw.agent.engines.multinode",
     "llmgw.server.observe",
     "llmgw.server.moves",
+    "llmgw.server.restart",
     "llmgw.server.rollout",
     "llmgw.server.reconcile",
     "llmgw.server.replicas",

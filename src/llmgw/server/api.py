@@ -32,6 +32,7 @@ from llmgw.server.events import QUERY_LIMIT, EventLog, EventQuery
 from llmgw.server.fabric_test import FabricTests, Refused
 from llmgw.server.logs import EngineLogs
 from llmgw.server.operator import ReloadResult
+from llmgw.server.restart import RestartResult
 from llmgw.server.views import ReadModel
 from llmgw.web.server import Handler, Request, Responder
 
@@ -45,7 +46,7 @@ class Actions(Protocol):
 
     async def reload(self) -> ReloadResult: ...
     def forget_node(self, node_id: str) -> str: ...
-    def restart_replica(self, replica_id: str, who: str) -> str: ...
+    def restart_replica(self, replica_id: str, who: str, *, force: bool = False) -> RestartResult | tuple[int, str]: ...
     def cordon(self, node_id: str, who: str) -> str: ...
     def uncordon(self, node_id: str, who: str) -> str: ...
     def drain(self, node_id: str, who: str, *, force: bool) -> DrainView | str: ...
@@ -266,12 +267,25 @@ class PublicHandler:
             await send_json(call.responder, 200, {"forgotten": node_id})
 
     async def restart_replica(self, call: Call) -> None:
-        replica_id = call.params["replica"]
-        problem = self.actions.restart_replica(replica_id, call.who)
-        if problem:
-            await send_error(call.responder, 404, problem, "not_found")
+        """`?force=1`: where no node has room for the successor, stop the old one first."""
+        from urllib.parse import parse_qs
+
+        force = parse_qs(call.request.query).get("force", ["0"])[-1] in ("1", "true", "yes")
+        result = self.actions.restart_replica(call.params["replica"], call.who, force=force)
+        if isinstance(result, tuple):
+            status, problem = result
+            await send_error(call.responder, status, problem, "not_found" if status == 404 else "conflict")
         else:
-            await send_json(call.responder, 200, {"restarting": replica_id})
+            await send_json(call.responder, 202 if result.move else 200, result)
+
+    async def get_move(self, call: Call) -> None:
+        move_id = call.params["move"]
+        outcome = self.reads.move(int(move_id)) if move_id.isdigit() and len(move_id) < 12 else None
+        if outcome is None:
+            await send_error(call.responder, 404, f"no move {move_id!r} (ended moves are kept a while, the newest)",
+                             "not_found")
+        else:
+            await send_json(call.responder, 200, outcome)
 
     async def cordon(self, call: Call) -> None:
         await self._mark(call, self.actions.cordon, "cordoned")
@@ -405,6 +419,7 @@ API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "gateways", Door.VIEWER, PublicHandler.list_gateways),
     ApiRoute("GET", "replicas/{replica}/logs", Door.VIEWER, PublicHandler.replica_logs),
     ApiRoute("GET", "nodes/{node}/drain", Door.VIEWER, PublicHandler.drain_status),
+    ApiRoute("GET", "moves/{move}", Door.VIEWER, PublicHandler.get_move),
     ApiRoute("POST", "reload", Door.OPERATOR, PublicHandler.reload),
     ApiRoute("DELETE", "nodes/{node}", Door.OPERATOR, PublicHandler.forget_node),
     ApiRoute("POST", "replicas/{replica}/restart", Door.OPERATOR, PublicHandler.restart_replica),

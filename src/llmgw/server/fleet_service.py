@@ -326,12 +326,12 @@ class FleetService:
                 if shards is not None:
                     msg = msgspec.structs.replace(msg, shards=None)  # the registry keeps the readings only
                 node = registry.get(node_id)
-                before = node.ports if node is not None and node.session == session.number else {}
+                ports_before = node.ports if node is not None and node.session == session.number else {}
                 t = registry.heartbeat(node_id, session.number, msg, now, wall=time.time())
                 if t is not None:
                     self._notify([t])
-                if before and msg.ports and self.on_port_change is not None:
-                    changes = port_changes(before, registry.nodes[node_id].ports)
+                if ports_before and msg.ports and self.on_port_change is not None:
+                    changes = port_changes(ports_before, registry.nodes[node_id].ports)
                     if changes:
                         self.on_port_change(node_id, changes)
                 if shards is not None and self.observer is not None:
