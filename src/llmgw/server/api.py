@@ -30,6 +30,7 @@ from llmgw.server.auth import Auth, Door
 from llmgw.server.drain import DrainView
 from llmgw.server.events import QUERY_LIMIT, EventLog, EventQuery
 from llmgw.server.fabric_test import FabricTests, Refused
+from llmgw.server.logfollow import ModelLogs
 from llmgw.server.logs import EngineLogs
 from llmgw.server.operator import ReloadResult
 from llmgw.server.restart import RestartResult
@@ -84,7 +85,7 @@ class PublicHandler:
 
     def __init__(self, *, reads: ReadModel, actions: Actions, auth: Auth, gateway: Clients,
                  render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True,
-                 events: EventLog | None = None, engine_logs: EngineLogs | None = None,
+                 events: EventLog | None = None, engine_logs: EngineLogs | None = None, model_logs: ModelLogs | None = None,
                  pages: Handler | None = None, fabric_tests: FabricTests | None = None,
                  doctor: Doctor | None = None, prepare_metrics: Callable[[], Awaitable[None]] | None = None) -> None:
         self.reads = reads
@@ -94,6 +95,7 @@ class PublicHandler:
         self.doctor = doctor  # GET /api/v1/doctor
         self.events = events  # GET /api/v1/events
         self.engine_logs = engine_logs  # GET /api/v1/replicas/{replica}/logs
+        self.model_logs = model_logs  # GET /api/v1/logs/{name}: a model's, following it across moves
         self.actions = actions
         self.auth = auth
         self.gateway = gateway
@@ -225,6 +227,13 @@ class PublicHandler:
             await send_error(call.responder, 404, "engine logs are not served here", "not_found")
             return
         await self.engine_logs.serve(call.params["replica"], call.request.query, call.responder)
+
+    async def logs(self, call: Call) -> None:
+        """`ctl logs NAME`: a model's (or a replica's) engine log as NDJSON, notes beside the lines."""
+        if self.model_logs is None:
+            await send_error(call.responder, 404, "engine logs are not served here", "not_found")
+            return
+        await self.model_logs.serve(call.params["name"], call.request.query, call.responder)
 
     async def get_doctor(self, call: Call) -> None:
         """`ctl doctor`: every check's finding; `node=` one node's only, `check=` one check."""
@@ -418,6 +427,7 @@ API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "doctor", Door.VIEWER, PublicHandler.get_doctor),
     ApiRoute("GET", "gateways", Door.VIEWER, PublicHandler.list_gateways),
     ApiRoute("GET", "replicas/{replica}/logs", Door.VIEWER, PublicHandler.replica_logs),
+    ApiRoute("GET", "logs/{name}", Door.VIEWER, PublicHandler.logs),
     ApiRoute("GET", "nodes/{node}/drain", Door.VIEWER, PublicHandler.drain_status),
     ApiRoute("GET", "moves/{move}", Door.VIEWER, PublicHandler.get_move),
     ApiRoute("POST", "reload", Door.OPERATOR, PublicHandler.reload),

@@ -56,6 +56,7 @@ from llmgw.server.gateway.workers import WorkerPool
 from llmgw.server.gwfeed import GatewayFeedService, WorkerMetrics
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.last_endpoints import LastEndpoints
+from llmgw.server.logfollow import ModelLogs
 from llmgw.server.logs import EngineLogs, LogHub
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
 from llmgw.server.operator import Operator
@@ -286,6 +287,7 @@ class ControlPlane:
                                 followers=self.followers)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
+        self.model_logs = ModelLogs(self.log_hub, reconciler)  # `ctl logs MODEL`, following it across moves
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,
                                       tls=self.public_tls is not None)
         self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
@@ -303,7 +305,7 @@ class ControlPlane:
         """One listener's routes (the public port; the admin listener serves no clients)."""
         return PublicHandler(reads=self.reads, actions=self.operator, auth=self.auth, gateway=self.gateway,
                              render_metrics=self.metrics.render, clients=clients, admin=admin,
-                             events=self.events, engine_logs=self.engine_logs, pages=self.admin_pages,
+                             events=self.events, engine_logs=self.engine_logs, model_logs=self.model_logs, pages=self.admin_pages,
                              fabric_tests=self.fabric_tests, doctor=self.doctor,
                              prepare_metrics=self.worker_metrics.parse_reports)
 
