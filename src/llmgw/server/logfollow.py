@@ -63,7 +63,7 @@ def pick(book: Any, name: str, replica_id: str = "") -> Picked | LogProblem:
     chosen = (ready or serving or of_model or [None])[0]
     if chosen is None:
         return LogProblem(409, f"model {name} has no replica now (wanted: {book.models[name].replicas})")
-    others = f"; {len(of_model)} replicas, replica= picks another" if len(of_model) > 1 else ""
+    others = f"; {len(of_model)} replicas, --replica picks another" if len(of_model) > 1 else ""
     first = "first ready replica" if ready else "replica"
     return Picked(chosen, f"{name}: {first} {chosen.id} ({_where(chosen)}){others}")
 
