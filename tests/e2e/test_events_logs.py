@@ -23,6 +23,7 @@ from tests.e2e.harness import (
     llmgw_env,
     make_sim_node,
     replicas,
+    run_llmgw,
     start_agent,
     wait_until,
 )
@@ -233,3 +234,18 @@ def test_ctl_logs_model_follows_the_model_across_a_drain(tmp_path: Path, procs: 
         assert follow.popen.poll() is None  # still following
     finally:
         follow.stop()
+
+
+def test_a_port_that_changed_while_its_agent_was_away_is_an_event(tmp_path: Path, procs: list[Proc]) -> None:
+    """The heartbeat's port readings are compared with the last ones the server held, across a
+    reconnect too: a port that went INIT while the agent was down is seen when it registers."""
+    server, cfg, _ = one_node(tmp_path, procs)
+    agent = next(p for p in procs if p.name == "agent-gpu-01")
+    agent.kill9()
+    assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-01"), "mlx5_2", "1", "init").returncode == 0
+    live = [p for p in procs if p is not agent]
+    live.append(start_agent(tmp_path, "gpu-01", cfg))
+    procs.append(live[-1])
+    got = wait_until(lambda: [e for e in events(server, "--node", "gpu-01") if e["kind"] == "port"], "the port event",
+                     procs=live)
+    assert [e["message"] for e in got] == ["port mlx5_2/1 on gpu-01: ACTIVE → INIT (LinkUp)"], got

@@ -217,7 +217,10 @@ class FleetService:
         if self.heartbeat_rate > 0:
             session.heartbeats = HeartbeatRate(self.heartbeat_rate, self.clock())
         old = self.sessions.get(node_id)
+        known = self.registry.get(node_id)
+        ports_before = known.ports if known is not None else {}  # a port may have changed while it was away
         transition, _ = self.registry.register(first, self.clock(), number, peer, identity, endpoint_host=host)
+        self._ports_changed(node_id, ports_before)
         if old is not None:
             log.warning(
                 "node %s: new stream from %s replaces the one from %s", node_id, peer, old.channel.peer
@@ -330,10 +333,8 @@ class FleetService:
                 t = registry.heartbeat(node_id, session.number, msg, now, wall=time.time())
                 if t is not None:
                     self._notify([t])
-                if ports_before and msg.ports and self.on_port_change is not None:
-                    changes = port_changes(ports_before, registry.nodes[node_id].ports)
-                    if changes:
-                        self.on_port_change(node_id, changes)
+                if msg.ports:
+                    self._ports_changed(node_id, ports_before)
                 if shards is not None and self.observer is not None:
                     self.observer.shard_resync(node_id, self._good_reports(node_id, "Heartbeat", shards))
             elif isinstance(msg, m.ShardStatus):
@@ -401,6 +402,13 @@ class FleetService:
             self._bad_ids_logged.add(node_id)
             log.warning("node %s sent %s with %s; refused (further ones are only counted: llmgw_fleet_refused_total)",
                         node_id, kind, "; ".join(problems))
+
+    def _ports_changed(self, node_id: str, before: dict[str, m.PortCounters]) -> None:
+        node = self.registry.get(node_id)
+        if before and node is not None and self.on_port_change is not None:
+            changes = port_changes(before, node.ports)
+            if changes:
+                self.on_port_change(node_id, changes)
 
     def _drop_bad_reports(self, node_id: str, msg: m.Register) -> m.Register:
         """A Register's shard reports whose ids fail the pattern are left out (the node itself is fine)."""
