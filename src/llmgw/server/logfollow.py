@@ -106,6 +106,7 @@ class ModelLogs:
         replica = picked.replica
         try:
             targets = targets_of(replica, shard)
+            self.hub.check(targets)  # before the first note: a node that cannot send is an error, not a note
         except LogProblem as exc:
             await send_error(responder, exc.status, str(exc), _code(exc.status))
             return

@@ -91,6 +91,14 @@ class LogHub:
         if emit is None or note is None:
             assert write is not None
             emit, note = _as_text(write, prefix)
+        sessions = self.check(targets)
+        lock = trio.Lock()
+        async with trio.open_nursery() as nursery:
+            for t in targets:
+                nursery.start_soon(self._one, t, sessions[t.node_id], tail, follow, emit, note, lock)
+
+    def check(self, targets: list[Target]) -> dict[str, Any]:
+        """The live sessions, when every target's node can send its log now; else LogProblem."""
         sessions = self.sessions()
         for t in targets:
             session = sessions.get(t.node_id)
@@ -98,10 +106,7 @@ class LogHub:
                 raise LogProblem(503, f"node {t.node_id} is not connected, so the log of {t.shard_id} cannot be read now")
             if not session.supports(m.FEATURE_LOGS):
                 raise LogProblem(409, f"the agent on {t.node_id} is too old to send engine logs; upgrade it")
-        lock = trio.Lock()
-        async with trio.open_nursery() as nursery:
-            for t in targets:
-                nursery.start_soon(self._one, t, sessions[t.node_id], tail, follow, emit, note, lock)
+        return sessions
 
     async def _one(self, target: Target, session: Any, tail: int, follow: bool, emit: Emit, note: Note,
                    lock: trio.Lock) -> None:
