@@ -67,6 +67,7 @@ PURE = [
     "llmgw.server.moves",
     "llmgw.server.lost",
     "llmgw.server.remedy",
+    "llmgw.server.restart",
     "llmgw.server.rollout",
     "llmgw.server.reconcile",
     "llmgw.server.replicas",
