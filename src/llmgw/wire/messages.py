@@ -209,6 +209,12 @@ class PortCounters(_Base):
     # Every counter under counters/ and counters_ext/ by file name (port_xmit_data,
     # port_rcv_packets, port_xmit_data_64, ...); None: "N/A (no PMA)".
     counters: dict[str, int | None] = {}
+    # The HCA's PCIe link (sysfs current_link_speed/width, max_link_speed/width of its PCI
+    # function), GT/s and lanes; None: not read (an older agent, a VF, or sysfs cannot say).
+    pcie_speed: float | None = None
+    pcie_width: int | None = None
+    pcie_max_speed: float | None = None
+    pcie_max_width: int | None = None
 
 
 class GpuHealth(_Base):
@@ -221,6 +227,31 @@ class GpuHealth(_Base):
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver loaded
     nvlink_down: int | None = None  # NVLink links the GPU has that are not up
     xid: int | None = None  # the last Xid event seen (0: none)
+    # Issue 39's checks, read as `nvidia-smi -q` shows them; None: not read, as above.
+    remap_pending: bool | None = None  # nvmlDeviceGetRemappedRows: a row remap waits for a GPU reset
+    remap_failed: bool | None = None  # a remap failed: the bank had no spare row left
+    remapped_uncorrectable: int | None = None  # rows remapped for uncorrectable errors
+    retired_pages: int | None = None  # dynamic page retirement (boards before row remapping)
+    retired_pending: bool | None = None  # a retired page waits for the driver to reload
+    clock_events: list[str] | None = None  # active clock event reasons (CLOCK_EVENTS' names)
+    slowdown_c: int | None = None  # the card's own slowdown temperature
+    shutdown_c: int | None = None  # and its shutdown temperature
+    pcie_gen: int | None = None  # the PCIe link now, and the most it can train at in this slot
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    persistence: bool | None = None  # persistence mode
+    ecc_enabled: bool | None = None  # ECC mode now, and after the next reset
+    ecc_pending: bool | None = None
+
+
+# GpuHealth.clock_events: NVML's clock event reasons (nvmlClocksEventReason*, named as
+# `nvidia-smi -q` prints them under "Clocks Event Reasons"), bit → name.
+CLOCK_EVENTS: dict[int, str] = {
+    0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}
 
 
 # HostFacts.memlock_bytes of an unlimited RLIMIT_MEMLOCK.
