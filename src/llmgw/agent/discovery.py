@@ -53,6 +53,23 @@ class SimGpu(msgspec.Struct, kw_only=True, omit_defaults=True):
     ecc_uncorrected: int = 0
     nvlink_down: int = 0
     xid: int = 0
+    # Issue 39's board readings, healthy as the H200 of tests/fixtures/real/nvidia-smi-q/ shows
+    # them (the temperature thresholds an H100 SXM's); `llmgw sim node set-gpu` injects faults.
+    remap_pending: bool = False
+    remap_failed: bool = False
+    remapped_uncorrectable: int = 0
+    retired_pages: int | None = None  # None: the board remaps rows instead (Ampere and later)
+    retired_pending: bool = False
+    clock_events: list[str] = []
+    slowdown_c: int = 89
+    shutdown_c: int = 92
+    pcie_gen: int = 5
+    pcie_gen_max: int = 5
+    pcie_width: int = 16
+    pcie_width_max: int = 16
+    persistence: bool = True
+    ecc_enabled: bool = True
+    ecc_pending: bool = True
 
 
 class SimGpuFile(msgspec.Struct, kw_only=True):
@@ -438,6 +455,21 @@ def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
             ecc_uncorrected=g.ecc_uncorrected,
             nvlink_down=g.nvlink_down if g.nvlink else None,
             xid=g.xid,
+            remap_pending=None if g.retired_pages is not None else g.remap_pending,
+            remap_failed=None if g.retired_pages is not None else g.remap_failed,
+            remapped_uncorrectable=None if g.retired_pages is not None else g.remapped_uncorrectable,
+            retired_pages=g.retired_pages,
+            retired_pending=g.retired_pending if g.retired_pages is not None else None,
+            clock_events=list(g.clock_events),
+            slowdown_c=g.slowdown_c or None,
+            shutdown_c=g.shutdown_c or None,
+            pcie_gen=g.pcie_gen or None,
+            pcie_gen_max=g.pcie_gen_max or None,
+            pcie_width=g.pcie_width or None,
+            pcie_width_max=g.pcie_width_max or None,
+            persistence=g.persistence,
+            ecc_enabled=g.ecc_enabled,
+            ecc_pending=g.ecc_pending,
         )
         for g in sorted(data.gpus, key=lambda g: g.index)
     ]

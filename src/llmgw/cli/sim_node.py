@@ -192,16 +192,65 @@ def set_port_command(directory: str, device: str, port: int, state: str, rate: s
 @click.option("--ecc", type=click.IntRange(min=0), help="Uncorrected ECC errors since the driver loaded.")
 @click.option("--xid", type=click.IntRange(min=0), help="The last Xid event (79: fallen off the bus; 0: none).")
 @click.option("--nvlink-down", type=click.IntRange(min=0), help="NVLink links of this GPU that are down.")
+@click.option("--remap-pending/--no-remap-pending", default=None, help="A row remap waits for the next GPU reset.")
+@click.option("--remap-failure/--no-remap-failure", default=None, help="A row remap failed (no spare row left).")
+@click.option("--retired-pages", type=click.IntRange(min=0),
+              help="Pages retired (a board before row remapping: it then reports no row remapper).")
+@click.option("--retired-pending/--no-retired-pending", default=None, help="A retired page waits for a driver reload.")
+@click.option("--throttle", "throttle", multiple=True, metavar="REASON",
+              help="An active clock event reason (repeatable): hw_slowdown, hw_thermal, hw_power_brake, "
+                   "sw_thermal, sw_power_cap, gpu_idle, ...; 'none' clears them.")
+@click.option("--temperature", type=click.IntRange(min=0), help="GPU temperature, °C.")
+@click.option("--slowdown-temp", type=click.IntRange(min=0), help="The card's slowdown temperature, °C.  [89]")
+@click.option("--shutdown-temp", type=click.IntRange(min=0), help="The card's shutdown temperature, °C.  [92]")
+@click.option("--pcie-gen", type=click.IntRange(1, 6), help="The PCIe generation the link trained at.  [5]")
+@click.option("--pcie-width", type=click.IntRange(1, 32), help="The PCIe lanes the link trained at.  [16]")
+@click.option("--utilization", type=click.IntRange(0, 100), help="GPU utilisation, %.")
+@click.option("--persistence/--no-persistence", default=None, help="Persistence mode.")
+@click.option("--ecc-mode", type=click.Choice(["on", "off"]), help="ECC mode now.")
+@click.option("--ecc-pending", type=click.Choice(["on", "off"]), help="ECC mode after the next reset.")
 def set_gpu_command(directory: str, index: int, health: str | None, ecc: int | None, xid: int | None,
-                    nvlink_down: int | None) -> None:
+                    nvlink_down: int | None, remap_pending: bool | None, remap_failure: bool | None,
+                    retired_pages: int | None, retired_pending: bool | None, throttle: tuple[str, ...],
+                    temperature: int | None, slowdown_temp: int | None, shutdown_temp: int | None,
+                    pcie_gen: int | None, pcie_width: int | None, utilization: int | None,
+                    persistence: bool | None, ecc_mode: str | None, ecc_pending: str | None) -> None:
     """Make a simulated GPU go bad, or well again (the running agent reports it on its next heartbeat).
 
     \b
     llmgw sim node set-gpu /tmp/node-1 3 --xid 79
+    llmgw sim node set-gpu /tmp/node-1 3 --remap-pending --throttle hw_thermal --pcie-width 8
     llmgw sim node set-gpu /tmp/node-1 3 --xid 0 --ecc 0 --nvlink-down 0 --health ok
     """
     from llmgw.sim.gpu_faults import set_gpu
 
-    gpu = set_gpu(directory, index, health=health, ecc=ecc, xid=xid, nvlink_down=nvlink_down)
+    events = None if not throttle else [] if throttle == ("none",) else list(throttle)
+    gpu = set_gpu(directory, index, health=health, ecc=ecc, xid=xid, nvlink_down=nvlink_down,
+                  remap_pending=remap_pending, remap_failed=remap_failure, retired_pages=retired_pages,
+                  retired_pending=retired_pending, clock_events=events, temperature_c=temperature,
+                  slowdown_c=slowdown_temp, shutdown_c=shutdown_temp, pcie_gen=pcie_gen, pcie_width=pcie_width,
+                  utilization_pct=utilization, persistence=persistence,
+                  ecc_enabled=None if ecc_mode is None else ecc_mode == "on",
+                  ecc_pending=None if ecc_pending is None else ecc_pending == "on")
+    remap = "remap failed" if gpu.remap_failed else "remap pending" if gpu.remap_pending else "no remap pending"
     say(f"GPU {gpu.index} in {directory}: {gpu.health}, {gpu.ecc_uncorrected} uncorrected ECC errors, "
-        f"Xid {gpu.xid or 'none'}, {gpu.nvlink_down} NVLink links down")
+        f"Xid {gpu.xid or 'none'}, {gpu.nvlink_down} NVLink links down, {remap}, "
+        f"clock events {', '.join(gpu.clock_events) or 'none'}, {gpu.temperature_c} °C, "
+        f"PCIe Gen{gpu.pcie_gen} x{gpu.pcie_width}, persistence {'on' if gpu.persistence else 'off'}, "
+        f"ECC {'on' if gpu.ecc_enabled else 'off'} (pending {'on' if gpu.ecc_pending else 'off'})")
+
+
+@node.command("set-hca")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("device")
+@click.option("--pcie-width", type=click.IntRange(1, 32), help="The PCIe lanes the HCA's link trained at.")
+@click.option("--pcie-gen", type=click.IntRange(1, 6), help="The PCIe generation it trained at.")
+def set_hca_command(directory: str, device: str, pcie_width: int | None, pcie_gen: int | None) -> None:
+    """Retrain a simulated HCA's PCIe link (sysfs current_link_width/speed; the agent reads it on its next heartbeat).
+
+    \b
+    llmgw sim node set-hca /tmp/node-1 mlx5_2 --pcie-width 8
+    """
+    from llmgw.sim.hca_faults import set_hca
+
+    say(f"{device} in {directory}: {set_hca(directory, device, width=pcie_width, gen=pcie_gen)}")

@@ -29,6 +29,7 @@ from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import UsageError
 from llmgw.fabric import sysfs
 from llmgw.fsutil import atomic_write
+from llmgw.sim.hca_faults import hca_pcie_files
 
 MAX_RDMA_DEVICES = 32  # one LID block per node (see port_lid)
 NVIDIA_OUI = 0xB83FD2
@@ -342,6 +343,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
         files[f"{dev_dir}/node_type"] = "1: CA\n"
         files[f"{dev_dir}/node_desc"] = f"{spec.node_id} {device}\n"
         links[f"{dev_dir}/device"] = f"../../../devices/pci0000:00/{pci}"
+        files.update(hca_pcie_files(pci_dir, rate.speed))
 
         port_dir = f"{dev_dir}/ports/1"
         init = device in spec.init_ports
