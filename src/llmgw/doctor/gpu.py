@@ -17,10 +17,11 @@ from llmgw.wire import messages as m
 OK, WARN, CRIT, UNKNOWN = Status.OK, Status.WARN, Status.CRIT, Status.UNKNOWN
 
 # Temperature: within 5 °C of the card's own slowdown threshold the next load step slows the
-# clocks (and within 5 °C of shutdown the driver is about to power the GPU off): an SRE wants to
-# hear before, not after. The thresholds are the card's (nvmlDeviceGetTemperatureThreshold:
-# 89 °C slowdown / 92 °C shutdown on an H100 SXM), not one figure for every board.
+# clocks: an SRE wants to hear before, not after. Shutdown is close above slowdown (89 °C and
+# 92 °C on an H100 SXM, nvmlDeviceGetTemperatureThreshold), so within 2 °C of it the card is
+# already slowing and one step from power-off: critical. The thresholds are each card's own.
 TEMP_MARGIN = 5
+SHUTDOWN_MARGIN = 2
 # Pages retired by dynamic page retirement (boards before Ampere's row remapper): NVIDIA's page
 # retirement guide counts a board with 60 or more retired pages as due for replacement.
 RETIRED_PAGES_RMA = 60
@@ -133,7 +134,7 @@ def check_temperature(n: NodeFacts, ctx: object) -> list[Finding]:
     read = [h for h in _gpus(n) if h.temperature_c > 0]
     for h in read:
         t, slow, shut, subject = h.temperature_c, h.slowdown_c, h.shutdown_c, f"GPU {h.index}"
-        if shut is not None and t >= shut - TEMP_MARGIN:
+        if shut is not None and t >= shut - SHUTDOWN_MARGIN:
             out.append(_f(n, "temperature", CRIT, f"{subject} at {t} °C, its shutdown temperature is {shut} °C",
                           f"move work off {n.id} now; " + action, subject))
         elif slow is not None and t >= slow:
