@@ -208,12 +208,21 @@ def test_current_drivers_xids_have_a_meaning_and_an_action(xid, status):
     assert set(range(143, 151)) <= set(XIDS) and CATALOG in explain(999).meaning
 
 
-def test_an_older_agent_sends_none_of_it_and_every_check_stays_ok():
+def test_an_older_agent_sends_none_of_it_and_the_checks_say_unknown_with_why():
     old = msgspec.json.decode(b'{"index": 0, "temperature_c": 40, "ecc_uncorrected": 0}', type=m.GpuHealth)
-    assert (old.remap_pending, old.clock_events, old.pcie_width, old.persistence) == (None, None, None, None)
+    assert (old.board_read, old.remap_pending, old.clock_events, old.pcie_width) == (False, None, None, None)
     n = facts([old])
     for check in GPU_CHECKS:
-        assert {s for s, _, _ in run(check, n)} == {OK}, check
+        [(status, _, finding)] = run(check, n)
+        assert status == UNKNOWN and "older than this server" in finding, check
+
+
+def test_a_new_agent_on_a_board_that_answers_nothing_is_ok():
+    none = {k: None for k in ("remapped", "retired", "reasons", "slowdown", "shutdown", "gen", "width", "persistence", "ecc")}
+    n = facts(read({0: none, 1: none}))
+    for check in GPU_CHECKS:
+        [(status, _, finding)] = run(check, n)
+        assert status == OK and ("not reported" in finding or "no thresholds" in finding), (check, finding)
 
 
 def test_a_simulated_gpu_reads_the_same_fields(tmp_path):

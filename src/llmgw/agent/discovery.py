@@ -455,6 +455,7 @@ def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
             ecc_uncorrected=g.ecc_uncorrected,
             nvlink_down=g.nvlink_down if g.nvlink else None,
             xid=g.xid,
+            board_read=True,
             remap_pending=None if g.retired_pages is not None else g.remap_pending,
             remap_failed=None if g.retired_pages is not None else g.remap_failed,
             remapped_uncorrectable=None if g.retired_pages is not None else g.remapped_uncorrectable,

@@ -156,6 +156,7 @@ def read_board(nv: ModuleType | Any, handle: Any, health: GpuHealth) -> None:
     (Ampere and later; retired pages where it is not supported), clock event reasons, the card's
     slowdown and shutdown temperatures, the PCIe link, persistence and ECC modes. About ten cheap
     queries per GPU, from the heartbeat's worker thread like the rest."""
+    health.board_read = True
     enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
     rows = _ask(nv, lambda: nv.nvmlDeviceGetRemappedRows(handle))
     if rows is not None:

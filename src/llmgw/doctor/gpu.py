@@ -1,8 +1,9 @@
 """Doctor's GPU board checks (issue 39): what `dcgmi diag -r 1` and NHC's nvidia-smi checks
 look at beyond health and Xids. Findings from heartbeat readings (wire GpuHealth, PortCounters),
-no I/O. A reading an agent does not send (older agent, or NVML cannot say on this board) is
-None; a check with nothing to grade on any GPU says so in an ok line, not an unknown, because a
-consumer board legitimately has no row remapper or ECC.
+no I/O. An agent older than these checks sends none of it (GpuHealth.board_read False): unknown,
+with that reason. A reading NVML cannot give on this board is None; a check with nothing to grade
+on any GPU says so in an ok line, not an unknown, because a consumer board legitimately has no
+row remapper or ECC.
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def no_gpu_readings(n: NodeFacts, check: str) -> list[Finding] | None:
     return None
 
 
+def old_agent(n: NodeFacts, check: str, what: str) -> list[Finding] | None:
+    """The unknown finding when no GPU's reading comes from an agent that reads the board."""
+    if any(h.board_read for h in n.gpus or []):
+        return None
+    return [_f(n, check, UNKNOWN, f"the agent does not report {what} (older than this server?)",
+               "upgrade llmgw on the node and restart the agent")]
+
+
 def _gpus(n: NodeFacts) -> list[m.GpuHealth]:
     return sorted(n.gpus or [], key=lambda h: h.index)
 
@@ -71,7 +80,7 @@ def _indexes(items: list[int]) -> str:
 
 
 def check_row_remap(n: NodeFacts, ctx: object) -> list[Finding]:
-    empty = no_gpu_readings(n, "row-remap")
+    empty = no_gpu_readings(n, "row-remap") or old_agent(n, "row-remap", "row remapping")
     if empty is not None:
         return empty
     out: list[Finding] = []
@@ -97,13 +106,13 @@ def check_row_remap(n: NodeFacts, ctx: object) -> list[Finding]:
     if out:
         return out
     if not read:
-        return [_f(n, "row-remap", OK, "row remapping and page retirement not reported (a board without them, "
-                   "or an agent older than this server)")]
+        return [_f(n, "row-remap", OK, "row remapping and page retirement not reported by these GPUs "
+                   "(boards without them)")]
     return [_f(n, "row-remap", OK, f"{read} GPUs: no pending or failed row remaps")]
 
 
 def check_clocks(n: NodeFacts, ctx: object) -> list[Finding]:
-    empty = no_gpu_readings(n, "clocks")
+    empty = no_gpu_readings(n, "clocks") or old_agent(n, "clocks", "clock event reasons")
     if empty is not None:
         return empty
     out: list[Finding] = []
@@ -119,14 +128,14 @@ def check_clocks(n: NodeFacts, ctx: object) -> list[Finding]:
     if out:
         return out
     if not read:
-        return [_f(n, "clocks", OK, "clock event reasons not reported")]
+        return [_f(n, "clocks", OK, "clock event reasons not reported by these GPUs")]
     capped = [h.index for h in read if "sw_power_cap" in (h.clock_events or [])]
     note = f"; {_indexes(capped)} at the power cap (the driver's own limit)" if capped else ""
     return [_f(n, "clocks", OK, f"{len(read)} GPUs: no hardware or thermal slowdown{note}")]
 
 
 def check_temperature(n: NodeFacts, ctx: object) -> list[Finding]:
-    empty = no_gpu_readings(n, "temperature")
+    empty = no_gpu_readings(n, "temperature") or old_agent(n, "temperature", "temperature thresholds")
     if empty is not None:
         return empty
     out: list[Finding] = []
@@ -195,6 +204,9 @@ def check_pcie(n: NodeFacts, ctx: object) -> list[Finding]:
     if out:
         return out
     if not read_gpus and not seen:
+        older = old_agent(n, "pcie", "PCIe links") if n.inventory.gpus and n.gpus is not None else None
+        if older is not None:
+            return older
         return [_f(n, "pcie", OK, "PCIe links not reported" if n.inventory.gpus or n.inventory.ports else "no GPUs or HCAs")]
     parts = [f"{len(read_gpus)} GPUs" if read_gpus else "", f"{len(seen)} HCAs" if seen else ""]
     return [_f(n, "pcie", OK, f"{' and '.join(x for x in parts if x)} at their full PCIe width"
@@ -202,7 +214,7 @@ def check_pcie(n: NodeFacts, ctx: object) -> list[Finding]:
 
 
 def check_gpu_modes(n: NodeFacts, ctx: object) -> list[Finding]:
-    empty = no_gpu_readings(n, "gpu-modes")
+    empty = no_gpu_readings(n, "gpu-modes") or old_agent(n, "gpu-modes", "persistence and ECC modes")
     if empty is not None:
         return empty
     gpus = _gpus(n)
@@ -227,7 +239,7 @@ def check_gpu_modes(n: NodeFacts, ctx: object) -> list[Finding]:
         return out
     read = [h for h in gpus if h.persistence is not None or h.ecc_enabled is not None]
     if not read:
-        return [_f(n, "gpu-modes", OK, "persistence and ECC modes not reported")]
+        return [_f(n, "gpu-modes", OK, "persistence and ECC modes not reported by these GPUs")]
     ecc = "ECC on" if any(h.ecc_enabled for h in read) else "no ECC reported"
     return [_f(n, "gpu-modes", OK, f"{len(read)} GPUs: persistence mode on, {ecc}, no pending mode change")]
 

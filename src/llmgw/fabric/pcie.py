@@ -27,7 +27,7 @@ def parse_speed(text: str | None) -> float | None:
 
 def parse_width(text: str | None) -> int | None:
     word = (text or "").strip().lstrip("x")
-    return int(word) if word.isdigit() and int(word) > 0 else None
+    return int(word) if word.isdecimal() and int(word) > 0 else None
 
 
 def generation(speed: float | None) -> int | None:

@@ -228,6 +228,7 @@ class GpuHealth(_Base):
     nvlink_down: int | None = None  # NVLink links the GPU has that are not up
     xid: int | None = None  # the last Xid event seen (0: none)
     # Issue 39's checks, read as `nvidia-smi -q` shows them; None: not read, as above.
+    board_read: bool = False  # the agent reads these (False: older than issue 39, doctor says unknown)
     remap_pending: bool | None = None  # nvmlDeviceGetRemappedRows: a row remap waits for a GPU reset
     remap_failed: bool | None = None  # a remap failed: the bank had no spare row left
     remapped_uncorrectable: int | None = None  # rows remapped for uncorrectable errors
