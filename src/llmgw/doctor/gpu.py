@@ -80,6 +80,9 @@ def _indexes(items: list[int]) -> str:
 
 
 def check_row_remap(n: NodeFacts, ctx: object) -> list[Finding]:
+    """Row remapping per GPU (nvmlDeviceGetRemappedRows; retired pages on boards before Ampere).
+    CRIT: a remap pending (reset the GPU) or failed (RMA), 60+ retired pages. WARN: a page
+    retirement pending."""
     empty = no_gpu_readings(n, "row-remap") or old_agent(n, "row-remap", "row remapping")
     if empty is not None:
         return empty
@@ -112,6 +115,8 @@ def check_row_remap(n: NodeFacts, ctx: object) -> list[Finding]:
 
 
 def check_clocks(n: NodeFacts, ctx: object) -> list[Finding]:
+    """Clock event reasons per GPU (nvmlDeviceGetCurrentClocksEventReasons). WARN: HW slowdown,
+    HW thermal, HW power brake or SW thermal slowdown active, naming the reason."""
     empty = no_gpu_readings(n, "clocks") or old_agent(n, "clocks", "clock event reasons")
     if empty is not None:
         return empty
@@ -135,6 +140,8 @@ def check_clocks(n: NodeFacts, ctx: object) -> list[Finding]:
 
 
 def check_temperature(n: NodeFacts, ctx: object) -> list[Finding]:
+    """GPU temperature against the card's own thresholds (nvmlDeviceGetTemperatureThreshold).
+    CRIT: within 2 °C of shutdown. WARN: within 5 °C of slowdown, or over it."""
     empty = no_gpu_readings(n, "temperature") or old_agent(n, "temperature", "temperature thresholds")
     if empty is not None:
         return empty
@@ -167,6 +174,9 @@ def _link(gen: int | None, width: int | None) -> str:
 
 
 def check_pcie(n: NodeFacts, ctx: object) -> list[Finding]:
+    """PCIe link width and generation of every GPU (NVML) and HCA (sysfs current_link_* against
+    max_link_*). WARN: fewer lanes than the card and slot allow, or a lower speed (a GPU's only
+    while busy), with what an HCA's link carries against its port's rate."""
     out: list[Finding] = []
     slot = ("reseat the card (or its riser); check the slot's lane and bifurcation settings in the BIOS; "
             "`lspci -vv -s {bus}` shows LnkSta against LnkCap")
@@ -214,6 +224,8 @@ def check_pcie(n: NodeFacts, ctx: object) -> list[Finding]:
 
 
 def check_gpu_modes(n: NodeFacts, ctx: object) -> list[Finding]:
+    """Persistence and ECC modes (nvmlDeviceGetPersistenceMode, nvmlDeviceGetEccMode). WARN:
+    persistence off, ECC off, an ECC mode change pending for the next reset."""
     empty = no_gpu_readings(n, "gpu-modes") or old_agent(n, "gpu-modes", "persistence and ECC modes")
     if empty is not None:
         return empty
