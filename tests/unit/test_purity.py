@@ -47,6 +47,7 @@ PURE = [
     "llmgw.fabric.hca",
     "llmgw.fabric.gputopo",
     "llmgw.agent.launch_env",
+    "llmgw.agent.xid_log",
     "llmgw.sim.profiles",
     "llmgw.fabric.topology",
     "llmgw.fabric.locality",

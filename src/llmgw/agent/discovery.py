@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from llmgw.agent import netif
-from llmgw.agent.nvml_events import XidWatch
+from llmgw.agent.nvml_events import XidWatch, read_kmsg
 from llmgw.agent.nvml_read import nvml_gpus, nvml_health
 from llmgw.catalog.schema import Discovery
 from llmgw.fabric import pcie, sysfs
@@ -386,7 +386,7 @@ def _nvml_init() -> tuple[Any, str]:
 
 
 _nvml = _Nvml()
-_xids = XidWatch()
+_xids = XidWatch(kernel_log=read_kmsg)
 
 
 def gpu_driver(cfg: Discovery) -> str:
