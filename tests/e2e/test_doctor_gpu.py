@@ -1,5 +1,6 @@
 """Issue 39's GPU board checks end to end: a real server, a real agent on a simulated node, faults
-injected at runtime with `llmgw sim node set-gpu` / `set-hca` (what the agent then reads through
+injected at runtime with `llmgw sim node set-gpu` / `set-hca` and nvidia_peermem unloaded from the
+fake sysfs (what the agent then reads through
 its real NVML-stand-in and sysfs path), and the real `ctl doctor -o json` naming each one with the
 exit code cron and Nagios read: warnings alone exit 1, a critical one 2, all well again 0.
 """
@@ -7,6 +8,7 @@ exit code cron and Nagios read: warnings alone exit 1, a critical one 2, all wel
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ from tests.e2e.test_nvlink_boards import nvml_node
 
 pytestmark = pytest.mark.e2e
 
-BOARD_CHECKS = {"row-remap", "clocks", "temperature", "pcie", "gpu-modes"}
+BOARD_CHECKS = {"row-remap", "clocks", "temperature", "pcie", "gpu-modes", "gpudirect"}
 
 
 def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: list[Proc]) -> None:
@@ -57,9 +59,11 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     sim("set-gpu", node, "2", "--pcie-width", "8")
     sim("set-hca", node, "mlx5_0", "--pcie-width", "8", "--pcie-gen", "4")
     sim("set-gpu", node, "0", "--no-persistence", "--ecc-pending", "off")
+    peermem = config.parent / "sys" / "module" / "nvidia_peermem"
+    shutil.rmtree(peermem)  # `rmmod nvidia_peermem`, as the agent's next heartbeat sees it
     warned = wait_for(1, {("gpu-01", "clocks", "warn", "GPU 1"), ("gpu-01", "pcie", "warn", "GPU 2"),
-                          ("gpu-01", "pcie", "warn", "mlx5_0"), ("gpu-01", "gpu-modes", "warn", "GPU 0")},
-                      "the warnings named")
+                          ("gpu-01", "pcie", "warn", "mlx5_0"), ("gpu-01", "gpu-modes", "warn", "GPU 0"),
+                          ("gpu-01", "gpudirect", "warn", "")}, "the warnings named")
     modes = [f["finding"] for f in warned["findings"] if f["check"] == "gpu-modes"]
     assert len(modes) == 2 and "persistence mode off" in modes[0] and "ECC mode changes from on to off" in modes[1]
     said = {(f["check"], f.get("subject", "")): f for f in warned["findings"] if f["status"] != "ok"}
@@ -84,6 +88,7 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     sim("set-hca", node, "mlx5_0", "--pcie-width", "16", "--pcie-gen", "5")
     sim("set-gpu", node, "0", "--persistence", "--ecc-pending", "on")
     sim("set-gpu", node, "3", "--no-remap-pending", "--temperature", "40", "--xid", "0")
+    peermem.mkdir()
     wait_for(0, set(), "the node healthy again")
 
 
@@ -101,6 +106,7 @@ def test_doctor_local_reads_the_board_from_nvml(tmp_path: Path) -> None:
     assert rc == 0 and board["row-remap"] == ("ok", "2 GPUs: no pending or failed row remaps"), data
     assert board["pcie"] == ("ok", "2 GPUs at their full PCIe width; idle GPUs may run a lower speed to save power")
     assert board["gpu-modes"][0] == "ok" and board["clocks"][0] == "ok", board
+    assert board["gpudirect"] == ("ok", "no GPUDirect RDMA expected (no RDMA adapters)")
     described = json.loads(Path(env["LLMGW_FAKE_NVML_BOARD"]).read_text())
     described["gpus"][1]["board"] = {"remapped": [0, 1, 1, 0], "width": [8, 16], "reasons": 0x8 | 0x80}
     Path(env["LLMGW_FAKE_NVML_BOARD"]).write_text(json.dumps(described))

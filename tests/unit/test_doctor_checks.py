@@ -43,7 +43,7 @@ def healthy(node_id: str = "gpu-01", **changes: object) -> NodeFacts:
         gpus=[m.GpuHealth(index=i, ecc_uncorrected=0, nvlink_down=0, xid=0, board_read=True) for i in range(2)],
         ports=readings, ports_before=readings, window=60.0,
         host=m.HostFacts(memlock_bytes=m.MEMLOCK_UNLIMITED, model_cache="/var/cache/llmgw",
-                         cache_free_bytes=500 * GIB, cache_total_bytes=1000 * GIB),
+                         cache_free_bytes=500 * GIB, cache_total_bytes=1000 * GIB, gpu_rdma_modules=["nvidia_peermem"]),
         cert_days_left=90.0, clock_skew=0.01,
     )
     return msgspec.structs.replace(facts, **changes)

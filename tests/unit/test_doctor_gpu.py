@@ -45,7 +45,7 @@ def run(check: str, n: NodeFacts) -> list[tuple[Status, str, str]]:
 
 def test_the_checks_are_registered_as_node_checks_after_nvlink():
     names = list(NODE_CHECKS)
-    assert names[names.index("nvlink") + 1:names.index("nvlink") + 6] == list(GPU_CHECKS)
+    assert names[names.index("nvlink") + 1:names.index("nvlink") + 1 + len(GPU_CHECKS)] == list(GPU_CHECKS)
 
 
 def test_the_fake_board_is_the_real_h200_fixtures():
@@ -64,6 +64,7 @@ def test_the_fake_board_is_the_real_h200_fixtures():
 
 def test_a_healthy_h200_passes_every_board_check():
     n = facts(read())
+    n.host = m.HostFacts(gpu_rdma_modules=["nvidia_peermem"], nvidia_open=False)
     for check in GPU_CHECKS:
         [(status, _, finding)] = run(check, n)
         assert status == OK, (check, finding)
@@ -211,7 +212,9 @@ def test_current_drivers_xids_have_a_meaning_and_an_action(xid, status):
 def test_an_older_agent_sends_none_of_it_and_the_checks_say_unknown_with_why():
     old = msgspec.json.decode(b'{"index": 0, "temperature_c": 40, "ecc_uncorrected": 0}', type=m.GpuHealth)
     assert (old.board_read, old.remap_pending, old.clock_events, old.pcie_width) == (False, None, None, None)
-    n = facts([old])
+    n = facts([old], [m.PortCounters(device="mlx5_0", port=1)])
+    n.inventory.ports = [m.Port(device="mlx5_0", port=1)]
+    n.host = m.HostFacts()
     for check in GPU_CHECKS:
         [(status, _, finding)] = run(check, n)
         assert status == UNKNOWN and "older than this server" in finding, check
@@ -220,7 +223,7 @@ def test_an_older_agent_sends_none_of_it_and_the_checks_say_unknown_with_why():
 def test_a_new_agent_on_a_board_that_answers_nothing_is_ok():
     none = {k: None for k in ("remapped", "retired", "reasons", "slowdown", "shutdown", "gen", "width", "persistence", "ecc")}
     n = facts(read({0: none, 1: none}))
-    for check in GPU_CHECKS:
+    for check in set(GPU_CHECKS) - {"gpudirect"}:
         [(status, _, finding)] = run(check, n)
         assert status == OK and ("not reported" in finding or "no thresholds" in finding), (check, finding)
 
@@ -238,3 +241,30 @@ def test_a_simulated_gpu_reads_the_same_fields(tmp_path):
 
 def test_no_pynvml_leaks_into_sys_modules():
     assert not isinstance(sys.modules.get("pynvml"), SimpleNamespace)
+
+
+# ---- GPUDirect RDMA -----------------------------------------------------------------------
+
+
+def test_gpudirect_needs_peermem_or_dma_buf_where_gpus_meet_rdma_adapters(tmp_path):
+    from llmgw.agent.hostfacts import gpu_rdma
+
+    sysfs = tmp_path / "sys"
+    (sysfs / "module" / "mlx5_ib").mkdir(parents=True)
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+    assert gpu_rdma(str(sysfs), str(version)) == ([], False)
+    assert gpu_rdma(str(sysfs), str(tmp_path / "none")) == ([], None)
+    n = facts(read())
+    n.inventory.ports = [m.Port(device="mlx5_0", port=1)]
+    n.host = m.HostFacts(gpu_rdma_modules=[], nvidia_open=False)
+    [(status, _, finding)] = run("gpudirect", n)
+    assert status == WARN and "nvidia_peermem is not loaded" in finding
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build\n")
+    n.host = m.HostFacts(gpu_rdma_modules=[], nvidia_open=gpu_rdma(str(sysfs), str(version))[1])
+    assert run("gpudirect", n)[0][0] == OK and "dma-buf" in run("gpudirect", n)[0][2]
+    (sysfs / "module" / "nvidia_peermem").mkdir()
+    n.host = m.HostFacts(gpu_rdma_modules=gpu_rdma(str(sysfs), str(version))[0])
+    assert run("gpudirect", n) == [(OK, "", "GPUDirect RDMA: nvidia_peermem loaded")]
+    n.inventory.ports = []
+    assert run("gpudirect", n) == [(OK, "", "no GPUDirect RDMA expected (no RDMA adapters)")]

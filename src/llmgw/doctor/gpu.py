@@ -256,10 +256,32 @@ def check_gpu_modes(n: NodeFacts, ctx: object) -> list[Finding]:
     return [_f(n, "gpu-modes", OK, f"{len(read)} GPUs: persistence mode on, {ecc}, no pending mode change")]
 
 
+def check_gpudirect(n: NodeFacts, ctx: object) -> list[Finding]:
+    """GPUDirect RDMA where a node has both GPUs and RDMA adapters (/sys/module/nvidia_peermem,
+    or the open kernel modules' dma-buf). WARN: neither, so NCCL over InfiniBand/RoCE stages every
+    GPU buffer through host memory."""
+    h = n.host
+    if not n.inventory.gpus or not n.inventory.ports:
+        return [_f(n, "gpudirect", OK, "no GPUDirect RDMA expected (" + ("no GPUs" if not n.inventory.gpus
+                   else "no RDMA adapters") + ")")]
+    if h is None or h.gpu_rdma_modules is None:
+        return [_f(n, "gpudirect", UNKNOWN, "the agent does not report GPUDirect RDMA's modules (older than this "
+                   "server?)", "upgrade llmgw on the node and restart the agent")]
+    if h.gpu_rdma_modules:
+        return [_f(n, "gpudirect", OK, f"GPUDirect RDMA: {', '.join(h.gpu_rdma_modules)} loaded")]
+    if h.nvidia_open:
+        return [_f(n, "gpudirect", OK, "GPUDirect RDMA through dma-buf (open kernel modules; NCCL uses it on "
+                   "Linux 5.12 and later)")]
+    return [_f(n, "gpudirect", WARN, "no GPUDirect RDMA: nvidia_peermem is not loaded and the driver offers no "
+               "dma-buf, so NCCL over InfiniBand/RoCE copies every GPU buffer through host memory",
+               "modprobe nvidia_peermem, and list it in /etc/modules-load.d/ so it loads at boot")]
+
+
 GPU_CHECKS: dict[str, GpuCheck] = {
     "row-remap": check_row_remap,
     "clocks": check_clocks,
     "temperature": check_temperature,
     "pcie": check_pcie,
     "gpu-modes": check_gpu_modes,
+    "gpudirect": check_gpudirect,
 }

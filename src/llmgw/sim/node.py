@@ -394,6 +394,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
 
     # A real /sys has no such file: it tells the agent these adapters pin no memory (memlock).
     files[f"sys/{SIM_MARKER}"] = f"{spec.node_id}\n"
+    files["sys/module/nvidia_peermem/initstate"] = "live\n"  # GPUDirect RDMA, as a DGX loads it
     plan.gpu_file = SimGpuFile(
         node_id=spec.node_id,
         driver_version=SIM_DRIVER_VERSION,

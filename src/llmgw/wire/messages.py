@@ -271,6 +271,11 @@ class HostFacts(_Base):
     model_cache: str = ""  # the directory weights are fetched into
     cache_free_bytes: int | None = None  # free to the agent's user on the model cache's file system
     cache_total_bytes: int | None = None
+    # GPUDirect RDMA (issue 39): the peer-memory modules loaded (/sys/module/nvidia_peermem or the
+    # older nv_peer_mem), and whether the NVIDIA driver is the open kernel module flavour, which
+    # offers dma-buf instead; None: not read (an older agent, or no NVIDIA driver to ask).
+    gpu_rdma_modules: list[str] | None = None
+    nvidia_open: bool | None = None
 
 
 class Heartbeat(_Base, tag="Heartbeat", tag_field="type"):
