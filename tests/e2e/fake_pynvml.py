@@ -18,6 +18,7 @@ tests/fixtures/real/nvidia-smi-q/, driver 580; its temperature limits an H100 SX
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from types import SimpleNamespace
@@ -36,7 +37,11 @@ NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
 NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
 
 BOARD = {"remapped": [0, 0, 0, 0], "retired": [], "retired_pending": 0, "reasons": 0x1, "slowdown": 89,
-         "shutdown": 92, "gen": [5, 5], "width": [16, 16], "persistence": 1, "ecc": [1, 1]}
+         "shutdown": 92, "gen": [5, 5], "width": [16, 16], "persistence": 1, "ecc": [1, 1], "fabric": [0, 0]}
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    _fields_ = [("status", ctypes.c_uint), ("state", ctypes.c_uint)]
 
 
 class NVMLError(Exception):
@@ -195,3 +200,11 @@ def nvmlDeviceGetPersistenceMode(handle: int) -> int:
 
 def nvmlDeviceGetEccMode(handle: int) -> list:
     return list(_value(handle, "ecc"))
+
+
+def nvmlDeviceGetGpuFabricInfo(device: int, gpuFabricInfo) -> int:
+    state, status = _value(device, "fabric")
+    info = getattr(gpuFabricInfo, "_obj", None)
+    if info is not None:
+        info.state, info.status = state, status
+    return 0

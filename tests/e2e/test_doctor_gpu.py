@@ -27,7 +27,7 @@ from tests.e2e.test_nvlink_boards import nvml_node
 
 pytestmark = pytest.mark.e2e
 
-BOARD_CHECKS = {"row-remap", "clocks", "temperature", "pcie", "gpu-modes", "gpudirect"}
+BOARD_CHECKS = {"row-remap", "clocks", "temperature", "pcie", "gpu-modes", "fabric-manager", "gpudirect"}
 
 
 def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: list[Proc]) -> None:
@@ -72,11 +72,13 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     assert "less than the port's 400 Gb/s" in said[("pcie", "mlx5_0")]["finding"]
     assert all(f["action"] for f in said.values())
 
-    # Critical: a pending row remap, a card at its shutdown temperature, an NVLink Xid of a current driver.
-    sim("set-gpu", node, "3", "--remap-pending", "--temperature", "91", "--xid", "149")
+    # Critical: a pending row remap, a card at its shutdown temperature, an NVLink Xid of a current
+    # driver, an NVSwitch fabric the fabric manager has not set up.
+    sim("set-gpu", node, "3", "--remap-pending", "--temperature", "91", "--xid", "149", "--fabric-state", "not_started")
     crit = wait_for(2, set(problems(warned)) | {("gpu-01", "row-remap", "crit", "GPU 3"),
                                                  ("gpu-01", "temperature", "crit", "GPU 3"),
-                                                 ("gpu-01", "gpu-health", "crit", "GPU 3")}, "the critical faults named")
+                                                 ("gpu-01", "gpu-health", "crit", "GPU 3"),
+                                                 ("gpu-01", "fabric-manager", "crit", "GPU 3")}, "the critical faults named")
     xid = next(f for f in crit["findings"] if f["check"] == "gpu-health")
     assert xid["finding"] == "GPU 3: Xid 149 (NVLink NETIR error)", xid
     remap = next(f for f in crit["findings"] if f["check"] == "row-remap")
@@ -87,7 +89,7 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     sim("set-gpu", node, "2", "--pcie-width", "16")
     sim("set-hca", node, "mlx5_0", "--pcie-width", "16", "--pcie-gen", "5")
     sim("set-gpu", node, "0", "--persistence", "--ecc-pending", "on")
-    sim("set-gpu", node, "3", "--no-remap-pending", "--temperature", "40", "--xid", "0")
+    sim("set-gpu", node, "3", "--no-remap-pending", "--temperature", "40", "--xid", "0", "--fabric-state", "completed")
     peermem.mkdir()
     wait_for(0, set(), "the node healthy again")
 
@@ -107,6 +109,7 @@ def test_doctor_local_reads_the_board_from_nvml(tmp_path: Path) -> None:
     assert board["pcie"] == ("ok", "2 GPUs at their full PCIe width; idle GPUs may run a lower speed to save power")
     assert board["gpu-modes"][0] == "ok" and board["clocks"][0] == "ok", board
     assert board["gpudirect"] == ("ok", "no GPUDirect RDMA expected (no RDMA adapters)")
+    assert board["fabric-manager"][0] == "ok" and "no NVSwitch" in board["fabric-manager"][1], board
     described = json.loads(Path(env["LLMGW_FAKE_NVML_BOARD"]).read_text())
     described["gpus"][1]["board"] = {"remapped": [0, 1, 1, 0], "width": [8, 16], "reasons": 0x8 | 0x80}
     Path(env["LLMGW_FAKE_NVML_BOARD"]).write_text(json.dumps(described))

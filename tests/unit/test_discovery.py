@@ -435,7 +435,14 @@ def doctor_nvml(pending: list[SimpleNamespace]) -> SimpleNamespace:
 H200_BOARD: dict[str, object] = {
     "remapped": (0, 0, 0, 0), "retired": [], "retired_pending": 0, "reasons": 0x1, "slowdown": 89,
     "shutdown": 92, "gen": (5, 5), "width": (16, 16), "persistence": 1, "ecc": [1, 1],
+    "fabric": (0, 0),  # (state, status): "Fabric State : N/A" on this board without NVSwitches
 }
+
+
+class _FabricInfo(ctypes.Structure):
+    """What nvmlDeviceGetGpuFabricInfo fills in (c_nvmlGpuFabricInfo_t's fields the agent reads)."""
+
+    _fields_ = [("status", ctypes.c_uint), ("state", ctypes.c_uint)]
 
 
 def add_board(nv: SimpleNamespace, boards: dict[int, dict[str, object]] | None = None) -> SimpleNamespace:
@@ -463,6 +470,16 @@ def add_board(nv: SimpleNamespace, boards: dict[int, dict[str, object]] | None =
     nv.nvmlDeviceGetMaxPcieLinkWidth = lambda h: value(h, "width")[1]
     nv.nvmlDeviceGetPersistenceMode = lambda h: value(h, "persistence")
     nv.nvmlDeviceGetEccMode = lambda h: value(h, "ecc")
+    nv.c_nvmlGpuFabricInfo_t = _FabricInfo
+
+    def fabric_info(h: int, ref: object) -> int:
+        state, status = value(h, "fabric")  # type: ignore[misc]
+        info = getattr(ref, "_obj", None)  # ctypes.byref(struct), as the agent passes it
+        if info is not None:
+            info.state, info.status = state, status
+        return 0  # NVML_SUCCESS, as pynvml returns it
+
+    nv.nvmlDeviceGetGpuFabricInfo = fabric_info
     return nv
 
 

@@ -70,6 +70,8 @@ class SimGpu(msgspec.Struct, kw_only=True, omit_defaults=True):
     persistence: bool = True
     ecc_enabled: bool = True
     ecc_pending: bool = True
+    fabric_state: str = ""  # "": no NVSwitch fabric (NVML: not supported); else FABRIC_STATES' name
+    fabric_status: int = 0  # NVML's return code for the fabric's setup (0: success)
 
 
 class SimGpuFile(msgspec.Struct, kw_only=True):
@@ -471,6 +473,8 @@ def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
             persistence=g.persistence,
             ecc_enabled=g.ecc_enabled,
             ecc_pending=g.ecc_pending,
+            fabric_state=g.fabric_state or None,
+            fabric_status=g.fabric_status if g.fabric_state else None,
         )
         for g in sorted(data.gpus, key=lambda g: g.index)
     ]

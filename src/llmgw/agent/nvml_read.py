@@ -7,6 +7,7 @@ GPU or link leaves that reading out; nothing here raises for a GPU that misbehav
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from collections import Counter
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from llmgw.wire.messages import CLOCK_EVENTS, Gpu, GpuHealth
+from llmgw.wire.messages import CLOCK_EVENTS, FABRIC_STATES, Gpu, GpuHealth
 
 log = logging.getLogger("llmgw.agent.discovery")
 
@@ -193,6 +194,22 @@ def read_board(nv: ModuleType | Any, handle: Any, health: GpuHealth) -> None:
     ecc = _ask(nv, lambda: nv.nvmlDeviceGetEccMode(handle))
     if ecc is not None:
         health.ecc_enabled, health.ecc_pending = ecc[0] == enabled, ecc[1] == enabled
+    _read_fabric(nv, handle, health)
+
+
+def _read_fabric(nv: ModuleType | Any, handle: Any, health: GpuHealth) -> None:
+    """The NVSwitch fabric's state for this GPU: the fabric manager sets it up at boot, and until
+    it has (or when it failed) CUDA cannot start on the GPU. The caller passes the struct NVML
+    fills in (pynvml's nvmlDeviceGetGpuFabricInfo hands its argument straight to C)."""
+    try:
+        info = nv.c_nvmlGpuFabricInfo_t()
+    except (AttributeError, TypeError):
+        return  # nvidia-ml-py older than GPU fabric info
+    if _ask(nv, lambda: nv.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))) is None:
+        return
+    state = FABRIC_STATES.get(int(info.state))
+    if state is not None and state != "not_supported":
+        health.fabric_state, health.fabric_status = state, int(info.status)
 
 
 class LinkMemory:

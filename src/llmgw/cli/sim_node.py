@@ -209,12 +209,16 @@ def set_port_command(directory: str, device: str, port: int, state: str, rate: s
 @click.option("--persistence/--no-persistence", default=None, help="Persistence mode.")
 @click.option("--ecc-mode", type=click.Choice(["on", "off"]), help="ECC mode now.")
 @click.option("--ecc-pending", type=click.Choice(["on", "off"]), help="ECC mode after the next reset.")
+@click.option("--fabric-state", type=click.Choice(["none", "not_started", "in_progress", "completed"]),
+              help="The NVSwitch fabric's state (none: no NVSwitches).")
+@click.option("--fabric-status", type=click.IntRange(min=0), help="NVML's return code for the fabric's setup (0: success).")
 def set_gpu_command(directory: str, index: int, health: str | None, ecc: int | None, xid: int | None,
                     nvlink_down: int | None, remap_pending: bool | None, remap_failure: bool | None,
                     retired_pages: int | None, retired_pending: bool | None, throttle: tuple[str, ...],
                     temperature: int | None, slowdown_temp: int | None, shutdown_temp: int | None,
                     pcie_gen: int | None, pcie_width: int | None, utilization: int | None,
-                    persistence: bool | None, ecc_mode: str | None, ecc_pending: str | None) -> None:
+                    persistence: bool | None, ecc_mode: str | None, ecc_pending: str | None,
+                    fabric_state: str | None, fabric_status: int | None) -> None:
     """Make a simulated GPU go bad, or well again (the running agent reports it on its next heartbeat).
 
     \b
@@ -231,7 +235,9 @@ def set_gpu_command(directory: str, index: int, health: str | None, ecc: int | N
                   slowdown_c=slowdown_temp, shutdown_c=shutdown_temp, pcie_gen=pcie_gen, pcie_width=pcie_width,
                   utilization_pct=utilization, persistence=persistence,
                   ecc_enabled=None if ecc_mode is None else ecc_mode == "on",
-                  ecc_pending=None if ecc_pending is None else ecc_pending == "on")
+                  ecc_pending=None if ecc_pending is None else ecc_pending == "on",
+                  fabric_state=None if fabric_state is None else "" if fabric_state == "none" else fabric_state,
+                  fabric_status=fabric_status)
     remap = "remap failed" if gpu.remap_failed else "remap pending" if gpu.remap_pending else "no remap pending"
     say(f"GPU {gpu.index} in {directory}: {gpu.health}, {gpu.ecc_uncorrected} uncorrected ECC errors, "
         f"Xid {gpu.xid or 'none'}, {gpu.nvlink_down} NVLink links down, {remap}, "

@@ -256,6 +256,36 @@ def check_gpu_modes(n: NodeFacts, ctx: object) -> list[Finding]:
     return [_f(n, "gpu-modes", OK, f"{len(read)} GPUs: persistence mode on, {ecc}, no pending mode change")]
 
 
+def check_fabric_manager(n: NodeFacts, ctx: object) -> list[Finding]:
+    """The NVSwitch fabric per GPU (NVML's GPU fabric info, Hopper and later). CRIT: not set up
+    (the fabric manager is not running) or its setup failed: CUDA cannot start on the GPU. WARN:
+    still being set up."""
+    empty = no_gpu_readings(n, "fabric-manager") or old_agent(n, "fabric-manager", "the NVSwitch fabric's state")
+    if empty is not None:
+        return empty
+    action = ("systemctl status nvidia-fabricmanager; journalctl -u nvidia-fabricmanager (its version must be "
+              "the driver's); then restart it, or reboot the node")
+    out: list[Finding] = []
+    switched = [h for h in _gpus(n) if h.fabric_state is not None]
+    for h in switched:
+        subject = f"GPU {h.index}"
+        if h.fabric_state == "not_started":
+            out.append(_f(n, "fabric-manager", CRIT, f"{subject}: the NVSwitch fabric is not set up (is "
+                          "nvidia-fabricmanager running?): CUDA cannot start on this GPU", action, subject))
+        elif h.fabric_state == "in_progress":
+            out.append(_f(n, "fabric-manager", WARN, f"{subject}: the NVSwitch fabric is still being set up",
+                          "check again in a minute; if it stays, " + action, subject))
+        elif h.fabric_status:
+            out.append(_f(n, "fabric-manager", CRIT, f"{subject}: the fabric manager failed to set up the NVSwitch "
+                          f"fabric (NVML status {h.fabric_status}): CUDA cannot start on this GPU", action, subject))
+    if out:
+        return out
+    if not switched:
+        return [_f(n, "fabric-manager", OK, "no NVSwitch fabric reported (PCIe or bridged GPUs, or a driver "
+                   "without GPU fabric info)")]
+    return [_f(n, "fabric-manager", OK, f"{len(switched)} GPUs: NVSwitch fabric set up")]
+
+
 def check_gpudirect(n: NodeFacts, ctx: object) -> list[Finding]:
     """GPUDirect RDMA where a node has both GPUs and RDMA adapters (/sys/module/nvidia_peermem,
     or the open kernel modules' dma-buf). WARN: neither, so NCCL over InfiniBand/RoCE stages every
@@ -283,5 +313,6 @@ GPU_CHECKS: dict[str, GpuCheck] = {
     "temperature": check_temperature,
     "pcie": check_pcie,
     "gpu-modes": check_gpu_modes,
+    "fabric-manager": check_fabric_manager,
     "gpudirect": check_gpudirect,
 }

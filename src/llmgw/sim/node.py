@@ -407,6 +407,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
                 pci_bus_id=gpu_bus_id(i),
                 nvlink=nvlink_peers(spec.nvlink, spec.gpus, i),
                 temperature_c=30 + i % 8,
+                fabric_state="completed" if spec.nvlink.startswith("nv") else "",  # nv<N>: NVSwitches
                 utilization_pct=0,
                 memory_used_mib=0,
             )

@@ -244,6 +244,14 @@ class GpuHealth(_Base):
     persistence: bool | None = None  # persistence mode
     ecc_enabled: bool | None = None  # ECC mode now, and after the next reset
     ecc_pending: bool | None = None
+    # The NVSwitch fabric as NVML's GPU fabric info sees it (Hopper and later, driver 530+; None
+    # where the driver cannot say): FABRIC_STATES' name, and NVML's return code for the setup.
+    fabric_state: str | None = None
+    fabric_status: int | None = None
+
+
+# GpuHealth.fabric_state: nvmlGpuFabricState_t (NVML_GPU_FABRIC_STATE_*), value → name.
+FABRIC_STATES: dict[int, str] = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 
 
 # GpuHealth.clock_events: NVML's clock event reasons (nvmlClocksEventReason*, named as
