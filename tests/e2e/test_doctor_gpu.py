@@ -72,15 +72,15 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     assert "less than the port's 400 Gb/s" in said[("pcie", "mlx5_0")]["finding"]
     assert all(f["action"] for f in said.values())
 
-    # Critical: a pending row remap, a card at its shutdown temperature, an NVLink Xid of a current
-    # driver, an NVSwitch fabric the fabric manager has not set up.
-    sim("set-gpu", node, "3", "--remap-pending", "--temperature", "91", "--xid", "149", "--fabric-state", "not_started")
+    # Critical: a pending row remap, a card at its shutdown temperature, an Xid of a current driver
+    # (140: unrecovered ECC), an NVSwitch fabric the fabric manager has not set up.
+    sim("set-gpu", node, "3", "--remap-pending", "--temperature", "91", "--xid", "140", "--fabric-state", "not_started")
     crit = wait_for(2, set(problems(warned)) | {("gpu-01", "row-remap", "crit", "GPU 3"),
                                                  ("gpu-01", "temperature", "crit", "GPU 3"),
                                                  ("gpu-01", "gpu-health", "crit", "GPU 3"),
                                                  ("gpu-01", "fabric-manager", "crit", "GPU 3")}, "the critical faults named")
     xid = next(f for f in crit["findings"] if f["check"] == "gpu-health")
-    assert xid["finding"] == "GPU 3: Xid 149 (NVLink NETIR error)", xid
+    assert xid["finding"] == "GPU 3: Xid 140 (unrecovered ECC error, the driver could not offline or remap the page)", xid
     remap = next(f for f in crit["findings"] if f["check"] == "row-remap")
     assert "nvidia-smi -r -i 3" in remap["action"], remap
 

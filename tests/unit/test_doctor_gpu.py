@@ -200,8 +200,8 @@ def test_a_board_without_ecc_is_not_a_finding():
 # ---- Xids and what an older agent sends ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("xid", "status"), [(79, CRIT), (119, CRIT), (120, CRIT), (140, CRIT), (143, CRIT),
-                                             (149, CRIT), (154, CRIT), (109, WARN), (13, WARN), (999, WARN)])
+@pytest.mark.parametrize(("xid", "status"), [(79, CRIT), (109, CRIT), (119, CRIT), (120, CRIT), (140, CRIT), (143, CRIT),
+                                             (154, CRIT), (158, CRIT), (149, WARN), (156, WARN), (13, WARN), (999, WARN)])
 def test_current_drivers_xids_have_a_meaning_and_an_action(xid, status):
     n = facts([m.GpuHealth(index=0, xid=xid, ecc_uncorrected=0)])
     [finding] = check_gpu_health(n, NodeContext())

@@ -6,8 +6,10 @@ Read from NVIDIA's Xid catalog for Ampere and later
 (https://docs.nvidia.com/deploy/dynamic-page-retirement/visibility.html: 48, 63, 64) and NVML's
 recovery actions (nvmlDeviceGpuRecoveryAction_t: none, GPU reset, node reboot, drain P2P, drain
 and reset), which Xid 154 reports. The grading is the catalog's bucket turned into doctor's:
-RESET_GPU / RESTART_BM / RMA-class hardware faults are CRIT (move the work off, then reset or
-service the card); RESTART_APP / CHECK_APP faults, which an engine's own bug can raise, are WARN.
+RESET_GPU and hardware faults are CRIT (move the work off, then reset or service the card);
+RESTART_APP / IGNORE ones, which an engine's own bug can raise, are WARN, and so are Blackwell's
+NVLink5 errors (144-150), whose grading depends on the error status in the log line: when one
+needs a recovery, Xid 154 follows and names it, which is CRIT.
 An Xid the table does not know is WARN with a pointer to the catalog.
 """
 
@@ -22,6 +24,8 @@ CATALOG = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 DRAIN_RESET = "move work off the node, then reset the GPU (nvidia-smi -r -i N) and watch for a repeat"
 DRAIN_SERVICE = "move work off the node, then nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT; reset or RMA"
 APP = "an engine's own fault is the usual cause: see its log; drain the node if it repeats"
+NVLINK5 = ("the line's error status says if it is fatal (the catalog's NVLink5 table); a fatal one is followed "
+           "by Xid 154 naming the recovery: watch for it, reset the GPU if it comes")
 
 
 class Xid(NamedTuple):
@@ -47,21 +51,36 @@ XIDS: dict[int, Xid] = {
     92: Xid("high single-bit ECC error rate", Status.WARN, "watch the ECC counters (nvidia-smi -q -d ECC); plan a reset"),
     94: Xid("contained ECC error", Status.WARN, "the application hit by it was stopped; reset the GPU when it is idle"),
     95: Xid("uncontained ECC error", Status.CRIT, DRAIN_RESET),
-    109: Xid("context switch timeout", Status.WARN, APP),
-    119: Xid("GSP RPC timeout (the GPU System Processor did not answer)", Status.CRIT,
-             DRAIN_RESET + "; recurring: update the driver"),
-    120: Xid("GSP error", Status.CRIT, DRAIN_RESET + "; recurring: update the driver"),
-    140: Xid("unrecovered ECC error", Status.CRIT, DRAIN_RESET),
-    143: Xid("GPU initialization failure", Status.CRIT, "reboot the node; a repeat is the board: RMA"),
-    144: Xid("NVLink SAW error", Status.CRIT, DRAIN_RESET),
-    145: Xid("NVLink RLW error", Status.CRIT, DRAIN_RESET),
-    146: Xid("NVLink TLW error", Status.CRIT, DRAIN_RESET),
-    147: Xid("NVLink TREX error", Status.CRIT, DRAIN_RESET),
-    148: Xid("NVLink NVLPW control error", Status.CRIT, DRAIN_RESET),
-    149: Xid("NVLink NETIR error", Status.CRIT, DRAIN_RESET),
-    150: Xid("NVLink MSE error", Status.CRIT, DRAIN_RESET),
-    154: Xid("GPU recovery action changed (the kernel log line names it: reset, reboot or drain)", Status.CRIT,
-             "`dmesg | grep -A1 'Xid.*154'` says which: drain the node, then reset the GPU or reboot the node"),
+    109: Xid("context switch timeout", Status.CRIT, DRAIN_RESET),
+    110: Xid("security fault", Status.CRIT, "move work off the node; revert recent hardware changes and cold-reset "
+             "it; a repeat is the board: RMA"),
+    119: Xid("GSP RPC timeout, the GPU System Processor did not answer", Status.CRIT,
+             DRAIN_RESET + "; if it persists, power-cycle the node, then NVIDIA's GPU debug guidelines"),
+    120: Xid("GSP error", Status.CRIT, DRAIN_RESET + "; if it persists, power-cycle the node, then NVIDIA's GPU debug "
+             "guidelines"),
+    136: Xid("NVLink link training failed", Status.CRIT, DRAIN_RESET + "; a repeat is the link's signal integrity"),
+    137: Xid("NVLink privilege error, an illegal peer-to-peer access", Status.WARN, APP),
+    140: Xid("unrecovered ECC error, the driver could not offline or remap the page", Status.CRIT,
+             DRAIN_RESET + "; if it persists, the board: RMA"),
+    143: Xid("GPU initialization error", Status.CRIT, DRAIN_RESET + "; if it persists, contact the vendor"),
+    # NVLink5 (Blackwell) errors: the catalog's bucket is WORKFLOW_NVLINK5_ERR, its grading the
+    # error status the log line carries (many are non-fatal); a fatal one is followed by Xid 154.
+    144: Xid("NVLink SAW error", Status.WARN, NVLINK5),
+    145: Xid("NVLink RLW error", Status.WARN, NVLINK5),
+    146: Xid("NVLink TLW error", Status.WARN, NVLINK5),
+    147: Xid("NVLink TREX error", Status.WARN, NVLINK5),
+    148: Xid("NVLink NVLPW_CTRL error", Status.WARN, NVLINK5),
+    149: Xid("NVLink NETIR error", Status.WARN, NVLINK5),
+    150: Xid("NVLink MSE error", Status.WARN, NVLINK5),
+    154: Xid("GPU recovery action changed, the kernel log line names it: drain P2P, drain and reset, GPU reset "
+             "or node reboot", Status.CRIT,
+             "`dmesg | grep 'Xid.*154'` names the action: drain the node, then reset the GPU or reboot the node"),
+    155: Xid("NVLink software-defined error, a link taken down on purpose", Status.WARN,
+             "check who took the link down (a reset, a sleep transition); reset the GPU if it was not intended"),
+    156: Xid("resource retirement event", Status.WARN, "reset the GPU when it is idle to apply the retirement"),
+    157: Xid("resource retirement failure, no spare resources left", Status.WARN,
+             "the GPU still runs but may fault again: plan its replacement with the vendor"),
+    158: Xid("GPU fatal timeout", Status.CRIT, DRAIN_RESET),
 }
 
 
