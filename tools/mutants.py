@@ -3,20 +3,27 @@
 A green run of `make test` should mean the code works, wiring included. This is the check that
 it does: a fixed list of small, realistic bugs (a rank swapped, a check dropped, a bound off by
 one), each applied to a temporary copy of `src/` and `tests/` (never the working tree) and run
-against the tests that are meant to catch it. Every one must be caught; the list started with
-the bugs a mutation check of issue 22 found slipping through (surplus priority, the node-id and
-certificate checks, the gateway's outcome reporting, the CL+TE refusal, the key-permission test
-that skipped as root) and covers the pure cores (envelope, HTTP/1.1 framing, breaker, retry
-budget, placement, reconciler).
+against the tests that are meant to catch it. The list (`tools/mutantlist/`) started with the
+bugs a mutation check of issue 22 found slipping through and the pure cores (`core.py`); issue
+37 added one per rule that decides something in the code of the fabric wave and later
+(`fabric.py`: fabric analysis, placement across a spine, spread, weights, drain, doctor, the
+doors, `ctl` rendering, the control plane's wiring).
 
-- caught: the tests failed (pytest exit 1) or hung past the limit.
-- NOT CAUGHT: the tests passed with the bug in place. The tests need work.
-- A mutant whose `old` text is not found exactly once, or whose run cannot even collect the
-  tests (pytest exit 2-5, e.g. the new text does not import), is an error of this list: the
-  code moved or the mutant is wrong. It fails the run loudly rather than counting as caught.
+Each mutant runs against its unit tests first, then, only when they miss it, its e2e tests:
 
-The unmutated copy is run first against every selected test; a failure there stops the run
-(a test that fails anyway would make every mutant look caught).
+- caught: the unit tests failed (pytest exit 1) or hung past the limit.
+- caught by e2e only: the unit tests passed, the e2e tests failed. Acceptable for wiring that
+  only real processes reach; a unit test would be quicker.
+- NOT CAUGHT: every test passed with the bug in place. The tests need work.
+- A mutant whose `old` text is not found exactly once, whose mutated file no longer parses, or
+  whose run cannot even collect the tests (pytest exit 2-5), is an error of this list: the code
+  moved or the mutant is wrong. It fails the run loudly rather than counting as caught.
+  `tests/unit/test_tools_mutants.py` runs the same check of the list in `make test` (no test
+  run: milliseconds), so a refactoring that moves a mutant's text fails CI with its name.
+
+The unmutated copy is run first against every selected unit test, and against a mutant's e2e
+tests before they first run; a failure there stops the run (a test that fails anyway would make
+every mutant look caught).
 
     .venv/bin/python tools/mutants.py            # all; exit 0 only when every mutant is caught
     .venv/bin/python tools/mutants.py --list
@@ -26,7 +33,7 @@ The unmutated copy is run first against every selected test; a failure there sto
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import ast
 import os
 import shutil
 import subprocess
@@ -36,224 +43,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "tools") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tools"))
+
+from mutantlist import MUTANTS, Mutant  # noqa: E402  (tools/ is not a package)
+from mutantlist.core import CORE  # noqa: E402
+
 LIMIT = 300.0  # seconds one mutant's tests may take; past it, the mutant counts as caught (hung)
-
-
-@dataclasses.dataclass(frozen=True)
-class Mutant:
-    name: str
-    file: str  # relative to the repository root
-    old: str  # exact text; must occur exactly once in the file
-    new: str
-    tests: tuple[str, ...]  # pytest arguments: files, node ids, -k expressions
-
-
-RECONCILE = ("tests/unit/test_reconcile.py",)
-FLEET_REGISTER = ("tests/unit/test_fleet_register.py",)
-ENVELOPE = ("tests/unit/test_envelope.py",)
-HTTP1 = ("tests/unit/test_http1.py",)
-BREAKER = ("tests/unit/test_gateway_breaker.py",)
-RETRY = ("tests/unit/test_gateway_retry.py",)
-PLACEMENT = ("tests/unit/test_placement.py",)
-
-MUTANTS: tuple[Mutant, ...] = (
-    # -- the planted bugs of issue 22 ---------------------------------------------------------
-    Mutant(
-        "surplus-ready-before-starting",
-        "src/llmgw/server/reconcile.py",
-        '"starting": 2, "ready": 3,',
-        '"starting": 3, "ready": 2,',
-        RECONCILE,
-    ),
-    Mutant(
-        "register-node-id-unchecked",
-        "src/llmgw/server/fleet_service.py",
-        "if not _valid_node_id(node_id):",
-        "if False:",
-        FLEET_REGISTER,
-    ),
-    Mutant(
-        "register-certificate-name-unchecked",
-        "src/llmgw/server/fleet_service.py",
-        "if self.require_identity and identity != node_id:",
-        "if False:",
-        FLEET_REGISTER,
-    ),
-    Mutant(
-        "gateway-outcome-always-success",
-        "src/llmgw/server/gateway/proxy.py",
-        "balancer.release(pick, trio.current_time(), ok=outcome,",
-        "balancer.release(pick, trio.current_time(), ok=True,",
-        ("tests/e2e/test_gateway.py::test_engine_killed_mid_run_loses_no_request",),
-    ),
-    Mutant(
-        "http1-content-length-with-transfer-encoding",
-        "src/llmgw/web/http1.py",
-        "if msg.chunked and content_length is not None:",
-        "if False:",
-        ("tests/unit/test_web_server.py", "-k", "malformed"),
-    ),
-    Mutant(
-        "tls-unreadable-key-not-explained",
-        "src/llmgw/tls/context.py",
-        "    except PermissionError:\n",
-        "    except NotADirectoryError:\n",
-        ("tests/unit/test_tls_context.py::test_unreadable_key",),
-    ),
-    # -- the reconciler ---------------------------------------------------------------------
-    Mutant(
-        "surplus-oldest-first",
-        "src/llmgw/server/reconcile.py",
-        "-r.seen_at, r.id",
-        "r.seen_at, r.id",
-        RECONCILE,
-    ),
-    Mutant(
-        "surplus-failed-before-pending",
-        "src/llmgw/server/reconcile.py",
-        '{"pending": 0, "failed": 1,',
-        '{"pending": 1, "failed": 0,',
-        RECONCILE,
-    ),
-    Mutant(
-        "unreachable-node-loses-its-replicas",
-        "src/llmgw/server/reconcile.py",
-        'if state != "lost":\n            return  # unreachable',
-        'if state not in ("lost", "unreachable"):\n            return  # unreachable',
-        RECONCILE,
-    ),
-    Mutant(
-        "backoff-not-exponential",
-        "src/llmgw/server/reconcile.py",
-        "self.settings.backoff_initial * 2 ** (replica.failures - 1)",
-        "self.settings.backoff_initial * replica.failures",
-        RECONCILE,
-    ),
-    Mutant(
-        "stop-not-resent-after-reconnect",
-        "src/llmgw/server/reconcile.py",
-        "shard.stop_sent = False  # the Stop may have been lost",
-        "shard.stop_sent = True  # the Stop may have been lost",
-        RECONCILE,
-    ),
-    # -- the wire envelope ------------------------------------------------------------------
-    Mutant(
-        "envelope-limit-off-by-one",
-        "src/llmgw/wire/envelope.py",
-        "if length > self.max_message:",
-        "if length > self.max_message + 1:",
-        ENVELOPE,
-    ),
-    Mutant(
-        "envelope-compressed-accepted",
-        "src/llmgw/wire/envelope.py",
-        "if flags & FLAG_COMPRESSED:",
-        "if False:",
-        ENVELOPE,
-    ),
-    Mutant(
-        "envelope-unknown-flags-accepted",
-        "src/llmgw/wire/envelope.py",
-        "if flags & ~(FLAG_COMPRESSED | FLAG_END_STREAM):",
-        "if flags & ~(0xFF):",
-        ENVELOPE,
-    ),
-    # -- HTTP/1.1 framing -------------------------------------------------------------------
-    Mutant(
-        "http1-conflicting-content-lengths",
-        "src/llmgw/web/http1.py",
-        "if content_length is not None and content_length != n:",
-        "if False:",
-        HTTP1,
-    ),
-    Mutant(
-        "http1-bad-header-name",
-        "src/llmgw/web/http1.py",
-        "if not sep or not name or name.translate(None, _TOKEN_BYTES):",
-        "if not sep or not name:",
-        HTTP1,
-    ),
-    Mutant(
-        "http1-signed-content-length",
-        "src/llmgw/web/http1.py",
-        "if not value.isdigit() or len(value) > 18:",
-        "if not value.lstrip(b'+-').isdigit() or len(value) > 18:",
-        HTTP1,
-    ),
-    # -- the circuit breaker ----------------------------------------------------------------
-    Mutant(
-        "breaker-opens-late",
-        "src/llmgw/server/gateway/breaker.py",
-        "if self.consecutive_failures >= self.failures:",
-        "if self.consecutive_failures > self.failures:",
-        BREAKER,
-    ),
-    Mutant(
-        "breaker-stale-failure-counts",
-        "src/llmgw/server/gateway/breaker.py",
-        'def failure(self, now: float, token: int, reason: str = "") -> None:\n        if token != self._gen:\n            return\n',
-        'def failure(self, now: float, token: int, reason: str = "") -> None:\n',
-        BREAKER,
-    ),
-    Mutant(
-        "breaker-probe-failure-no-backoff",
-        "src/llmgw/server/gateway/breaker.py",
-        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, f\"probe failed",
-        "self._cooldown = min(self._cooldown, self.max_cooldown)\n            self._open(now, f\"probe failed",
-        BREAKER,
-    ),
-    Mutant(
-        "breaker-health-probe-failure-no-backoff",
-        "src/llmgw/server/gateway/breaker.py",
-        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, f\"health probe failed",
-        "self._cooldown = min(self._cooldown, self.max_cooldown)\n            self._open(now, f\"health probe failed",
-        BREAKER,
-    ),
-    # -- retries and their budget -----------------------------------------------------------
-    Mutant(
-        "retry-budget-one-over",
-        "src/llmgw/server/gateway/retry.py",
-        "if sum(self._retries) + 1 > self.allowance(now):",
-        "if sum(self._retries) > self.allowance(now):",
-        RETRY,
-    ),
-    Mutant(
-        "retry-after-bytes-sent",
-        "src/llmgw/server/gateway/retry.py",
-        "if sent_to_client:",
-        "if False:",
-        RETRY,
-    ),
-    Mutant(
-        "retry-500",
-        "src/llmgw/server/gateway/retry.py",
-        "RETRYABLE_STATUS = frozenset({502, 503})",
-        "RETRYABLE_STATUS = frozenset({500, 502, 503})",
-        RETRY,
-    ),
-    # -- placement --------------------------------------------------------------------------
-    Mutant(
-        "placement-no-spread",
-        "src/llmgw/placement/single.py",
-        "((node.replicas_of_model, len(free) - req.gpus, node.node_id), node, free)",
-        "((0, len(free) - req.gpus, node.node_id), node, free)",
-        PLACEMENT,
-    ),
-    Mutant(
-        "placement-reuses-busy-gpus",
-        "src/llmgw/placement/single.py",
-        "g.index not in node.used_gpus\n        and (not kind",
-        "True\n        and (not kind",
-        PLACEMENT,
-    ),
-    Mutant(
-        "placement-port-in-use",
-        "src/llmgw/placement/single.py",
-        "if port not in used:",
-        "if True:",
-        PLACEMENT,
-    ),
-)
 
 
 class ListError(Exception):
@@ -289,26 +85,67 @@ def pytest(copy: Path, env: dict[str, str], args: tuple[str, ...], limit: float)
 
 
 def check_list(mutants: tuple[Mutant, ...]) -> None:
-    """Every `old` text occurs exactly once in its file: a list that no longer matches the code
-    says so, by name, before anything runs."""
+    """Every `old` text occurs exactly once in its file, the mutated file still parses and every
+    test file a mutant names exists: a list that no longer matches the code says so, by name,
+    before anything runs."""
     problems = []
     for mutant in mutants:
         path = ROOT / mutant.file
         if not path.is_file():
             problems.append(f"{mutant.name}: {mutant.file} does not exist")
             continue
-        count = path.read_text().count(mutant.old)
+        text = path.read_text()
+        count = text.count(mutant.old)
         if count != 1:
             where = "is no longer found" if count == 0 else f"occurs {count} times"
             problems.append(f"{mutant.name}: the text to mutate {where} in {mutant.file}: {mutant.old!r}")
+        elif mutant.old == mutant.new:
+            problems.append(f"{mutant.name}: the mutant changes nothing")
+        elif path.suffix == ".py":
+            try:
+                ast.parse(text.replace(mutant.old, mutant.new, 1))
+            except SyntaxError as exc:
+                problems.append(f"{mutant.name}: the mutated {mutant.file} does not parse: {exc}")
+        if not mutant.unit and not mutant.e2e:
+            problems.append(f"{mutant.name}: no tests named")
+        for arg in _files(mutant.unit) + _files(mutant.e2e):
+            if not (ROOT / arg.split("::")[0]).exists():
+                problems.append(f"{mutant.name}: {arg.split('::')[0]} does not exist")
     names = [m.name for m in mutants]
     problems += [f"{n}: the name is used twice" for n in sorted({n for n in names if names.count(n) > 1})]
     if problems:
         raise ListError("the mutant list does not match the code (it moved?):\n  " + "\n  ".join(problems))
 
 
+def _files(args: tuple[str, ...]) -> list[str]:
+    """The files and test ids among pytest arguments (a -k expression selects within them)."""
+    return [a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] != "-k")]
+
+
+def _baseline(copy: Path, env: dict[str, str], args: tuple[str, ...], limit: float) -> None:
+    """The unmutated copy passes these tests, or nothing the mutants show would mean anything."""
+    rc, out = pytest(copy, env, args, limit)
+    if rc != 0:
+        print(out[-6000:])
+        raise ListError(f"the tests fail without any mutant (pytest exit {rc}: {' '.join(args)}); fix that first")
+
+
+def _verdict(rc: int | None, out: str, mutant: Mutant, limit: float) -> str | None:
+    """'caught', 'hung' or None (the tests passed); a run that did not even collect raises."""
+    if rc == 1:
+        return "caught"
+    if rc is None:
+        return "hung"
+    if rc == 0:
+        return None
+    print(out[-4000:])
+    raise ListError(f"{mutant.name}: pytest exit {rc} (not a test failure: the mutant "
+                    f"does not import or the tests were not collected); fix the list")
+
+
 def run(mutants: tuple[Mutant, ...], limit: float) -> int:
     check_list(mutants)
+    began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llmgw-mutants-") as tmp:
         copy = Path(tmp)
         copy_tree(copy)
@@ -318,19 +155,17 @@ def run(mutants: tuple[Mutant, ...], limit: float) -> int:
         if not probe.stdout.strip().startswith(str(copy / "src")):
             raise ListError(f"the copy is not what Python imports: llmgw comes from {probe.stdout.strip()}")
 
-        selected: list[str] = []  # every file or test id the mutants name (a -k selects within one)
+        selected: list[str] = []  # every unit test file or id the mutants name
         for mutant in mutants:
-            for i, arg in enumerate(mutant.tests):
-                if not arg.startswith("-") and (i == 0 or mutant.tests[i - 1] != "-k") and arg not in selected:
-                    selected.append(arg)
+            selected += [a for a in _files(mutant.unit) if a not in selected]
         started = time.monotonic()
-        print(f"baseline: the unmutated copy against {len(selected)} test selections ...", flush=True)
-        rc, out = pytest(copy, env, tuple(selected), limit * 2)
-        if rc != 0:
-            print(out[-6000:])
-            raise ListError(f"the tests fail without any mutant (pytest exit {rc}); fix that first")
+        print(f"baseline: the unmutated copy against {len(selected)} unit test selections ...", flush=True)
+        _baseline(copy, env, tuple(selected), limit * 4)
         print(f"baseline: green in {time.monotonic() - started:.0f}s", flush=True)
+        green: set[tuple[str, ...]] = set()  # e2e selections run green unmutated (each once, when first needed)
 
+        by_unit: list[str] = []
+        by_e2e: list[str] = []
         missed: list[str] = []
         for mutant in mutants:
             path = copy / mutant.file
@@ -338,28 +173,39 @@ def run(mutants: tuple[Mutant, ...], limit: float) -> int:
             path.write_text(original.replace(mutant.old, mutant.new, 1))
             started = time.monotonic()
             try:
-                rc, out = pytest(copy, env, mutant.tests, limit)
+                verdict = None
+                if mutant.unit:
+                    verdict = _verdict(*pytest(copy, env, mutant.unit, limit), mutant, limit)
+                    tests = " ".join(mutant.unit)
+                if verdict is not None:
+                    by_unit.append(mutant.name)
+                elif mutant.e2e:
+                    tests = " ".join(mutant.e2e)
+                    if mutant.e2e not in green:
+                        path.write_text(original)
+                        _baseline(copy, env, mutant.e2e, limit)
+                        green.add(mutant.e2e)
+                        path.write_text(original.replace(mutant.old, mutant.new, 1))
+                    verdict = _verdict(*pytest(copy, env, mutant.e2e, limit), mutant, limit)
+                    if verdict is not None:
+                        verdict = f"e2e only ({verdict})" if verdict != "caught" else "e2e only"
+                        by_e2e.append(mutant.name)
             finally:
                 path.write_text(original)
-            took = time.monotonic() - started
-            tests = " ".join(mutant.tests)
-            if rc == 1:
-                verdict = "caught"
-            elif rc is None:
-                verdict = f"caught (hung past {limit:g}s)"
-            elif rc == 0:
+            if verdict is None:
                 verdict = "NOT CAUGHT"
                 missed.append(mutant.name)
-            else:
-                print(out[-4000:])
-                raise ListError(f"{mutant.name}: pytest exit {rc} (not a test failure: the mutant "
-                                f"does not import or the tests were not collected); fix the list")
-            print(f"{verdict:<12} {mutant.name:<45} {took:5.1f}s  {tests}", flush=True)
+            elif verdict == "hung":
+                verdict = f"caught (hung past {limit:g}s)"
+            print(f"{verdict:<14} {mutant.name:<45} {time.monotonic() - started:5.1f}s  {tests}", flush=True)
+    core = sum(1 for m in mutants if m in CORE)
     print()
+    print(f"{len(mutants)} mutants ({len(mutants) - core} in code since 1 Dec, {core} before): "
+          f"{len(by_unit)} caught by unit tests, {len(by_e2e)} caught by e2e only, {len(missed)} survived, "
+          f"in {time.monotonic() - began:.0f}s")
     if missed:
-        print(f"{len(missed)} of {len(mutants)} planted bugs NOT caught: {', '.join(missed)}")
+        print(f"NOT CAUGHT: {', '.join(missed)}")
         return 1
-    print(f"all {len(mutants)} planted bugs caught")
     return 0
 
 

@@ -112,6 +112,12 @@ reconcile:
   expect_nodes: [{", ".join(node_ids)}]
   backoff_initial: 1s
   backoff_max: 30s
+remedy:
+  # The banner's `llmgw sim node set-gpu … --xid 79` takes that GPU out and moves the replica on
+  # it to a healthy GPU, successor ready first (issue 43); cleared, the node returns 30 s later.
+  auto_remediate: act
+  hold: 2
+  clear_after: 30s
 models:
   - name: {SMALL_MODEL}
     replicas: 2
@@ -214,6 +220,9 @@ async def _wait_for(check: Callable[[], Any], what: str, fleet: Fleet, within: f
         await trio.sleep(0.25)
 
 
+DEMO_CERT_DAYS = 365
+
+
 def _workdir(requested: str | None) -> Path:
     if requested:
         work = Path(requested).resolve()
@@ -223,6 +232,16 @@ def _workdir(requested: str | None) -> Path:
     (work / "logs").mkdir(exist_ok=True)
     (work / "tls").mkdir(exist_ok=True)
     return work
+
+
+def _remove_all_but_logs(work: Path) -> None:
+    for child in work.iterdir():
+        if child.name == "logs":
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -239,10 +258,12 @@ def _issue_certs(tls_dir: Path, host: str, node_ids: list[str]) -> None:
     from llmgw.tls import ca
 
     now = time.time()
-    ca.init_ca(tls_dir, now=now, name="llmgw demo CA", days=30, force=True)
-    ca.issue_server(tls_dir, hosts=["localhost"], ips=[host], now=now, days=30, force=True)
+    # A year: node certificates of 30 days put "expires in 30 days" beside every node at once
+    # (ctl nodes notes a certificate under 30 days left), which a demo should not teach.
+    ca.init_ca(tls_dir, now=now, name="llmgw demo CA", days=DEMO_CERT_DAYS, force=True)
+    ca.issue_server(tls_dir, hosts=["localhost"], ips=[host], now=now, days=DEMO_CERT_DAYS, force=True)
     for node_id in node_ids:
-        ca.issue_client(tls_dir, "node", node_id, now=now, days=30, force=True)
+        ca.issue_client(tls_dir, "node", node_id, now=now, days=DEMO_CERT_DAYS, force=True)
 
 
 async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
@@ -341,6 +362,12 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         say(f"  {cmd} ctl --server {public} logs -f {small}")
         say(f"  {cmd} ctl --server {public} events --watch")
         say(f"  {cmd} ctl --server {public} doctor")
+        shard = next(r for r in ready if r["id"] == small)["shards"][0]
+        faulty_dir = shlex.quote(str(work / "nodes" / shard["node"]))
+        gpu = shard["gpus"][0]
+        say(f"  {cmd} sim node set-gpu {faulty_dir} {gpu} --xid 79   # GPU {gpu} of {shard['node']} falls off the bus: "
+            f"{small} moves to a healthy GPU (events --watch says why)")
+        say(f"  {cmd} sim node set-gpu {faulty_dir} {gpu} --xid 0    # cleared: {shard['node']} returns 30s later")
         if len(node_ids) >= 2:
             # Every demo node runs a rank of the 2-node replica, which has no other pair to go to.
             last = node_ids[-1]
@@ -371,10 +398,9 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             leftovers = await trio.to_thread.run_sync(kill_leftover_engines, work)
             say("stopped; nothing left running" + (f" (killed {leftovers} engines a crashed agent left)" if leftovers else ""))
             if not opts.dir:
-                if stopped_by_operator:
-                    await trio.to_thread.run_sync(shutil.rmtree, work, True)
-                else:
-                    say(f"logs kept in {logs}")
+                if stopped_by_operator:  # the logs the banner pointed at stay; the rest (keys, state) goes
+                    await trio.to_thread.run_sync(_remove_all_but_logs, work)
+                say(f"logs kept in {logs} (rm -r {work} when done with them)")
 
 
 async def _make_fabric(work: Path, node_ids: list[str]) -> Path:

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.harness import free_port, llmgw_env, run_llmgw, wait_until
+from tests.e2e.harness import Load, free_port, llmgw_env, run_llmgw, wait_until
 
 
 def processes_under(work: Path) -> list[int]:
@@ -123,6 +124,9 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
             return len(listed) == 3 and all(r["state"] == "ready" for r in listed)
 
         wait_until(all_ready, "all three replicas ready again after uncordon", deadline=120)
+        # Node certificates of a year: no "expires in 30 days" beside every node (issue 46, item 10).
+        listed_nodes = json.loads(run_llmgw("ctl", "--server", server, "nodes", "-o", "json", env=as_operator).stdout)
+        assert listed_nodes and all(n["cert_days_left"] > 300 for n in listed_nodes), listed_nodes
         # The printed `ctl fabric-test` measures every rail between the two nodes and grades it (issue 14).
         test_line = next(line.strip() for line in text.splitlines() if " fabric-test " in line)
         test_args = shlex.split(test_line)
@@ -154,6 +158,7 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert any(line.startswith("CRIT gpu-01 ports: mlx5_1/1 INIT") for line in lines), lines
         assert all(line.split()[0] in ("WARN", "CRIT") for line in lines), lines
         assert run_llmgw("sim", "node", "set-port", node_dir, "mlx5_1", "1", "up").returncode == 0
+        xid_hint(text, work, server, as_operator)
     finally:
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C at the terminal does
         demo.wait(timeout=60)
@@ -161,7 +166,34 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
     assert "stopped; nothing left running" in text
     assert demo.returncode == 0, text[-2000:]
     wait_until(lambda: not processes_under(work), "no demo process left", deadline=10)
-    assert not work.exists()  # a clean stop leaves no temp files either
+    # A clean stop leaves the logs the banner pointed at, and says where; nothing else (keys, state).
+    assert sorted(p.name for p in work.iterdir()) == ["logs"] and (work / "logs" / "server.log").stat().st_size > 0
+    assert f"logs kept in {work / 'logs'}" in text
+    shutil.rmtree(work)
+
+
+def xid_hint(text: str, work: Path, server: str, as_operator: dict[str, str]) -> None:
+    """The printed `sim node set-gpu … --xid 79` (issue 43): the replica on that GPU moves to a
+    healthy one with no failed request, and the events say why. The drain above moved replicas,
+    so the hint's command runs on where a small model's replica is now."""
+    line = next(line.strip() for line in text.splitlines() if " set-gpu " in line and "--xid 79" in line)
+    assert "sim node set-gpu " in line, line
+    listed = json.loads(run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator).stdout)
+    target = next(r for r in listed if r["model"] == "llama-3.1-8b-instruct" and r["state"] == "ready")
+    node, gpu = target["shards"][0]["node"], target["shards"][0]["gpus"][0]
+    with Load(server, "llama-3.1-8b-instruct", threads=2) as load:
+        assert run_llmgw("sim", "node", "set-gpu", str(work / "nodes" / node), str(gpu), "--xid", "79").returncode == 0
+
+        def moved() -> bool:
+            now = json.loads(run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator).stdout)
+            small = [r for r in now if r["model"] == "llama-3.1-8b-instruct"]
+            return target["id"] not in {r["id"] for r in small} and len(small) == 2 and all(
+                r["state"] == "ready" for r in small)
+
+        wait_until(moved, "the replica on the faulty GPU replaced", deadline=120, interval=0.5)
+    assert load.failures == [], load.failures[:5]
+    events = run_llmgw("ctl", "--server", server, "events", "-o", "json", env=as_operator).stdout
+    assert f"node {node} cordoned automatically: gpu {gpu} Xid 79" in events, events[-3000:]
 
 
 def test_demo_port_in_use_is_one_clear_line() -> None:

@@ -1,6 +1,6 @@
 """Issue 39's GPU board checks end to end: a real server, a real agent on a simulated node, faults
-injected at runtime with `llmgw sim node set-gpu` / `set-hca` and nvidia_peermem unloaded from the
-fake sysfs (what the agent then reads through
+injected at runtime with `llmgw sim node set-gpu`, `set-pcie` (read at registration: the agent
+restarts) and nvidia_peermem unloaded from the fake sysfs (what the agent then reads through
 its real NVML-stand-in and sysfs path), and the real `ctl doctor -o json` naming each one with the
 exit code cron and Nagios read: warnings alone exit 1, a critical one 2, all well again 0.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,8 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     server = Server(tmp_path, FAST_FLEET)
     procs.append(server.start())
     config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, "", "--gpus", "4", "--ib-ports", "1")
-    procs.append(start_agent(tmp_path, "gpu-01", config))
+    agent = start_agent(tmp_path, "gpu-01", config)
+    procs.append(agent)
     node = str(config.parent)
 
     def wait_for(code: int, expected: set[tuple[str, str, str, str]], what: str) -> dict:
@@ -49,6 +51,14 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     pcie_ok = next(f for f in healthy["findings"] if f["check"] == "pcie")
     assert pcie_ok["finding"].startswith("4 GPUs and 1 HCAs at their full PCIe width"), pcie_ok
 
+    def restart(old: Proc, change: Callable[[], None]) -> Proc:
+        old.stop()
+        procs.remove(old)  # stopped on purpose: the harness's liveness watch is for the others
+        change()
+        new = start_agent(tmp_path, "gpu-01", config)
+        procs.append(new)
+        return new
+
     def sim(*args: str) -> None:
         result = run_llmgw("sim", "node", *args)
         assert result.returncode == 0, result.stderr
@@ -57,7 +67,8 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     # pending ECC change.
     sim("set-gpu", node, "1", "--throttle", "hw_thermal", "--throttle", "hw_slowdown")
     sim("set-gpu", node, "2", "--pcie-width", "8")
-    sim("set-hca", node, "mlx5_0", "--pcie-width", "8", "--pcie-gen", "4")
+    # An HCA's PCIe link is read when the agent registers: retrain it and restart the agent.
+    agent = restart(agent, lambda: sim("set-pcie", node, "mlx5_0", "--speed", "16", "--width", "8"))
     sim("set-gpu", node, "0", "--no-persistence", "--ecc-pending", "off")
     peermem = config.parent / "sys" / "module" / "nvidia_peermem"
     shutil.rmtree(peermem)  # `rmmod nvidia_peermem`, as the agent's next heartbeat sees it
@@ -69,7 +80,7 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     said = {(f["check"], f.get("subject", "")): f for f in warned["findings"] if f["status"] != "ok"}
     assert said[("clocks", "GPU 1")]["finding"] == "GPU 1: clocks held down: HW thermal slowdown"
     assert "x8 of x16 lanes" in said[("pcie", "GPU 2")]["finding"]
-    assert "less than the port's 400 Gb/s" in said[("pcie", "mlx5_0")]["finding"]
+    assert said[("pcie", "mlx5_0")]["finding"].startswith("mlx5_0: PCIe gen4 x8, the card allows gen5 x16; it carries"), said
     assert all(f["action"] for f in said.values())
 
     # Critical: a pending row remap, a card at its shutdown temperature, an Xid of a current driver
@@ -87,10 +98,11 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     # All well again: exit 0.
     sim("set-gpu", node, "1", "--throttle", "none")
     sim("set-gpu", node, "2", "--pcie-width", "16")
-    sim("set-hca", node, "mlx5_0", "--pcie-width", "16", "--pcie-gen", "5")
+    sim("set-pcie", node, "mlx5_0", "--speed", "32", "--width", "16")
     sim("set-gpu", node, "0", "--persistence", "--ecc-pending", "on")
     sim("set-gpu", node, "3", "--no-remap-pending", "--temperature", "40", "--xid", "0", "--fabric-state", "completed")
     peermem.mkdir()
+    restart(agent, lambda: None)
     wait_for(0, set(), "the node healthy again")
 
 

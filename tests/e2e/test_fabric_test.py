@@ -48,7 +48,8 @@ def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: li
     procs += [start_agent(tmp_path, "gpu-01", a), start_agent(tmp_path, "gpu-02", b)]
     wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready with a heartbeat", procs=procs)
 
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "-o", "json", timeout=120)
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1", "-o", "json",
+                       timeout=120)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)  # a crit rail: Nagios critical
     report = json.loads(result.stdout)
     assert (report["a"], report["b"], report["status"], report["exit_code"]) == ("gpu-01", "gpu-02", "crit", 2)
@@ -61,7 +62,8 @@ def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: li
     # Progress went to stderr as it happened, one line per rail.
     assert result.stderr.count("rail ") >= 8 and "testing 4 rails" in result.stderr, result.stderr
 
-    table = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", env={"COLUMNS": "250"}, timeout=120)
+    table = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1",
+                      env={"COLUMNS": "250"}, timeout=120)
     assert table.returncode == 2, table.stderr
     lines = [line for line in table.stdout.splitlines() if line.startswith("ib#")]
     assert len(lines) == 4, table.stdout
@@ -76,13 +78,15 @@ def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: li
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert 'llmgw_fabric_test_status{a="gpu-01",b="gpu-02"} 2.0' in metrics, metrics[-3000:]
     assert re.search(r'llmgw_fabric_test_rail_gbps\{a="gpu-01",b="gpu-02",fabric="ib",rail="2"\} 150(\.0)?\n', metrics)
-    quiet = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--quiet", timeout=120)
+    quiet = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1", "--quiet",
+                      timeout=120)
     status, *bad = quiet.stdout.splitlines()
     assert quiet.returncode == 2 and status.split(" | ")[0] == first.split(" | ")[0] and quiet.stderr == "", quiet
     assert [line.split()[:3] for line in bad] == [["WARN", "rail", "ib#1"], ["CRIT", "rail", "ib#2"]], bad
 
     # The same pair the other way round: the slow adapter is now on the client side, and still found.
-    reverse = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", "-o", "json", timeout=120)
+    reverse = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", "--duration", "0", "-o", "json",
+                        timeout=120)
     assert [r["status"] for r in json.loads(reverse.stdout)["rails"]] == ["ok", "warn", "crit", "ok"]
 
 
@@ -93,7 +97,8 @@ def test_all_ok_exits_0_and_roce_picks_its_gid_index(tmp_path: Path, procs: list
     procs += [start_agent(tmp_path, n, make_sim_node(tmp_path, n, server.fleet_url, FAST_AGENT, *args))
               for n in ("gpu-01", "gpu-02")]
     wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "-o", "json", timeout=120)
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1", "-o", "json",
+                       timeout=120)
     assert result.returncode == 0, (result.stdout, result.stderr)
     report = json.loads(result.stdout)
     assert [(r["fabric"], r["status"], r["measured_gbps"]) for r in report["rails"]] == [("roce", "ok", 192.0)] * 2
@@ -242,8 +247,64 @@ def test_an_agent_without_perftest_installs_it_the_first_time_and_says_so(tmp_pa
     assert (tmp_path / "apt-get.args").read_text().split() == ["install", "-y", "--no-install-recommends", "perftest"]
     report = json.loads(first.stdout)
     assert [r["status"] for r in report["rails"]] == ["ok"]
+    # Not told how long: perftest's own 5 s (-D), so the row counts iterations and measures no peak.
+    assert report["duration"] == 5 and report["rails"][0]["peak_gbps"] is None
+    assert report["rails"][0]["duration"] >= 5
     assert report["notes"][0] == "gpu-02: ib_write_bw missing: installing perftest with apt-get"
     assert report["notes"][1].startswith("gpu-02: installed perftest with apt-get (")
     (tmp_path / "apt-get.args").unlink()
     again = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", timeout=120)
     assert again.returncode == 0 and "installing" not in again.stderr and not (tmp_path / "apt-get.args").exists()
+
+
+def test_qdr_is_graded_after_8b10b_a_narrow_slot_is_the_reason_and_gpudirect_needs_gpus(
+        tmp_path: Path, procs: list[Proc]) -> None:
+    """Issue 39: what the link can carry. QDR nodes (sysfs "40 Gb/sec (4X QDR)", 32 of data after
+    8b/10b) measure ~31 Gb/s and are ok, not warn; an EDR HCA trained at x8 gen3 (`sim node set-pcie`,
+    read by the agent from sysfs device/current_link_*) is graded against the 57.6 Gb/s its slot
+    moves, with that reason; --gpudirect runs --use_cuda where both nodes have GPUs and is refused
+    at once where one has none."""
+    server = Server(tmp_path, FAST_FLEET)
+    procs.append(server.start())
+    qdr = ("--ib-ports", "1", "--ib-rate", "40 Gb/sec (4X QDR)")
+    edr = ("--ib-ports", "2", "--ib-rate", "100 Gb/sec (4X EDR)")
+    configs = {"qdr-01": make_sim_node(tmp_path, "qdr-01", server.fleet_url, FAST_AGENT, *qdr),
+               "qdr-02": make_sim_node(tmp_path, "qdr-02", server.fleet_url, FAST_AGENT, *qdr, "--gpus", "0"),
+               "edr-01": make_sim_node(tmp_path, "edr-01", server.fleet_url, FAST_AGENT, *edr),
+               "edr-02": make_sim_node(tmp_path, "edr-02", server.fleet_url, FAST_AGENT, *edr)}
+    narrowed = run_llmgw("sim", "node", "set-pcie", str(tmp_path / "edr-02"), "mlx5_1", "--speed", "8", "--width", "8")
+    assert narrowed.returncode == 0 and "PCIe gen3 x8 (max gen3 x16)" in narrowed.stdout, narrowed
+    procs += [start_agent(tmp_path, n, c) for n, c in configs.items()]
+    wait_until(lambda: ready(server, *configs), "four nodes ready", procs=procs)
+    port = server.get("/api/v1/nodes/edr-02")["inventory"]["ports"][1]
+    assert (port["pcie_speed_gts"], port["pcie_width"], port["pcie_max_width"]) == (8.0, 8, 16), port
+
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--duration", "1", "-o", "json",
+                       timeout=120)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    [rail] = json.loads(result.stdout)["rails"]
+    assert (rail["status"], rail["expected_gbps"], rail["measured_gbps"]) == ("ok", 32.0, 30.72), rail
+    assert rail["peak_gbps"] is None  # a -D run measures no peak
+
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "edr-01", "edr-02", "--duration", "1",
+                       "--gpudirect", "-o", "json", timeout=120)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    report = json.loads(result.stdout)
+    assert report["gpudirect"] is True and report["duration"] == 1
+    healthy, narrow = report["rails"]
+    assert (healthy["expected_gbps"], healthy["measured_gbps"], healthy["detail"]) == (100.0, 96.0, "")
+    assert (narrow["status"], narrow["expected_gbps"], narrow["measured_gbps"]) == ("ok", 57.6, 55.3), narrow
+    assert narrow["limited_by"].startswith("PCIe gen3 x8 on B") and healthy["limited_by"] == ""
+    assert narrow["detail"].startswith("limited by PCIe gen3 x8 on B (57.6 Gb/s of payload; the card can do gen3 x16"), narrow
+    assert "GPUDirect: buffers in GPU 1 of edr-01 and GPU 1 of edr-02 (--use_cuda)" in narrow["notes"], narrow
+    assert "buffers in GPU memory (GPUDirect RDMA)" in result.stderr
+    table = run_llmgw("ctl", "--server", server.url, "fabric-test", "edr-01", "edr-02", "--duration", "1",
+                      env={"COLUMNS": "300"}, timeout=120)
+    assert table.returncode == 0 and "limited by PCIe gen3 x8 on B" in table.stdout, table.stdout
+
+    refused = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--gpudirect")
+    assert refused.returncode == 3, (refused.stdout, refused.stderr)
+    assert "--gpudirect: qdr-02 has no GPU" in refused.stderr and "run without --gpudirect" in refused.stderr, refused.stderr
+    too_long = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--duration", "10",
+                         "--rail-timeout", "12")
+    assert too_long.returncode == 3 and "does not fit in the 12 s rail timeout" in too_long.stderr, too_long.stderr

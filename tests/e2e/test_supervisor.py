@@ -359,6 +359,33 @@ async def test_an_adopted_engine_that_was_ready_is_ready_at_once_even_if_busy(tm
             os.killpg(pid, signal.SIGKILL)
 
 
+async def test_stopping_an_adopted_engine_kills_it_and_frees_its_gpus(tmp_path: Path) -> None:
+    """The seed's exact bug (issue 37): an adopted engine reported stopped while nothing was
+    killed. The agent restarts and adopts its running engine; a Stop must end the process
+    (its pid is gone) before `stopped` is reported, and its GPU takes a new engine."""
+    work = tmp_path / "work"
+    s = spec("adopted")
+    async with node(work, stop_engines=False) as n:
+        n.supervisor.start(s)
+        pid = (await until(lambda: n.status(s.shard_id, "ready"), "the engine to be ready")).pid
+    assert pid_alive(pid)  # the agent is gone; its engine serves on
+    try:
+        async with node(work) as n:
+            assert [(r.spec.shard_id, r.state, r.pid) for r in n.supervisor.reports()] == [(s.shard_id, "ready", pid)]
+            n.supervisor.stop(s.shard_id, 2.0, "surplus")
+            # The grace is 2 s: well within 15 s, or nothing was signalled (the seed's bug).
+            await until(lambda: n.status(s.shard_id, "stopped"), "the adopted engine reported stopped", deadline=15.0)
+            assert not pid_alive(pid), "reported stopped, but the adopted engine still runs"
+            again = spec("successor", gpus=list(s.gpus))  # the same GPU
+            n.supervisor.start(again)
+            await until(lambda: n.status(again.shard_id, "ready") or n.status(again.shard_id, "failed"),
+                        "the successor on the freed GPU to start or fail")
+            assert n.status(again.shard_id, "failed") is None, n.status(again.shard_id, "failed")
+    finally:
+        if pid_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+
 async def test_a_ready_engine_that_hangs_is_reported_unhealthy_then_ready_again(tmp_path: Path) -> None:
     """Issue 9: a SIGSTOPped engine stayed `ready`. The supervisor keeps health-checking ready
     engines: failures in a row report it `unhealthy` with since when, a pass reports it ready."""

@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.server.admin import render
+from llmgw.server.admin.pages import package_assets
 from llmgw.server.admin.traffic import ports_document
 from llmgw.server.views import NodeDetail
-from llmgw.web.assets import IMMUTABLE, Assets, from_package, hashed_name
+from llmgw.web.assets import IMMUTABLE, Assets, hashed_name
 from llmgw.wire import messages as m
 
 
@@ -30,7 +31,7 @@ def test_a_new_content_is_a_new_name() -> None:
 
 
 def test_the_package_ships_its_files() -> None:
-    assets = from_package("llmgw.server.admin")
+    assets = package_assets()
     assert {"admin.js", "admin.css", "fabric.js"} <= set(assets.by_name)
     assert assets.lookup("/admin/static/admin.js") is None  # only hashed names are served
 

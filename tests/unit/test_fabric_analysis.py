@@ -3,6 +3,8 @@ SOURCES.md say what is there, and on fabrics `llmgw sim fabric` generates, where
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from llmgw.fabric.analysis import FabricMap, ProblemKind, analyse, host_of
@@ -168,6 +170,27 @@ def test_parallel_inter_switch_link_below_its_siblings() -> None:
 
 def test_one_adapter_per_node_is_not_a_rail_fabric() -> None:
     fabric = sim(nodes=8, rails=1, group_size=4, spines=2)
+    assert not fabric.summary.rail_optimised and fabric.rails == [] and fabric.rail_violations == []
+
+
+def test_multi_adapter_nodes_cabled_in_pairs_are_not_a_rail_fabric() -> None:
+    # Four 4-adapter nodes, each adapter pair on one leaf (mlx5_0+1 of n1 and n2 on one leaf,
+    # of n3 and n4 on another, mlx5_2+3 likewise): the leaves' most common devices differ
+    # (mlx5_0 on two, mlx5_2 on two), yet only half the adapters sit on "their" leaf, under
+    # RAIL_FIT: not rail-optimised, so no rails and no violations to chase (issue 37).
+    text = generate(FabricSpec(nodes=["n1", "n2", "n3", "n4"], rails=4, group_size=4, spines=2)).ibnetdiscover
+
+    def recable(match: re.Match[str]) -> str:  # the adapter on leaf r<k>, port of node j, gets a new name
+        j, k = int(match[1]), int(match[2])
+        index = (k % 2) * 4 + (j - 1)
+        return f'"n{index // 2 + 1} mlx5_{(k // 2) * 2 + index % 2}"'
+
+    fabric = analyse(parse_topology(re.sub(r'"n(\d) mlx5_(\d)"', recable, text)))
+    on_leaf: dict[str, set[str]] = {}
+    for link in fabric.links:
+        if link.b.name.startswith("n"):
+            on_leaf.setdefault(link.a.name, set()).add(link.b.name)
+    assert sorted(map(sorted, on_leaf.values()))[0] == ["n1 mlx5_0", "n1 mlx5_1", "n2 mlx5_0", "n2 mlx5_1"], on_leaf
     assert not fabric.summary.rail_optimised and fabric.rails == [] and fabric.rail_violations == []
 
 

@@ -11,10 +11,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import msgspec
+import pytest
 import trio
 import trio.testing
 
-from llmgw.server.fabric_test import FabricTests
+from llmgw.server.fabric_test import FabricTests, Refused
 from llmgw.wire import messages as m
 
 TABLE = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
@@ -214,3 +215,26 @@ async def test_a_node_inventing_notes_reaches_the_operator_at_most_max_notes_tim
         nursery.cancel_scope.cancel()
     assert len([e for e in heard if e["event"] == "note"]) == MAX_NOTES
     assert len(report["notes"]) == MAX_NOTES and report["status"] == "crit"
+
+
+async def test_runs_are_D_seconds_fitted_to_the_timeout_and_an_old_agent_gets_iterations(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Issue 39: every FabricTest carries -D (5 s, or what fits in the rail timeout beside 3 s of
+    start-up); where an agent does not list the feature, both sides get -n iterations, said in the notes."""
+    from llmgw.server.fabric_test import default_duration
+
+    assert [default_duration(t) for t in (60, 8, 5, 4, 3, 1)] == [5, 5, 2, 1, 0, 0]
+    async with trio.open_nursery() as nursery:
+        tests, sessions = harness(nursery, ("a", "b"), {})
+        report = await tests.run("a", "b", _ignore, rail_timeout=6)
+        assert report["duration"] == 3 and {t.duration for t in sessions["b"].tests_sent("server")} == {3}
+        assert {t.duration for t in sessions["a"].tests_sent("client")} == {3}
+        with pytest.raises(Refused, match="does not fit in the 6 s rail timeout"):
+            await tests.run("a", "b", _ignore, rail_timeout=6, duration=4)
+        old = sessions["b"]
+        old.supports = lambda feature: feature != m.FEATURE_FABRIC_TEST_DURATION  # type: ignore[method-assign]
+        before = len(old.tests_sent("server"))
+        report = await tests.run("a", "b", _ignore)
+        nursery.cancel_scope.cancel()
+    assert report["duration"] == 0 and report["notes"][0].startswith("b: agent too old for duration runs (-D)")
+    assert {(t.duration, t.iterations) for t in old.tests_sent("server")[before:]} == {(0, 5000)}

@@ -82,7 +82,7 @@ async def test_missing_perftest_is_installed_with_apt_get_and_said(tmp_path: Pat
     os_release.write_text('PRETTY_NAME="Debian GNU/Linux 12"\nID=debian\n')
     monkeypatch.setenv("PATH", str(bin_dir))
     tester = FabricTester(FabricTestSettings(install=True, os_release=str(os_release)), ports=lambda: [IB])
-    assert tester.path is None and tester.features == [m.FEATURE_FABRIC_TEST]  # it can run one: it can install
+    assert tester.path is None and tester.features == [m.FEATURE_FABRIC_TEST, m.FEATURE_FABRIC_TEST_DURATION]  # it can run one: it can install
 
     progress, done = await run(tester, client())
     assert isinstance(progress, m.FabricTestResult) and progress.phase == "progress"
@@ -114,7 +114,7 @@ def test_without_ib_write_bw_or_an_installer_the_feature_is_not_advertised(tmp_p
     assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == []
     script(tmp_path / "apt-get", "exit 0")
     assert FabricTester(FabricTestSettings(install=False, os_release=str(tmp_path / "os-release"))).features == []
-    assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == [m.FEATURE_FABRIC_TEST]
+    assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == [m.FEATURE_FABRIC_TEST, m.FEATURE_FABRIC_TEST_DURATION]
 
 
 async def test_roce_gets_the_roce_v2_gid_index_and_a_port_without_one_is_refused(tmp_path: Path) -> None:
@@ -133,6 +133,31 @@ async def test_roce_gets_the_roce_v2_gid_index_and_a_port_without_one_is_refused
     [system] = await run(tester, m.FabricTest(request_id="t", role="client", device="mlx5_0", server_host="10.0.0.2",
                                               server_port=22))
     assert isinstance(system, m.FabricTestResult) and system.error == "server port 22 is outside 1024-65535: not dialled"
+
+
+async def test_a_duration_run_passes_D_and_gpudirect_use_cuda_only_where_the_gpu_exists(tmp_path: Path) -> None:
+    """-D SECONDS instead of -n (perftest's duration mode), --use_cuda=N for GPUDirect; a GPU the node
+    lacks, or a run longer than its timeout, is refused before perftest starts; the features say so."""
+    script(tmp_path / "ib_write_bw", 'echo "args: $*"')
+    gpus = [m.Gpu(index=0), m.Gpu(index=1)]
+    tester = FabricTester(FabricTestSettings(install=False), str(tmp_path), ports=lambda: [IB], gpus=lambda: gpus)
+    assert m.FEATURE_FABRIC_TEST_GPUDIRECT in tester.features
+    req = m.FabricTest(request_id="t", role="client", device="mlx5_0", server_host="10.0.0.2", server_port=18515,
+                       timeout=30, duration=5, cuda_device=1)
+    [done] = await run(tester, req)
+    assert isinstance(done, m.FabricTestResult) and done.ok, done.error
+    args = done.output.split()
+    assert args[args.index("-D") + 1] == "5" and "-n" not in args and "--use_cuda=1" in args, args
+    [no_gpu] = await run(tester, msgspec.structs.replace(req, cuda_device=2))
+    assert isinstance(no_gpu, m.FabricTestResult) and "GPUDirect asked for GPU 2, and this node has GPUs 0, 1 only" in no_gpu.error
+    [too_long] = await run(tester, msgspec.structs.replace(req, duration=30))
+    assert isinstance(too_long, m.FabricTestResult) and "does not fit in its 30 s timeout" in too_long.error
+    bare = FabricTester(FabricTestSettings(install=False), str(tmp_path), ports=lambda: [IB])
+    assert m.FEATURE_FABRIC_TEST_GPUDIRECT not in bare.features
+    [refused] = await run(bare, msgspec.structs.replace(req, cuda_device=0))
+    assert isinstance(refused, m.FabricTestResult) and "this node has no GPU" in refused.error
+    [old] = await run(bare, msgspec.structs.replace(req, duration=0, cuda_device=-1))
+    assert isinstance(old, m.FabricTestResult) and old.output.split()[old.output.split().index("-n") + 1] == "5000"
 
 
 async def test_a_hung_ib_write_bw_is_killed_with_its_children(tmp_path: Path) -> None:

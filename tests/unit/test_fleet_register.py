@@ -1,6 +1,7 @@
 """Who may register as which node, through the production FleetService on a real FleetListener:
 the node-id rule (ids reach file paths and terminals) and, over real mutual TLS, that a node
-certificate's common name must equal the node id it registers as (`require_identity`)."""
+certificate's common name must equal the node id it registers as (`require_identity`); and that
+what a Register says reaches the reconciler through the Controller."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ import pytest
 import trio
 
 from llmgw import __version__
+from llmgw.catalog.schema import ReconcileSettings
 from llmgw.fleet import ChannelClosed, FleetChannel, FleetListener, dial
+from llmgw.server.control import Controller, Settle, make_reconciler
 from llmgw.server.fleet_service import FleetService
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry
+from llmgw.server.states import ReplicaState
 from llmgw.tls import ca as store
 from llmgw.tls import client_context, server_context
 from llmgw.wire import messages as m
+from tests.unit.test_reconcile import bring_up, catalog, nodes
 
 MAX = 64 * 1024
 DEADLINE = 10.0  # every wait below is for a condition, bounded by this
@@ -138,3 +143,29 @@ async def test_without_require_identity_the_common_name_is_not_checked(pki: Path
         answer = await register(channel, "gpu-02")
         assert isinstance(answer, m.Welcome), answer
         assert list(service.registry.nodes) == ["gpu-02"] and refused == []
+
+
+# -- what a Register says reaches the reconciler --------------------------------------------------
+
+async def test_an_agent_that_registers_with_nothing_has_its_replicas_disowned_through_the_real_path() -> None:
+    """The seed's lesson (issue 37): the disowning of an engine a restarted agent no longer runs
+    was tested only by calling the reconciler, and a caller that never called it went unseen.
+    Here the agent registers with no shards over a real stream, through the production
+    FleetService and Controller, and the replica the server believed in on it is let go."""
+    registry = NodeRegistry(1.0)
+    controller = Controller(make_reconciler(catalog(small=1, big=0), ReconcileSettings()), registry,
+                            settle=Settle(ReconcileSettings(), registry), links={})
+    bring_up(controller.reconciler, nodes("gpu-01"))
+    [replica] = controller.reconciler.replicas.values()
+    assert replica.state == ReplicaState.READY
+    service = FleetService(registry, ServerMetrics(lambda: {}), register_timeout=DEADLINE, require_identity=False,
+                           observer=controller)
+    listener = FleetListener(service.handle, ssl_context=None, max_message=MAX, handshake_timeout=DEADLINE)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.serve, listeners)
+        async with dial(url, ssl_context=None, insecure=True, max_message=MAX) as channel:
+            assert isinstance(await register(channel, "gpu-01"), m.Welcome)  # shards: none
+            assert replica.state == ReplicaState.FAILED and "no longer runs" in replica.reason, replica.reason
+        nursery.cancel_scope.cancel()

@@ -126,3 +126,19 @@ async def test_an_endpoint_out_of_rotation_moves_its_waiting_request(ticking: bo
                 assert gw._evict(urls[0], "failing its health checks") >= 1
         assert status[-1] == 200 and set(status) == {200}
         assert gw._attempts == {}
+
+
+async def slams(stream: trio.SocketStream) -> None:
+    await read_request(stream, bytearray())
+    await stream.aclose()  # reads the request and hangs up: the engine died mid-request
+
+
+async def test_an_engine_that_fails_an_attempt_is_counted_by_its_breaker(autojump_clock: trio.testing.MockClock) -> None:
+    """The attempt's outcome reaches the balancer and the endpoint's breaker (issue 22's planted
+    bug, caught until issue 37 only by the e2e kill test): a failure counts, a success resets."""
+    async with gateway([slams], ticking=True) as (gw, urls, port):
+        breaker = gw.routes["chat"].balancer.breaker(urls[0])
+        with trio.fail_after(60):
+            assert await ask(port) == 502
+        assert breaker.consecutive_failures == 1
+        assert gw._attempts == {}

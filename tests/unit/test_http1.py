@@ -150,7 +150,7 @@ def test_whatever_is_accepted_h11_accepts_and_reads_the_same(block: list[bytes])
         (b"GET / HTTP/1.1\r\nhost: x\r\nConnection: keep-alive, Upgrade\r\n\r\n", False, False),
         (b"GET / HTTP/1.0\r\n\r\n", True, True),
         (b"GET / HTTP/1.0\r\nconnection: keep-alive\r\n\r\n", False, True),
-        (b"GET / HTTP/1.1\r\n\r\n", False, False),
+        (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", False, False),
     ],
 )
 def test_keep_alive_follows_the_version_and_connection_header(
@@ -162,7 +162,7 @@ def test_keep_alive_follows_the_version_and_connection_header(
 
 def test_expect_100_continue_is_seen_on_http11_only() -> None:
     head = http1.parse_request_head(
-        b"POST / HTTP/1.1\r\nExpect: 100-continue\r\ncontent-length: 3\r\n\r\n"
+        b"POST / HTTP/1.1\r\nhost: x\r\nExpect: 100-continue\r\ncontent-length: 3\r\n\r\n"
     )
     assert head.expect_continue and head.content_length == 3
     head = http1.parse_request_head(
@@ -212,14 +212,17 @@ def test_header_values_keep_their_case_and_names_are_lower_cased() -> None:
     ],
 )
 def test_malformed_heads_are_refused_with_a_status(raw: bytes, status: int) -> None:
+    if b"\r\nhost:" not in raw.lower():  # each case refused for its own fault, not for a missing Host
+        raw = raw.replace(b"\r\n", b"\r\nhost: x\r\n", 1)
     with pytest.raises(http1.HttpError) as info:
         http1.parse_request_head(raw)
     assert info.value.status == status
+    assert "Host header" not in str(info.value)
 
 
 def test_same_content_length_twice_is_one_length() -> None:
     head = http1.parse_request_head(
-        b"POST / HTTP/1.1\r\ncontent-length: 2\r\nContent-Length: 2\r\n\r\n"
+        b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nContent-Length: 2\r\n\r\n"
     )
     assert head.content_length == 2
 
@@ -618,7 +621,7 @@ def test_header_lines_seen_before_parse_as_they_did_and_the_memo_stays_bounded()
     with pytest.raises(http1.HttpError):
         http1.parse_request_head(b"GET / HTTP/1.1\r\nHost: gw:8080\r\nX-Bad: a\x01b\r\n\r\n")
     for i in range(http1._SEEN_MAX + 10):
-        http1.parse_request_head(b"GET / HTTP/1.1\r\nUser-Agent: client/%d\r\n\r\n" % i)
+        http1.parse_request_head(b"GET / HTTP/1.1\r\nHost: x\r\nUser-Agent: client/%d\r\n\r\n" % i)
     assert len(http1._SEEN) <= http1._SEEN_MAX
 
 
@@ -642,3 +645,20 @@ def test_a_head_still_arriving_is_not_mistaken_for_bare_lf() -> None:
     for cut in range(1, len(head)):
         assert scanner.find(head[:cut]) == -1, cut
     assert scanner.find(head) == len(head)
+
+
+@pytest.mark.parametrize(("raw", "error"), [
+    (b"GET / HTTP/1.1\r\n\r\n", "missing Host header"),
+    (b"GET / HTTP/1.1\r\nuser-agent: x\r\n\r\n", "missing Host header"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", "more than one Host header"),
+    (b"GET / HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n", "more than one Host header"),
+])
+def test_a_request_has_one_host_line(raw: bytes, error: str) -> None:
+    """RFC 9112 §3.2: 400 for an HTTP/1.1 request without Host and for any with two; HTTP/1.0
+    may leave it out. Memoized Host lines are counted as well (the second parse is the memo's)."""
+    for _ in range(2):
+        with pytest.raises(http1.HttpError) as info:
+            http1.parse_request_head(raw)
+        assert (info.value.status, str(info.value)) == (400, error)
+    assert http1.parse_request_head(b"GET / HTTP/1.0\r\n\r\n").method == b"GET"
+    assert http1.parse_request_head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").get(b"host") == b"a"

@@ -31,6 +31,10 @@ EXPECTED = {
         ("", "", "Ethernet", 3, False, "Gb/sec", 1, 65536, 92.42, 92.40, 0.176230, 92.40, 1),
     "gpu-operator-roce-gpudirect-ib_write_bw-a-gbits-client.txt":
         ("RDMA_Write BW Test", "mlx5_0", "Ethernet", 5, False, "Gb/sec", 23, 8388608, 92.39, 92.39, 0.001377, 92.39, 0),
+    "openshift-a40-roce-gpudirect-D60-ib_write_bw-client-gbits.txt":
+        ("RDMA_Write BW Test", "mlx5_1", "Ethernet", 3, False, "Gb/sec", 1, 65536, 0.0, 181.46, 0.346100, 181.46, 0),
+    "openshift-a40-roce-gpudirect-D60-ib_write_bw-server-gbits.txt":
+        ("RDMA_Write BW Test", "mlx5_1", "Ethernet", 3, True, "Gb/sec", 1, 65536, 0.0, 181.46, 0.346100, 181.46, 0),
     "ndr200-ib_send_bw-a-gbits-client.txt":
         ("Send BW Test", "mlx5_2", "IB", None, False, "Gb/sec", 23, 8388608, 196.69, 196.69, 0.002931, 196.69, 0),
 }
@@ -55,6 +59,17 @@ def test_real_sample(name: str) -> None:
     assert len(table.warnings) == warnings
     if warnings:
         assert table.warnings[0].startswith("Conflicting CPU frequency values detected")
+
+
+@pytest.mark.parametrize("side", ["client", "server"])
+def test_a_duration_run_counts_its_iterations_and_measures_no_peak(side: str) -> None:
+    """`-D 60 --use_cuda=0` (the real OpenShift A40 sample): the warning before the settings, CUDA's
+    lines around them, one row with the iterations done in 60 s and BW peak 0.00, not a measurement."""
+    table = parse((SAMPLES / f"openshift-a40-roce-gpudirect-D60-ib_write_bw-{side}-gbits.txt").read_text())
+    assert (table.peak_measured, table.cuda, table.warnings) == (False, True, [])
+    assert table.result is not None and table.result.iterations == 10384867 and table.result.peak_gbps == 0.0
+    iterations = parse((SAMPLES / "cx7-ndr-b2b-ib_write_bw-client-gbits.txt").read_text())
+    assert (iterations.peak_measured, iterations.cuda) == (True, False)
 
 
 def test_the_server_side_with_no_result_row_has_none() -> None:

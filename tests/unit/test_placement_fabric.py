@@ -74,6 +74,19 @@ def test_a_healthy_set_across_a_spine_beats_one_leaf_with_a_short_cable() -> Non
     assert sorted([len(chosen & odd), len(chosen - odd)]) == [1, 3]
 
 
+def test_across_a_spine_the_bigger_leaf_group_goes_first_when_the_leaves_differ() -> None:
+    # Issue 37: the test above gives both leaves three healthy nodes, so picking the smaller
+    # group first ties and the tie-break hides it. Here leaf 2 (even ids) has three healthy
+    # nodes (gpu-2's cable is short) and leaf 1 two free ones, holding the lowest ids: three
+    # and one (three pairs a leaf apart), not two and two (four pairs), whatever the ids say.
+    fabric = fabric_places(INTERLEAVED, rails=1, group_size=4, spines=2, degraded=["gpu-2"])
+    busy = {n: capacity(n, used=set(range(8))) for n in ("gpu-5", "gpu-7")}
+    got = place_multi(Request(replica_id="big-x.1", gpus=8), 4, fleet(INTERLEAVED, **busy), PORTS, fabric)
+    assert set(nodes_of(got)) == {"gpu-4", "gpu-6", "gpu-8", "gpu-1"}
+    assert nodes_of(got)[:3] == ["gpu-4", "gpu-6", "gpu-8"]  # the bigger group first, rank 0 in it
+    assert isinstance(got, MultiPlacement) and got.notes[0].startswith("2 switch hops apart (through a spine)")
+
+
 def test_a_short_cable_is_placed_last_when_no_set_without_it_fits() -> None:
     ids = ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]
     fabric = fabric_places(ids, rails=1, group_size=4, spines=1, degraded=["gpu-1"])

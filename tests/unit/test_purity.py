@@ -42,7 +42,6 @@ PURE = [
     "llmgw.catalog.units",
     "llmgw.fabric",
     "llmgw.fabric.sysfs",
-    "llmgw.fabric.pcie",
     "llmgw.fabric.declared",
     "llmgw.fabric.hca",
     "llmgw.fabric.gputopo",
@@ -56,6 +55,7 @@ PURE = [
     "llmgw.fabric.crosscheck",
     "llmgw.fabric.subnet",
     "llmgw.fabric.perftest",
+    "llmgw.fabric.linkrate",
     "llmgw.fabric.railtest",
     "llmgw.placement",
     "llmgw.placement.gpus",
@@ -65,6 +65,8 @@ PURE = [
     "llmgw.agent.engines.multinode",
     "llmgw.server.observe",
     "llmgw.server.moves",
+    "llmgw.server.lost",
+    "llmgw.server.remedy",
     "llmgw.server.rollout",
     "llmgw.server.reconcile",
     "llmgw.server.replicas",
@@ -94,6 +96,12 @@ FORBIDDEN_IMPORTS = {
     "datetime", "h2", "h11", "httpx", "urllib", "http.client", "sqlite3", "logging",
 }
 FORBIDDEN_CALLS = {"open", "print", "input", "breakpoint"}
+# Methods that reach the file system whatever their object (a Path, a resources Traversable):
+# I/O a pure module would otherwise do through an object handed in, with no import to show it.
+FORBIDDEN_METHODS = {
+    "read_text", "read_bytes", "write_text", "write_bytes", "iterdir", "rglob", "unlink", "mkdir", "rmdir",
+    "touch", "symlink_to", "chmod", "is_file", "is_dir", "exists", "stat", "lstat", "samefile",
+}
 # What importing a pure module must not load, checked in a fresh interpreter.
 FORBIDDEN_LOADED = ("trio", "socket", "ssl", "selectors", "subprocess", "asyncio", "h2", "httpx")
 
@@ -153,7 +161,17 @@ def _impurities(module: str) -> list[str]:
             and (module, node.func.id) not in ALLOWED
         ):
             found.append(f"{path.name}:{node.lineno} calls {node.func.id}()")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FORBIDDEN_METHODS:
+            found.append(f"{path.name}:{node.lineno} calls .{node.func.attr}()")
     return found
+
+
+def test_io_through_a_method_call_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pure module handed a Path reads no import to betray it: web/assets.py read its files so."""
+    (tmp_path / "sneaky_pure.py").write_text("def load(root):\n    return {p.name: p.read_bytes() for p in root.iterdir()}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = _impurities("sneaky_pure")
+    assert any("calls .read_bytes()" in f for f in found) and any("calls .iterdir()" in f for f in found), found
 
 
 def test_every_pure_module_exists_under_src() -> None:

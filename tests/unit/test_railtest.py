@@ -133,3 +133,79 @@ def test_a_phase_deadline_is_fixed_at_its_start_and_progress_moves_it_once_to_th
 def test_locks_are_taken_in_name_order_whichever_side_is_a() -> None:
     assert lock_order("gpu-10", "gpu-02") == lock_order("gpu-02", "gpu-10") == ["gpu-02", "gpu-10"]
     assert lock_order("n1", "n1") == ["n1"]
+
+
+# ---- issue 39: graded against what the link carries (encoding, the HCA's PCIe link) ---------------
+
+from llmgw.fabric import sysfs  # noqa: E402
+from llmgw.fabric.linkrate import capacity, data_gbps, parse_pcie_speed, parse_pcie_width, pcie_gbps  # noqa: E402
+
+
+@pytest.mark.parametrize(("rate", "speed", "layer", "data"), [
+    (40.0, "QDR", "InfiniBand", 32.0),  # 8b/10b: sysfs prints the signalling rate
+    (20.0, "DDR", "InfiniBand", 16.0), (10.0, "SDR", "InfiniBand", 8.0),
+    (40.0, "FDR10", "InfiniBand", 40.0),  # 64b/66b at 10.3125 Gb/s a lane: 10 is the data rate
+    (56.0, "FDR", "InfiniBand", 54.55),  # 14.0625 × 64/66 = 13.64 a lane
+    (100.0, "EDR", "InfiniBand", 100.0), (200.0, "HDR", "InfiniBand", 200.0), (400.0, "NDR", "InfiniBand", 400.0),
+    (10.0, "QDR", "Ethernet", 10.0),  # mlx4's 10GbE reads "10 Gb/sec (1X QDR)": Ethernet's data rate, no 8b/10b
+    (40.0, "FDR10", "Ethernet", 40.0),
+])
+def test_the_data_rate_follows_the_encoding_of_the_speed(rate: float, speed: str, layer: str, data: float) -> None:
+    assert data_gbps(rate, speed, layer) == data
+
+
+def test_pcie_files_read_as_the_kernel_prints_them() -> None:
+    assert [parse_pcie_speed(t) for t in ("8.0 GT/s PCIe\n", "8 GT/s", "16.0 GT/s PCIe", "Unknown", "", None)] == \
+        [8.0, 8.0, 16.0, 0.0, 0.0, 0.0]
+    assert [parse_pcie_width(t) for t in ("8\n", "x16", "0", "", "wide")] == [8, 16, 0, 0, 0]
+    assert pcie_gbps(8.0, 8) == 57.6  # 63.0 after 128b/130b, less TLP headers at 256-byte payloads
+    assert (pcie_gbps(16.0, 16), pcie_gbps(32.0, 16), pcie_gbps(5.0, 8), pcie_gbps(3.0, 8)) == (230.5, 460.9, 29.3, 0.0)
+
+
+def test_a_healthy_qdr_link_is_ok_not_warn() -> None:
+    """4X QDR prints 40 Gb/s and carries 32; a ConnectX-2 in its x8 gen2 slot measures ~27 (3250 MB/s)."""
+    qdr = capacity(40.0, "QDR", pcie_speed=5.0, pcie_width=8, pcie_max_speed=5.0, pcie_max_width=8)
+    a = [fabric("ib", ["mlx4_0:1"])]
+    [rail], _ = pair_rails(a, a, {"mlx4_0/1": qdr}, {"mlx4_0/1": qdr})
+    result = grade(rail, table(27.26))
+    assert result.status == "ok" and result.ratio is not None and result.ratio > 0.9, result
+    assert rail.link_gbps == 32.0 and rail.expected_gbps == 29.3 and "PCIe gen2 x8" in result.detail
+    # Without the PCIe link (an older agent) it is still graded against 32, not 40: a fast QDR card is ok.
+    [bare], _ = pair_rails(a, a, {"mlx4_0/1": capacity(40.0, "QDR")}, {"mlx4_0/1": capacity(40.0, "QDR")})
+    assert bare.expected_gbps == 32.0 and grade(bare, table(30.5)).status == "ok"
+    slow = grade(bare, table(24.0))
+    assert slow.status == "warn" and "40 Gb/s signalling, 8b/10b carries 32" in slow.detail
+
+
+def test_an_x8_limited_hca_is_graded_against_pcie_with_that_reason() -> None:
+    """An EDR card trained at x8 gen3 (it can do x16 gen3): 57.6 Gb/s is all it can move, and that is the
+    reason given, not a crit on the cable; below it, the grade is against PCIe's figure."""
+    narrow = capacity(100.0, "EDR", pcie_speed=8.0, pcie_width=8, pcie_max_speed=8.0, pcie_max_width=16)
+    full = capacity(100.0, "EDR", pcie_speed=8.0, pcie_width=16, pcie_max_speed=8.0, pcie_max_width=16)
+    a, b = [fabric("ib", ["mlx5_0:1"])], [fabric("ib", ["mlx5_3:1"])]
+    [rail], _ = pair_rails(a, b, {"mlx5_0/1": full}, {"mlx5_3/1": narrow})
+    assert (rail.expected_gbps, rail.link_gbps, rail.a_gbps, rail.b_gbps) == (57.6, 100.0, 100.0, 100.0)
+    ok = grade(rail, table(55.1))
+    assert ok.status == "ok" and ok.expected_gbps == 57.6
+    assert ok.detail.startswith("limited by PCIe gen3 x8 on B (57.6 Gb/s of payload; the card can do gen3 x16")
+    bad = grade(rail, table(45.0))
+    assert bad.status == "warn" and "limited by PCIe gen3 x8 on B" in bad.detail and "check the cable" not in bad.detail
+    # The same card in a full slot: the link limits, nothing to say.
+    [healthy], _ = pair_rails(a, b, {"mlx5_0/1": full}, {"mlx5_3/1": full})
+    assert healthy.expected_gbps == 100.0 and grade(healthy, table(96.0)).detail == ""
+
+
+@pytest.mark.parametrize(("fixture", "lane", "speed", "encoding"), [
+    ("qdr-is5030-10-hosts-down-polling.txt", "10.0", "QDR", 8 / 10),
+    ("edr-sb7700-xcat-2nodes-author-truncated.txt", "25.78125", "EDR", 64 / 66),
+    # HDR: PAM4 with RS(544,514) FEC and 256b/257b transcoding
+    ("hdr-quantum-20-nodes-sharp-an-full.txt", "53.125", "HDR", 514 / 544 * 256 / 257),
+])
+def test_iblinkinfos_signalling_rates_give_the_data_rates_we_grade_against(
+        fixture: str, lane: str, speed: str, encoding: float) -> None:
+    """iblinkinfo (infiniband-diags) prints the per-lane signalling rate; less its encoding it is the
+    data rate linkrate assigns to the figure sysfs prints for that speed (4X: 4 lanes)."""
+    text = (REAL / "iblinkinfo" / fixture).read_text()
+    assert f"4X {lane} Gbps" in " ".join(text.split()), fixture
+    printed = sysfs.parse_rate(sysfs.format_rate(4, speed)).gbps
+    assert data_gbps(printed, speed) == pytest.approx(4 * float(lane) * encoding, abs=0.05)

@@ -185,7 +185,7 @@ def test_unreachable_node_keeps_its_replicas_lost_node_gets_them_replaced() -> N
     assert moved.node != s.node
 
 
-def test_lost_node_that_returns_with_its_engine_keeps_it_and_the_replacement_goes() -> None:
+def test_lost_node_that_returns_after_the_successor_is_ready_has_its_engine_drained() -> None:
     rec = make(catalog(small=1, big=0))
     fleet = nodes("gpu-01", "gpu-02")
     [s] = bring_up(rec, fleet, now=0)
@@ -193,11 +193,16 @@ def test_lost_node_that_returns_with_its_engine_keeps_it_and_the_replacement_goe
     lost = [NodeInfo(node_id=n.node_id, state="lost" if n.node_id == s.node else "ready", gpus=n.gpus, features=FEATURES) for n in fleet]
     [replacement] = starts(rec.reconcile(lost, 100))
     status(rec, replacement, "ready")
-    # The lost node comes back: its engine served all along.
+    # The lost node comes back: its engine served all along; the successor is ready too, and
+    # the move it belongs to retires the old one (out of rotation first, then drained).
     rec.on_register(s.node, [m.ShardReport(spec=s.spec, state="ready", pid=5, started_at=1_000_000.0)], 200, wall_now=1_000_200.0)
     actions = rec.reconcile(fleet, 200)
-    assert [a.shard_id for a in stops(actions)] == [replacement.spec.shard_id]
-    assert not starts(actions)
+    assert not starts(actions) and not stops(actions)
+    assert rec.replicas[s.spec.replica_id].state == "draining"
+    assert rec.rotation_synced()
+    [drain] = stops(rec.reconcile(fleet, 201))
+    assert drain.shard_id == s.spec.shard_id and drain.drain
+    assert rec.drain_illegal() == []
 
 
 def test_profile_fallback_and_missing_feature() -> None:
@@ -287,9 +292,14 @@ def test_fleet_messages_touch_only_what_they_name() -> None:
     rec.on_node_state("gpu-09", "lost", 1)
     rec.on_register("gpu-09", [], 1)
     assert CountingDict.scans == 0
-    # And they still act on what they name: gpu-01 lost fails exactly its replicas.
+    # And they still act on what they name: gpu-01 lost marks exactly its replicas' shards lost
+    # (the replicas serve on until replaced, lost.py), and gpu-01 forgotten fails exactly them.
     on_01 = {s.spec.replica_id for s in placed if s.node == "gpu-01"}
     rec.on_node_state("gpu-01", "lost", 2)
+    assert CountingDict.scans == 0
+    assert {r.id for r in rec.replicas.values() if r.shards[0].state == "lost"} == on_01 == set(rec.kept)
+    CountingDict.scans = 0  # the line above scanned
+    rec.on_node_gone("gpu-01", 3)
     assert CountingDict.scans == 0
     assert {r.id for r in rec.replicas.values() if r.state == "failed"} == on_01
     assert rec.of_model("m0") and all(r.model == "m0" for r in rec.of_model("m0"))

@@ -3,10 +3,17 @@ state change, counted per node without counting one source's report once per wai
 
 from __future__ import annotations
 
+import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
+from llmgw.catalog.schema import ReconcileSettings
+from llmgw.server.control import Controller, Settle, make_reconciler
+from llmgw.server.registry import NodeRegistry
+from llmgw.server.states import ReplicaState
+from llmgw.server.views import replica_view
 from llmgw.server.weights import STALE, WeightsBoard
 from llmgw.wire import messages as m
+from tests.unit.test_reconcile import catalog, nodes, starts
 
 URL = "https://mirror.example/m/model.safetensors"
 
@@ -61,3 +68,30 @@ def test_failures_are_counted_by_a_closed_set_of_reasons() -> None:
     text = generate_latest(registry).decode()
     assert 'llmgw_weights_fetch_failures_total{node="gpu-01",reason="checksum"} 1.0' in text
     assert 'llmgw_weights_bytes_total{node="gpu-01"} 1.0' in text
+
+
+async def test_a_real_state_change_clears_the_download_through_the_control_plane() -> None:
+    """Issue 37: e2e's `progress is None` once the replica is ready cannot fail (the view shows
+    progress only for a starting replica). Here the shard's state changes while its replica is
+    still starting (its engine launched after the download), through the Controller the fleet
+    service calls: what the download showed must be gone, and a node's report about a shard
+    it does not run must not clear another's."""
+    registry = NodeRegistry(1.0)
+    board = WeightsBoard()
+    controller = Controller(make_reconciler(catalog(small=1, big=0), ReconcileSettings()), registry,
+                            settle=Settle(ReconcileSettings(), registry), links={}, weights=board)
+    [start] = starts(controller.reconciler.reconcile(nodes("gpu-01"), 0.0))
+    shard = start.spec.shard_id
+    controller.progress("gpu-01", progress(shard, 40, 40))
+    [replica] = controller.reconciler.replicas.values()
+    assert replica.state == ReplicaState.STARTING
+
+    def shown() -> object:
+        return replica_view(replica, trio.current_time(), weights=board).progress
+
+    assert shown() is not None  # the download is shown while it runs
+    controller.shard_status("gpu-02", m.ShardStatus(shard_id=shard, replica_id=start.spec.replica_id, state="failed"))
+    assert shown() is not None  # refused: gpu-02 does not run it
+    controller.shard_status("gpu-01", m.ShardStatus(shard_id=shard, replica_id=start.spec.replica_id, state="starting"))
+    assert replica.state == ReplicaState.STARTING  # still starting, so the view would show a stale download
+    assert shown() is None and board.of([shard], 0.0) is None

@@ -22,7 +22,7 @@ from llmgw.agent import netif
 from llmgw.agent.nvml_events import XidWatch, read_kmsg
 from llmgw.agent.nvml_read import nvml_gpus, nvml_health
 from llmgw.catalog.schema import Discovery
-from llmgw.fabric import pcie, sysfs
+from llmgw.fabric import sysfs
 from llmgw.wire.messages import Gpu, GpuHealth, Inventory, Port, PortCounters
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,7 @@ def discover_ports(cfg: Discovery) -> list[Port]:
                 netdev=_netdev(cfg, device, port, port_dir),
                 hca_type=_read(os.path.join(device_dir, "hca_type")) or "",
                 fw_ver=_read(os.path.join(device_dir, "fw_ver")) or "",
+                pcie=_read_files(os.path.join(device_dir, "device"), sysfs.PCIE_FILES),
             )
         )
     return ports
@@ -224,15 +225,10 @@ def _counter_files(port_dir: str) -> dict[str, str]:
 def read_port_counters(cfg: Discovery) -> list[PortCounters]:
     """State, phys state, rate and every counter of every port, for heartbeats (about 35 small
     reads per port: 8 ports every 5 s is nothing next to what the engines do)."""
-    out: list[PortCounters] = []
-    links: dict[str, tuple[float | None, int | None, float | None, int | None]] = {}
-    for device, port, port_dir in _port_dirs(cfg):
-        counters = sysfs.parse_port_counters(device, port, _counter_files(port_dir))
-        if device not in links:  # the HCA's PCI function: once per device, not per port
-            links[device] = pcie.link(_read_files(os.path.join(_ib_root(cfg), device, "device"), pcie.LINK_FILES))
-        counters.pcie_speed, counters.pcie_width, counters.pcie_max_speed, counters.pcie_max_width = links[device]
-        out.append(counters)
-    return out
+    return [
+        sysfs.parse_port_counters(device, port, _counter_files(port_dir))
+        for device, port, port_dir in _port_dirs(cfg)
+    ]
 
 
 # ---- host facts ----------------------------------------------------------------------------

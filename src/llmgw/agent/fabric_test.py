@@ -21,7 +21,16 @@ on the same stream:
   starts, so that one side's install never outlasts the other side's waiting server.
 
 Both sides run with `--report_gbits -F` (-F: a CPU-frequency warning does not fail the run) and the
-size and iterations the server chose. On RoCE the agent passes `-x` with the RoCE v2 GID index that
+size the server chose, for `-D SECONDS` (FabricTest.duration, perftest's duration mode: long
+enough to mean something; 64 KiB × 5000 iterations is 6.5 ms at 400 Gb/s, less than a link's
+credit and congestion loops settle in) or, from an older server, `-n` iterations.
+
+GPUDirect (FabricTest.cuda_device ≥ 0): `--use_cuda=N` puts both sides' buffers in GPU N's memory,
+so the HCA reads and writes the GPU over PCIe peer to peer instead of host RAM. That is the path
+NCCL takes, and it proves what a host-memory run cannot: that nvidia-peermem (or dma-buf) lets
+the HCA register GPU memory, and that the GPU and HCA share a PCIe switch (not the CPU's root
+complex, where peer traffic crawls or is blocked by ACS). A node without GPUs refuses it; a
+perftest built without CUDA answers ` Unsupported memory type`, said so in the error. On RoCE the agent passes `-x` with the RoCE v2 GID index that
 holds the port's IPv4-mapped address (sysfs gid_attrs/types, read by discovery: the same index
 launch_env.py gives NCCL as NCCL_IB_GID_INDEX); without one the run is refused with that reason,
 since GID 0 (RoCE v1 link-local) does not route. A run past its timeout, or cancelled, is killed
@@ -174,8 +183,10 @@ class FabricTester:
     """Answers FabricTest and FabricTestCancel; one run at a time (two would share a link)."""
 
     def __init__(self, settings: FabricTestSettings, tools_dir: str = "", *,
-                 ports: Callable[[], Sequence[m.Port]] = list, pick_port: Callable[[], int] = free_port) -> None:
+                 ports: Callable[[], Sequence[m.Port]] = list, pick_port: Callable[[], int] = free_port,
+                 gpus: Callable[[], Sequence[m.Gpu]] = list) -> None:
         self.settings = settings
+        self.gpus = gpus  # the node's GPUs as last discovered: GPUDirect runs need one
         self.pick_port = pick_port  # the server side's TCP port (free when picked, not reserved)
         self.tools_dir = tools_dir
         self.ports = ports  # the node's RDMA ports as last discovered (GID tables, link layer)
@@ -195,7 +206,10 @@ class FabricTester:
 
     @property
     def features(self) -> list[str]:
-        return [m.FEATURE_FABRIC_TEST] if self.path or self.installer else []
+        if not (self.path or self.installer):
+            return []
+        out = [m.FEATURE_FABRIC_TEST, m.FEATURE_FABRIC_TEST_DURATION]
+        return out + ([m.FEATURE_FABRIC_TEST_GPUDIRECT] if self.gpus() else [])
 
     def accept(self, msg: m.FabricTest | m.FabricTestCancel, send: Callable[[msgspec.Struct], None]) -> None:
         """From the stream's reader: queue a run (answered at once when busy) or cancel one."""
@@ -332,6 +346,12 @@ class FabricTester:
             return f"server port {req.server_port} is outside {TCP_PORTS.start}-{TCP_PORTS.stop - 1}: not dialled"
         if not 1 <= req.size <= 1 << 30 or not 1 <= req.iterations <= 10_000_000:
             return "size and iterations out of range"
+        if not 0 <= req.duration <= MAX_TIMEOUT or (req.duration and req.duration >= req.timeout):
+            return f"a {req.duration} s run does not fit in its {req.timeout:g} s timeout"
+        if req.cuda_device >= 0 and not any(g.index == req.cuda_device for g in self.gpus()):
+            have = ", ".join(str(g.index) for g in self.gpus())
+            return (f"GPUDirect asked for GPU {req.cuda_device}, and this node has "
+                    + (f"GPUs {have} only" if have else "no GPU") + ": nothing to run --use_cuda on")
         return ""
 
     def _gid_index(self, req: m.FabricTest, done: m.FabricTestResult) -> int:
@@ -351,7 +371,9 @@ class FabricTester:
     def _argv(self, req: m.FabricTest, tcp_port: int, gid: int) -> list[str]:
         assert self.path is not None
         argv = [self.path, "-d", req.device, "-i", str(req.port), "-p", str(tcp_port), "-s", str(req.size),
-                "-n", str(req.iterations), "-F", "--report_gbits"]
+                *(["-D", str(req.duration)] if req.duration > 0 else ["-n", str(req.iterations)]),
+                "-F", "--report_gbits"]
+        argv += [f"--use_cuda={req.cuda_device}"] if req.cuda_device >= 0 else []
         return argv + (["-x", str(gid)] if gid >= 0 else [])
 
     def _finish(self, done: m.FabricTestResult, out: bytes, err: bytes, code: int | None, timed_out: bool,
@@ -363,6 +385,9 @@ class FabricTester:
             done.error = f"{TOOL} did not finish within {timeout:g}s; killed"
         elif code != 0:
             done.error = f"{TOOL} exited with status {code}" + (f": {tail.splitlines()[-1]}" if tail else "")
+            if b"Unsupported memory type" in out + err:  # perftest_parameters.c: built without CUDA
+                done.error += (f" ({TOOL} here was built without CUDA, as distribution perftest packages are: "
+                               "GPUDirect needs perftest built with CUDA_H_PATH)")
 
     async def _install(self, req: m.FabricTest, send: Callable[[msgspec.Struct], None], done: m.FabricTestResult) -> bool:
         if not self.installer:

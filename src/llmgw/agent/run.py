@@ -81,7 +81,8 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
         cert_not_after=not_after,
         tools=FabricTools(cfg.discovery.tools_dir),
         tester=FabricTester(cfg.fabric_test, cfg.discovery.tools_dir,
-                            ports=lambda: hardware.last.ports if hardware.last else []),
+                            ports=lambda: hardware.last.ports if hardware.last else [],
+                            gpus=lambda: hardware.last.gpus if hardware.last else []),
     )
     log.info("llmgw agent for node %s, server %s, work dir %s", agent.node_id, cfg.server, cfg.work_dir)
     async with trio.open_nursery() as nursery:

@@ -318,6 +318,46 @@ class FabricSettings(_Config):
     test_install_wait: Duration = Duration(660)
 
 
+class RemedySettings(_Config):
+    """A fleet that heals itself (issue 43): what doctor's node checks find takes GPUs and nodes
+    out of service (server/remedy.py decides, server/remedy_service.py carries it out).
+
+    `auto_remediate`: `off` (findings only in `ctl doctor`), `report` (a CRIT GPU is not placeable,
+    and what `act` would cordon is an event, nothing else), `act` (cordon and move the affected
+    replicas, successor ready first). The default is `report`: an upgrade must not start taking
+    nodes out of a fleet whose operators never asked for it; the events show what `act` would do
+    before anyone turns it on (Kubernetes' node-problem-detector also only reports until a taint
+    controller is added; Slurm's NHC drains only where configured to)."""
+
+    # YAML 1.1 reads a bare `off` as false: taken as "off".
+    auto_remediate: Literal["off", "report", "act"] | bool = "report"
+    # A finding must hold this many consecutive heartbeats before a node is cordoned: at the
+    # default 5 s interval, 15 s; one bad reading (a driver hiccup) cordons nothing.
+    hold: Positive = 3
+    # A cordoned node (and an unplaceable GPU) returns only after its readings are clear this
+    # long: 10 minutes outlasts a flapping link's up-down cycle (minutes) many times over.
+    clear_after: Duration = Duration(600)
+    # The fleet-wide budget: at most this many nodes auto-cordoned at once, and at most this
+    # percentage of the fleet (never below one node); past it findings are only reported, so a
+    # flapping switch cannot drain the cluster (draino and the GKE auto-repair limit likewise).
+    max_nodes: NonNegative = 2
+    max_percent: Annotated[float, msgspec.Meta(ge=0, le=100)] = 10.0
+    # Checks whose CRIT findings concern the whole node (every replica there moves); the GPU
+    # checks (gpu-health, nvlink) move only the replicas on the GPU. Empty: only a node whose
+    # every GPU has a finding counts as node-wide.
+    node_checks: list[str] = []
+
+    def __post_init__(self) -> None:
+        if self.auto_remediate is True:
+            raise ValueError("auto_remediate: true is not a mode; write off, report or act")
+        if self.auto_remediate is False:
+            self.auto_remediate = "off"
+
+    @property
+    def mode(self) -> Literal["off", "report", "act"]:
+        return "off" if isinstance(self.auto_remediate, bool) else self.auto_remediate
+
+
 class EventSettings(_Config):
     # How long the event log (state_dir/events.db) keeps an event; pruned in the background.
     retention: Duration = Duration(14 * 86400)
@@ -339,6 +379,7 @@ class ServerConfig(_Config):
     api: ApiSettings = msgspec.field(default_factory=ApiSettings)
     fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)
     events: EventSettings = msgspec.field(default_factory=EventSettings)
+    remedy: RemedySettings = msgspec.field(default_factory=RemedySettings)  # reloadable (SIGHUP, ctl reload)
     models: list[Model] = []
     endpoints: list[StaticEndpoint] = []
 

@@ -105,6 +105,9 @@ def _node_note(n: dict) -> str:
             for p in n.get("port_states") or [] if str(p.get("state", "")).upper() != "ACTIVE"]
     if down:
         notes.append("ports not ACTIVE: " + ", ".join(down))
+    out = n.get("unplaceable") or {}
+    if out:
+        notes.append("not placeable: " + ", ".join(why for _, why in sorted(out.items(), key=lambda kv: int(kv[0]))))
     return "; ".join(notes)
 
 

@@ -46,7 +46,9 @@ def _gbps(value: Any) -> str:
 def _progress(event: dict[str, Any]) -> str:
     kind = event.get("event")
     if kind == "start":
-        return f"testing {len(event.get('rails') or [])} rails: {event.get('a')} (client) → {event.get('b')} (server)"
+        how = f", {event['duration']} s each (ib_write_bw -D)" if event.get("duration") else ""
+        how += ", buffers in GPU memory (GPUDirect RDMA)" if event.get("gpudirect") else ""
+        return f"testing {len(event.get('rails') or [])} rails: {event.get('a')} (client) → {event.get('b')} (server){how}"
     if kind == "rail_start":
         return f"rail {event.get('rail')} ({event.get('fabric')}): {event.get('a')} → {event.get('b')} ..."
     if kind == "rail":
@@ -108,16 +110,25 @@ def render(report: dict[str, Any], quiet: bool = False) -> None:
 @click.argument("node_b", shell_complete=complete.FABRIC_B)
 @click.option("--rail-timeout", type=click.FloatRange(1, 600), default=60.0, show_default=True,
               help="Seconds one rail's ib_write_bw may run before it is killed.")
+@click.option("--duration", type=click.IntRange(0, 597), default=None,
+              help="Seconds each rail runs (ib_write_bw -D); 0: --iterations of --size instead. Must leave 3 s of "
+                   "--rail-timeout for perftest to start.  [default: 5, or what fits in --rail-timeout]")
 @click.option("--size", type=click.IntRange(1, 1 << 30), default=65536, show_default=True, help="Message size (-s).")
-@click.option("--iterations", type=click.IntRange(1, 10_000_000), default=5000, show_default=True, help="Iterations (-n).")
+@click.option("--iterations", type=click.IntRange(1, 10_000_000), default=5000, show_default=True,
+              help="Iterations (-n), with --duration 0.")
+@click.option("--gpudirect", is_flag=True,
+              help="Put both sides' buffers in GPU memory (ib_write_bw --use_cuda=N, GPU n for the nth rail): tests "
+                   "GPUDirect RDMA, the path NCCL takes. Refused where a node has no GPU.")
 @click.option("-q", "--quiet", is_flag=True, help="Print the status line and the rails that are not ok (no progress, no table).")
 @output_option
 @click.pass_context
-def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: float, size: int, iterations: int,
-                quiet: bool, output: str) -> None:
-    """Measure every rail between two nodes: ib_write_bw, adapter by adapter (the Nth of A to the
-    Nth of B, as NCCL pairs them), one rail at a time, each graded against its link's rate (ok from
-    90 %, warn from 70 %, crit below or failed). NODE_B runs the server side.
+def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: float, duration: int | None, size: int,
+                iterations: int, gpudirect: bool, quiet: bool, output: str) -> None:
+    """Measure every rail between two nodes: ib_write_bw for 5 s (-D), adapter by adapter (the Nth
+    of A to the Nth of B, as NCCL pairs them), one rail at a time, each graded against what it can
+    carry: the link's data rate (4X QDR signals 40 Gb/s and carries 32 after 8b/10b; 64b/66b from
+    FDR on), or the HCA's PCIe link where that is lower ("limited by PCIe gen3 x8"). Ok from 90 %,
+    warn from 70 %, crit below or failed. NODE_B runs the server side.
 
     The first line is a Nagios plugin's (`LLMGW FABRIC-TEST OK - ... | crit=0 ... ib_0_gbps=392.3`),
     then the table; progress goes to stderr.
@@ -125,8 +136,14 @@ def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: floa
     \b
     Exit codes: 0 all ok, 1 a warn, 2 a crit, 3 could not run.
     llmgw ctl fabric-test gpu-01 gpu-02
+    llmgw ctl fabric-test gpu-01 gpu-02 --duration 30 --rail-timeout 60
+    llmgw ctl fabric-test gpu-01 gpu-02 --gpudirect
     """
-    body = {"a": node_a, "b": node_b, "timeout": rail_timeout, "size": size, "iterations": iterations}
+    body: dict[str, Any] = {"a": node_a, "b": node_b, "timeout": rail_timeout, "size": size, "iterations": iterations}
+    if duration is not None:
+        body["duration"] = duration
+    if gpudirect:
+        body["gpudirect"] = True
     report: dict[str, Any] | None = None
     try:
         client = ctx.obj["api"]()  # a bad --cert or --ca: could not run, too

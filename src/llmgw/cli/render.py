@@ -168,5 +168,5 @@ STATE_STYLES = {
 
 def styled_state(state: object) -> Text:
     """A state cell; "ready,cordoned" takes the style of its mark (an SRE looks for those)."""
-    key = str(state).rpartition(",")[2]
+    key = str(state).split(" (")[0].rpartition(",")[2]  # "ready,cordoned (auto: gpu 3 Xid 79)"
     return text(state, STATE_STYLES.get(key, ""))

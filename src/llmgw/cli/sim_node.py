@@ -185,6 +185,28 @@ def set_port_command(directory: str, device: str, port: int, state: str, rate: s
     say(f"{device}/{port} in {directory}: {line}")
 
 
+@node.command("set-pcie")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("device")
+@click.option("--speed", type=click.Choice(["2.5", "5", "8", "16", "32", "64"]), help="GT/s the link trained at (8: gen3).")
+@click.option("--width", type=click.Choice(["1", "2", "4", "8", "16", "32"]), help="Lanes it trained at.")
+@click.option("--max-speed", type=click.Choice(["2.5", "5", "8", "16", "32", "64"]), help="GT/s the card and slot could do.")
+@click.option("--max-width", type=click.Choice(["1", "2", "4", "8", "16", "32"]), help="Lanes the card could use.")
+def set_pcie_command(directory: str, device: str, speed: str | None, width: str | None, max_speed: str | None,
+                     max_width: str | None) -> None:
+    """Change the PCIe link a simulated HCA trained at (sysfs device/current_link_speed, _width,
+    max_link_speed, max_link_width); an agent started afterwards reports it.
+
+    \b
+    llmgw sim node set-pcie /tmp/node-1 mlx5_0 --speed 8 --width 8    # an x8 gen3 slot
+    """
+    from llmgw.sim.pcie import set_pcie
+
+    line = set_pcie(directory, device, None if speed is None else float(speed), None if width is None else int(width),
+                    None if max_speed is None else float(max_speed), None if max_width is None else int(max_width))
+    say(f"{device} in {directory}: PCIe {line}")
+
+
 @node.command("set-gpu")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.argument("index", type=click.IntRange(min=0))
@@ -245,18 +267,3 @@ def set_gpu_command(directory: str, index: int, health: str | None, ecc: int | N
         f"PCIe Gen{gpu.pcie_gen} x{gpu.pcie_width}, persistence {'on' if gpu.persistence else 'off'}, "
         f"ECC {'on' if gpu.ecc_enabled else 'off'} (pending {'on' if gpu.ecc_pending else 'off'})")
 
-
-@node.command("set-hca")
-@click.argument("directory", type=click.Path(file_okay=False))
-@click.argument("device")
-@click.option("--pcie-width", type=click.IntRange(1, 32), help="The PCIe lanes the HCA's link trained at.")
-@click.option("--pcie-gen", type=click.IntRange(1, 6), help="The PCIe generation it trained at.")
-def set_hca_command(directory: str, device: str, pcie_width: int | None, pcie_gen: int | None) -> None:
-    """Retrain a simulated HCA's PCIe link (sysfs current_link_width/speed; the agent reads it on its next heartbeat).
-
-    \b
-    llmgw sim node set-hca /tmp/node-1 mlx5_2 --pcie-width 8
-    """
-    from llmgw.sim.hca_faults import set_hca
-
-    say(f"{device} in {directory}: {set_hca(directory, device, width=pcie_width, gen=pcie_gen)}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llmgw.doctor.facts import Finding, NodeFacts
-from llmgw.fabric.pcie import generation
+from llmgw.fabric.linkrate import capacity, pcie_name
 from llmgw.verdict import Status
 from llmgw.wire import messages as m
 
@@ -39,9 +39,6 @@ SLOWDOWNS: dict[str, tuple[str, str]] = {
     "sw_thermal": ("SW thermal slowdown", "the driver slows the clocks to stay under the temperature limit: check "
                    "cooling (nvidia-smi -q -d TEMPERATURE)"),
 }
-# Usable Gb/s per PCIe lane by generation (8b/10b for Gen1-2, 128b/130b from Gen3), to say when
-# an HCA's link carries less than its port.
-LANE_GBPS = {1: 2.0, 2: 4.0, 3: 7.88, 4: 15.75, 5: 31.5, 6: 63.0}
 
 GpuCheck = Callable[[NodeFacts, object], list[Finding]]
 
@@ -174,9 +171,10 @@ def _link(gen: int | None, width: int | None) -> str:
 
 
 def check_pcie(n: NodeFacts, ctx: object) -> list[Finding]:
-    """PCIe link width and generation of every GPU (NVML) and HCA (sysfs current_link_* against
-    max_link_*). WARN: fewer lanes than the card and slot allow, or a lower speed (a GPU's only
-    while busy), with what an HCA's link carries against its port's rate."""
+    """PCIe link width and generation of every GPU (NVML, each heartbeat) and HCA (sysfs
+    current_link_* against max_link_*, when the agent registers). WARN: fewer lanes than the card
+    and slot allow, or a lower speed (a GPU's only while busy), with what an HCA's link carries
+    against its port's data rate (fabric/linkrate.py, as fabric-test grades it)."""
     out: list[Finding] = []
     slot = ("reseat the card (or its riser); check the slot's lane and bifurcation settings in the BIOS; "
             "`lspci -vv -s {bus}` shows LnkSta against LnkCap")
@@ -195,21 +193,20 @@ def check_pcie(n: NodeFacts, ctx: object) -> list[Finding]:
             out.append(_f(n, "pcie", WARN, f"{subject}: PCIe {now}, the card and slot allow {best} ({why})",
                           slot.format(bus=bus), subject))
     seen: set[str] = set()
-    rates = {p.device: max(p.rate_gbps, 0.0) for p in n.ports}
-    for p in n.ports:
-        if p.device in seen or (p.pcie_width is None and p.pcie_speed is None):
+    for p in n.inventory.ports:  # read when the agent registers (discovery.discover_ports)
+        if p.device in seen or not (p.pcie_width and p.pcie_speed_gts):
             continue
         seen.add(p.device)
-        gen, gen_max = generation(p.pcie_speed), generation(p.pcie_max_speed)
-        narrow = p.pcie_width is not None and p.pcie_max_width is not None and p.pcie_width < p.pcie_max_width
-        slow = p.pcie_speed is not None and p.pcie_max_speed is not None and p.pcie_speed < p.pcie_max_speed
+        narrow = 0 < p.pcie_width < p.pcie_max_width
+        slow = 0 < p.pcie_speed_gts < p.pcie_max_speed_gts
         if not (narrow or slow):
             continue
-        carries = LANE_GBPS.get(gen or 0, 0.0) * (p.pcie_width or 0)
-        cap = (f"; the link carries ~{carries:.0f} Gb/s, less than the port's {rates[p.device]:g} Gb/s"
-               if carries and rates.get(p.device, 0) > carries else "")
-        out.append(_f(n, "pcie", WARN, f"{p.device}: PCIe {_link(gen, p.pcie_width)}, the card allows "
-                      f"{_link(gen_max, p.pcie_max_width)}{cap}",
+        cap = capacity(p.rate_gbps, p.speed, p.link_layer, pcie_speed=p.pcie_speed_gts, pcie_width=p.pcie_width,
+                       pcie_max_speed=p.pcie_max_speed_gts, pcie_max_width=p.pcie_max_width)
+        limit = (f"; it carries ~{cap.pcie_gbps:.0f} Gb/s, less than the port's {cap.link_gbps:g}"
+                 if cap.pcie_limited else "")
+        out.append(_f(n, "pcie", WARN, f"{p.device}: PCIe {cap.pcie}, the card allows "
+                      f"{pcie_name(p.pcie_max_speed_gts, p.pcie_max_width) or 'more'}{limit}",
                       slot.format(bus=f"$(basename $(readlink /sys/class/infiniband/{p.device}/device))"), p.device))
     if out:
         return out

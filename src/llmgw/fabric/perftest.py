@@ -14,6 +14,15 @@ both are 2^20 bytes, `format_factor = 0x100000`), `Gb/sec` with `--report_gbits`
 not rows (`Conflicting CPU frequency values detected ...`, which perftest writes to stderr and
 so lands anywhere in a merged output) are kept as warnings, not rows.
 
+A duration run (`-D SECONDS`, what `ctl fabric-test` runs) prints ` WARNING: BW peak won't be
+measured in this run.` before its settings (perftest_parameters.c, force_dependecies:
+DURATION sets noPeak, as do more than 20000 iterations), then one row whose #iterations is the
+count it managed in that time and whose BW peak is 0.00 (print_report_bw: peak_up is 0 when
+noPeak): `peak_measured` is False, and a 0.00 peak is not a measurement. GPUDirect runs
+(`--use_cuda=N`) print CUDA's lines (`initializing CUDA`, `Picking device No. 0`, `allocated GPU
+buffer address at ...`) around the table; they are outside it and ignored
+(tests/fixtures/real/perftest/openshift-a40-roce-gpudirect-D60-*).
+
 Pure: text in, values out; arbitrary text never raises (tests/unit/test_perftest.py).
 """
 
@@ -52,6 +61,8 @@ class Table(msgspec.Struct, kw_only=True):
     link_type: str = ""  # "IB" | "Ethernet"
     gid_index: int | None = None
     server: bool = False  # the server side printed it (its "Waiting for client" banner)
+    peak_measured: bool = True  # False: perftest said it would not measure the peak (-D, > 20000 iterations)
+    cuda: bool = False  # the buffers were in GPU memory (perftest printed its CUDA initialisation)
     unit: str = ""  # the bandwidth unit the heading named
     columns: list[str] = []
     rows: list[Row] = []
@@ -91,6 +102,12 @@ def parse(text: str) -> Table:
             continue
         if "Waiting for client to connect" in stripped:
             table.server = True
+            continue
+        if "BW peak won't be measured" in stripped:
+            table.peak_measured = False
+            continue
+        if stripped.startswith(("initializing CUDA", "Picking device No.", "Picking GPU number")):
+            table.cuda = True
             continue
         if _DASHES.match(line):
             columns = None  # a dashed line ends a table (and starts the next block)

@@ -6,10 +6,14 @@ ports are the ones the agents advertise (FabricStatus.ports, in NCCL_IB_HCA orde
 measures exactly the links a multi-node engine would use; a port left out of a fabric (down,
 missing) is the doctor's finding, and here a rail with no partner, graded crit.
 
-Each rail is graded against the slower of its two ports' rates (the heartbeat's sysfs `rate`) with
-verdict.grade_ratio: ok ≥ 90 %, warn ≥ 70 %, crit below or when the run failed. 90 % because a
-healthy link measures 92-98 % of its signalling rate with ib_write_bw (tests/fixtures/real/perftest:
-392.34 of 400 Gb/s NDR, 92.40 of 100 Gb/s RoCE, 196.69 of 200 Gb/s NDR200). Pure: values in, values out.
+Each rail is graded against what the slower of its two ports can carry (fabric/linkrate.py): the
+port's data rate, not the figure sysfs prints (4X QDR prints 40 and carries 32 after 8b/10b; 4X
+FDR prints 56 and carries 54.5 after 64b/66b), capped by the HCA's PCIe link where the agent read
+it (an EDR card in an x8 gen3 slot moves 57.6 Gb/s, not 100: graded against 57.6, and the detail
+says "limited by PCIe gen3 x8" instead of blaming the cable). Then verdict.grade_ratio: ok ≥ 90 %,
+warn ≥ 70 %, crit below or when the run failed. 90 % because a healthy link measures 92-98 % of its
+data rate with ib_write_bw (tests/fixtures/real/perftest: 392.34 of 400 Gb/s NDR, 92.40 of 100 Gb/s
+RoCE, 196.69 of 200 Gb/s NDR200, 50.61 of FDR's 54.5). Pure: values in, values out.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from llmgw.fabric.linkrate import Capacity
 from llmgw.fabric.perftest import Table
 from llmgw.verdict import Status, exit_code, grade_ratio, worst
 from llmgw.wire.messages import FabricStatus
@@ -29,9 +34,12 @@ class Rail(msgspec.Struct, frozen=True, kw_only=True):
     kind: str  # infiniband | roce
     a: str  # "mlx5_0:1", the client side
     b: str  # the server side ("" when A's port has no partner)
-    expected_gbps: float = 0.0  # the slower port's rate: what the rail can carry
-    a_gbps: float = 0.0  # each port's own rate
+    expected_gbps: float = 0.0  # what the slower port can carry (its link's data rate, or its PCIe link's)
+    a_gbps: float = 0.0  # each port's own link data rate
     b_gbps: float = 0.0
+    link_gbps: float = 0.0  # the slower link's data rate (expected_gbps unless PCIe is lower)
+    limit: str = ""  # what sets expected_gbps when it is not the link: "PCIe gen3 x8 on B (57.6 Gb/s; ...)"
+    basis: str = ""  # how the link figure was reached, where its encoding costs: "40 Gb/s signalling, 8b/10b carries 32"
 
     @property
     def name(self) -> str:
@@ -49,6 +57,7 @@ class RailResult(msgspec.Struct, kw_only=True, omit_defaults=False):
     ratio: float | None = None
     status: str = Status.UNKNOWN.value
     detail: str = ""  # why not ok, one line
+    limited_by: str = ""  # what caps expected_gbps below the link: "PCIe gen3 x8 on B (57.6 Gb/s of payload)"
     size: int = 0  # the message size measured
     duration: float = 0.0
     notes: list[str] = []  # what the agents said on the way (perftest installed, GID index chosen)
@@ -60,11 +69,37 @@ def split_port(name: str) -> tuple[str, int]:
     return device, int(number) if number.isdigit() else 1
 
 
+def _capacity(value: float | Capacity | None) -> Capacity:
+    if isinstance(value, Capacity):
+        return value
+    return Capacity(gbps=float(value or 0.0), link_gbps=float(value or 0.0))
+
+
+def _limit(ca: Capacity, cb: Capacity) -> tuple[float, float, str, str]:
+    """(expected, the link's figure, what limits it beyond the link, how the link figure was reached)."""
+    ends = [(side, c) for side, c in (("A", ca), ("B", cb)) if c.gbps > 0]
+    if not ends:
+        return 0.0, 0.0, "", ""
+    side, slow = min(ends, key=lambda e: e[1].gbps)
+    link = min(c.link_gbps for _, c in ends)
+    limit = ""
+    if slow.gbps < link:
+        limit = f"PCIe {slow.pcie} on {side} ({slow.pcie_gbps:g} Gb/s of payload"
+        limit += f"; the card can do {slow.pcie_max}: check the slot or riser)" if slow.pcie_max else ")"
+    basis = ""
+    enc = next((c for _, c in ends if c.encoding and c.link_gbps == link), None)
+    if enc is not None:
+        basis = f"{enc.signalling_gbps:g} Gb/s signalling, {enc.encoding} carries {enc.link_gbps:g}"
+    return slow.gbps, link, limit, basis
+
+
 def pair_rails(a: Sequence[FabricStatus], b: Sequence[FabricStatus],
-               a_rates: Mapping[str, float], b_rates: Mapping[str, float]) -> tuple[list[Rail], list[str]]:
+               a_rates: Mapping[str, float | Capacity], b_rates: Mapping[str, float | Capacity]
+               ) -> tuple[list[Rail], list[str]]:
     """The rails between two nodes, in test order, and why there are none (one line each).
 
-    `a_rates` / `b_rates`: "mlx5_0/1" → the port's rate in Gb/s from the latest heartbeat.
+    `a_rates` / `b_rates`: "mlx5_0/1" → what the port carries (linkrate.capacity of its latest
+    heartbeat's rate and its HCA's PCIe link; a bare number is taken as the data rate).
     Ethernet (TCP-only) fabrics have no RDMA rail to test.
     """
     rails: list[Rail] = []
@@ -81,11 +116,11 @@ def pair_rails(a: Sequence[FabricStatus], b: Sequence[FabricStatus],
         for i in range(max(len(fabric.ports), len(other.ports))):
             pa = fabric.ports[i] if i < len(fabric.ports) else ""
             pb = other.ports[i] if i < len(other.ports) else ""
-            ra = a_rates.get(pa.replace(":", "/"), 0.0) if pa else 0.0
-            rb = b_rates.get(pb.replace(":", "/"), 0.0) if pb else 0.0
-            expected = min(r for r in (ra, rb) if r > 0) if ra > 0 or rb > 0 else 0.0
+            ca = _capacity(a_rates.get(pa.replace(":", "/")) if pa else None)
+            cb = _capacity(b_rates.get(pb.replace(":", "/")) if pb else None)
+            expected, link, limit, basis = _limit(ca, cb)
             rails.append(Rail(index=index, fabric=fabric.name, kind=fabric.kind, a=pa, b=pb, expected_gbps=expected,
-                              a_gbps=ra, b_gbps=rb))
+                              a_gbps=ca.link_gbps, b_gbps=cb.link_gbps, link_gbps=link, limit=limit, basis=basis))
             index += 1
     if not rails and not problems:
         problems.append("no usable InfiniBand or RoCE fabric on both nodes")
@@ -94,7 +129,8 @@ def pair_rails(a: Sequence[FabricStatus], b: Sequence[FabricStatus],
 
 def grade(rail: Rail, table: Table | None, error: str = "", *, ok_at: float = 0.9, warn_at: float = 0.7) -> RailResult:
     """One rail's result: the client's table against the rail's expected rate."""
-    out = RailResult(rail=rail.index, fabric=rail.fabric, a=rail.a, b=rail.b, expected_gbps=rail.expected_gbps)
+    out = RailResult(rail=rail.index, fabric=rail.fabric, a=rail.a, b=rail.b, expected_gbps=rail.expected_gbps,
+                     limited_by=rail.limit)
     if not rail.a or not rail.b:
         out.status = Status.CRIT.value
         missing = "A" if not rail.a else "B"
@@ -111,7 +147,7 @@ def grade(rail: Rail, table: Table | None, error: str = "", *, ok_at: float = 0.
         out.detail = "ib_write_bw printed no result row" + extra
         return out
     out.measured_gbps = best.average_gbps
-    out.peak_gbps = best.peak_gbps
+    out.peak_gbps = best.peak_gbps if best.peak_gbps > 0 or table is None or table.peak_measured else None
     out.size = best.size
     status = grade_ratio(best.average_gbps, rail.expected_gbps, ok_at=ok_at, warn_at=warn_at)
     out.status = status.value
@@ -120,8 +156,14 @@ def grade(rail: Rail, table: Table | None, error: str = "", *, ok_at: float = 0.
     if status is Status.UNKNOWN:
         out.detail = "the ports' rate is not known (no heartbeat reading): measured, not graded"
     elif status is not Status.OK:
-        out.detail = (f"{best.average_gbps:g} Gb/s is {out.ratio:.0%} of the link's {rail.expected_gbps:g} Gb/s "
-                      f"(ok from {ok_at:.0%}): check the cable and both ports' counters")
+        if rail.limit:
+            out.detail = (f"{best.average_gbps:g} Gb/s is {out.ratio:.0%} of the {rail.expected_gbps:g} Gb/s this rail "
+                          f"carries (ok from {ok_at:.0%}), limited by {rail.limit}: check both ports' counters and "
+                          "the HCA's PCIe errors (`ctl doctor`)")
+        else:
+            out.detail = (f"{best.average_gbps:g} Gb/s is {out.ratio:.0%} of the link's {rail.expected_gbps:g} Gb/s "
+                          f"(ok from {ok_at:.0%}{'; ' + rail.basis if rail.basis else ''}): check the cable and both "
+                          "ports' counters")
     elif rail.a_gbps > 0 and rail.b_gbps > 0 and rail.a_gbps != rail.b_gbps:
         # The rail carries what its slower port allows, but one end runs below the other: a
         # degraded cable (1X instead of 4X) looks exactly like this.
@@ -129,6 +171,9 @@ def grade(rail: Rail, table: Table | None, error: str = "", *, ok_at: float = 0.
         slow = ("A", rail.a, rail.a_gbps) if rail.a_gbps < rail.b_gbps else ("B", rail.b, rail.b_gbps)
         out.detail = (f"the ports differ: {slow[1]} on {slow[0]} runs at {slow[2]:g} Gb/s, its partner at "
                       f"{max(rail.a_gbps, rail.b_gbps):g} (a degraded link?); measured {best.average_gbps:g} Gb/s")
+    elif rail.limit:
+        # Healthy for what it can carry, and the operator hears what that is: not the cable, the slot.
+        out.detail = f"limited by {rail.limit}, not by the link ({rail.link_gbps:g} Gb/s)"
     return out
 
 

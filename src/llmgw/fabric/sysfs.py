@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from llmgw.fabric.linkrate import parse_pcie_speed, parse_pcie_width
 from llmgw.wire.messages import Port, PortCounters
 
 # Port-relative files discovery reads for the inventory and for heartbeats. Keep them short:
@@ -40,6 +41,8 @@ COUNTER_DIRS: tuple[str, ...] = ("counters", "counters_ext")
 # can make the server keep and export.
 MAX_COUNTERS = 64
 DEVICE_FILES: tuple[str, ...] = ("node_guid", "hca_type", "fw_ver")
+# The HCA's PCI function (`<dev>/device/`, pci-sysfs): its PCIe link now and at best (fabric/linkrate.py).
+PCIE_FILES: tuple[str, ...] = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
 
 # enum ib_port_state and enum ib_port_phys_state, as the kernel names them.
 PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
@@ -180,6 +183,7 @@ def parse_port(
     netdev: str = "",
     hca_type: str = "",
     fw_ver: str = "",
+    pcie: Mapping[str, str] | None = None,
 ) -> Port:
     """One port from its files, keyed by path relative to the port dir (see PORT_FILES).
 
@@ -188,6 +192,7 @@ def parse_port(
     """
     rate = parse_rate(files.get("rate"))
     link_layer = value(files.get("link_layer")) or "InfiniBand"
+    pci = pcie or {}
     return Port(
         device=device,
         port=port,
@@ -206,6 +211,10 @@ def parse_port(
         hca_type=value(hca_type),
         fw_ver=value(fw_ver),
         roce_v2_ipv4_gid_index=roce_v2_ipv4_gid_index(gid_table(files)) if link_layer == "Ethernet" else -1,
+        pcie_speed_gts=parse_pcie_speed(value(pci.get("current_link_speed"))),
+        pcie_width=parse_pcie_width(value(pci.get("current_link_width"))),
+        pcie_max_speed_gts=parse_pcie_speed(value(pci.get("max_link_speed"))),
+        pcie_max_width=parse_pcie_width(value(pci.get("max_link_width"))),
     )
 
 

@@ -34,6 +34,8 @@ class NodeCapacity(msgspec.Struct, kw_only=True):
     # The devices of each usable fabric (`ib` → mlx5_0 …): where placement looks the node up in
     # the fabric map; a fabric not listed means every adapter the map has of the node.
     fabric_devices: dict[str, list[str]] = {}
+    # GPUs that take no new work, and why: a CRIT finding of doctor's GPU checks (server/remedy.py).
+    unplaceable: dict[int, str] = {}
 
 
 class Request(msgspec.Struct, kw_only=True):
@@ -77,10 +79,13 @@ def _why_not(node: NodeCapacity, req: Request) -> str | None:
     if not big:
         most = max(g.memory_mib for g in of_kind)
         return f"{node.node_id}: GPUs have {most} MiB, the profile needs {req.gpu_memory_mib} MiB each"
-    healthy = [g for g in big if g.health == "ok"]
+    healthy = [g for g in big if g.health == "ok" and g.index not in node.unplaceable]
     if len(healthy) < req.gpus:
         if len(big) >= req.gpus:
-            return f"{node.node_id}: only {len(healthy)} of {len(big)} matching GPUs are healthy, {req.gpus} needed"
+            out = sorted(g.index for g in big if g.index in node.unplaceable)
+            why = f" (not placeable: {'; '.join(node.unplaceable[i] for i in out)})" if out else ""
+            return (f"{node.node_id}: only {len(healthy)} of {len(big)} matching GPUs are healthy, "
+                    f"{req.gpus} needed{why}")
         return f"{node.node_id}: has {len(big)} matching GPUs, {req.gpus} needed"
     free = [g for g in healthy if g.index not in node.used_gpus]
     if len(free) < req.gpus:
@@ -113,6 +118,7 @@ def _free_for(node: NodeCapacity, req: Request) -> list[Gpu] | None:
         g
         for g in node.gpus
         if g.health == "ok" and g.memory_mib >= req.gpu_memory_mib and g.index not in node.used_gpus
+        and g.index not in node.unplaceable
         and (not kind or kind in g.name.lower())
     ]
     return free if len(free) >= req.gpus else None

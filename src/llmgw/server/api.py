@@ -322,7 +322,8 @@ class PublicHandler:
                              "bad_request")
             return
         try:
-            self.fabric_tests.check(body.a, body.b)
+            self.fabric_tests.check(body.a, body.b, gpudirect=body.gpudirect, duration=body.duration,
+                                    rail_timeout=body.timeout)
         except Refused as exc:
             await send_error(call.responder, exc.status, str(exc), _REFUSED_CODES.get(exc.status, "conflict"))
             return
@@ -335,7 +336,8 @@ class PublicHandler:
 
         try:
             report = await self.fabric_tests.run(body.a, body.b, emit, rail_timeout=body.timeout, size=body.size,
-                                                 iterations=body.iterations)
+                                                 iterations=body.iterations, duration=body.duration,
+                                                 gpudirect=body.gpudirect)
         except Refused as exc:  # the fleet changed between the check and the start
             report = {"event": "done", "a": body.a, "b": body.b, "status": "unknown", "exit_code": 3,
                       "error": str(exc), "rails": []}
@@ -350,6 +352,9 @@ class FabricTestRequest(msgspec.Struct, forbid_unknown_fields=True):
     timeout: Annotated[float, msgspec.Meta(ge=1, le=600)] = 60.0
     size: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] = 65536
     iterations: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 5000
+    # -D seconds; 0: `iterations` of `size`; absent: 5, or what fits in `timeout` (fabric_test.default_duration)
+    duration: Annotated[int, msgspec.Meta(ge=0, le=597)] | None = None
+    gpudirect: bool = False
 
 
 _REFUSED_CODES = {400: "bad_request", 404: "not_found", 409: "conflict", 503: "unavailable"}

@@ -37,7 +37,7 @@ from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
 from llmgw.fleet.limits import Caps, RefusalLog
 from llmgw.netaddr import hostport
-from llmgw.server.admin.pages import AdminPages
+from llmgw.server.admin.pages import AdminPages, package_assets
 from llmgw.server.alertmetrics import AlertCollector, CheckResults
 from llmgw.server.api import PublicHandler
 from llmgw.server.auth import Auth
@@ -60,13 +60,13 @@ from llmgw.server.logs import EngineLogs, LogHub
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
 from llmgw.server.operator import Operator
 from llmgw.server.registry import NodeRegistry
+from llmgw.server.remedy_service import RemedyService
 from llmgw.server.views import FleetReads, GatewayFeed
 from llmgw.server.weights import WeightsBoard
 from llmgw.tls import server_context
 from llmgw.tls.context import ServerTls
 from llmgw.tls.info import cert_not_after
 from llmgw.tls.revocation import Revocations, fleet_refusal, gateway_refusal
-from llmgw.web.assets import from_package
 from llmgw.web.reactor import Reactor
 from llmgw.web.relay import RelayHub
 from llmgw.web.server import Handler, HttpServer, Limits
@@ -213,6 +213,10 @@ class ControlPlane:
         self.drainer = Drainer(MarkStore(cfg.state_dir), reconciler, self.registry, now=trio.current_time,
                                wake=lambda: self.controller.wake(),
                                record=lambda kind, message, node: self.events.record(kind, message, node=node))
+        # A fleet that heals itself (issue 43): doctor's GPU findings → unplaceable GPUs, auto-cordons, moves.
+        self.remedy = RemedyService(cfg.remedy, self.registry, reconciler, self.drainer,
+                                    record=lambda kind, message, node: self.events.record(kind, message, node=node),
+                                    metrics=self.metrics.registry, wake=lambda: self.controller.wake())
         self.controller = Controller(
             reconciler,
             self.registry,
@@ -225,6 +229,7 @@ class ControlPlane:
             weights=weights,
             places=lambda: self.fabrics.places,  # multi-node placement reads the fabric map
             cordoned=self.drainer.cordoned,
+            unplaceable=self.remedy.unplaceable,
         )
         # `ctl logs`: engine log chunks from the streams to their readers.
         self.log_hub = LogHub(lambda: sessions)
@@ -280,12 +285,13 @@ class ControlPlane:
                                  end_revoked_streams=self.fleet_listener.recheck, drainer=self.drainer,
                                  public_tls=self.public_tls,
                                  record=lambda kind, message: self.events.record(kind, message),
-                                 feed=self.followers, worker_pool=lambda: self.worker_pool, cores=os.cpu_count() or 1)
+                                 feed=self.followers, worker_pool=lambda: self.worker_pool, cores=os.cpu_count() or 1,
+                                 set_remedy=self.remedy.configure)
         self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer,
-                                followers=self.followers)
+                                followers=self.followers, unplaceable=self.remedy.unplaceable)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
-        self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=from_package("llmgw.server.admin"), events=self.events,
+        self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=package_assets(), events=self.events,
                                       tls=self.public_tls is not None)
         self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
         self.doctor = DoctorService(self.registry, reconciler, self.fabrics, results=results)  # GET /api/v1/doctor (issue 14)
@@ -356,6 +362,7 @@ class ControlPlane:
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.fabrics.run)
             nursery.start_soon(self.controller.run)
+            nursery.start_soon(self.remedy.run)
             nursery.start_soon(self.operator.reload_on_sighup)
             nursery.start_soon(self.event_feeds.watch_breakers)
             log.info("llmgw server %s: public %s, fleet %s%s; %s", __version__, bound.public_url, bound.fleet_url,

@@ -137,8 +137,10 @@ class Controller:
         weights: WeightsBoard | None = None,
         places: Callable[[], Places | None] = lambda: None,  # the fabric map's latest view (fabric_service)
         cordoned: Callable[[], set[str]] = set,  # nodes that take no new placements (drain.py)
+        unplaceable: Callable[[], dict[str, dict[int, str]]] = dict,  # node → GPU → why not (remedy_service.py)
     ) -> None:
         self.cordoned = cordoned
+        self.unplaceable = unplaceable
         self.registry = registry
         self.known = known
         self.settings = settle.settings
@@ -177,7 +179,7 @@ class Controller:
         if self.known is not None:
             self.known.remove(node_id)
         self.settle.forget(node_id)
-        self.reconciler.on_node_state(node_id, "lost", trio.current_time())
+        self.reconciler.on_node_gone(node_id, trio.current_time())
         self.wake()
 
     def shard_status(self, node_id: str, msg: m.ShardStatus) -> None:
@@ -253,6 +255,7 @@ class Controller:
     def nodes(self) -> list[NodeInfo]:
         out = []
         cordoned = self.cordoned()
+        unplaceable = self.unplaceable()
         # placement.spread: leaves reads the leaf switches each node's adapters are cabled to.
         places = self.places() if self.reconciler.settings.spread == "leaves" else None
         by_node = places.by_node if places is not None else {}
@@ -274,6 +277,7 @@ class Controller:
                 address=n.endpoint_host,
                 fabric_devices=fabric_devices(n.fabric_status),
                 cordoned=n.id in cordoned,
+                unplaceable=unplaceable.get(n.id, {}),
                 leaves=sorted({place.leaf_name for place in by_node.get(n.id, {}).values()}),
             ))
         return out

@@ -34,6 +34,7 @@ from llmgw.server.states import HOLDING, LEAVING, MOVE_ENDED, MoveState, Replica
 log = logging.getLogger("llmgw.server.drain")
 
 FILE_NAME = "nodes.sqlite"
+AUTO_WHO = "auto: "  # the `who` of a cordon the system set for a finding (server/remedy.py AUTO_PREFIX)
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS marks (node TEXT PRIMARY KEY, mark TEXT NOT NULL, since REAL NOT NULL, "
            "who TEXT NOT NULL, force INTEGER NOT NULL DEFAULT 0)")
 
@@ -135,6 +136,8 @@ class Drainer:
 
     def mark_of(self, node_id: str) -> str:
         record = self.marks.get(node_id)
+        if record is not None and record.who.startswith(AUTO_WHO):
+            return f"{record.mark} ({record.who})"  # cordoned (auto: gpu 3 Xid 79)
         return str(record.mark) if record is not None else ""
 
     # -- operator actions (each says what stands in the way, or "") -----------------------------------
@@ -142,10 +145,32 @@ class Drainer:
     def cordon(self, node_id: str, who: str) -> str:
         if self.registry.get(node_id) is None:
             return "not found"
-        if node_id not in self.marks:
+        current = self.marks.get(node_id)
+        if node_id not in self.marks or (current is not None and current.who.startswith(AUTO_WHO)):
+            # An operator's cordon of an auto-cordoned node makes it theirs: never lifted automatically.
             self._set(node_id, MarkRecord(Mark.CORDONED, time.time(), who))
             self.record("node", f"node {node_id} cordoned by {who}: no new placements; what runs there stays", node_id)
         return ""
+
+    # -- the system's own cordons (server/remedy_service.py): `who` is AUTO_WHO + the finding ---------
+
+    def auto_cordon(self, node_id: str, reason: str) -> bool:
+        """Cordon for a finding; False where the node is gone or already marked (by anyone)."""
+        if self.registry.get(node_id) is None or node_id in self.marks:
+            return False
+        self._set(node_id, MarkRecord(Mark.CORDONED, time.time(), AUTO_WHO + reason))
+        return True
+
+    def auto_uncordon(self, node_id: str) -> bool:
+        """Lift a cordon the system set; an operator's (or a drain) is never touched."""
+        record = self.marks.get(node_id)
+        if record is None or record.mark != Mark.CORDONED or not record.who.startswith(AUTO_WHO):
+            return False
+        del self.marks[node_id]
+        self.store.delete(node_id)
+        self.reconciler.generation += 1
+        self.wake()
+        return True
 
     def uncordon(self, node_id: str, who: str) -> str:
         if self.registry.get(node_id) is None and node_id not in self.marks:

@@ -11,8 +11,15 @@ so two runs never share a link:
    The address is the server's record of B (its registered endpoint host), never anything in B's
    answer, and the port must be 1024-65535 (railtest.client_target): a node cannot send its
    partner's client to a host or a system port of its choosing;
-3. grades the client's table against the rail's link rate; if the client failed, B's run is
-   cancelled (killed there) instead of waiting out its timeout.
+3. grades the client's table against what the rail carries (its link's data rate, capped by either
+   HCA's PCIe link: railtest, linkrate); if the client failed, B's run is cancelled (killed there)
+   instead of waiting out its timeout.
+
+Each run lasts `duration` seconds (ib_write_bw -D; 5 s by default, as perftest's own DEF_DURATION)
+where both agents list FEATURE_FABRIC_TEST_DURATION, else the old 64 KiB × `iterations`, said in
+the notes. `gpudirect` runs both sides with `--use_cuda=N`, N the rail's position in its fabric on
+that node modulo its GPU count (rail-optimised boards pair NIC n with GPU n); it is refused at
+once when a node lists no GPU (FEATURE_FABRIC_TEST_GPUDIRECT is offered only where there is one).
 
 A test is refused at once, before anything is sent, when a node is unknown, not connected, or its
 agent does not list `fabric-test` in Register.features (an agent too old to answer would only
@@ -41,6 +48,7 @@ from typing import Any
 import msgspec
 import trio
 
+from llmgw.fabric.linkrate import Capacity, capacity
 from llmgw.fabric.perftest import parse
 from llmgw.fabric.railtest import (
     Phase,
@@ -64,6 +72,8 @@ log = logging.getLogger("llmgw.server.fabric_test")
 GRACE = 10.0  # beyond the run's own timeout: the agent's queue, the stream, perftest's start (fabric.test_grace)
 INSTALL_WAIT = 660.0  # an agent installing perftest: its fabric_test.install_timeout, 600 s, and GRACE
 DEFAULT_TIMEOUT = 60.0
+DEFAULT_DURATION = 5  # seconds of ib_write_bw -D: perftest's own DEF_DURATION (perftest_parameters.h)
+DURATION_SLACK = 3.0  # what a -D run needs beyond its duration: open the device (~1 s on a real HCA), connect, report
 MAX_TIMEOUT = 600.0
 QUEUE = 8  # results in flight per request (progress, ready, done)
 MAX_NOTES = 32  # per rail: a real run says 1-4 (install, GID index, a retried port); a node inventing new ones is cut
@@ -117,8 +127,13 @@ class FabricTests:
 
     # ---- the test ----------------------------------------------------------------------------------
 
-    def check(self, a: str, b: str) -> list[Rail]:
+    def check(self, a: str, b: str, *, gpudirect: bool = False, duration: int | None = None,
+              rail_timeout: float = DEFAULT_TIMEOUT) -> list[Rail]:
         """The rails to test, or Refused with the reason (nothing has been sent yet)."""
+        if duration and duration + DURATION_SLACK > min(max(float(rail_timeout), 1.0), MAX_TIMEOUT):
+            raise Refused(400, f"a {duration:g} s run does not fit in the {rail_timeout:g} s rail timeout: ib_write_bw "
+                               f"needs about {DURATION_SLACK:g} s more to open the device and connect; raise "
+                               "--rail-timeout or shorten --duration")
         if a == b:
             raise Refused(400, f"fabric-test needs two different nodes (got {a} twice)")
         sessions = self.sessions()
@@ -136,34 +151,60 @@ class FabricTests:
                                    "old; see its log")
         node_a, node_b = self.registry.get(a), self.registry.get(b)
         assert node_a is not None and node_b is not None
+        if gpudirect:
+            for node_id, node in ((a, node_a), (b, node_b)):
+                if not node.inventory.gpus:
+                    raise Refused(409, f"--gpudirect: {node_id} has no GPU (its inventory lists none, "
+                                       f"{node.inventory.gpu_note or node.inventory.gpu_source or 'no GPU library'}): "
+                                       "GPUDirect RDMA needs GPU memory on both ends; run without --gpudirect to test "
+                                       "the link from host memory")
+                if not sessions[node_id].supports(m.FEATURE_FABRIC_TEST_GPUDIRECT):
+                    raise Refused(409, f"--gpudirect: the agent on {node_id} (version {node.version or 'unknown'}) "
+                                       "does not run GPUDirect tests (too old)")
         rails, problems = pair_rails(node_a.fabric_status, node_b.fabric_status, _rates(node_a), _rates(node_b))
         if not rails:
             raise Refused(409, f"no rail to test between {a} and {b}: {'; '.join(problems)}")
         return rails
 
     async def run(self, a: str, b: str, emit: Callable[[dict[str, Any]], Awaitable[None]], *,
-                  rail_timeout: float = DEFAULT_TIMEOUT, size: int = 65536, iterations: int = 5000) -> dict[str, Any]:
-        """Test every rail between A (client) and B (server); `emit` gets each step as it happens."""
-        rails = self.check(a, b)
+                  rail_timeout: float = DEFAULT_TIMEOUT, size: int = 65536, iterations: int = 5000,
+                  duration: int | None = None, gpudirect: bool = False) -> dict[str, Any]:
+        """Test every rail between A (client) and B (server); `emit` gets each step as it happens.
+        `duration`: seconds of -D (0: `iterations` of `size`; None: default_duration(rail_timeout))."""
+        rails = self.check(a, b, gpudirect=gpudirect, duration=duration, rail_timeout=rail_timeout)
         timeout = min(max(float(rail_timeout), 1.0), MAX_TIMEOUT)
+        notes: list[str] = []
+        if duration is None:
+            duration = default_duration(timeout)
+            if not duration:
+                notes.append(f"a {timeout:g} s rail timeout leaves no room for a duration run (-D needs "
+                             f"{DURATION_SLACK:g} s beyond it): ran {iterations} iterations of {size} bytes")
+        sessions = self.sessions()
+        if duration and not all(sessions[n].supports(m.FEATURE_FABRIC_TEST_DURATION) for n in (a, b)):
+            old = [n for n in (a, b) if not sessions[n].supports(m.FEATURE_FABRIC_TEST_DURATION)]
+            notes.append(f"{' and '.join(old)}: agent too old for duration runs (-D); ran {iterations} iterations "
+                         f"of {size} bytes instead")
+            duration = 0
+        plan = _Plan(size=size, iterations=iterations, duration=duration,
+                     cuda=_cuda_devices(self.registry, a, b, rails) if gpudirect else {})
         async with self._holding((a, b), emit):
-            await emit({"event": "start", "a": a, "b": b, "rails": [msgspec.to_builtins(r) for r in rails]})
+            await emit({"event": "start", "a": a, "b": b, "duration": duration, "gpudirect": gpudirect,
+                        "rails": [msgspec.to_builtins(r) for r in rails]})
             results: list[RailResult] = []
-            notes: list[str] = []
             unready = await self._prepare((a, b), emit, notes)
             for rail in rails:
                 await emit({"event": "rail_start", "rail": rail.index, "fabric": rail.fabric, "a": rail.a, "b": rail.b})
                 if unready:
                     result = grade(rail, None, unready)
                 else:
-                    result = await self._rail(a, b, rail, emit, timeout, size, iterations)
+                    result = await self._rail(a, b, rail, emit, timeout, plan)
                 results.append(result)
                 await emit({"event": "rail", **msgspec.to_builtins(result)})
         status, code = overall(results)
         log.info("fabric test %s → %s: %s (%s)", a, b, status,
                  ", ".join(f"{r.fabric}#{r.rail} {r.status}" for r in results))
         done = {"event": "done", "a": a, "b": b, "status": status, "exit_code": code, "notes": notes,
-                "rails": [msgspec.to_builtins(r) for r in results]}
+                "duration": duration, "gpudirect": gpudirect, "rails": [msgspec.to_builtins(r) for r in results]}
         if self.results is not None:
             self.results.fabric_test_done(done)  # the pair's last result, on /metrics
         return done
@@ -214,17 +255,21 @@ class FabricTests:
         return ""
 
     async def _rail(self, a: str, b: str, rail: Rail, emit: Callable[[dict[str, Any]], Awaitable[None]],
-                    limit: float, size: int, iterations: int) -> RailResult:
+                    limit: float, plan: _Plan) -> RailResult:
         timeout = limit
         if not rail.a or not rail.b:
             return grade(rail, None)
         base = f"ft-{next(self._ids)}-{secrets.token_hex(4)}"
         notes: list[str] = []
+        if plan.cuda:
+            notes.append(f"GPUDirect: buffers in GPU {plan.cuda.get((a, rail.index), -1)} of {a} and GPU "
+                         f"{plan.cuda.get((b, rail.index), -1)} of {b} (--use_cuda)")
         b_dev, b_port = split_port(rail.b)
         a_dev, a_port = split_port(rail.a)
         async with self._asking(b, base + "-s") as (server_id, server_results):
-            self._send(b, m.FabricTest(request_id=server_id, role="server", device=b_dev, port=b_port, size=size,
-                                       iterations=iterations, timeout=timeout + GRACE))
+            self._send(b, m.FabricTest(request_id=server_id, role="server", device=b_dev, port=b_port, size=plan.size,
+                                       iterations=plan.iterations, timeout=timeout + GRACE, duration=plan.duration,
+                                       cuda_device=plan.cuda.get((b, rail.index), -1)))
             step = self._phase("ready", timeout)
             ready = await self._wait(b, server_results, step, notes, emit, want="ready")
             if ready is None or not ready.ok or ready.phase != "ready":
@@ -237,8 +282,9 @@ class FabricTests:
                 return _with(grade(rail, None, refused), notes)
             async with self._asking(a, base + "-c") as (client_id, client_results):
                 self._send(a, m.FabricTest(request_id=client_id, role="client", device=a_dev, port=a_port,
-                                           server_host=host, server_port=tcp_port, size=size,
-                                           iterations=iterations, timeout=timeout))
+                                           server_host=host, server_port=tcp_port, size=plan.size,
+                                           iterations=plan.iterations, timeout=timeout, duration=plan.duration,
+                                           cuda_device=plan.cuda.get((a, rail.index), -1)))
                 step = self._phase("client", timeout)
                 done = await self._wait(a, client_results, step, notes, emit, want="done")
             if done is None or not done.ok:
@@ -309,11 +355,49 @@ class _Asking:
             self.tests._send(self.node_id, m.FabricTestCancel(request_id=self.request_id))
 
 
-def _rates(node: Any) -> dict[str, float]:
-    """"mlx5_0/1" → Gb/s, the heartbeat's reading (the Register's inventory before the first one)."""
-    rates = {f"{p.device}/{p.port}": p.rate_gbps for p in node.inventory.ports}
-    rates.update({key: reading.rate_gbps for key, reading in node.ports.items() if reading.rate_gbps})
-    return rates
+def default_duration(rail_timeout: float) -> int:
+    """The -D seconds a test runs when not told: perftest's 5, or what fits in the rail timeout
+    beside DURATION_SLACK; 0 (iterations) when not even 1 s does."""
+    fits = int(rail_timeout - DURATION_SLACK)
+    return max(0, min(DEFAULT_DURATION, fits))
+
+
+class _Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """How every rail of one test runs."""
+
+    size: int
+    iterations: int
+    duration: int  # -D seconds; 0: -n iterations
+    cuda: dict[tuple[str, int], int] = {}  # (node, rail index) → the GPU whose memory it uses
+
+
+def _cuda_devices(registry: NodeRegistry, a: str, b: str, rails: list[Rail]) -> dict[tuple[str, int], int]:
+    """Each rail's GPU on each side: its position in its fabric modulo the node's GPUs (NIC n ↔ GPU n)."""
+    out: dict[tuple[str, int], int] = {}
+    seen: dict[str, int] = {}
+    for rail in rails:
+        position = seen.get(rail.fabric, 0)
+        seen[rail.fabric] = position + 1
+        for node_id in (a, b):
+            node = registry.get(node_id)
+            gpus = sorted(g.index for g in node.inventory.gpus) if node else []
+            if gpus:
+                out[(node_id, rail.index)] = gpus[position % len(gpus)]
+    return out
+
+
+def _rates(node: Any) -> dict[str, float | Capacity]:
+    """"mlx5_0/1" → what the port carries: the heartbeat's rate (the Register's inventory before the
+    first one) as a data rate, capped by the HCA's PCIe link the inventory reports (linkrate)."""
+    out: dict[str, float | Capacity] = {}
+    for p in node.inventory.ports:
+        key = f"{p.device}/{p.port}"
+        reading = node.ports.get(key)
+        rate = reading.rate_gbps if reading is not None and reading.rate_gbps else p.rate_gbps
+        speed = p.speed
+        out[key] = capacity(rate, speed, p.link_layer, pcie_speed=p.pcie_speed_gts, pcie_width=p.pcie_width,
+                            pcie_max_speed=p.pcie_max_speed_gts, pcie_max_width=p.pcie_max_width)
+    return out
 
 
 def _why(node_id: str, msg: m.FabricTestResult | None, what: str, step: Phase) -> str:

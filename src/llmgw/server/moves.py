@@ -10,10 +10,11 @@ RollingUpdate with maxSurge 1 and maxUnavailable 0 is the model, and as there, a
 surge per model is in flight at a time: further moves of the model wait, QUEUED.
 
 Where no node has room for the successor, the caller decides (`NoRoom`): FAIL (drain: the old
-one serves on, the move says why) or BELOW (a rollout, a forced drain: the old one retires
-first and the successor takes its place, one below desired for that time). A successor that
-fails ends the move FAILED with its reason and the engine's last lines; the old replica serves
-on. Every state change goes through the table in `states.py` and leaves a `Note` for the event
+one serves on, the move says why), BELOW (a rollout, a forced drain: the old one retires first
+and the successor takes its place, one below desired for that time) or WAIT (a replica on a lost
+node, lost.py: the successor waits for room as a pending replica while the old one serves on).
+A successor that fails ends the move FAILED with its reason and the engine's last lines; the old
+replica serves on. Every state change goes through the table in `states.py` and leaves a `Note` for the event
 log (kind, message, node, model, replica), drained by the server after each pass.
 """
 
@@ -35,6 +36,7 @@ KEEP_ENDED = 200  # finished moves kept for callers polling their outcome (`ctl 
 class NoRoom(enum.StrEnum):
     FAIL = "fail"  # the move fails, the old replica serves on (drain without --force)
     BELOW = "below"  # the old replica retires first; the successor takes its place (rollout, --force)
+    WAIT = "wait"  # the successor waits for room, the old replica serves on meanwhile (a lost node, lost.py)
 
 
 class Note(msgspec.Struct, frozen=True):
@@ -53,10 +55,14 @@ class Move(msgspec.Struct, kw_only=True):
     replica: str  # the replica being replaced
     model: str
     node: str  # where the old replica ran (its rank 0's node), for the event log
-    kind: str  # the event kind and who asked: "drain", "rollout", "spread", "move"
+    kind: str  # the event kind and who asked: "drain", "rollout", "spread", "lost", "move"
     reason: str  # the caller's words: "drain of gpu-01 requested by operator …"
     avoid: list[str] = []  # nodes the successor must not be placed on
     no_room: NoRoom = NoRoom.FAIL
+    # One surge per model at a time (maxSurge 1). A lost node's replacements surge together: each
+    # replaces a replica that may already be dead, and a rack's worth one after another would take
+    # a startup time each.
+    alone: bool = True
     state: MoveState = MoveState.QUEUED
     successor: str = ""
     note: str = ""  # what it waits for, or why it failed
@@ -77,7 +83,7 @@ class Mover(Observer):
     # -- what callers use ----------------------------------------------------------------------------
 
     def request_move(self, replica_id: str, now: float, *, reason: str, kind: str = "move",
-                     avoid: Iterable[str] = (), no_room: NoRoom = NoRoom.FAIL) -> Move | str:
+                     avoid: Iterable[str] = (), no_room: NoRoom = NoRoom.FAIL, alone: bool = True) -> Move | str:
         """Ask for `replica_id` to be replaced; the Move (its state follows, pass by pass), or
         why not in words (no such replica, already leaving, already being moved)."""
         replica = self.replicas.get(replica_id)
@@ -93,7 +99,7 @@ class Mover(Observer):
         self._move_ids += 1
         node = next((s.node for s in replica.shards if s.rank == 0), "")
         move = Move(id=self._move_ids, replica=replica_id, model=replica.model, node=node, kind=kind, reason=reason,
-                    avoid=sorted(set(avoid)), no_room=no_room, created_at=now, state_since=now)
+                    avoid=sorted(set(avoid)), no_room=no_room, alone=alone, created_at=now, state_since=now)
         self.moves[move.id] = move
         self.generation += 1
         self._note(move, f"move of {replica_id} ({replica.model}) asked: {reason}")
@@ -149,15 +155,16 @@ class Mover(Observer):
                 self._surging(move, old, successor, now)
             elif old is None:  # RETIRING, BELOW: the old one is gone
                 self._move_to(move, MoveState.DONE, now, _retired(move, successor))
-        busy = {mv.model: mv.replica for mv in self.moves.values() if mv.state in MOVE_ACTIVE}
+        busy = {mv.model: mv.replica for mv in self.moves.values() if mv.state in MOVE_ACTIVE and mv.alone}
         for move in in_order:
             if move.state != MoveState.QUEUED:
                 continue
             old = self.replicas.get(move.replica)
             if old is None or old.state in LEAVING:
                 self._move_to(move, MoveState.DONE, now, f"{move.replica} was gone before its move began")
-            elif move.model not in busy:
-                busy[move.model] = move.replica
+            elif not move.alone or move.model not in busy:
+                if move.alone:
+                    busy[move.model] = move.replica
                 self._surge(move, old, now)
             else:  # one surge per model: say whose turn it is (ctl drain printed "[queued]: -")
                 note = f"waiting for the move of {busy[move.model]} to finish (one per model at a time)"
@@ -199,7 +206,15 @@ class Mover(Observer):
             self.stop_replica(successor, now, f"failed successor of {old.id}: {why}")
             self._move_to(move, MoveState.FAILED, now, f"successor {successor.id} failed: {why}; {old.id} serves on")
         elif successor.state == ReplicaState.PENDING and successor.reason.startswith("no placement"):
-            if move.no_room == NoRoom.FAIL:
+            if move.no_room == NoRoom.WAIT:
+                note = (f"no room for a successor of {old.id} ({successor.reason.removeprefix('no placement: ')}); "
+                        f"it serves on while {successor.id} waits for room")
+                if move.note != note:  # said once per change, not every pass
+                    move.note = note
+                    self.generation += 1
+                    self._note(move, f"move of {move.replica} waits: {note}")
+                    self.log.append(f"move {move.id}: {note}")
+            elif move.no_room == NoRoom.FAIL:
                 self._pop(successor.id)
                 self._move_to(move, MoveState.FAILED, now, f"no room for a successor of {old.id} "
                               f"({successor.reason.removeprefix('no placement: ')}); it serves on")

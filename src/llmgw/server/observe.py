@@ -27,7 +27,7 @@ from llmgw.server.replicas import (
     Settings,
     Shard,
 )
-from llmgw.server.states import ENDED, GONE, HOLDING, ReplicaState, ShardState, shard_state
+from llmgw.server.states import ENDED, HOLDING, ReplicaState, ShardState, shard_state
 from llmgw.wire import messages as m
 
 
@@ -148,11 +148,22 @@ class Observer(ReplicaBook):
             changed = True
         for replica in self._on(node_id):
             for shard in replica.shards:
-                if shard.node != node_id or shard.shard_id in reported or shard.state in GONE:
+                if shard.node != node_id or shard.shard_id in reported or shard.state in ENDED:
                     continue
                 if not register and not shard.acked:
                     continue  # its Start may still be on the way to the agent
                 changed = True
+                if shard.state == ShardState.LOST:
+                    # Back without it: the engine went away while its node was lost (lost.py
+                    # kept its replica serving on, or had given it up already).
+                    self._shard_to(shard, ShardState.EXITED, f"{kind} from {node_id} without it")
+                    shard.reason = "gone while its node was lost"
+                    if replica.state == ReplicaState.STOPPING:
+                        self._maybe_forget(replica)
+                    elif replica.state in (ReplicaState.READY, ReplicaState.STARTING, ReplicaState.DRAINING):
+                        self._fail(replica, now, f"{node_id} is back without {shard.shard_id} (the engine went away "
+                                   "while the node was lost)", [], penalty=False)
+                    continue
                 if shard.state == ShardState.STOPPING:
                     self._shard_to(shard, ShardState.STOPPED, f"{kind} from {node_id} without it")
                     self._maybe_forget(replica)
@@ -288,9 +299,19 @@ class Observer(ReplicaBook):
         shard.reason = reason
         if exit_code is not None:
             shard.exit_code = exit_code
+        if previous == ShardState.LOST and shard.state in HOLDING and shard.state != ShardState.STOPPING and (
+                replica.state in (ReplicaState.STOPPING, ReplicaState.FAILED, ReplicaState.PENDING)):
+            # Back from a lost node into a replica given up meanwhile (its other ranks stopped,
+            # or on its way out): this engine serves nobody now, and holds its GPUs until stopped.
+            self._stop(replica, shard, f"back after its node was lost, but replica {replica.id} is {replica.state}")
+            return
         if replica.state == ReplicaState.STOPPING:
             self._maybe_forget(replica)
             return
+        if replica.state == ReplicaState.PENDING or (previous == ShardState.LOST and replica.state == ReplicaState.FAILED):
+            return  # given up already: the end of a rank lost meanwhile fails nothing twice (no illegal pending → failed)
+        if previous == ShardState.LOST and replica.state == ReplicaState.READY and shard.state in HOLDING:
+            self.log.append(f"replica {replica.id}: {shard.shard_id} back on {shard.node}")
         new = shard_state(state)
         if new in (ShardState.FAILED, ShardState.EXITED):
             why = reason or (
@@ -306,19 +327,6 @@ class Observer(ReplicaBook):
                        penalty=False)
             return
         self._derive(replica, now)
-
-    def on_node_state(self, node_id: str, state: str, now: float) -> None:
-        if state != "lost":
-            return  # unreachable: engines may well still serve; never stop them for that
-        self.generation += 1
-        for replica in self._on(node_id):
-            for shard in replica.shards:
-                if shard.node == node_id and shard.state not in GONE:
-                    self._shard_to(shard, ShardState.LOST, f"node {node_id} lost")
-                    if replica.state == ReplicaState.STOPPING:
-                        self._maybe_forget(replica)
-                    else:
-                        self._fail(replica, now, f"node {node_id} is lost", [], penalty=False)
 
 
 def _same_attempt(replica: Replica, spec: m.ShardSpec) -> bool:

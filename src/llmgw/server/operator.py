@@ -15,7 +15,7 @@ import msgspec
 import trio
 
 from llmgw.catalog import load_server_config, override
-from llmgw.catalog.schema import ServerConfig
+from llmgw.catalog.schema import RemedySettings, ServerConfig
 from llmgw.errors import UsageError
 from llmgw.server.auth import Auth
 from llmgw.server.control import Controller
@@ -75,7 +75,9 @@ class Operator:
         feed: GatewayFeedService | None = None,
         worker_pool: Callable[[], WorkerPool | None] = lambda: None,
         cores: int = 1,
+        set_remedy: Callable[[RemedySettings], None] = lambda settings: None,  # remedy_service.py
     ) -> None:
+        self.set_remedy = set_remedy
         self.record = record  # into the event log (kind, message)
         self.feed = feed  # divides each model's admission among the local workers
         self.worker_pool = worker_pool  # the gateway workers (started once the public port is bound)
@@ -158,10 +160,12 @@ class Operator:
             if (pool := self.worker_pool()) is not None:
                 pool.resize(new)
         self.cfg = msgspec.structs.replace(self.cfg, models=cfg.models, endpoints=cfg.endpoints, gateway=cfg.gateway,
-                                           api=cfg.api, reconcile=cfg.reconcile, placement=cfg.placement)
+                                           api=cfg.api, reconcile=cfg.reconcile, placement=cfg.placement,
+                                           remedy=cfg.remedy)
         self.auth.configure(self.cfg)
         self.gateway.configure(cfg.models, cfg.endpoints, cfg.gateway)
         self.controller.set_placement(cfg.placement)
+        self.set_remedy(cfg.remedy)  # auto_remediate: report during an incident takes effect at once
         self.controller.set_catalog(cfg.models)
         note = f"; restart needed for {', '.join(changed)}" if changed else ""
         note += f"; {workers_note}" if workers_note else ""

@@ -107,6 +107,7 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     fabric_devices: dict[str, list[str]] = {}  # usable fabric → its devices (where the fabric map is read)
     # The leaf switches its adapters are cabled to (the fabric map), for `placement.spread: leaves`.
     leaves: list[str] = []
+    unplaceable: dict[int, str] = {}  # GPU → why it takes no new work (server/remedy.py)
 
 
 class _Usage:
@@ -130,13 +131,16 @@ class _Usage:
                 fabric_notes=dict(n.fabric_notes),
                 address=n.address,
                 fabric_devices=n.fabric_devices,
+                unplaceable=n.unplaceable,
             )
             for n in sorted(nodes, key=lambda n: n.node_id)
         ]
         self.by_node = {c.node_id: c for c in self.capacities}
         for replica in replicas:
             for shard in replica.shards:
-                if shard.state in HOLDING:
+                # A lost shard's engine may run on: its GPUs are not free on a node that is back
+                # until the node has said (its Register, its next resync) whether it still runs.
+                if shard.state in HOLDING or shard.state == ShardState.LOST:
                     self.hold(replica.model, shard.node, shard.gpus, shard.port)
                     if shard.rank == 0 and shard.spec is not None and shard.spec.master_port:
                         self.hold_port(shard.node, shard.spec.master_port)
@@ -204,6 +208,7 @@ class Reconciler(Roller):
             if n.endpoint_host:
                 self.endpoint_hosts[n.node_id] = n.endpoint_host
         self._spread(nodes, now)  # before the moves advance: a spread move asked now surges in this pass
+        self._keep_lost(now)  # lost.py: a move for each replica serving on with a shard on a lost node
         self._advance_moves(now)  # first: a failed successor is seen failed, before its backoff ends
         self._roll(self.models, now)  # rolling replacement: a move for the next replica that runs an old spec
         self._advance_moves(now)  # and its surge, placed in this pass
@@ -248,6 +253,8 @@ class Reconciler(Roller):
         for replica in pending:
             if replica.state != ReplicaState.PENDING or self.replicas.get(replica.id) is not replica or replica.model not in self.models:
                 continue  # changed while the pass let others run
+            if not replica.gone():
+                continue  # a rank back from a lost node after it was given up: placed again once that one has stopped
             if usage is None or usage.generation != self.generation:
                 usage = _Usage(nodes, self.replicas.values(), self.generation)
             starts = self._place(replica, usage, now)
@@ -387,7 +394,8 @@ class Reconciler(Roller):
             return []
         capacities = usage.for_model(model.name)
         if replica.avoid:
-            capacities = [msgspec.structs.replace(c, state=AVOIDED) if c.node_id in replica.avoid else c for c in capacities]
+            capacities = [msgspec.structs.replace(c, state=AVOIDED) if c.node_id in replica.avoid and c.state == "ready" else c
+                          for c in capacities]  # a lost node avoided says "lost"
         replaced = self.replicas.get(replica.replaces) if replica.replaces else None
         if replaced is not None:
             # A successor does not count the replica it replaces (that one leaves once this one
@@ -488,6 +496,9 @@ class Reconciler(Roller):
             for r in self.replicas.values()
             if r.state == ReplicaState.FAILED and r.gone()
         ]
+        kept = self.kept_deadline()
+        if kept is not None:
+            times.append(kept)
         return min(times) if times else None
 
     def drain_log(self) -> list[str]:

@@ -122,6 +122,11 @@ class Refusal(msgspec.Struct, frozen=True):
     detail: str
 
 
+def lost_note(node: str) -> str:
+    """A kept replica's reason while a node it runs on is lost (lost.py)."""
+    return f"{node} lost: serving on while its endpoint answers; replaced where there is room"
+
+
 def _slug(name: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     return slug[:40] or "model"
@@ -262,11 +267,14 @@ class ReplicaBook:
         if replica.state in LEAVING or replica.state == ReplicaState.FAILED or not replica.shards:
             return
         states = {s.state for s in replica.shards}
-        if states <= SERVING and replica.complete():
+        # A ready replica with a shard on a lost node serves on (lost.py): lost is not known dead.
+        kept = replica.state == ReplicaState.READY and ShardState.LOST in states and states - {ShardState.LOST} <= SERVING
+        if kept or (states <= SERVING and replica.complete()):
             if replica.state != ReplicaState.READY:
                 self.log.append(f"replica {replica.id} ready")
-            # An unhealthy shard's reason (since when) shows on the replica (`ctl replicas`).
-            reason = next((f"{s.node}: {s.reason}" for s in replica.shards if s.state == ShardState.UNHEALTHY), "")
+            # An unhealthy shard's reason (since when) shows on the replica (`ctl replicas`), and a lost one's.
+            reason = next((f"{s.node}: {s.reason}" for s in replica.shards if s.state == ShardState.UNHEALTHY), "") or next(
+                (lost_note(s.node) for s in replica.shards if s.state == ShardState.LOST), "")
             if self._replica_to(replica, ReplicaState.READY, now, reason, "every shard serving"):
                 replica.failures = 0
                 replica.tail = []
@@ -275,8 +283,8 @@ class ReplicaBook:
                              replica.reason if replica.state == ReplicaState.STARTING else "", "a shard not serving yet")
 
     def _fail(self, replica: Replica, now: float, reason: str, tail: list[str], *, penalty: bool) -> None:
-        if replica.state == ReplicaState.STOPPING:
-            return
+        if replica.state in (ReplicaState.STOPPING, ReplicaState.PENDING):
+            return  # on its way out, or given up already (pending → failed is not a transition)
         if replica.state == ReplicaState.DRAINING:  # on its way out anyway: no retry, no backoff
             self.stop_replica(replica, now, f"{replica.reason}; {reason}")
             return

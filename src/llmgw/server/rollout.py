@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping
 import msgspec
 
 from llmgw.catalog.schema import Model, Profile
-from llmgw.server.moves import Mover, NoRoom, Note
+from llmgw.server.lost import Keeper
+from llmgw.server.moves import NoRoom, Note
 from llmgw.server.replicas import Refusal, Replica, Settings
 from llmgw.server.states import LEAVING, MoveState, ReplicaState
 from llmgw.wire import messages as m
@@ -87,7 +88,7 @@ def changed(replica: Replica, model: Model) -> str:
     return ", ".join(what)
 
 
-class Roller(Mover):
+class Roller(Keeper):
     """Rollouts over the move primitive; the reconciler is one and calls `_roll` each pass."""
 
     def __init__(self, settings: Settings, rng: random.Random | None = None) -> None:

@@ -7,9 +7,10 @@ refused transition is a sign of a lost or reordered message or a bug, which a pe
 
 A shard is one attempt to run one engine process: an attempt that ended (stopped, failed, exited)
 stays ended, and a new attempt gets a new shard id. "lost" is this server's verdict (the node went
-away, or stopped reporting the shard); the node's own later report of the same shard is the truth
-again (the fleet is the source of truth, DESIGN.md), so a lost shard may become anything an agent
-reports. States arriving from agents are text (`ShardStatus.state`, `ShardReport.state`): an
+away, or stopped reporting the shard), and it means unknown, not dead: a ready replica with a lost
+shard stays ready and serves on until it is replaced (lost.py). The node's own later report of the
+same shard is the truth again (the fleet is the source of truth, DESIGN.md), so a lost shard may
+become anything an agent reports, and one the node no longer reports when it is back has exited. States arriving from agents are text (`ShardStatus.state`, `ShardReport.state`): an
 unknown one is refused like an illegal transition.
 """
 

@@ -60,6 +60,8 @@ class NodeView(msgspec.Struct, kw_only=True):
     mgmt_interface: str = ""
     heartbeats: int = 0  # received from this node since the server started
     mark: str = ""  # cordoned | draining (`ctl cordon`, `ctl drain`): no new placements
+    # GPU index (as a string: JSON keys) → why it takes no new work (issue 43, server/remedy.py).
+    unplaceable: dict[str, str] = {}
 
 
 class PortState(msgspec.Struct, kw_only=True):
@@ -95,7 +97,7 @@ class MoveView(msgspec.Struct, kw_only=True):
     """A replica's unfinished move (moves.py), as `ctl replicas` shows it."""
 
     id: int
-    kind: str  # drain | rollout | spread | move
+    kind: str  # drain | rollout | spread | lost | move
     state: str  # queued | surging | below | retiring
     role: str  # "old": this replica is being replaced; "successor": this one replaces `other`
     other: str  # the successor's id (role old; "" while queued) or the replaced replica's
@@ -180,7 +182,8 @@ def _wall(now_mono: float, t: float) -> float:
     return round(time.time() - (now_mono - t), 3)
 
 
-def node_view(node: Node, now: float, detail: bool = False, mark: str = "") -> NodeView:
+def node_view(node: Node, now: float, detail: bool = False, mark: str = "",
+              unplaceable: dict[int, str] | None = None) -> NodeView:
     inv = node.inventory
     names = sorted({g.name for g in inv.gpus if g.name})
     view = NodeView(
@@ -208,6 +211,7 @@ def node_view(node: Node, now: float, detail: bool = False, mark: str = "") -> N
         mgmt_interface=inv.mgmt_interface,
         heartbeats=node.heartbeats,
         mark=mark,
+        unplaceable={str(i): why for i, why in sorted((unplaceable or {}).items())},
     )
     if detail:
         health = list(node.heartbeat.gpus) if node.heartbeat is not None else []
@@ -281,7 +285,9 @@ class FleetReads:
 
     def __init__(self, registry: NodeRegistry, reconciler: Reconciler, gateway: Gateway,
                  weights: WeightsBoard | None = None, fabrics: FabricService | None = None,
-                 marks: Marks | None = None, followers: GatewayFeedService | None = None) -> None:
+                 marks: Marks | None = None, followers: GatewayFeedService | None = None,
+                 unplaceable: Callable[[], dict[str, dict[int, str]]] = dict) -> None:
+        self.unplaceable = unplaceable  # GPUs a finding keeps out of placement (server/remedy_service.py)
         self.followers = followers  # gateway workers and gateways on other machines (gwfeed.py)
         self.marks = marks
         self.weights = weights
@@ -306,14 +312,17 @@ class FleetReads:
         return self.fabric_map.topology(fabric_id) if self.fabric_map else None
 
     def nodes(self, now: float) -> list[NodeView]:
-        return [node_view(n, now, mark=self._mark(n.id)) for n in sorted(self.registry.nodes.values(), key=lambda n: n.id)]
+        out = self.unplaceable()
+        return [node_view(n, now, mark=self._mark(n.id), unplaceable=out.get(n.id))
+                for n in sorted(self.registry.nodes.values(), key=lambda n: n.id)]
 
     def _mark(self, node_id: str) -> str:
         return self.marks.mark_of(node_id) if self.marks is not None else ""
 
     def node(self, node_id: str, now: float) -> NodeView | None:
         node = self.registry.get(node_id)
-        return None if node is None else node_view(node, now, detail=True, mark=self._mark(node_id))
+        return None if node is None else node_view(node, now, detail=True, mark=self._mark(node_id),
+                                                    unplaceable=self.unplaceable().get(node_id))
 
     def replicas(self, now: float) -> list[ReplicaView]:
         replicas = sorted(self.reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))

@@ -28,8 +28,9 @@ from llmgw.catalog.load import parse_config
 from llmgw.catalog.schema import AgentConfig
 from llmgw.errors import UsageError
 from llmgw.fabric import sysfs
+from llmgw.fabric.linkrate import data_gbps
 from llmgw.fsutil import atomic_write
-from llmgw.sim.hca_faults import hca_pcie_files
+from llmgw.sim.pcie import pcie_files
 
 MAX_RDMA_DEVICES = 32  # one LID block per node (see port_lid)
 NVIDIA_OUI = 0xB83FD2
@@ -343,7 +344,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
         files[f"{dev_dir}/node_type"] = "1: CA\n"
         files[f"{dev_dir}/node_desc"] = f"{spec.node_id} {device}\n"
         links[f"{dev_dir}/device"] = f"../../../devices/pci0000:00/{pci}"
-        files.update(hca_pcie_files(pci_dir, rate.speed))
+        files.update(pcie_files(pci_dir, data_gbps(rate.gbps, rate.speed, "Ethernet" if roce else "InfiniBand")))
 
         port_dir = f"{dev_dir}/ports/1"
         init = device in spec.init_ports

@@ -8,8 +8,8 @@ taken when the server starts). A name whose hash is not the current one is a 404
 current file under an old name. The files ship inside the package (clusters are often
 air-gapped: no CDN); nothing here is fetched from anywhere.
 
-`Assets` is pure (file names and bytes in, names and bytes out); `from_package` reads the files
-once, when the server starts.
+`Assets` is pure (file names and bytes in, names and bytes out); the admin pages read their files
+once, when the server starts (`llmgw.server.admin.pages.package_assets`).
 """
 
 from __future__ import annotations
@@ -70,12 +70,3 @@ class Assets:
         if not path.startswith(PREFIX):
             return None
         return self.by_hashed.get(path[len(PREFIX):])
-
-
-def from_package(package: str, folder: str = "static") -> Assets:
-    """The files of a package's folder (`llmgw.server.admin`'s static/), read once at start."""
-    from importlib import resources
-
-    root = resources.files(package) / folder
-    return Assets({entry.name: entry.read_bytes() for entry in root.iterdir()
-                   if entry.is_file() and not entry.name.startswith(".")})

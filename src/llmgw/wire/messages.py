@@ -19,6 +19,8 @@ FEATURE_DRAIN = "drain"
 FEATURE_ADOPT = "adopt"
 FEATURE_DISCOVER = "discover"
 FEATURE_FABRIC_TEST = "fabric-test"
+FEATURE_FABRIC_TEST_DURATION = "fabric-test-duration"  # FabricTest.duration (ib_write_bw -D)
+FEATURE_FABRIC_TEST_GPUDIRECT = "fabric-test-gpudirect"  # FabricTest.cuda_device (--use_cuda), on a node with GPUs
 FEATURE_LOGS = "logs"  # LogTail / LogCredit / LogCancel, answered with LogChunk
 
 
@@ -62,6 +64,13 @@ class Port(_Base):
     # RoCE: the index of the RoCE v2 GID that holds an IPv4-mapped address (what NCCL_IB_GID_INDEX
     # must be); -1 when there is none (InfiniBand ports, RoCE without an IPv4 address).
     roce_v2_ipv4_gid_index: int = -1
+    # The HCA's PCIe link (sysfs device/current_link_speed, current_link_width, max_link_speed,
+    # max_link_width): GT/s and lanes, 0 when not read (an older agent, a virtual function, no
+    # such file). fabric-test grades a rail against min(link, PCIe) (fabric/linkrate.py).
+    pcie_speed_gts: float = 0.0
+    pcie_width: int = 0
+    pcie_max_speed_gts: float = 0.0
+    pcie_max_width: int = 0
 
 
 class Inventory(_Base):
@@ -209,12 +218,6 @@ class PortCounters(_Base):
     # Every counter under counters/ and counters_ext/ by file name (port_xmit_data,
     # port_rcv_packets, port_xmit_data_64, ...); None: "N/A (no PMA)".
     counters: dict[str, int | None] = {}
-    # The HCA's PCIe link (sysfs current_link_speed/width, max_link_speed/width of its PCI
-    # function), GT/s and lanes; None: not read (an older agent, a VF, or sysfs cannot say).
-    pcie_speed: float | None = None
-    pcie_width: int | None = None
-    pcie_max_speed: float | None = None
-    pcie_max_width: int | None = None
 
 
 class GpuHealth(_Base):
@@ -479,8 +482,14 @@ class FabricTest(_Base, tag="FabricTest", tag_field="type"):
     server_host: str = ""  # client: the server side's address
     server_port: int = 0  # client: the TCP port the server side said it listens on
     size: int = 65536  # bytes per message (-s); both sides must agree
-    iterations: int = 5000  # -n
+    iterations: int = 5000  # -n, when duration is 0
     timeout: float = 60.0
+    # Seconds to run (-D) instead of a count of iterations; 0 (an older server): -n iterations.
+    # Sent only to agents listing FEATURE_FABRIC_TEST_DURATION.
+    duration: int = 0
+    # GPUDirect RDMA: the CUDA device whose memory holds the buffers (--use_cuda=N); -1: host memory.
+    # Sent only to agents listing FEATURE_FABRIC_TEST_GPUDIRECT.
+    cuda_device: int = -1
 
 
 class FabricTestCancel(_Base, tag="FabricTestCancel", tag_field="type"):

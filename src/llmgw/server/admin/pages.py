@@ -218,3 +218,13 @@ def _cookie_safe(token: str) -> bool:
 def _safe_next(path: str) -> str:
     """Where the form returns to: a path of these pages only (never another site)."""
     return path if path.startswith("/admin/") and "//" not in path and "\\" not in path else "/admin/"
+
+
+def package_assets(package: str = "llmgw.server.admin", folder: str = "static") -> Assets:
+    """The files of a package's folder (the admin pages' static/), read once at start: the I/O
+    that keeps llmgw.web.assets pure."""
+    from importlib import resources
+
+    root = resources.files(package) / folder
+    return Assets({entry.name: entry.read_bytes() for entry in root.iterdir()
+                   if entry.is_file() and not entry.name.startswith(".")})
