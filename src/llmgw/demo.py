@@ -368,6 +368,8 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         say(f"  {cmd} sim node set-gpu {faulty_dir} {gpu} --xid 79   # GPU {gpu} of {shard['node']} falls off the bus: "
             f"{small} moves to a healthy GPU (events --watch says why)")
         say(f"  {cmd} sim node set-gpu {faulty_dir} {gpu} --xid 0    # cleared: {shard['node']} returns 30s later")
+        say(f"  {cmd} ctl doctor --list   # every check: what it reads, what its CRIT and WARN mean")
+        say(f"  {cmd} sim node set-counter {work / 'nodes' / node_ids[0]} mlx5_0 1 packet_seq_err 900   # then doctor")
         if len(node_ids) >= 2:
             # Every demo node runs a rank of the 2-node replica, which has no other pair to go to.
             last = node_ids[-1]

@@ -92,6 +92,14 @@ def nvmlSystemGetDriverVersion() -> str:
     return "550.54.15"
 
 
+def nvmlSystemGetCudaDriverVersion() -> int:
+    return 12040
+
+
+def nvmlDeviceGetVbiosVersion(handle: int) -> str:
+    return "96.00.A5.00.1A"
+
+
 def nvmlDeviceGetCount() -> int:
     return len(_board())
 

@@ -79,6 +79,7 @@ def test_one_node_its_gpus_ports_replicas_and_events(fleet: tuple[Server, dict])
     assert len(gpu_rows) == 2 and "79" in gpu_rows[1] and "°C" in shown, shown  # the Xid of GPU 1, read from its heartbeat
     assert replica["id"] in shown and "mlx5_0/1" in shown
     assert "placement" in shown  # an event of the node's own history
+    assert "driver 550.54.15, CUDA 12.4" in shown, shown  # what doctor's driver-versions compares (issue 39)
     doc = yaml.safe_load(ok(server, "nodes", "gpu-01", "-o", "yaml"))
     volatile = {"last_heartbeat_age", "heartbeats", "gpu_health", "port_readings", "port_states", "state_since"}
     as_json = json.loads(ok(server, "nodes", "gpu-01", "-o", "json"))

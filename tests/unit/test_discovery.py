@@ -411,6 +411,8 @@ def doctor_nvml(pending: list[SimpleNamespace]) -> SimpleNamespace:
     nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC = 1, 0
     nv.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: 3 if (h, kind, counter) == (0, 1, 0) else 0
     nv.nvmlSystemGetDriverVersion = lambda: "550.54.15"
+    nv.nvmlSystemGetCudaDriverVersion = lambda: 12040  # an int, as nvidia-ml-py returns it
+    nv.nvmlDeviceGetVbiosVersion = lambda h: "96.00.A5.00.1A" if h == 0 else "96.00.A5.00.1B"
     nv.nvmlEventTypeXidCriticalError = 8
     nv.registered = []
     nv.nvmlEventSetCreate = lambda: "event-set"
@@ -490,7 +492,10 @@ def test_nvml_gives_doctor_ecc_links_down_the_driver_and_xids(fresh_nvml, monkey
     nv = doctor_nvml(pending)
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     cfg = Discovery(sysfs_root="/nonexistent", gpus="nvml")
-    assert discovery.discover(cfg).gpu_driver == "550.54.15"
+    inv = discovery.discover(cfg)
+    assert inv.gpu_driver == "550.54.15"
+    assert inv.cuda_driver == "12.4"  # issue 39: what doctor's version checks compare
+    assert [g.vbios for g in inv.gpus] == ["96.00.A5.00.1A", "96.00.A5.00.1B"]
     health = discovery.read_gpu_health(cfg)
     assert [(h.ecc_uncorrected, h.nvlink_down, h.xid) for h in health] == [(3, 0, 0), (0, 1, 79)]
     assert nv.registered == [(0, 8, "event-set"), (1, 8, "event-set")]

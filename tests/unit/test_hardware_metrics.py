@@ -66,7 +66,8 @@ def test_ports_from_the_latest_heartbeat_counters_as_counters():
 
     beat = m.Heartbeat(seq=1, ports=[
         m.PortCounters(device="mlx5_0", port=1, state="DOWN", phys_state="Disabled", rate_gbps=400.0,
-                       counters={"port_xmit_data": 123, "port_rcv_packets": 7, "symbol_error": 0}),
+                       counters={"port_xmit_data": 123, "port_rcv_packets": 7, "symbol_error": 0},
+                       hw_counters={"out_of_buffer": 5, "np_cnp_sent": None, "bad name": 1}),
         m.PortCounters(device="i40iw0", port=1, state="ACTIVE", rate_gbps=10.0,
                        counters={"port_xmit_data": None, "../made up\nname": 1}),
     ])
@@ -84,6 +85,10 @@ def test_ports_from_the_latest_heartbeat_counters_as_counters():
     assert by_family["llmgw_ib_port_data_words"] == {("mlx5_0", "port_xmit_data"): 123.0}
     assert by_family["llmgw_ib_port_packets"] == {("mlx5_0", "port_rcv_packets"): 7.0}
     assert by_family["llmgw_ib_port_errors"] == {("mlx5_0", "symbol_error"): 0.0}
+    # hw_counters (issue 39) in their own family: a name sysfs cannot have, or N/A, is not exported.
+    hw = {(s.labels["device"], s.labels["counter"]): s.value for s in got["llmgw_rdma_port_hw_counters"].samples
+          if s.name.endswith("_total")}
+    assert got["llmgw_rdma_port_hw_counters"].type == "counter" and hw == {("mlx5_0", "out_of_buffer"): 5.0}
     values = {k: v for family in by_family.values() for k, v in family.items()}
     assert ("i40iw0", "port_xmit_data") not in values  # N/A (no PMA): no series, not a zero
     assert not [k for k in values if k[0] == "i40iw0"]  # a name no sysfs file has is not exported

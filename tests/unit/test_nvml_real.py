@@ -147,3 +147,12 @@ def test_doctor_local_on_this_machine(nv):
         for f in data["findings"]:
             if f["check"] == check:
                 assert "not reachable" not in f["finding"] and "no heartbeat" not in f["finding"], f
+
+
+def test_versions_doctor_compares_have_nvidia_smis_shapes(nv):
+    """Issue 39: the CUDA version as nvidia-smi prints it ("CUDA Version: 13.0") and each GPU's
+    VBIOS as `nvidia-smi -q` does ("96.00.A5.00.1A" on the H200 of tests/fixtures/real)."""
+    inv = discovery.discover(CFG)
+    assert re.fullmatch(r"\d+\.\d", inv.cuda_driver), inv.cuda_driver
+    for gpu in inv.gpus:
+        assert re.fullmatch(r"[0-9A-Fa-f]{2}(\.[0-9A-Fa-f]{2}){4}", gpu.vbios), gpu.vbios

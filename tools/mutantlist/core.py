@@ -201,8 +201,8 @@ CORE: tuple[Mutant, ...] = (
     Mutant(
         "placement-reuses-busy-gpus",
         "src/llmgw/placement/single.py",
-        "g.index not in node.used_gpus\n        and (not kind",
-        "True\n        and (not kind",
+        "g.index not in node.used_gpus\n        and g.index not in node.unplaceable",
+        "True\n        and g.index not in node.unplaceable",
         PLACEMENT,
     ),
     Mutant(

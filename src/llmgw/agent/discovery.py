@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from llmgw.agent import netif
+from llmgw.agent import netif, versions
 from llmgw.agent.nvml_events import XidWatch, read_kmsg
 from llmgw.agent.nvml_read import nvml_gpus, nvml_health
 from llmgw.catalog.schema import Discovery
@@ -72,12 +72,14 @@ class SimGpu(msgspec.Struct, kw_only=True, omit_defaults=True):
     ecc_pending: bool = True
     fabric_state: str = ""  # "": no NVSwitch fabric (NVML: not supported); else FABRIC_STATES' name
     fabric_status: int = 0  # NVML's return code for the fabric's setup (0: success)
+    vbios: str = ""  # nvmlDeviceGetVbiosVersion's stand-in
 
 
 class SimGpuFile(msgspec.Struct, kw_only=True):
     format: str = SIM_GPU_FORMAT
     node_id: str = ""
     driver_version: str = ""  # nvmlSystemGetDriverVersion's stand-in
+    cuda_version: str = ""  # nvmlSystemGetCudaDriverVersion's, as nvidia-smi prints it ("12.4")
     gpus: list[SimGpu] = []
 
 
@@ -216,8 +218,8 @@ def discover_ports(cfg: Discovery) -> list[Port]:
 
 def _counter_files(port_dir: str) -> dict[str, str]:
     files = _read_files(port_dir, sysfs.COUNTER_FILES)
-    for directory in sysfs.COUNTER_DIRS:
-        names = sorted(_listdir(os.path.join(port_dir, directory)))[: sysfs.MAX_COUNTERS]
+    for directory in (*sysfs.COUNTER_DIRS, sysfs.HW_COUNTER_DIR):
+        names = sorted(set(_listdir(os.path.join(port_dir, directory))) - sysfs.HW_NOT_COUNTERS)[: sysfs.MAX_COUNTERS]
         files.update(_read_files(port_dir, (f"{directory}/{name}" for name in names)))
     return files
 
@@ -333,6 +335,7 @@ def _sim_gpus(path: str) -> list[Gpu] | None:
             nvlink=dict(g.nvlink),
             pci_bus_id=g.pci_bus_id,
             health=g.health,
+            vbios=g.vbios,
         )
         for g in sorted(data.gpus, key=lambda g: g.index)
     ]
@@ -399,6 +402,18 @@ def gpu_driver(cfg: Discovery) -> str:
             return ""
     data = read_sim_gpus(cfg.gpus)
     return data.driver_version if data is not None else ""
+
+
+def cuda_driver(cfg: Discovery, gpus: list[Gpu]) -> str:
+    """The CUDA version the driver supports, and each GPU's VBIOS into `gpus` (issue 39)."""
+    if cfg.gpus == "nvml":
+        nv = _nvml.start(retry=False)
+        if nv is None:
+            return ""
+        versions.read_vbios(nv, gpus)
+        return versions.read_cuda(nv)
+    data = read_sim_gpus(cfg.gpus) if cfg.gpus != "none" else None
+    return data.cuda_version if data is not None else ""
 
 
 # ---- GPUs: dispatch --------------------------------------------------------------------
@@ -494,10 +509,11 @@ def discover(cfg: Discovery, server: str | None = None, advertise_host: str = ""
             note = f"simulated GPU inventory {cfg.gpus} is missing or invalid"
     mgmt_ip = management_ip(server)
     interface, _, how = netif.management_interface(advertise_host or mgmt_ip)
+    ports = discover_ports(cfg)
     return Inventory(
         hostname=socket.gethostname(),
         gpus=gpus,
-        ports=discover_ports(cfg),
+        ports=ports,
         cpus=os.cpu_count() or 0,
         memory_mib=memory_mib(),
         mgmt_ip=mgmt_ip,
@@ -506,4 +522,6 @@ def discover(cfg: Discovery, server: str | None = None, advertise_host: str = ""
         mgmt_interface=interface,
         mgmt_interface_source=how,
         gpu_driver=gpu_driver(cfg) if gpus else "",
+        cuda_driver=cuda_driver(cfg, gpus) if gpus else "",
+        rdma_stack=versions.rdma_stack(cfg.sysfs_root) if ports else "",
     )

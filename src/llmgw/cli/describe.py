@@ -66,6 +66,7 @@ def node(client: ApiClient, node_id: str, output: str) -> None:
         ("Certificate", None if days is None else f"expires in {days:g} days"),
         ("Heartbeat", None if age is None else f"{format_duration(age)} ago ({n.get('heartbeats', 0)} since the server started)"),
         ("GPUs from", str(n.get("gpu_source") or "-") + (f" ({n['gpu_note']})" if n.get("gpu_note") else "")),
+        ("Versions", _versions(n.get("inventory") or {})),
         ("Features", ", ".join(n.get("features") or [])),
         ("Mgmt interface", n.get("mgmt_interface")),
     ])]
@@ -153,6 +154,12 @@ def model(client: ApiClient, name: str, output: str) -> None:
     parts += _section(f"Events (last {RECENT_EVENTS}, 24 h)", ["TIME", "KIND", "EVENT"],
                       _event_rows(_events(client, model=name)), "none")
     console().print(Group(*parts))
+
+
+def _versions(inv: dict[str, Any]) -> str:
+    """What doctor's driver-versions check compares: `driver 550.54.15, CUDA 12.4, MLNX_OFED 24.10-1.1.4`."""
+    said = (("driver ", inv.get("gpu_driver")), ("CUDA ", inv.get("cuda_driver")), ("", inv.get("rdma_stack")))
+    return ", ".join(f"{label}{value}" for label, value in said if value)
 
 
 def _maybe(value: object) -> str:

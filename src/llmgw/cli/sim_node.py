@@ -267,3 +267,42 @@ def set_gpu_command(directory: str, index: int, health: str | None, ecc: int | N
         f"PCIe Gen{gpu.pcie_gen} x{gpu.pcie_width}, persistence {'on' if gpu.persistence else 'off'}, "
         f"ECC {'on' if gpu.ecc_enabled else 'off'} (pending {'on' if gpu.ecc_pending else 'off'})")
 
+
+@node.command("set-versions")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--driver", help="The NVIDIA driver version NVML reports (550.54.15).")
+@click.option("--cuda", help="The CUDA version the driver supports, as nvidia-smi prints it (12.4).")
+@click.option("--vbios", help="Every GPU's VBIOS version (96.00.A5.00.1A).")
+@click.option("--hca-fw", "hca_fw", help="Every HCA's firmware, as sysfs fw_ver prints it (28.39.1002).")
+@click.option("--ofed", help="MLNX_OFED's mlx5_core version (24.10-1.1.4); '' for the in-box driver.")
+def set_versions_command(directory: str, driver: str | None, cuda: str | None, vbios: str | None,
+                         hca_fw: str | None, ofed: str | None) -> None:
+    """Change the versions a simulated node reports (doctor's driver-versions and firmware-versions
+    checks). The agent reads them when it registers: restart it, as after a real upgrade.
+
+    \b
+    llmgw sim node set-versions /tmp/node-3 --driver 550.90.07 --cuda 12.4
+    """
+    from llmgw.sim.node_faults import set_versions
+
+    now = set_versions(directory, driver=driver, cuda=cuda, vbios=vbios, hca_fw=hca_fw, ofed=ofed)
+    say(f"{directory}: " + ", ".join(f"{key} {value or '-'}" for key, value in now.items()))
+
+
+@node.command("set-counter")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("device")
+@click.argument("port", type=click.IntRange(min=1))
+@click.argument("name")
+@click.argument("value", type=click.IntRange(min=0))
+def set_counter_command(directory: str, device: str, port: int, name: str, value: int) -> None:
+    """Set a simulated port's counter (counters/, counters_ext/ or hw_counters/: out_of_buffer,
+    packet_seq_err, symbol_error, ...); the running agent reads it on its next heartbeat.
+
+    \b
+    llmgw sim node set-counter /tmp/node-1 mlx5_4 1 packet_seq_err 1200
+    """
+    from llmgw.sim.node_faults import set_counter
+
+    path = set_counter(directory, device, port, name, value)
+    say(f"{device}/{port} {name} = {value} ({path})")

@@ -9,7 +9,7 @@ readings are stale), not a dozen lines for cron mail.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from llmgw.doctor.cluster import CLUSTER_CHECKS
 from llmgw.doctor.facts import CLUSTER, ClusterFacts, Finding, NodeFacts, Report, report
@@ -27,22 +27,28 @@ def _unknown(node: str, check: str, why: str) -> Finding:
 
 
 def run(facts: ClusterFacts, *, clock: Callable[[], float], deadline: float, node: str | None = None,
-        check: str | None = None, cluster: bool = True, local: bool = False) -> list[Finding]:
-    """Every finding, nodes in id order then the fleet's. `node`/`check` narrow it; `cluster`
-    False leaves out the fleet-wide checks; `local` the checks that need a server."""
+        check: str | None = None, cluster: bool = True, local: bool = False,
+        checks: Collection[str] | None = None) -> list[Finding]:
+    """Every finding, nodes in id order then the fleet's. `node` narrows it to one node, `checks`
+    (`--only`/`--skip`, doctor.catalog.select) or `check` to those checks; `cluster` False
+    leaves out the fleet-wide checks; `local` the checks that need a server."""
     out: list[Finding] = []
     ctx = NodeContext(fabric_rates=fabric_rates(facts.nodes))
-    names = [name for name in NODE_CHECKS if (check is None or name == check) and not (local and name in SERVER_ONLY)]
+    chosen = frozenset(checks) if checks is not None else None
+    if check is not None:
+        chosen = frozenset({check}) if chosen is None else chosen & {check}
+    label = next(iter(chosen)) if chosen is not None and len(chosen) == 1 else "(all)"  # a pseudo-id, listed
+    names = [name for name in NODE_CHECKS if (chosen is None or name in chosen) and not (local and name in SERVER_ONLY)]
     for n in sorted(facts.nodes, key=lambda n: n.id):
         if node is not None and n.id != node:
             continue
         if clock() > deadline:
-            out.append(_unknown(n.id, check or "(all)", "not checked: doctor's deadline passed before this node"))
+            out.append(_unknown(n.id, label, "not checked: doctor's deadline passed before this node"))
             continue
         out.extend(_node(n, ctx, names, local))
     if cluster and node is None:
         for name, fn in CLUSTER_CHECKS.items():
-            if check is not None and name != check:
+            if chosen is not None and name not in chosen:
                 continue
             if clock() > deadline:
                 out.append(_unknown(CLUSTER, name, "not checked: doctor's deadline passed before this check"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llmgw.doctor.facts import CLUSTER, ClusterFacts, Finding, ReplicaFacts
+from llmgw.doctor.versions import check_driver_versions, check_firmware_versions
 from llmgw.verdict import Status
 
 OK, WARN, CRIT, UNKNOWN = Status.OK, Status.WARN, Status.CRIT, Status.UNKNOWN
@@ -125,4 +126,6 @@ CLUSTER_CHECKS: dict[str, ClusterCheck] = {
     "nodes": check_nodes,
     "fabrics": check_fabrics,
     "replicas": check_replicas,
+    "driver-versions": check_driver_versions,
+    "firmware-versions": check_firmware_versions,
 }

@@ -12,6 +12,7 @@ import msgspec
 
 from llmgw.doctor.facts import Finding, NodeFacts
 from llmgw.doctor.gpu import GPU_CHECKS, no_gpu_readings
+from llmgw.doctor.hwcounters import hw_rises
 from llmgw.doctor.xid import explain as explain_xid
 from llmgw.fabric.declared import explain_state
 from llmgw.verdict import Status, grade_ratio
@@ -270,6 +271,7 @@ def check_counters(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
         return [_f(n, "counters", UNKNOWN, "one reading of the error counters so far: a rise shows from the next one",
                    "run doctor again in a minute")]
     before = {f"{p.device}/{p.port}": p for p in n.ports_before}
+    known = {f"{p.device}/{p.port}": p for p in n.inventory.ports}
     out: list[Finding] = []
     old: list[str] = []
     for p in n.ports:
@@ -285,10 +287,14 @@ def check_counters(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
                 crit = crit or name == "link_downed"
             elif now:
                 old.append(f"{key} {name} {now}")
-        if rises:
-            out.append(_f(n, "counters", CRIT if crit else WARN, f"{key}: {', '.join(rises)} in {n.window:.0f}s",
-                          f"a cable, transceiver or port going bad: mlxlink -d {p.device} -p {p.port} -c; "
-                          "perfquery -x to watch it; replace the cable before it drops the link", key))
+        port = known.get(key)  # RoCE and QP errors, as rates (issue 39)
+        hw = hw_rises(p, earlier, n.window, port.netdev if port else "", port is None or port.link_layer == "Ethernet")
+        if rises or hw.rises:
+            status = CRIT if crit or hw.status == CRIT else WARN
+            cable = (f"a cable, transceiver or port going bad: mlxlink -d {p.device} -p {p.port} -c; "
+                     "perfquery -x to watch it; replace the cable before it drops the link")
+            out.append(_f(n, "counters", status, f"{key}: {', '.join(rises + hw.rises)} in {n.window:.0f}s",
+                          "; ".join(a for a in (cable if rises else "", hw.action) if a), key))
     if out:
         return out
     note = f"; earlier errors, not rising: {', '.join(old[:4])}" + (f" and {len(old) - 4} more" if len(old) > 4 else "") if old else ""

@@ -40,6 +40,11 @@ COUNTER_DIRS: tuple[str, ...] = ("counters", "counters_ext")
 # The most counters one port reports (mlx5 has ~30 across both dirs): a bound on what a node
 # can make the server keep and export.
 MAX_COUNTERS = 64
+# RDMA hw_counters (mlx5: ~30 Q and congestion counters on a port; the kernel's
+# Documentation/ABI/stable/sysfs-class-infiniband). `lifespan` is not a counter: the milliseconds
+# the driver caches the values for.
+HW_COUNTER_DIR = "hw_counters"
+HW_NOT_COUNTERS = frozenset({"lifespan"})
 DEVICE_FILES: tuple[str, ...] = ("node_guid", "hca_type", "fw_ver")
 # The HCA's PCI function (`<dev>/device/`, pci-sysfs): its PCIe link now and at best (fabric/linkrate.py).
 PCIE_FILES: tuple[str, ...] = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
@@ -222,7 +227,8 @@ _COUNTER_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 
 
 def parse_port_counters(device: str, port: int, files: Mapping[str, str]) -> PortCounters:
-    """Heartbeat view of a port: COUNTER_FILES plus every `counters/*` and `counters_ext/*` file.
+    """Heartbeat view of a port: COUNTER_FILES plus every `counters/*` and `counters_ext/*` file,
+    and `hw_counters/*` apart (their names are the driver's, not the IB spec's).
 
     A counter the port cannot read (`N/A (no PMA)`) is None: a value, not a zero and not an error.
     Counters are keyed by file name; a name in both dirs keeps the counters_ext one (64 bits).
@@ -234,6 +240,12 @@ def parse_port_counters(device: str, port: int, files: Mapping[str, str]) -> Por
             name = path[len(prefix):] if path.startswith(prefix) else ""
             if _COUNTER_NAME.match(name) and (name in counters or len(counters) < MAX_COUNTERS):
                 counters[name] = parse_counter(files[path])
+    hw: dict[str, int | None] = {}
+    prefix = HW_COUNTER_DIR + "/"
+    for path in sorted(files):
+        name = path[len(prefix):] if path.startswith(prefix) else ""
+        if _COUNTER_NAME.match(name) and name not in HW_NOT_COUNTERS and len(hw) < MAX_COUNTERS:
+            hw[name] = parse_counter(files[path])
     return PortCounters(
         device=device,
         port=port,
@@ -244,6 +256,7 @@ def parse_port_counters(device: str, port: int, files: Mapping[str, str]) -> Por
         link_downed=counters.get("link_downed"),
         port_rcv_errors=counters.get("port_rcv_errors"),
         counters=counters,
+        hw_counters=hw,
     )
 
 

@@ -66,7 +66,7 @@ def heartbeat_problem(msg: m.Heartbeat, caps: Caps) -> str | None:
                 f"(fleet.max_gpus is {caps.gpus:,}, fleet.max_ports {caps.ports:,})")
     if msg.shards is not None and len(msg.shards) > caps.shards:
         return f"a Heartbeat listing {len(msg.shards):,} shards (fleet.max_shards is {caps.shards:,})"
-    counters = max((len(p.counters) for p in msg.ports), default=0)
+    counters = max((max(len(p.counters), len(p.hw_counters)) for p in msg.ports), default=0)
     if counters > MAX_PORT_COUNTERS:
         return f"a Heartbeat with a port of {counters:,} counters (at most {MAX_PORT_COUNTERS})"
     return None

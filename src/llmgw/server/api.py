@@ -55,7 +55,8 @@ class Actions(Protocol):
 class Doctor(Protocol):
     """Doctor's findings (server/doctor.py): graded off the event loop, within a deadline."""
 
-    async def report(self, node: str | None = None, check: str | None = None) -> Report: ...
+    async def report(self, node: str | None = None, check: str | None = None,
+                     checks: frozenset[str] | None = None) -> Report: ...
 
 
 class Clients(Protocol):
@@ -226,23 +227,27 @@ class PublicHandler:
         await self.engine_logs.serve(call.params["replica"], call.request.query, call.responder)
 
     async def get_doctor(self, call: Call) -> None:
-        """`ctl doctor`: every check's finding; `node=` one node's only, `check=` one check."""
+        """`ctl doctor`: every check's finding; `node=` one node's only, `only=a,b` / `skip=c` (or
+        `check=`, one) the checks to run (`ctl doctor --list` lists them)."""
         from urllib.parse import parse_qs
 
-        from llmgw.doctor import CHECKS
+        from llmgw.doctor.catalog import UnknownCheck, select
 
         if self.doctor is None:
             await send_error(call.responder, 404, "doctor is not served here", "not_found")
             return
-        args = {k: v[-1] for k, v in parse_qs(call.request.query).items()}
-        check, node = args.get("check") or None, args.get("node") or None
-        if check is not None and check not in CHECKS:
-            await send_error(call.responder, 400, f"no check {check[:60]!r}: one of {', '.join(CHECKS)}", "bad_request")
+        query = parse_qs(call.request.query)
+        args = {k: v[-1] for k, v in query.items()}
+        node = args.get("node") or None
+        try:
+            checks = select([*query.get("only", []), *query.get("check", [])], query.get("skip", []))
+        except UnknownCheck as exc:
+            await send_error(call.responder, 400, str(exc), "bad_request")
             return
         if node is not None and self.reads.node(node, call.now) is None:
             await send_error(call.responder, 404, f"no node {node[:80]!r}", "not_found")
             return
-        await send_json(call.responder, 200, await self.doctor.report(node=node, check=check))
+        await send_json(call.responder, 200, await self.doctor.report(node=node, checks=checks))
 
     async def list_endpoints(self, call: Call) -> None:
         await send_json(call.responder, 200, self.reads.endpoints())

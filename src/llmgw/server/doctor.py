@@ -122,13 +122,15 @@ class DoctorService:
             facts.fabrics = fabric_facts(self.fabrics)
         return facts
 
-    async def report(self, node: str | None = None, check: str | None = None) -> Report:
+    async def report(self, node: str | None = None, check: str | None = None,
+                     checks: frozenset[str] | None = None) -> Report:
+        """`checks` (doctor.catalog.select of only=/skip=) or `check` narrow the run to those checks."""
         started = self.clock()
         facts = self.facts(node)
         deadline = time.monotonic() + self.deadline
 
         def grade() -> list[Finding]:
-            return doctor.run(facts, clock=time.monotonic, deadline=deadline, node=node, check=check)
+            return doctor.run(facts, clock=time.monotonic, deadline=deadline, node=node, check=check, checks=checks)
 
         found: list[Finding] | None = None
         with trio.move_on_after(self.deadline + GRACE):
@@ -139,6 +141,6 @@ class DoctorService:
                              finding=f"the checks did not finish in {self.deadline + GRACE:g}s",
                              action="the server is overloaded: its log and /metrics say more")]
         done = report(found, nodes=len(facts.nodes), took=self.clock() - started)
-        if node is None and check is None and self.results is not None:
+        if node is None and check is None and checks is None and self.results is not None:
             self.results.doctor_done(done)  # the whole fleet's verdict, on /metrics
         return done

@@ -53,6 +53,9 @@ class HardwareCollector(Collector):
         errors = CounterMetricFamily("llmgw_ib_port_errors", "The RDMA port's other sysfs counters: errors and "
                                      "congestion (symbol_error, link_downed, port_rcv_errors, port_xmit_wait, ...).",
                                      labels=["node", "device", "port", "counter"])
+        hw = CounterMetricFamily("llmgw_rdma_port_hw_counters", "The RDMA port's hw_counters (mlx5: out_of_buffer, "
+                                 "packet_seq_err, rnr_nak_retry_err, np_cnp_sent, ...), by file name.",
+                                 labels=["node", "device", "port", "counter"])
         peers = GaugeMetricFamily("llmgw_gpu_nvlink_peers", "GPUs this GPU reaches over NVLink (0 is 'none' only where "
                                   "llmgw_node_nvml_available is 1).", labels=["node", "gpu"])
         nvml = GaugeMetricFamily("llmgw_node_nvml_available", "1 when the node's GPUs and NVLink topology came from NVML "
@@ -72,10 +75,14 @@ class HardwareCollector(Collector):
                     if value is not None and _COUNTER_NAME.match(name):
                         family = data if name.endswith(("_data", "_data_64")) else packets if "packets" in name else errors
                         family.add_metric([*labels, name], float(value))
+                for name, value in sorted(reading.hw_counters.items()):
+                    if value is not None and _COUNTER_NAME.match(name):
+                        hw.add_metric([*labels, name], float(value))
         yield active
         yield rate
         yield data
         yield packets
         yield errors
+        yield hw
         yield peers
         yield nvml

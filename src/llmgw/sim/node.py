@@ -30,6 +30,7 @@ from llmgw.errors import UsageError
 from llmgw.fabric import sysfs
 from llmgw.fabric.linkrate import data_gbps
 from llmgw.fsutil import atomic_write
+from llmgw.sim.node_faults import SIM_CUDA_VERSION, SIM_VBIOS, hw_counter_files
 from llmgw.sim.pcie import pcie_files
 
 MAX_RDMA_DEVICES = 32  # one LID block per node (see port_lid)
@@ -371,6 +372,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
         for counter in COUNTERS:
             count = DEGRADED_COUNTERS.get(counter, 0) if degraded else 0
             files[f"{port_dir}/counters/{counter}"] = f"{count}\n"
+        files.update(hw_counter_files(port_dir, roce))
 
         net_dir = f"{pci_dir}/net/{netdev}"
         files[f"{net_dir}/dev_port"] = "0\n"
@@ -398,7 +400,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
     files["sys/module/nvidia_peermem/initstate"] = "live\n"  # GPUDirect RDMA, as a DGX loads it
     plan.gpu_file = SimGpuFile(
         node_id=spec.node_id,
-        driver_version=SIM_DRIVER_VERSION,
+        driver_version=SIM_DRIVER_VERSION, cuda_version=SIM_CUDA_VERSION,
         gpus=[
             SimGpu(
                 index=i,
@@ -410,7 +412,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
                 temperature_c=30 + i % 8,
                 fabric_state="completed" if spec.nvlink.startswith("nv") else "",  # nv<N>: NVSwitches
                 utilization_pct=0,
-                memory_used_mib=0,
+                memory_used_mib=0, vbios=SIM_VBIOS,
             )
             for i in range(spec.gpus)
         ],

@@ -40,6 +40,8 @@ class Gpu(_Base):
     nvlink: dict[int, int] = {}
     pci_bus_id: str = ""
     health: str = "ok"
+    # nvmlDeviceGetVbiosVersion ("96.00.A5.00.1A"); "" from an agent before issue 39 or when NVML cannot say.
+    vbios: str = ""
 
 
 class Port(_Base):
@@ -93,6 +95,12 @@ class Inventory(_Base):
     # The NVIDIA driver version NVML reports (the simulated inventory's for a sim node); "" from
     # an agent too old to say, or without NVML (`ctl doctor`'s nvml check).
     gpu_driver: str = ""
+    # The CUDA version the driver supports (nvmlSystemGetCudaDriverVersion, 12040 → "12.4") and the
+    # RDMA stack: "MLNX_OFED <version>" (/sys/module/mlx5_core/version, which only out-of-tree
+    # drivers carry) or "in-box, kernel <release>". "" from an agent before issue 39 (doctor's
+    # driver-versions check leaves such a node out rather than call it odd).
+    cuda_driver: str = ""
+    rdma_stack: str = ""
 
 
 class FabricDecl(_Base):
@@ -218,6 +226,9 @@ class PortCounters(_Base):
     # Every counter under counters/ and counters_ext/ by file name (port_xmit_data,
     # port_rcv_packets, port_xmit_data_64, ...); None: "N/A (no PMA)".
     counters: dict[str, int | None] = {}
+    # Every counter under hw_counters/ (mlx5's out_of_buffer, packet_seq_err, np_cnp_sent, ...);
+    # empty from an agent before issue 39 or a port without them.
+    hw_counters: dict[str, int | None] = {}
 
 
 class GpuHealth(_Base):
