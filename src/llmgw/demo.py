@@ -357,11 +357,12 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         say(f"  {cmd} ctl --server {public} nodes")
         say(f"  {cmd} ctl --server {public} replicas --watch")
         say(f"  {cmd} ctl --server {public} models")
-        small = next(r["id"] for r in ready if r["model"] == SMALL_MODEL)
         say("Operate it:")
-        say(f"  {cmd} ctl --server {public} logs -f {small}")
+        # The model, not a replica id: it is followed across the drain below (issue 46).
+        say(f"  {cmd} ctl --server {public} logs -f {SMALL_MODEL}")
         say(f"  {cmd} ctl --server {public} events --watch")
         say(f"  {cmd} ctl --server {public} doctor")
+        small = next(r["id"] for r in ready if r["model"] == SMALL_MODEL)
         shard = next(r for r in ready if r["id"] == small)["shards"][0]
         faulty_dir = shlex.quote(str(work / "nodes" / shard["node"]))
         gpu = shard["gpus"][0]

@@ -145,6 +145,7 @@ def names(fleet: Fleet, words: str, *, cache: Path, **extra: str) -> list[str]:
 def test_each_argument_completes_the_names_the_server_knows(fleet: Fleet, tmp_path: Path) -> None:
     chat, big = fleet.replicas["chat"]["id"], fleet.replicas["big"]["id"]
     ids = [r["id"] for r in fleet.server.get("/api/v1/replicas")]  # in the server's order
+    targets = [x for r in fleet.server.get("/api/v1/replicas") for x in (r["model"], r["id"])]  # one replica a model
     assert sorted(ids) == sorted([chat, big])
     cases: list[tuple[str, list[str]]] = [
         # nodes, and only those starting with what is typed
@@ -162,9 +163,11 @@ def test_each_argument_completes_the_names_the_server_knows(fleet: Fleet, tmp_pa
         ("ctl fabric-test gpu-02 g", ["gpu-01"]),
         ("ctl fabric-test gpu-03 ", []),
         # replicas and their ranks
-        ("ctl logs ", ids),
-        ("ctl logs -f ", ids),
-        ("ctl logs " + big[:3], [big]),
+        ("ctl logs ", targets),
+        ("ctl logs -f ", targets),
+        ("ctl logs " + big[:5], [big]),
+        ("ctl logs b", ["big", big]),
+        ("ctl logs big --rank ", ["0", "1"]),
         (f"ctl logs {big} --shard ", ["0", "1"]),
         (f"ctl logs {chat} --shard ", ["0"]),
         (f"ctl logs {big} --shard 1", ["1"]),
@@ -376,5 +379,6 @@ def test_a_real_shell_lists_node_names(fleet: Fleet, tmp_path: Path, shell: str)
     env = {"LLMGW_SERVER": fleet.server.url, "LLMGW_TOKEN": TOKEN, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     assert shell_completion(shell, "ctl drain g", env) == ["gpu-01", "gpu-02", "gpu-03"]
     assert shell_completion(shell, "ctl fabric-test gpu-01 ", env) == ["gpu-02"]
-    assert shell_completion(shell, "ctl logs -f ", env) == [r["id"] for r in fleet.server.get("/api/v1/replicas")]
+    by_model = [r for m in ("big", "chat") for r in fleet.server.get("/api/v1/replicas") if r["model"] == m]
+    assert shell_completion(shell, "ctl logs -f ", env) == [x for r in by_model for x in (r["model"], r["id"])]
     assert shell_completion(shell, "ctl drain g", {**env, "LLMGW_TOKEN": "wrong"}) == []

@@ -1,5 +1,8 @@
 """The operator's actions through `llmgw ctl` against a real fleet: reload, restart, forget.
 
+A restart brings the successor up first (issue 46): a one-replica model under load loses no
+request, and where there is no room for both it stops nothing unless told to with --force.
+
 A real server, two agents running simulated engines, and `llmgw ctl` processes carrying the
 operator token in LLMGW_TOKEN, as a script or a cron job would.
 """
@@ -13,6 +16,7 @@ from typing import Any
 
 from tests.e2e.harness import (
     FAST_AGENT,
+    Load,
     Proc,
     Server,
     ctl,
@@ -99,6 +103,46 @@ def test_reload_applies_the_catalog_and_refuses_a_broken_config(tmp_path: Path, 
     survivor = wait_until(lambda: ready_count(server, 1), "one replica after reloading replicas: 1", procs=procs)
     gone = [r["shards"][0]["pid"] for r in running if r["id"] != survivor[0]["id"]]
     wait_until(lambda: not any(pid_alive(p) for p in gone), "the surplus engines to exit", procs=procs)
+
+
+def test_restart_of_a_one_replica_model_under_load_fails_no_request(tmp_path: Path, procs: list[Proc]) -> None:
+    """It stopped first: a 1-replica model answered 503 for the 3–4 s its engine took to start."""
+    server, _ = fleet(tmp_path, procs)
+    old = ready(server)[0]
+    with Load(server.url, "chat", threads=3) as load:
+        result = ctl(server.url, "restart", old["id"], env=AS_OPERATOR)
+        ok_during = load.ok
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert load.failures == [], load.failures[:5]
+    assert ok_during > 10, ok_during  # traffic flowed throughout
+    [new] = ready_count(server, 1) or [None]
+    assert new is not None and new["id"] != old["id"], replicas(server)
+    out = result.stdout
+    assert "a successor is placed first" in out and f"restarted {old['id']}: {new['id']} serves instead" in out, out
+    kinds = [e["message"] for e in json.loads(ctl_ok(server, "events", "--model", "chat", "-o", "json"))
+             if e["kind"] == "restart"]
+    assert any(f"move of {old['id']} done" in m for m in kinds), kinds
+
+
+def test_restart_without_room_stops_nothing_unless_forced(tmp_path: Path, procs: list[Proc]) -> None:
+    api = f'api:\n  operator_tokens: ["sha256:{hashlib.sha256(TOKEN.encode()).hexdigest()}"]\n'
+    server = Server(tmp_path, engines_config(CATALOG, api), token=TOKEN)
+    procs.append(server.start())
+    cfg = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", "1")
+    procs.append(start_agent(tmp_path, "gpu-01", cfg, "--stop-engines-on-exit"))
+    [old] = wait_until(lambda: ready_count(server, 1), "one replica ready", procs=procs)
+    result = ctl(server.url, "restart", old["id"], env=AS_OPERATOR)
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = one_error_line(result)
+    assert "no room for a successor" in line and "--force stops it first" in line, line
+    assert [(r["id"], r["state"]) for r in replicas(server)] == [(old["id"], "ready")]  # it serves on
+
+    forced = ctl(server.url, "restart", "--force", old["id"], "-o", "json", env=AS_OPERATOR)
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert json.loads(forced.stdout)["state"] == "done"
+    new = wait_until(lambda: next((r for r in ready(server) if r["id"] != old["id"]), None), "the new replica ready",
+                     procs=procs)
+    assert [r["id"] for r in replicas(server)] == [new["id"]]
 
 
 def test_restart_replaces_a_replica_and_forget_needs_a_lost_node(tmp_path: Path, procs: list[Proc]) -> None:

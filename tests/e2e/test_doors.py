@@ -81,7 +81,7 @@ def test_every_route_stands_behind_its_door(tmp_path: Path, procs: list[Proc]) -
                          "a ready replica", procs=procs)
     fabric = wait_until(lambda: next((f["id"] for f in server.get("/api/v1/fabrics") if f["topology"]), None),
                         "a fabric with its topology", procs=procs)
-    ids = {"node": "gpu-01", "replica": replica["id"], "fabric": fabric}
+    ids = {"node": "gpu-01", "replica": replica["id"], "fabric": fabric, "move": "1", "name": replica["model"]}
     # Reads stand behind the viewer door and every change behind the operator door.
     routes = [(r.method, "/api/v1/" + r.path.format(**ids), r.door) for r in API_ROUTES] + [("GET", "/metrics", Door.VIEWER)]
     for method, path, door in routes:
@@ -101,7 +101,8 @@ def test_every_route_stands_behind_its_door(tmp_path: Path, procs: list[Proc]) -
         for method, path in reads:
             for token in (VIEWER, OPERATOR):
                 r = http.request(method, path, headers=bearer(token))
-                assert r.status_code == 200, (method, path, r.status_code, r.text)
+                # No move has happened yet: past the door, the route itself says so.
+                assert r.status_code == (404 if "/moves/" in path else 200), (method, path, r.status_code, r.text)
         # The client door (before the changes below restart the replica): /v1/models with an API key, not without; no fleet credential opens it.
         assert http.get("/v1/models", headers=bearer(KEY)).json()["data"][0]["id"] == "chat"
         for headers in ({}, bearer(OPERATOR), bearer(VIEWER)):

@@ -23,6 +23,7 @@ from tests.e2e.harness import (
     llmgw_env,
     make_sim_node,
     replicas,
+    run_llmgw,
     start_agent,
     wait_until,
 )
@@ -111,24 +112,29 @@ class Lines:
             [sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "logs", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=llmgw_env(AS_OPERATOR))
         self.queue: queue.Queue[tuple[float, str]] = queue.Queue()
+        self.errors: queue.Queue[tuple[float, str]] = queue.Queue()  # stderr: llmgw's own notes
         self.seen: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.said: list[str] = []
+        threading.Thread(target=self._read, args=(self.popen.stdout, self.queue), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.popen.stderr, self.errors), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.queue.put((time.monotonic(), line.rstrip("\n")))
+    @staticmethod
+    def _read(pipe: Any, into: queue.Queue[tuple[float, str]]) -> None:
+        assert pipe is not None
+        for line in pipe:
+            into.put((time.monotonic(), line.rstrip("\n")))
 
-    def wait_for(self, needle: str, deadline: float) -> float:
+    def wait_for(self, needle: str, deadline: float, *, stderr: bool = False) -> float:
         """When the first line holding `needle` arrived (fails after `deadline` seconds)."""
+        source, seen = (self.errors, self.said) if stderr else (self.queue, self.seen)
         end = time.monotonic() + deadline
         while True:
             try:
-                at, line = self.queue.get(timeout=max(0.0, end - time.monotonic()))
+                at, line = source.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"no line with {needle!r} within {deadline}s; got {self.seen[-10:]}; "
+                raise AssertionError(f"no line with {needle!r} within {deadline}s; got {seen[-10:]}; "
                                      f"alive: {self.popen.poll() is None}") from None
-            self.seen.append(line)
+            seen.append(line)
             if needle in line:
                 return at
 
@@ -141,8 +147,8 @@ class Lines:
             self.popen.wait()
 
 
-def log_file(tmp_path: Path, replica: dict[str, Any]) -> Path:
-    [path] = list(tmp_path.glob(f"gpu-01/**/logs/{replica['shards'][0]['shard_id']}.log"))
+def log_file(tmp_path: Path, replica: dict[str, Any], node: str = "gpu-01") -> Path:
+    [path] = list(tmp_path.glob(f"{node}/**/logs/{replica['shards'][0]['shard_id']}.log"))
     return path
 
 
@@ -189,3 +195,57 @@ def test_ctl_logs_follows_a_running_engine_and_an_adopted_one(tmp_path: Path, pr
         assert shown - written < 1.0, f"the new line took {shown - written:.2f}s to show"
     finally:
         adopted.stop()
+
+
+def test_ctl_logs_model_follows_the_model_across_a_drain(tmp_path: Path, procs: list[Proc]) -> None:
+    """Issue 46: `logs MODEL` (replica ids changed on every move, so `logs -f ID` ended with the
+    move and the next one answered 404); `-f` follows the successor, as `kubectl logs -f deploy/X`."""
+    server = Server(tmp_path, engines_config(CATALOG, API).replace("settle: 0.5s", "settle: 3s"), token=TOKEN)
+    procs.append(server.start())
+    for node in ("gpu-01", "gpu-02"):
+        cfg = make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, "--gpus", "2")
+        procs.append(start_agent(tmp_path, node, cfg, "--stop-engines-on-exit"))
+    old = wait_until(lambda: ready_replica(server), "the replica ready", procs=procs)
+    assert old["id"].startswith("chat-")
+    node = old["shards"][0]["node"]
+
+    bad = ctl(server.url, "logs", "chat", "--replica", "chat-zzzzz", env=AS_OPERATOR)
+    assert bad.returncode == 1 and "model chat has no replica 'chat-zzzzz'" in bad.stderr, bad.stderr
+    unknown = ctl(server.url, "logs", "nope", env=AS_OPERATOR)
+    assert unknown.returncode == 1 and "no model or replica 'nope' (models: chat)" in unknown.stderr, unknown.stderr
+    once = ctl(server.url, "logs", "chat", "--tail", "5", env=AS_OPERATOR)
+    assert once.returncode == 0 and 0 < len(once.stdout.splitlines()) <= 5, once.stdout + once.stderr
+    assert f"chat: first ready replica {old['id']} (ready on {node})" in once.stderr, once.stderr
+    assert "-- llmgw" not in once.stdout  # stdout is the engine's lines alone
+
+    follow = Lines(server, "chat", "-f", "--tail", "1000")
+    try:
+        follow.wait_for(f"first ready replica {old['id']}", 15, stderr=True)
+        follow.wait_for("=== llmgw: starting", 15)
+        drained = ctl(server.url, "drain", node, "--timeout", "60", env=AS_OPERATOR)
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        [new] = [r for r in replicas(server) if r["state"] == "ready"]
+        assert new["id"] != old["id"] and new["shards"][0]["node"] != node
+        follow.wait_for(f"{old['id']} retired by a drain (drain of {node} requested by operator token", 30, stderr=True)
+        assert f"following its successor {new['id']} (ready on {new['shards'][0]['node']})" in follow.said[-1], follow.said
+        written = append(log_file(tmp_path, new, new["shards"][0]["node"]), "marker-three: the successor's line")
+        shown = follow.wait_for("marker-three", 10)
+        assert shown - written < 1.0, f"the new line took {shown - written:.2f}s to show"
+        assert follow.popen.poll() is None  # still following
+    finally:
+        follow.stop()
+
+
+def test_a_port_that_changed_while_its_agent_was_away_is_an_event(tmp_path: Path, procs: list[Proc]) -> None:
+    """The heartbeat's port readings are compared with the last ones the server held, across a
+    reconnect too: a port that went INIT while the agent was down is seen when it registers."""
+    server, cfg, _ = one_node(tmp_path, procs)
+    agent = next(p for p in procs if p.name == "agent-gpu-01")
+    agent.kill9()
+    assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-01"), "mlx5_2", "1", "init").returncode == 0
+    live = [p for p in procs if p is not agent]
+    live.append(start_agent(tmp_path, "gpu-01", cfg))
+    procs.append(live[-1])
+    got = wait_until(lambda: [e for e in events(server, "--node", "gpu-01") if e["kind"] == "port"], "the port event",
+                     procs=live)
+    assert [e["message"] for e in got] == ["port mlx5_2/1 on gpu-01: ACTIVE → INIT (LinkUp)"], got

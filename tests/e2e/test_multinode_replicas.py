@@ -187,3 +187,46 @@ def test_a_node_advertising_an_address_it_does_not_hold_is_refused_with_the_reas
     event = wait_until(seen, "the rank on gpu-02 refused with the reason", procs=procs)
     assert "set advertise_host in the agent config" in event
     assert all(r["state"] != "ready" for r in replicas(server))
+
+
+def test_events_of_a_node_hold_its_two_node_replica_its_ports_and_its_drain(tmp_path: Path, procs: list[Proc]) -> None:
+    """Issue 46: `events --node` missed the node's own history: a 2-node replica's events carried
+    no node, a drain's move was logged under rank 0's node, a port going INIT and back made none."""
+    server = fleet(tmp_path, procs, 2, REQUIRED, "--gpus", "2", "--ib-ports", "2")
+    replica = wait_until(lambda: ready_replica(server, []), "the 2-node replica ready", procs=procs)
+    as_operator = {"LLMGW_TOKEN": TOKEN}
+
+    def events(node: str) -> list[dict[str, Any]]:
+        result = ctl(server.url, "events", "--node", node, "-o", "json", env=as_operator)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    for node in ("gpu-01", "gpu-02"):
+        mine = [e for e in events(node) if e.get("replica") == replica["id"]]
+        assert [e["kind"] for e in mine][:1] == ["placement"], (node, mine)
+        assert all(e["nodes"] == ["gpu-01", "gpu-02"] for e in mine), mine
+        assert any(f"replica {replica['id']} ready" in e["message"] for e in mine), mine
+    table = ctl(server.url, "events", "--node", "gpu-02", env=as_operator).stdout
+    assert "gpu-01,gpu-02" in table, table
+
+    # A port goes INIT (its subnet manager gone) and comes back ACTIVE: an event each, on its node only.
+    def port_events(node: str) -> list[str]:
+        return [e["message"] for e in events(node) if e["kind"] == "port"]
+
+    assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-02"), "mlx5_1", "1", "init").returncode == 0
+    wait_until(lambda: port_events("gpu-02"), "the port's INIT event", procs=procs)
+    assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-02"), "mlx5_1", "1", "active").returncode == 0
+    wait_until(lambda: len(port_events("gpu-02")) == 2, "the port's ACTIVE event", procs=procs)
+    assert port_events("gpu-02") == ["port mlx5_1/1 on gpu-02: ACTIVE → INIT (LinkUp)",
+                                     "port mlx5_1/1 on gpu-02: INIT → ACTIVE (LinkUp)"]
+    assert port_events("gpu-01") == []
+
+    # A drain of the node rank 1 runs on: its move is that node's event (it was rank 0's node's).
+    replica = wait_until(lambda: ready_replica(server, []), "the 2-node replica ready again", procs=procs)
+    rank1 = next(s["node"] for s in replica["shards"] if s["rank"] == 1)
+    rank0 = next(s["node"] for s in replica["shards"] if s["rank"] == 0)
+    drained = ctl(server.url, "drain", rank1, "--force", "--timeout", "60", env=as_operator)
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    moves = [e for e in events(rank1) if e["kind"] == "drain" and f"move of {replica['id']}" in e["message"]]
+    assert moves and all(e["node"] == rank1 and e["nodes"] == ["gpu-01", "gpu-02"] for e in moves), moves
+    assert [e["id"] for e in events(rank0) if e in moves] == [e["id"] for e in moves]  # found by either node

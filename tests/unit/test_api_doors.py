@@ -13,7 +13,7 @@ import pytest
 from llmgw.server.api import API_ROUTES, PublicHandler
 from llmgw.server.auth import Door, Verdict
 
-IDS = {"node": "gpu-01", "replica": "small-abcde", "fabric": "0xfab"}
+IDS = {"node": "gpu-01", "replica": "small-abcde", "fabric": "0xfab", "name": "small", "move": "1"}
 
 
 def test_every_read_is_behind_the_viewer_door_and_every_change_behind_the_operator_door() -> None:

@@ -98,7 +98,7 @@ async def test_a_corrupt_file_is_moved_aside(tmp_path: Path) -> None:
 async def test_replica_and_breaker_transitions_become_events(tmp_path: Path) -> None:
     events = EventLog(tmp_path)
     await events.open()
-    shard = SimpleNamespace(shard_id="chat-a.1", node="gpu-01", gpus=[0], port=20001)
+    shard = SimpleNamespace(shard_id="chat-a.1", node="gpu-01", rank=0, gpus=[0], port=20001)
     replica = SimpleNamespace(id="chat-a", model="chat", profile="tp1", state="starting", reason="", tail=[], adopted=False,
                               shards=[shard])
     seen: dict = {}
@@ -122,6 +122,46 @@ async def test_replica_and_breaker_transitions_become_events(tmp_path: Path) -> 
     ]
     assert got[1].detail == ["Traceback", "OOM"] and got[0].node == "gpu-01" and got[1].model == "chat"
     assert "opened" in got[3].message and "closed" in got[4].message
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["sqlite", "memory"])
+async def test_a_replica_on_two_nodes_is_found_by_either(tmp_path: Path, durable: bool) -> None:
+    """Issue 46: a 2-node replica's events carried no node, so `events --node` found them on neither."""
+    events = EventLog(tmp_path if durable else tmp_path / "file" / "not-a-dir")
+    if not durable:
+        (tmp_path / "file").write_text("a file where a directory should be")
+    await events.open()
+    assert bool(events.degraded) is not durable
+    shards = [SimpleNamespace(shard_id=f"big-a.1.{rank}", node=node, rank=rank, gpus=[0], port=20001)
+              for rank, node in ((1, "gpu-02"), (0, "gpu-01"))]
+    replica = SimpleNamespace(id="big-a", model="big", profile="two", state="starting", reason="", tail=[], adopted=False,
+                              shards=shards)
+    replica_events({}, [replica], events)
+    events.record("drain", "move of big-a asked", node="gpu-02", nodes=["gpu-01", "gpu-02"], model="big")
+    events.record("node", "node gpu-010 cordoned", node="gpu-010")
+    for node in ("gpu-01", "gpu-02"):
+        got = await events.query(EventQuery(node=node))
+        assert [e.kind for e in got] == ["placement", "drain"], (node, got)
+        assert got[0].node == "gpu-01" and got[0].nodes == ["gpu-01", "gpu-02"]  # rank 0's, and both
+        assert got[1].node == "gpu-02"  # the drained node, not rank 0's
+    assert [e.kind for e in await events.query(EventQuery(node="gpu-0"))] == []
+
+
+async def test_an_events_file_from_before_nodes_gains_the_column(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "events.db")
+    db.executescript("""CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, kind TEXT NOT NULL,
+        node TEXT NOT NULL DEFAULT '', model TEXT NOT NULL DEFAULT '', replica TEXT NOT NULL DEFAULT '',
+        message TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
+        INSERT INTO events (time, kind, node, message) VALUES (1, 'node', 'gpu-01', 'old');""")
+    db.close()
+    events = EventLog(tmp_path, retention=1e12)
+    await events.open()
+    assert not events.degraded
+    events.record("port", "port mlx5_0/1 on gpu-01: ACTIVE → INIT", node="gpu-01")
+    assert [e.message for e in await events.query(EventQuery(node="gpu-01"))] == [
+        "old", "port mlx5_0/1 on gpu-01: ACTIVE → INIT"]
 
 
 # -- the agent's side of `ctl logs` -------------------------------------------------------------

@@ -90,6 +90,22 @@ def test_the_patterns() -> None:
     assert quote("0.1\nINFO x") == "'0.1\\nINFO x'"
 
 
+def test_replica_ids_keep_the_model_name() -> None:
+    """Issue 46: `llama-3.1-8b-instruct`'s replicas were `llama-3-1-8b-instruct-…`, not guessable."""
+    import random
+
+    from llmgw.server.replicas import ReplicaBook, Settings
+
+    book = ReplicaBook(Settings(), random.Random(1))
+    assert book._new_id("llama-3.1-8b-instruct").startswith("llama-3.1-8b-instruct-")
+    assert book._new_id("meta-llama/Llama-3.1-8B").startswith("meta-llama-llama-3.1-8b-")
+    for name in ("a..b", "x.-y/..", "..", "Qwen2.5-72B@v1+x:y", "a" * 256, "-.-"):
+        rid = book._new_id(name)
+        for shard_id in (f"{rid}.3", f"{rid}.3.1"):
+            assert id_problem(shard_id) is None, (name, shard_id)
+        assert f"{rid}.3.1".rpartition(".")[0] == f"{rid}.3"  # the rank splits off from the right
+
+
 class Heard:
     """The control plane's side of FleetObserver: what got past the door."""
 

@@ -36,7 +36,8 @@ def test_man_pages_are_current() -> None:
         assert (ROOT / "man" / name).read_text() == text, f"man/{name} is stale: run `make docs`"
     assert "llmgw-ctl-replicas.1" in pages and "--watch" in pages["llmgw-ctl-replicas.1"]
     assert "NODE_ID: the nodes the server knows." in pages["llmgw-ctl-drain.1"]  # dynamic completion (issue 45)
-    assert "--shard: the ranks of REPLICA_ID's shards." in pages["llmgw-ctl-logs.1"]
+    assert "--shard: the ranks of the replica's shards." in pages["llmgw-ctl-logs.1"]
+    assert "MODEL|REPLICA: the models with replicas, each followed by its replicas." in pages["llmgw-ctl-logs.1"]
 
 
 @pytest.mark.parametrize(("name", "kind"), [("server.yaml", ServerConfig), ("agent.yaml", AgentConfig)])

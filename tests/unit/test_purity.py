@@ -70,6 +70,7 @@ PURE = [
     "llmgw.server.moves",
     "llmgw.server.lost",
     "llmgw.server.remedy",
+    "llmgw.server.restart",
     "llmgw.server.rollout",
     "llmgw.server.reconcile",
     "llmgw.server.replicas",

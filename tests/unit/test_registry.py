@@ -55,3 +55,16 @@ def test_heartbeat_revives_unreachable() -> None:
     assert t.new == "unreachable"
     t = r.heartbeat("gpu-01", s, Heartbeat(seq=2), now=4)
     assert t is not None and t.new == "ready"
+
+
+def test_port_changes_name_each_port_whose_state_moved() -> None:
+    from llmgw.server.registry import PortChange, port_changes
+    from llmgw.wire.messages import PortCounters
+
+    def ports(**states: str) -> dict[str, PortCounters]:
+        return {f"{dev}/1": PortCounters(device=dev, port=1, state=st, phys_state="LinkUp") for dev, st in states.items()}
+
+    before = ports(mlx5_0="ACTIVE", mlx5_1="ACTIVE", mlx5_2="ACTIVE")
+    after = ports(mlx5_0="INIT", mlx5_1="ACTIVE", mlx5_3="ACTIVE")  # mlx5_2 gone, mlx5_3 new: no state change
+    assert port_changes(before, after) == [PortChange("mlx5_0/1", "ACTIVE", "INIT", "LinkUp")]
+    assert port_changes(after, after) == []

@@ -83,9 +83,18 @@ def fabric_peers(nodes: list[dict[str, Any]], a: str | None) -> list[str]:
     return [n for n, f in fabrics.items() if n != a and mine & f]
 
 
+def log_targets(replicas: list[dict[str, Any]]) -> list[str]:
+    """`logs NAME`: each model that has replicas, followed by its replicas' ids."""
+    out: list[str] = []
+    for model in dict.fromkeys(r["model"] for r in replicas if r["model"]):
+        out += [model, *(r["name"] for r in replicas if r["model"] == model)]
+    return out + [r["name"] for r in replicas if not r["model"]]
+
+
 def ranks(replicas: list[dict[str, Any]], replica: str | None) -> list[str]:
-    """`logs REPLICA --shard RANK`: the ranks of REPLICA's shards; of every replica when it is not typed yet."""
-    chosen = [r for r in replicas if replica is None or r["name"] == replica]
+    """`logs NAME --rank RANK`: the ranks of NAME's shards (a replica's, or a model's replicas');
+    of every replica when it is not typed yet."""
+    chosen = [r for r in replicas if replica is None or replica in (r["name"], r["model"])]
     return [str(n) for n in sorted({rank for r in chosen for rank in r["ranks"]})]
 
 

@@ -13,7 +13,7 @@ from llmgw.cli import complete
 from llmgw.cli.cert import cert
 from llmgw.cli.day2 import events, logs
 from llmgw.cli.doctor import doctor
-from llmgw.cli.drain import cordon, drain, uncordon
+from llmgw.cli.drain import cordon, drain, restart, uncordon
 from llmgw.cli.fabric_test import fabric_test
 from llmgw.cli.fabrics import fabrics
 from llmgw.cli.progress import LinesUnder, progress_line
@@ -400,17 +400,6 @@ def forget(ctx: click.Context, node_id: str) -> None:
     say(f"forgot node {node_id}")
 
 
-@ctl.command()
-@click.argument("replica_id", shell_complete=complete.REPLICAS)
-@click.pass_context
-def restart(ctx: click.Context, replica_id: str) -> None:
-    """Stop a replica; the reconciler places a new one in its stead."""
-    from llmgw.api_client import segment
-
-    api(ctx).request("POST", f"/api/v1/replicas/{segment(replica_id)}/restart")
-    say(f"restarting {replica_id}: it is stopped and a new replica is placed")
-
-
 @ctl.command("hash-secret")
 @click.option("--secret", help="The secret (default: read one line from stdin, so it stays out of shell history).")
 def hash_secret(secret: str | None) -> None:
@@ -436,5 +425,6 @@ ctl.add_command(logs)
 ctl.add_command(cordon)
 ctl.add_command(uncordon)
 ctl.add_command(drain)
+ctl.add_command(restart)
 ctl.add_command(doctor)
 ctl.add_command(rollout)

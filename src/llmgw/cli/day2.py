@@ -25,7 +25,8 @@ def _when(t: float) -> str:
 
 
 def _event_rows(events: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    return [(_when(e["time"]), e["kind"], e.get("node") or "-", e.get("model") or "-", e["message"]) for e in events]
+    return [(_when(e["time"]), e["kind"], ",".join(e.get("nodes") or []) or e.get("node") or "-", e.get("model") or "-",
+             e["message"]) for e in events]
 
 
 def _print_details(events: list[dict[str, Any]]) -> None:
@@ -104,31 +105,58 @@ def _show(data: list[dict[str, Any]], output: str, *, header: bool) -> None:
 
 
 @click.command()
-@click.argument("replica_id", shell_complete=complete.REPLICAS)
-@click.option("--shard", type=int, default=None, shell_complete=complete.RANKS, help="Only the shard of this rank (a replica on several nodes).")
+@click.argument("name", metavar="MODEL|REPLICA", shell_complete=complete.LOG_TARGETS)
+@click.option("--replica", "replica_id", default="", metavar="ID", shell_complete=complete.REPLICAS,
+              help="With MODEL: this one of its replicas (default: the first ready).")
+@click.option("--rank", "--shard", "shard", type=int, default=None, shell_complete=complete.RANKS,
+              help="Only the shard of this rank (a replica on several nodes).")
 @click.option("--tail", type=click.IntRange(0, 10_000), default=200, show_default=True, help="Lines from the end of the log to start with.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new lines until Ctrl-C; with MODEL, across moves (drain, rollout, restart).")
 @click.pass_context
-def logs(ctx: click.Context, replica_id: str, shard: int | None, tail: int, follow: bool) -> None:
+def logs(ctx: click.Context, name: str, replica_id: str, shard: int | None, tail: int, follow: bool) -> None:
     """An engine's log, read on its node and sent over the fleet stream (no SSH).
 
-    A replica with several shards prefixes each line with its rank unless --shard is given.
+    MODEL picks one of its replicas: the first ready, or --replica ID; which one is said on
+    stderr. With -f a model is followed as `kubectl logs -f deploy/X` follows a deployment:
+    when a drain, a rollout or a restart retires the replica, its last lines are read, then
+    its successor's log follows (said on stderr). A REPLICA id is that replica alone.
+
+    A replica with several shards prefixes each line with its rank unless --rank is given.
     Adopted engines (running since before the agent restarted) are read the same way.
     Needs a viewer or operator credential when the server has any.
+
+    \b
+    llmgw ctl logs -f llama-3.1-8b-instruct
+    llmgw ctl logs big --rank 1 --tail 50
     """
     from llmgw.api_client import segment
     from llmgw.safetext import terminal_text
 
     params: dict[str, Any] = {"tail": tail}
+    if replica_id:
+        params["replica"] = replica_id
     if shard is not None:
         params["shard"] = shard
     if follow:
         params["follow"] = 1
     out = sys.stdout
     try:
-        for line in _api(ctx).stream_lines(f"/api/v1/replicas/{segment(replica_id)}/logs?{urlencode(params)}"):
+        for raw in _api(ctx).stream_lines(f"/api/v1/logs/{segment(name)}?{urlencode(params)}"):
+            if not raw.strip():
+                continue
+            try:
+                item = json.loads(raw)
+            except ValueError:
+                item = {"line": raw}
+            if not isinstance(item, dict):
+                continue
+            if "note" in item:
+                say(f"-- llmgw: {terminal_text(str(item['note']))}", stderr=True)
+                continue
+            front = f"[rank {item['rank']}] " if "rank" in item else ""
             # An engine's own output: what was removed is shown (␛[2J), not silently dropped.
-            out.write(terminal_text(line, show_removed=True) + "\n")
+            out.write(front + terminal_text(str(item.get("line", "")), show_removed=True) + "\n")
             out.flush()  # a blocked terminal blocks here; the server and the node wait with it
     except KeyboardInterrupt:
         pass

@@ -1,4 +1,5 @@
-"""`llmgw ctl cordon`, `uncordon` and `drain`: a node out for maintenance, traffic flowing throughout."""
+"""`llmgw ctl cordon`, `uncordon`, `drain` and `restart`: a node out for maintenance, a replica
+replaced, traffic flowing throughout."""
 
 from __future__ import annotations
 
@@ -124,3 +125,70 @@ def drain(ctx: click.Context, node_id: str, timeout: float, force: bool, output:
 def _finish(view: dict[str, Any], output: str) -> None:
     if output == "json":
         print_json(view)  # escapes control characters a hostile server could send
+
+
+class RestartIncomplete(LlmgwError):
+    exit_code = 1
+
+
+@click.command()
+@click.argument("replica_id", shell_complete=complete.REPLICAS)
+@click.option("--force", is_flag=True,
+              help="Where no node has room for a successor, stop the replica first (its model is one short until "
+                   "the new one is ready).")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Seconds to wait for the successor to serve; the restart goes on server-side after.")
+@output_option
+@click.pass_context
+def restart(ctx: click.Context, replica_id: str, force: bool, timeout: float, output: str) -> None:
+    """Replace REPLICA_ID with a fresh one, the successor first: it is placed and ready before the
+    old one leaves rotation and finishes its requests (as drain and rollout do), so a model with
+    one replica keeps answering. Where no node has room for both at once nothing is stopped: exit 1
+    with the reason (--force then stops it first). A replica that serves nothing (pending,
+    starting, failed) is stopped at once and placed anew.
+
+    Exit 0 once the successor serves; 1 with the reason otherwise. -o json prints the last state.
+
+    \b
+    llmgw ctl restart llama-3.1-8b-instruct-wh57w
+    """
+    from llmgw.api_client import segment
+
+    client = _api(ctx)
+    answer = client.request("POST", f"/api/v1/replicas/{segment(replica_id)}/restart" + ("?force=1" if force else ""))
+    human = output != "json"
+    move = answer.get("move")
+    if human:
+        say(terminal_text(answer.get("message") or f"restarting {replica_id}"))
+    if not move:
+        if not human:
+            print_json(answer)
+        return
+    deadline = time.monotonic() + timeout
+    shown = ""
+    while True:
+        line = f"  {move['state']}: {move.get('note') or '-'}"
+        if human and line != shown:
+            shown = line
+            say(terminal_text(line))
+        if move["state"] in ("done", "failed"):
+            break
+        if time.monotonic() > deadline:
+            if not human:
+                print_json(move)
+            raise RestartIncomplete(f"restart of {replica_id}: timed out after {timeout:g}s ({move['state']}); it goes on "
+                                    "(llmgw ctl replicas to follow it)")
+        time.sleep(POLL_INTERVAL)  # ok: polling the server for progress
+        move = client.get(f"/api/v1/moves/{move['id']}")
+    if not human:
+        print_json(move)
+    if move["state"] == "failed":
+        note = terminal_text(move.get("note") or "the successor did not become ready")
+        hint = "; llmgw ctl restart --force stops it first (one replica short until the new one is ready)" \
+            if "no room" in note and not force else ""
+        raise RestartIncomplete(f"restart of {replica_id} not done: {note}{hint}")
+    if human:
+        successor = move.get("successor") or "?"
+        state = move.get("successor_state") or "gone"
+        say(f"restarted {replica_id}: " + (f"{successor} serves instead" if state == "ready"
+                                          else f"{successor} is {state} and serves once ready"))

@@ -30,8 +30,10 @@ from llmgw.server.auth import Auth, Door
 from llmgw.server.drain import DrainView
 from llmgw.server.events import QUERY_LIMIT, EventLog, EventQuery
 from llmgw.server.fabric_test import FabricTests, Refused
+from llmgw.server.logfollow import ModelLogs
 from llmgw.server.logs import EngineLogs
 from llmgw.server.operator import ReloadResult
+from llmgw.server.restart import RestartResult
 from llmgw.server.views import ReadModel
 from llmgw.web.server import Handler, Request, Responder
 
@@ -45,7 +47,7 @@ class Actions(Protocol):
 
     async def reload(self) -> ReloadResult: ...
     def forget_node(self, node_id: str) -> str: ...
-    def restart_replica(self, replica_id: str, who: str) -> str: ...
+    def restart_replica(self, replica_id: str, who: str, *, force: bool = False) -> RestartResult | tuple[int, str]: ...
     def cordon(self, node_id: str, who: str) -> str: ...
     def uncordon(self, node_id: str, who: str) -> str: ...
     def drain(self, node_id: str, who: str, *, force: bool) -> DrainView | str: ...
@@ -84,7 +86,7 @@ class PublicHandler:
 
     def __init__(self, *, reads: ReadModel, actions: Actions, auth: Auth, gateway: Clients,
                  render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True,
-                 events: EventLog | None = None, engine_logs: EngineLogs | None = None,
+                 events: EventLog | None = None, engine_logs: EngineLogs | None = None, model_logs: ModelLogs | None = None,
                  pages: Handler | None = None, fabric_tests: FabricTests | None = None,
                  doctor: Doctor | None = None, prepare_metrics: Callable[[], Awaitable[None]] | None = None) -> None:
         self.reads = reads
@@ -94,6 +96,7 @@ class PublicHandler:
         self.doctor = doctor  # GET /api/v1/doctor
         self.events = events  # GET /api/v1/events
         self.engine_logs = engine_logs  # GET /api/v1/replicas/{replica}/logs
+        self.model_logs = model_logs  # GET /api/v1/logs/{name}: a model's, following it across moves
         self.actions = actions
         self.auth = auth
         self.gateway = gateway
@@ -226,6 +229,13 @@ class PublicHandler:
             return
         await self.engine_logs.serve(call.params["replica"], call.request.query, call.responder)
 
+    async def logs(self, call: Call) -> None:
+        """`ctl logs NAME`: a model's (or a replica's) engine log as NDJSON, notes beside the lines."""
+        if self.model_logs is None:
+            await send_error(call.responder, 404, "engine logs are not served here", "not_found")
+            return
+        await self.model_logs.serve(call.params["name"], call.request.query, call.responder)
+
     async def get_doctor(self, call: Call) -> None:
         """`ctl doctor`: every check's finding; `node=` one node's only, `only=a,b` / `skip=c` (or
         `check=`, one) the checks to run (`ctl doctor --list` lists them)."""
@@ -271,12 +281,25 @@ class PublicHandler:
             await send_json(call.responder, 200, {"forgotten": node_id})
 
     async def restart_replica(self, call: Call) -> None:
-        replica_id = call.params["replica"]
-        problem = self.actions.restart_replica(replica_id, call.who)
-        if problem:
-            await send_error(call.responder, 404, problem, "not_found")
+        """`?force=1`: where no node has room for the successor, stop the old one first."""
+        from urllib.parse import parse_qs
+
+        force = parse_qs(call.request.query).get("force", ["0"])[-1] in ("1", "true", "yes")
+        result = self.actions.restart_replica(call.params["replica"], call.who, force=force)
+        if isinstance(result, tuple):
+            status, problem = result
+            await send_error(call.responder, status, problem, "not_found" if status == 404 else "conflict")
         else:
-            await send_json(call.responder, 200, {"restarting": replica_id})
+            await send_json(call.responder, 202 if result.move else 200, result)
+
+    async def get_move(self, call: Call) -> None:
+        move_id = call.params["move"]
+        outcome = self.reads.move(int(move_id)) if move_id.isdigit() and len(move_id) < 12 else None
+        if outcome is None:
+            await send_error(call.responder, 404, f"no move {move_id!r} (ended moves are kept a while, the newest)",
+                             "not_found")
+        else:
+            await send_json(call.responder, 200, outcome)
 
     async def cordon(self, call: Call) -> None:
         await self._mark(call, self.actions.cordon, "cordoned")
@@ -414,7 +437,9 @@ API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "doctor", Door.VIEWER, PublicHandler.get_doctor),
     ApiRoute("GET", "gateways", Door.VIEWER, PublicHandler.list_gateways),
     ApiRoute("GET", "replicas/{replica}/logs", Door.VIEWER, PublicHandler.replica_logs),
+    ApiRoute("GET", "logs/{name}", Door.VIEWER, PublicHandler.logs),
     ApiRoute("GET", "nodes/{node}/drain", Door.VIEWER, PublicHandler.drain_status),
+    ApiRoute("GET", "moves/{move}", Door.VIEWER, PublicHandler.get_move),
     ApiRoute("POST", "reload", Door.OPERATOR, PublicHandler.reload),
     ApiRoute("DELETE", "nodes/{node}", Door.OPERATOR, PublicHandler.forget_node),
     ApiRoute("POST", "replicas/{replica}/restart", Door.OPERATOR, PublicHandler.restart_replica),

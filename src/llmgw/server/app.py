@@ -44,7 +44,7 @@ from llmgw.server.auth import Auth
 from llmgw.server.control import Controller, Settle, make_reconciler
 from llmgw.server.doctor import DoctorService
 from llmgw.server.drain import Drainer, MarkStore
-from llmgw.server.events import EventFeeds, EventLog, RecordingObserver, chain
+from llmgw.server.events import EventFeeds, EventLog, RecordingObserver, chain, port_events
 from llmgw.server.fabric_service import FabricCollector, FabricService
 from llmgw.server.fabric_store import FabricStore
 from llmgw.server.fabric_test import FabricTests
@@ -56,6 +56,7 @@ from llmgw.server.gateway.workers import WorkerPool
 from llmgw.server.gwfeed import GatewayFeedService, WorkerMetrics
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.last_endpoints import LastEndpoints
+from llmgw.server.logfollow import ModelLogs
 from llmgw.server.logs import EngineLogs, LogHub
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
 from llmgw.server.operator import Operator
@@ -256,6 +257,7 @@ class ControlPlane:
             log_hub=self.log_hub,
             fabric_tests=self.fabric_tests,
             max_message=int(fleet.max_message),
+            on_port_change=lambda node_id, changes: port_events(self.events, node_id, changes),
         )
         fleet_ctx = None if cfg.tls is None else fleet_ssl_context(cfg)
         self.fleet_tls = fleet_ctx is not None
@@ -291,6 +293,7 @@ class ControlPlane:
                                 followers=self.followers, unplaceable=self.remedy.unplaceable)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
+        self.model_logs = ModelLogs(self.log_hub, reconciler)  # `ctl logs MODEL`, following it across moves
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=package_assets(), events=self.events,
                                       tls=self.public_tls is not None)
         self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
@@ -308,7 +311,7 @@ class ControlPlane:
         """One listener's routes (the public port; the admin listener serves no clients)."""
         return PublicHandler(reads=self.reads, actions=self.operator, auth=self.auth, gateway=self.gateway,
                              render_metrics=self.metrics.render, clients=clients, admin=admin,
-                             events=self.events, engine_logs=self.engine_logs, pages=self.admin_pages,
+                             events=self.events, engine_logs=self.engine_logs, model_logs=self.model_logs, pages=self.admin_pages,
                              fabric_tests=self.fabric_tests, doctor=self.doctor,
                              prepare_metrics=self.worker_metrics.parse_reports)
 

@@ -230,7 +230,7 @@ class Drainer:
                     continue
                 result = self.reconciler.request_move(
                     replica.id, self.now(), reason=f"drain of {node_id} requested by {record.who}", kind="drain",
-                    avoid=[node_id], no_room=NoRoom.BELOW if record.force else NoRoom.FAIL)
+                    avoid=[node_id], no_room=NoRoom.BELOW if record.force else NoRoom.FAIL, node=node_id)
                 if isinstance(result, Move):
                     asked.append(result.id)
                     self.wake()

@@ -45,9 +45,10 @@ class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     id: int = 0
     time: float  # wall clock, seconds since the epoch
-    kind: str  # node | placement | replica | breaker | cert | reload | drain | rollout
+    kind: str  # node | port | placement | replica | breaker | cert | reload | drain | rollout | restart
     message: str
-    node: str = ""
+    node: str = ""  # the node it is about (a replica on several: its rank 0's; a move: the node left)
+    nodes: list[str] = []  # every node it is about, when more than one (a multi-node replica's)
     model: str = ""
     replica: str = ""
     detail: list[str] = []  # the engine's last lines, for a failure
@@ -61,7 +62,8 @@ class EventQuery(msgspec.Struct, kw_only=True, frozen=True):
     limit: int = QUERY_LIMIT
 
     def matches(self, e: Event) -> bool:
-        return (e.time >= self.since and e.id > self.after and (not self.node or e.node == self.node)
+        return (e.time >= self.since and e.id > self.after
+                and (not self.node or e.node == self.node or self.node in e.nodes)
                 and (not self.model or e.model == self.model))
 
 
@@ -74,7 +76,8 @@ CREATE TABLE IF NOT EXISTS events (
     model TEXT NOT NULL DEFAULT '',
     replica TEXT NOT NULL DEFAULT '',
     message TEXT NOT NULL,
-    detail TEXT NOT NULL DEFAULT ''
+    detail TEXT NOT NULL DEFAULT '',
+    nodes TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS events_time ON events(time);
 CREATE INDEX IF NOT EXISTS events_node ON events(node, id);
@@ -103,10 +106,11 @@ class EventLog:
     # -- recording (event loop, never blocks) -------------------------------------------------------
 
     def record(self, kind: str, message: str, *, node: str = "", model: str = "", replica: str = "",
-               detail: Iterable[str] = ()) -> None:
+               detail: Iterable[str] = (), nodes: Iterable[str] = ()) -> None:
         lines = [printable(line) for line in list(detail)[-TAIL_LINES:]]
-        event = Event(time=self.clock(), kind=kind, message=printable(message), node=node, model=model,
-                      replica=replica, detail=lines)
+        every = sorted({*nodes, *([node] if node else [])})
+        event = Event(time=self.clock(), kind=kind, message=printable(message), node=node or (every[0] if every else ""),
+                      nodes=every if len(every) > 1 else [], model=model, replica=replica, detail=lines)
         if len(self._pending) >= MAX_PENDING:
             self._pending.popleft()
             self.dropped += 1
@@ -195,7 +199,10 @@ class EventLog:
             self._degrade(f"cannot create {self.path.parent}: {exc.strerror or exc}")
 
     def _connect(self) -> sqlite3.Connection:
-        return connect_checked(self.path, _SCHEMA)
+        db = connect_checked(self.path, _SCHEMA)
+        if "nodes" not in {row[1] for row in db.execute("PRAGMA table_info(events)")}:
+            db.execute("ALTER TABLE events ADD COLUMN nodes TEXT NOT NULL DEFAULT ''")  # a file from before issue 46
+        return db
 
     def _write_sync(self, batch: list[Event]) -> None:
         assert self.db is not None
@@ -203,8 +210,9 @@ class EventLog:
             with self.db:
                 self.db.execute("BEGIN")
                 self.db.executemany(
-                    "INSERT INTO events (time, kind, node, model, replica, message, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(e.time, e.kind, e.node, e.model, e.replica, e.message, "\n".join(e.detail)) for e in batch],
+                    "INSERT INTO events (time, kind, node, model, replica, message, detail, nodes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(e.time, e.kind, e.node, e.model, e.replica, e.message, "\n".join(e.detail),
+                      f",{','.join(e.nodes)}," if e.nodes else "") for e in batch],
                 )
         except sqlite3.Error as exc:
             self._degrade(f"cannot write {self.path}: {exc}")
@@ -221,13 +229,13 @@ class EventLog:
         assert self.db is not None
         where = ["time >= ?", "id > ?"]
         args: list[float | str] = [q.since, q.after]
-        if q.node:
-            where.append("node = ?")
-            args.append(q.node)
+        if q.node:  # node ids have no comma (ids.py), so ",gpu-02," finds it in ",gpu-01,gpu-02,"
+            where.append("(node = ? OR instr(nodes, ?) > 0)")
+            args.extend((q.node, f",{q.node},"))
         if q.model:
             where.append("model = ?")
             args.append(q.model)
-        sql = (f"SELECT id, time, kind, node, model, replica, message, detail FROM events WHERE {' AND '.join(where)} "
+        sql = (f"SELECT id, time, kind, node, model, replica, message, detail, nodes FROM events WHERE {' AND '.join(where)} "
                "ORDER BY id DESC LIMIT ?")
         try:
             rows = self.db.execute(sql, (*args, q.limit or -1)).fetchall()
@@ -235,7 +243,8 @@ class EventLog:
             log.warning("event log: reading %s failed: %s", self.path, exc)
             return []
         return [Event(id=r[0], time=r[1], kind=r[2], node=r[3], model=r[4], replica=r[5], message=r[6],
-                      detail=r[7].split("\n") if r[7] else []) for r in reversed(rows)]
+                      detail=r[7].split("\n") if r[7] else [], nodes=[n for n in r[8].split(",") if n])
+                for r in reversed(rows)]
 
     def _degrade(self, why: str) -> None:
         """Keep events in memory from now on; the database stays as it was."""
@@ -281,33 +290,42 @@ def replica_events(seen: dict[str, _ReplicaSeen], replicas: Iterable[Any], event
     for r in replicas:
         now_ids.add(r.id)
         shards = tuple(s.shard_id for s in r.shards)
-        nodes = tuple(sorted({s.node for s in r.shards}))
+        nodes = tuple(dict.fromkeys(s.node for s in sorted(r.shards, key=lambda s: s.rank)))  # rank 0's first
         state = str(getattr(r.state, "value", r.state))
         before = seen.get(r.id)
         seen[r.id] = _ReplicaSeen(state, r.model, nodes, shards)
-        node = nodes[0] if len(nodes) == 1 else ""
+        node = nodes[0] if nodes else ""  # and `nodes`: a 2-node replica's events are found by either node
         if before is not None and before.state == state and before.shards == shards:
             continue
         where = "; ".join(f"{s.node} GPUs {list(s.gpus)} port {s.port}" for s in r.shards)
         if before is None and r.adopted:
-            events.record("replica", f"adopted {r.id} ({r.model}, {state}) running on {where}", node=node, model=r.model,
+            events.record("replica", f"adopted {r.id} ({r.model}, {state}) running on {where}", node=node, nodes=nodes, model=r.model,
                           replica=r.id)
             continue
         if state == "starting" and (before is None or before.shards != shards):
             why = "new replica" if before is None or not before.shards else f"replacing {', '.join(before.shards)} ({before.state})"
             why += "".join(f"; {note}" for note in getattr(r, "placement", ()))  # the fabric map's say
             events.record("placement", f"placed {r.id} ({r.model}/{r.profile}) on {where}: {why}",
-                          node=node, model=r.model, replica=r.id)
+                          node=node, nodes=nodes, model=r.model, replica=r.id)
             continue
         reason = f": {r.reason}" if r.reason else ""
         if state == "pending" and before is not None and before.state == "pending":
             continue
-        events.record("replica", f"replica {r.id} {state}{reason}", node=node, model=r.model, replica=r.id,
+        events.record("replica", f"replica {r.id} {state}{reason}", node=node, nodes=nodes, model=r.model, replica=r.id,
                       detail=r.tail if state == "failed" else ())
     for gone in set(seen) - now_ids:
         before = seen.pop(gone)
-        events.record("replica", f"replica {gone} stopped and removed", node=before.nodes[0] if len(before.nodes) == 1 else "",
-                      model=before.model, replica=gone)
+        events.record("replica", f"replica {gone} stopped and removed", node=before.nodes[0] if before.nodes else "",
+                      nodes=before.nodes, model=before.model, replica=gone)
+
+
+def port_events(events: EventLog, node_id: str, changes: Iterable[Any]) -> None:
+    """A port whose state changed between two heartbeats (registry.PortChange): INIT after a
+    subnet manager went away, ACTIVE again after it came back. A rail of a 2-node replica going
+    INIT is what an SRE asks about afterwards, and it made no event at all (issue 46)."""
+    for c in changes:
+        phys = f" ({c.phys_state})" if c.phys_state else ""
+        events.record("port", f"port {c.port} on {node_id}: {c.old} → {c.new}{phys}", node=node_id)
 
 
 def breaker_events(seen: dict[tuple[str, str], str], endpoints: Iterable[dict[str, Any]], events: EventLog) -> None:
@@ -376,7 +394,7 @@ class EventFeeds:
 
     def after_pass(self) -> None:
         for n in self.notes():
-            self.events.record(n.kind, n.message, node=n.node, model=n.model, replica=n.replica, detail=n.detail)
+            self.events.record(n.kind, n.message, node=n.node, nodes=n.nodes, model=n.model, replica=n.replica, detail=n.detail)
         replica_events(self._replicas_seen, self.replicas(), self.events)
 
     def fleet_refusal(self, refusal: tuple[str, str] | None) -> tuple[str, str] | None:

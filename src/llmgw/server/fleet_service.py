@@ -25,7 +25,7 @@ from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
 from llmgw.fleet.outbox import Outbox
 from llmgw.server.logs import LogHub
 from llmgw.server.metrics import ServerMetrics
-from llmgw.server.registry import NodeRegistry, Transition
+from llmgw.server.registry import NodeRegistry, PortChange, Transition, port_changes
 from llmgw.wire import messages as m
 from llmgw.wire.ids import message_problems, printable, quote, spec_problems
 
@@ -105,8 +105,10 @@ class FleetService:
         log_hub: LogHub | None = None,
         fabric_tests: FabricTestRoutes | None = None,
         max_message: int = 0,  # the listener's limit (fleet.max_message), told to agents in the Welcome
+        on_port_change: Callable[[str, list[PortChange]], None] | None = None,
     ) -> None:
         self.max_message = max_message
+        self.on_port_change = on_port_change  # a port's state changed between two heartbeats (the event log)
         self.outbox_capacity = outbox_capacity
         self.log_hub = log_hub  # engine log chunks go to their readers (`ctl logs`)
         self.fabric_tests = fabric_tests  # ib_write_bw results go to the test that asked (`ctl fabric-test`)
@@ -215,7 +217,10 @@ class FleetService:
         if self.heartbeat_rate > 0:
             session.heartbeats = HeartbeatRate(self.heartbeat_rate, self.clock())
         old = self.sessions.get(node_id)
+        known = self.registry.get(node_id)
+        ports_before = known.ports if known is not None else {}  # a port may have changed while it was away
         transition, _ = self.registry.register(first, self.clock(), number, peer, identity, endpoint_host=host)
+        self._ports_changed(node_id, ports_before)
         if old is not None:
             log.warning(
                 "node %s: new stream from %s replaces the one from %s", node_id, peer, old.channel.peer
@@ -323,9 +328,13 @@ class FleetService:
                 shards = msg.shards
                 if shards is not None:
                     msg = msgspec.structs.replace(msg, shards=None)  # the registry keeps the readings only
+                node = registry.get(node_id)
+                ports_before = node.ports if node is not None and node.session == session.number else {}
                 t = registry.heartbeat(node_id, session.number, msg, now, wall=time.time())
                 if t is not None:
                     self._notify([t])
+                if msg.ports:
+                    self._ports_changed(node_id, ports_before)
                 if shards is not None and self.observer is not None:
                     self.observer.shard_resync(node_id, self._good_reports(node_id, "Heartbeat", shards))
             elif isinstance(msg, m.ShardStatus):
@@ -393,6 +402,13 @@ class FleetService:
             self._bad_ids_logged.add(node_id)
             log.warning("node %s sent %s with %s; refused (further ones are only counted: llmgw_fleet_refused_total)",
                         node_id, kind, "; ".join(problems))
+
+    def _ports_changed(self, node_id: str, before: dict[str, m.PortCounters]) -> None:
+        node = self.registry.get(node_id)
+        if before and node is not None and self.on_port_change is not None:
+            changes = port_changes(before, node.ports)
+            if changes:
+                self.on_port_change(node_id, changes)
 
     def _drop_bad_reports(self, node_id: str, msg: m.Register) -> m.Register:
         """A Register's shard reports whose ids fail the pattern are left out (the node itself is fine)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,10 +82,23 @@ class LogHub:
                 route.channel.close()
                 del self.routes[request_id]
 
-    async def stream(self, targets: list[Target], *, tail: int, follow: bool, write: Callable[[bytes], Any],
-                     prefix: bool) -> None:
-        """Ask every target's node for its log and write the lines as they come, until every
-        log ends (or, with `follow`, until the reader goes away and the caller is cancelled)."""
+    async def stream(self, targets: list[Target], *, tail: int, follow: bool, write: Callable[[bytes], Any] | None = None,
+                     prefix: bool = False, emit: Emit | None = None, note: Note | None = None) -> None:
+        """Ask every target's node for its log and hand the lines on as they come, until every
+        log ends (or, with `follow`, until the reader goes away and the caller is cancelled):
+        to `emit(target, lines)` and `note(target, words)`, or as text to `write` (with
+        `[rank N] ` in front when `prefix`, llmgw's own words as `-- llmgw: ` lines)."""
+        if emit is None or note is None:
+            assert write is not None
+            emit, note = _as_text(write, prefix)
+        sessions = self.check(targets)
+        lock = trio.Lock()
+        async with trio.open_nursery() as nursery:
+            for t in targets:
+                nursery.start_soon(self._one, t, sessions[t.node_id], tail, follow, emit, note, lock)
+
+    def check(self, targets: list[Target]) -> dict[str, Any]:
+        """The live sessions, when every target's node can send its log now; else LogProblem."""
         sessions = self.sessions()
         for t in targets:
             session = sessions.get(t.node_id)
@@ -93,14 +106,10 @@ class LogHub:
                 raise LogProblem(503, f"node {t.node_id} is not connected, so the log of {t.shard_id} cannot be read now")
             if not session.supports(m.FEATURE_LOGS):
                 raise LogProblem(409, f"the agent on {t.node_id} is too old to send engine logs; upgrade it")
-        lock = trio.Lock()
-        async with trio.open_nursery() as nursery:
-            for t in targets:
-                nursery.start_soon(self._one, t, sessions[t.node_id], tail, follow, write, lock,
-                                   f"[rank {t.rank}] " if prefix else "")
+        return sessions
 
-    async def _one(self, target: Target, session: Any, tail: int, follow: bool, write: Callable[[bytes], Any],
-                   lock: trio.Lock, prefix: str) -> None:
+    async def _one(self, target: Target, session: Any, tail: int, follow: bool, emit: Emit, note: Note,
+                   lock: trio.Lock) -> None:
         request_id = f"logs-{next(self._ids)}-{secrets.token_hex(4)}"
         send, receive = trio.open_memory_channel[m.LogChunk](CREDIT)
         self.routes[request_id] = _Route(target.node_id, send)
@@ -110,24 +119,41 @@ class LogHub:
             async with receive:
                 async for chunk in receive:
                     if chunk.lines:
-                        text = "".join(f"{prefix}{line}\n" for line in chunk.lines)
                         async with lock:
-                            await write(text.encode("utf-8", "replace"))
+                            await emit(target, chunk.lines)
                         session.send(m.LogCredit(request_id=request_id, credit=1))
                     if chunk.eof:
                         ended = True
                         if chunk.error:
                             async with lock:
-                                await write(f"{prefix}-- llmgw: {target.shard_id} on {target.node_id}: {chunk.error}\n".encode())
+                                await note(target, f"{target.shard_id} on {target.node_id}: {chunk.error}")
                         break
                 else:
                     if follow:
                         async with lock:
-                            await write(f"{prefix}-- llmgw: the stream to {target.node_id} ended\n".encode())
+                            await note(target, f"the stream to {target.node_id} ended")
         finally:
             self.routes.pop(request_id, None)
             if not ended:
                 session.send(m.LogCancel(request_id=request_id))
+
+
+Emit = Callable[[Target, list[str]], Awaitable[None]]  # engine lines of one target
+Note = Callable[[Target, str], Awaitable[None]]  # llmgw's own words about one target
+
+
+def _as_text(write: Callable[[bytes], Any], prefix: bool) -> tuple[Emit, Note]:
+    """text/plain: `[rank N] ` in front of each line when asked, llmgw's words as `-- llmgw: ` lines."""
+
+    async def emit(target: Target, lines: list[str]) -> None:
+        front = f"[rank {target.rank}] " if prefix else ""
+        await write("".join(f"{front}{line}\n" for line in lines).encode("utf-8", "replace"))
+
+    async def note(target: Target, words: str) -> None:
+        front = f"[rank {target.rank}] " if prefix else ""
+        await write(f"{front}-- llmgw: {words}\n".encode("utf-8", "replace"))
+
+    return emit, note
 
 
 def targets_of(replica: Any, shard: int | None) -> list[Target]:

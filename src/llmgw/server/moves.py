@@ -48,14 +48,16 @@ class Note(msgspec.Struct, frozen=True):
     model: str = ""
     replica: str = ""
     detail: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()  # every node the replica ran on (a 2-node replica's move is found by both)
 
 
 class Move(msgspec.Struct, kw_only=True):
     id: int
     replica: str  # the replica being replaced
     model: str
-    node: str  # where the old replica ran (its rank 0's node), for the event log
-    kind: str  # the event kind and who asked: "drain", "rollout", "spread", "lost", "move"
+    node: str  # the node it is about, for the event log: the one drained, else the old replica's rank 0's
+    nodes: list[str] = []  # every node the old replica ran on
+    kind: str  # the event kind and who asked: "drain", "rollout", "spread", "lost", "restart", "move"
     reason: str  # the caller's words: "drain of gpu-01 requested by operator …"
     avoid: list[str] = []  # nodes the successor must not be placed on
     no_room: NoRoom = NoRoom.FAIL
@@ -83,9 +85,11 @@ class Mover(Observer):
     # -- what callers use ----------------------------------------------------------------------------
 
     def request_move(self, replica_id: str, now: float, *, reason: str, kind: str = "move",
-                     avoid: Iterable[str] = (), no_room: NoRoom = NoRoom.FAIL, alone: bool = True) -> Move | str:
+                     avoid: Iterable[str] = (), no_room: NoRoom = NoRoom.FAIL, alone: bool = True,
+                     node: str = "") -> Move | str:
         """Ask for `replica_id` to be replaced; the Move (its state follows, pass by pass), or
-        why not in words (no such replica, already leaving, already being moved)."""
+        why not in words (no such replica, already leaving, already being moved). `node`: the
+        node the move is about (a drain's: its events are that node's, not rank 0's)."""
         replica = self.replicas.get(replica_id)
         if replica is None:
             return f"no replica {replica_id!r}"
@@ -97,9 +101,10 @@ class Mover(Observer):
         if current is not None:
             return f"replica {replica_id} is already being moved ({current.kind}: {current.reason})"
         self._move_ids += 1
-        node = next((s.node for s in replica.shards if s.rank == 0), "")
-        move = Move(id=self._move_ids, replica=replica_id, model=replica.model, node=node, kind=kind, reason=reason,
-                    avoid=sorted(set(avoid)), no_room=no_room, alone=alone, created_at=now, state_since=now)
+        nodes = list(dict.fromkeys(s.node for s in sorted(replica.shards, key=lambda s: s.rank)))
+        node = node or (nodes[0] if nodes else "")
+        move = Move(id=self._move_ids, replica=replica_id, model=replica.model, node=node, nodes=nodes, kind=kind,
+                    reason=reason, avoid=sorted(set(avoid)), no_room=no_room, alone=alone, created_at=now, state_since=now)
         self.moves[move.id] = move
         self.generation += 1
         self._note(move, f"move of {replica_id} ({replica.model}) asked: {reason}")
@@ -252,7 +257,8 @@ class Mover(Observer):
         self._note(move, f"move of {move.replica} {new}: {note}", detail=tuple(move.tail) if new == MoveState.FAILED else ())
 
     def _note(self, move: Move, message: str, detail: tuple[str, ...] = ()) -> None:
-        self.notes.append(Note(move.kind, message, node=move.node, model=move.model, replica=move.replica, detail=detail))
+        self.notes.append(Note(move.kind, message, node=move.node, model=move.model, replica=move.replica, detail=detail,
+                               nodes=tuple(move.nodes)))
 
     def _forget_ended(self) -> None:
         ended = [mid for mid, mv in self.moves.items() if mv.state in MOVE_ENDED]

@@ -24,6 +24,7 @@ from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.gateway.workers import WorkerPool
 from llmgw.server.gwfeed import GatewayFeedService
 from llmgw.server.registry import NodeRegistry
+from llmgw.server.restart import RestartResult, restart
 from llmgw.tls.context import ServerTls
 from llmgw.tls.revocation import Revocations
 
@@ -195,14 +196,13 @@ class Operator:
         self.controller.node_forgotten(node_id)
         return ""
 
-    def restart_replica(self, replica_id: str, who: str) -> str:
-        """Stop a replica's engines; the reconciler places it anew. What stands in the way, or ""."""
-        replica = self.controller.reconciler.replicas.get(replica_id)
-        if replica is None:
-            return f"no replica {replica_id!r}"
-        self.controller.reconciler.stop_replica(replica, trio.current_time(), f"restart requested by {who}")
-        self.controller.wake()
-        return ""
+    def restart_replica(self, replica_id: str, who: str, *, force: bool = False) -> RestartResult | tuple[int, str]:
+        """Replace a replica, its successor first (restart.py); what was done, or (status, why not)."""
+        result = restart(self.controller.reconciler, replica_id, who, trio.current_time(), force=force)
+        if not isinstance(result, tuple):
+            log.info("%s", result.message)
+            self.controller.wake()
+        return result
 
     def cordon(self, node_id: str, who: str) -> str:
         return self.drainer.cordon(node_id, who) if self.drainer else "not found"

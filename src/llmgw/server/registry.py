@@ -70,6 +70,25 @@ def port_key(device: str, port: int) -> str:
     return f"{device}/{port}"
 
 
+class PortChange(msgspec.Struct, frozen=True):
+    """A port whose state differs between two readings (`ctl events --node`: INIT, then ACTIVE)."""
+
+    port: str  # "mlx5_1/1"
+    old: str
+    new: str
+    phys_state: str = ""
+
+
+def port_changes(before: dict[str, PortCounters], after: dict[str, PortCounters]) -> list[PortChange]:
+    """Ports whose state changed from `before` to `after` (a port new or gone is no change of state)."""
+    out = []
+    for key in sorted(after.keys() & before.keys()):
+        old, new = before[key].state, after[key].state
+        if old and new and old != new:
+            out.append(PortChange(key, old, new, after[key].phys_state))
+    return out
+
+
 class Transition(msgspec.Struct, frozen=True):
     node_id: str
     old: NodeState | None

@@ -128,8 +128,16 @@ def lost_note(node: str) -> str:
 
 
 def _slug(name: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    return slug[:40] or "model"
+    """The model's name as the front of its replica ids: lower case, its dots kept
+    (`llama-3.1-8b-instruct-wh57w`, where `llama-3-1-8b-…` could not be guessed from the
+    name, issue 46). Dots are safe everywhere an id goes: shard ids split theirs off from the
+    right (`<replica>.<attempt>[.<rank>]`), file names, URL segments and metric labels take
+    them, and ids.py refuses `..`, so none is made here. `/ : @ +` (served names like
+    `meta-llama/Llama-3.1-8B`) become `-`: an id is one path component."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower())
+    slug = re.sub(r"[._-]*\.[._-]*", ".", slug)  # no "..", nor a dot beside a dash
+    slug = slug[:48].strip("._-")
+    return slug or "model"
 
 
 class Settings(msgspec.Struct, kw_only=True):

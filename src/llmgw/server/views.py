@@ -26,6 +26,7 @@ from llmgw.server.last_endpoints import Entry, LastEndpoints
 from llmgw.server.moves import Move
 from llmgw.server.reconcile import Reconciler, Replica, ReplicaState
 from llmgw.server.registry import Node, NodeRegistry
+from llmgw.server.restart import MoveOutcome, move_outcome
 from llmgw.server.rollout import Rollout
 from llmgw.server.weights import ProgressView, WeightsBoard
 from llmgw.wire import messages as m
@@ -278,6 +279,7 @@ class ReadModel(Protocol):
     def fabric(self, fabric_id: str) -> dict[str, Any] | None: ...
     def fabric_topology(self, fabric_id: str) -> dict[str, Any] | None: ...
     def gateways(self) -> list[GatewayView]: ...
+    def move(self, move_id: int) -> MoveOutcome | None: ...
 
 
 class FleetReads:
@@ -328,6 +330,10 @@ class FleetReads:
         replicas = sorted(self.reconciler.replicas.values(), key=lambda r: (r.model, r.created_at, r.id))
         moves = self.reconciler.unfinished_by_replica()
         return [replica_view(r, now, self.weights, moves.get(r.id)) for r in replicas]
+
+    def move(self, move_id: int) -> MoveOutcome | None:
+        move = self.reconciler.moves.get(move_id)
+        return None if move is None else move_outcome(move, self.reconciler)
 
     def replica(self, replica_id: str, now: float) -> ReplicaView | None:
         replica = self.reconciler.replicas.get(replica_id)
