@@ -95,6 +95,22 @@ def raw_gpu(nv: Any, index: int) -> dict[str, Any]:
                                          getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
                                          getattr(nv, "NVML_VOLATILE_ECC", 0)),
         },
+        # Issue 39's board readings as NVML answers them, raw: driver 580 prints the temperature
+        # limits in T.Limit terms (`nvidia-smi -q`), so what the absolute thresholds and the
+        # margin answer on a real H200 is worth recording.
+        "board": {
+            "remapped_rows": _ask(nv, "nvmlDeviceGetRemappedRows", handle),  # (corr, unc, pending, failure)
+            "clocks_event_reasons": _ask(nv, "nvmlDeviceGetCurrentClocksEventReasons", handle),
+            "temperature": _ask(nv, "nvmlDeviceGetTemperature", handle, getattr(nv, "NVML_TEMPERATURE_GPU", 0)),
+            "threshold_slowdown": _ask(nv, "nvmlDeviceGetTemperatureThreshold", handle,
+                                       getattr(nv, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1)),
+            "threshold_shutdown": _ask(nv, "nvmlDeviceGetTemperatureThreshold", handle,
+                                       getattr(nv, "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0)),
+            "threshold_gpu_max": _ask(nv, "nvmlDeviceGetTemperatureThreshold", handle,
+                                      getattr(nv, "NVML_TEMPERATURE_THRESHOLD_GPU_MAX", 3)),
+            "margin": _ask(nv, "nvmlDeviceGetMarginTemperature", handle),
+            "persistence": _ask(nv, "nvmlDeviceGetPersistenceMode", handle),
+        },
         "nvlink_links": links,
     }
 

@@ -10,10 +10,15 @@ can change a link under a running agent:
 A link is [kind, far-end PCI bus]: "gpu" (up, to that GPU), "switch" (up, to an NVSwitch),
 "none" (a link the GPU has with nothing cabled: NVML_FEATURE_DISABLED and no far end), "down"
 (cabled but not up: NVML_FEATURE_DISABLED, the far end still named).
+
+A GPU's optional "board" overrides what issue 39's doctor checks read (BOARD: the real H200 of
+tests/fixtures/real/nvidia-smi-q/, driver 580; its temperature limits an H100 SXM's), e.g.
+{"remapped": [0, 1, 1, 0], "width": [8, 16]}; a null value makes that query NotSupported.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from types import SimpleNamespace
@@ -26,6 +31,17 @@ NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 NVML_TEMPERATURE_GPU = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+
+BOARD = {"remapped": [0, 0, 0, 0], "retired": [], "retired_pending": 0, "reasons": 0x1, "slowdown": 89,
+         "shutdown": 92, "gen": [5, 5], "width": [16, 16], "persistence": 1, "ecc": [1, 1], "fabric": [0, 0]}
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    _fields_ = [("status", ctypes.c_uint), ("state", ctypes.c_uint)]
 
 
 class NVMLError(Exception):
@@ -137,3 +153,66 @@ def nvmlDeviceGetNvLinkRemoteDeviceType(handle: int, link: int) -> int:
     if kind == "none":
         raise NVMLError_NotSupported("Not Supported")
     return NVML_NVLINK_DEVICE_TYPE_SWITCH if kind == "switch" else NVML_NVLINK_DEVICE_TYPE_GPU
+
+
+def _value(handle: int, key: str):
+    value = {**BOARD, **_board()[handle].get("board", {})}[key]
+    if value is None:
+        raise NVMLError_NotSupported("Not Supported")
+    return value
+
+
+def nvmlDeviceGetRemappedRows(device: int) -> tuple:
+    return tuple(_value(device, "remapped"))
+
+
+def nvmlDeviceGetRetiredPages(device: int, sourceFilter: int) -> list:
+    return list(_value(device, "retired"))
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(device: int) -> int:
+    return _value(device, "retired_pending")
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: int) -> int:
+    return _value(handle, "reasons")
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle: int) -> int:
+    return _value(handle, "reasons")
+
+
+def nvmlDeviceGetTemperatureThreshold(handle: int, threshold: int) -> int:
+    return _value(handle, "shutdown" if threshold == NVML_TEMPERATURE_THRESHOLD_SHUTDOWN else "slowdown")
+
+
+def nvmlDeviceGetCurrPcieLinkGeneration(handle: int) -> int:
+    return _value(handle, "gen")[0]
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(handle: int) -> int:
+    return _value(handle, "gen")[1]
+
+
+def nvmlDeviceGetCurrPcieLinkWidth(handle: int) -> int:
+    return _value(handle, "width")[0]
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(handle: int) -> int:
+    return _value(handle, "width")[1]
+
+
+def nvmlDeviceGetPersistenceMode(handle: int) -> int:
+    return _value(handle, "persistence")
+
+
+def nvmlDeviceGetEccMode(handle: int) -> list:
+    return list(_value(handle, "ecc"))
+
+
+def nvmlDeviceGetGpuFabricInfo(device: int, gpuFabricInfo) -> int:
+    state, status = _value(device, "fabric")
+    info = getattr(gpuFabricInfo, "_obj", None)
+    if info is not None:
+        info.state, info.status = state, status
+    return 0

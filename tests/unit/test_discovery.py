@@ -426,6 +426,62 @@ def doctor_nvml(pending: list[SimpleNamespace]) -> SimpleNamespace:
         raise _FakeNvmlError("timeout")
 
     nv.nvmlEventSetWait = wait
+    add_board(nv)
+    return nv
+
+
+# What the H200 of tests/fixtures/real/nvidia-smi-q/llmgw-device-1xh200-vm.txt (driver 580) shows:
+# remapped rows 0/0, not pending, no failure; only the Idle clock event reason active; PCIe
+# Gen5 x16 of Gen5 x16; persistence on; ECC on and pending on. Driver 580 prints the temperature
+# limits in T.Limit terms, so the absolute thresholds here are an H100 SXM's (89 / 92 °C).
+H200_BOARD: dict[str, object] = {
+    "remapped": (0, 0, 0, 0), "retired": [], "retired_pending": 0, "reasons": 0x1, "slowdown": 89,
+    "shutdown": 92, "gen": (5, 5), "width": (16, 16), "persistence": 1, "ecc": [1, 1],
+    "fabric": (0, 0),  # (state, status): "Fabric State : N/A" on this board without NVSwitches
+}
+
+
+class _FabricInfo(ctypes.Structure):
+    """What nvmlDeviceGetGpuFabricInfo fills in (c_nvmlGpuFabricInfo_t's fields the agent reads)."""
+
+    _fields_ = [("status", ctypes.c_uint), ("state", ctypes.c_uint)]
+
+
+def add_board(nv: SimpleNamespace, boards: dict[int, dict[str, object]] | None = None) -> SimpleNamespace:
+    """The fake NVML's answers to issue 39's board queries: H200_BOARD for every GPU, with
+    `boards[index]` overriding; a value of None makes that query NotSupported."""
+
+    def value(h: int, key: str) -> object:
+        v = {**H200_BOARD, **(boards or {}).get(h, {})}[key]
+        if v is None:
+            raise _NotSupported("Not Supported")
+        return v
+
+    nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+    nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 0, 1
+    nv.nvmlDeviceGetRemappedRows = lambda h: value(h, "remapped")
+    nv.nvmlDeviceGetRetiredPages = lambda h, cause: list(value(h, "retired") or [])
+    nv.nvmlDeviceGetRetiredPagesPendingStatus = lambda h: value(h, "retired_pending")
+    nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: value(h, "reasons")
+    nv.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: value(h, "reasons")
+    nv.nvmlDeviceGetTemperatureThreshold = lambda h, kind: value(h, "shutdown" if kind == 0 else "slowdown")
+    nv.nvmlDeviceGetCurrPcieLinkGeneration = lambda h: value(h, "gen")[0]
+    nv.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: value(h, "gen")[1]
+    nv.nvmlDeviceGetCurrPcieLinkWidth = lambda h: value(h, "width")[0]
+    nv.nvmlDeviceGetMaxPcieLinkWidth = lambda h: value(h, "width")[1]
+    nv.nvmlDeviceGetPersistenceMode = lambda h: value(h, "persistence")
+    nv.nvmlDeviceGetEccMode = lambda h: value(h, "ecc")
+    nv.c_nvmlGpuFabricInfo_t = _FabricInfo
+
+    def fabric_info(h: int, ref: object) -> int:
+        state, status = value(h, "fabric")  # type: ignore[misc]
+        info = getattr(ref, "_obj", None)  # ctypes.byref(struct), as the agent passes it
+        if info is not None:
+            info.state, info.status = state, status
+        return 0  # NVML_SUCCESS, as pynvml returns it
+
+    nv.nvmlDeviceGetGpuFabricInfo = fabric_info
     return nv
 
 

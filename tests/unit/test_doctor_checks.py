@@ -40,10 +40,10 @@ def healthy(node_id: str = "gpu-01", **changes: object) -> NodeFacts:
         id=node_id, state="ready", connected=True, last_heartbeat_age=1.0, heartbeat_interval=5.0,
         inventory=m.Inventory(gpus=gpus, ports=ports, gpu_source="nvml", gpu_driver="550.54.15"),
         fabric_status=[m.FabricStatus(name="ib", devices=["mlx5_0", "mlx5_1"], usable=True, ports=["mlx5_0:1", "mlx5_1:1"])],
-        gpus=[m.GpuHealth(index=i, ecc_uncorrected=0, nvlink_down=0, xid=0) for i in range(2)],
+        gpus=[m.GpuHealth(index=i, ecc_uncorrected=0, nvlink_down=0, xid=0, board_read=True) for i in range(2)],
         ports=readings, ports_before=readings, window=60.0,
         host=m.HostFacts(memlock_bytes=m.MEMLOCK_UNLIMITED, model_cache="/var/cache/llmgw",
-                         cache_free_bytes=500 * GIB, cache_total_bytes=1000 * GIB),
+                         cache_free_bytes=500 * GIB, cache_total_bytes=1000 * GIB, gpu_rdma_modules=["nvidia_peermem"]),
         cert_days_left=90.0, clock_skew=0.01,
     )
     return msgspec.structs.replace(facts, **changes)

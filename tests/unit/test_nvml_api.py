@@ -258,3 +258,30 @@ def _version() -> str:
     from importlib.metadata import version
 
     return version("nvidia-ml-py")
+
+
+def test_the_end_to_end_fake_module_matches_the_real_one_too():
+    """tests/e2e/fake_pynvml.py (copied in as `pynvml` for the agent and `ctl doctor --local`
+    processes) by the same rules: every NVML name it defines is in the real module, of the same
+    kind, constants with the real values, no function taking an argument count the real refuses."""
+    from tests.e2e import fake_pynvml
+
+    names = {name: value for name, value in vars(fake_pynvml).items() if _is_nvml_name(name)}
+    assert {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetEccMode", "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"} <= set(names)
+    for name, fake in names.items():
+        real = getattr(pynvml, name, None)
+        assert real is not None, f"tests/e2e/fake_pynvml.py defines {name}, nvidia-ml-py {_version()} has no such name"
+        if isinstance(fake, type):
+            assert isinstance(real, type) and issubclass(real, pynvml.NVMLError), name
+        elif _is_function(fake):
+            assert _is_function(real), name
+            for count in range(6):
+                if _accepts(fake, count):
+                    assert _accepts(real, count), f"{name}: the e2e fake takes {count} arguments, the real one is {inspect.signature(real)}"
+        elif name == "NVML_NVLINK_MAX_LINKS":
+            assert fake <= real, name
+        else:
+            assert fake == real, f"{name}: the e2e fake's {fake!r}, the real {real!r}"
+    missing = sorted(name for name in code_uses() if name not in names and name.startswith("nvmlDevice")
+                     and name not in {"nvmlDeviceRegisterEvents", "nvmlDeviceGetIndex"})
+    assert missing == [], f"the agent calls NVML functions the e2e fake lacks: {missing}"

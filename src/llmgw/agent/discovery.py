@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from llmgw.agent import netif, versions
-from llmgw.agent.nvml_events import XidWatch
+from llmgw.agent.nvml_events import XidWatch, read_kmsg
 from llmgw.agent.nvml_read import nvml_gpus, nvml_health
 from llmgw.catalog.schema import Discovery
 from llmgw.fabric import sysfs
@@ -53,6 +53,25 @@ class SimGpu(msgspec.Struct, kw_only=True, omit_defaults=True):
     ecc_uncorrected: int = 0
     nvlink_down: int = 0
     xid: int = 0
+    # Issue 39's board readings, healthy as the H200 of tests/fixtures/real/nvidia-smi-q/ shows
+    # them (the temperature thresholds an H100 SXM's); `llmgw sim node set-gpu` injects faults.
+    remap_pending: bool = False
+    remap_failed: bool = False
+    remapped_uncorrectable: int = 0
+    retired_pages: int | None = None  # None: the board remaps rows instead (Ampere and later)
+    retired_pending: bool = False
+    clock_events: list[str] = []
+    slowdown_c: int = 89
+    shutdown_c: int = 92
+    pcie_gen: int = 5
+    pcie_gen_max: int = 5
+    pcie_width: int = 16
+    pcie_width_max: int = 16
+    persistence: bool = True
+    ecc_enabled: bool = True
+    ecc_pending: bool = True
+    fabric_state: str = ""  # "": no NVSwitch fabric (NVML: not supported); else FABRIC_STATES' name
+    fabric_status: int = 0  # NVML's return code for the fabric's setup (0: success)
     vbios: str = ""  # nvmlDeviceGetVbiosVersion's stand-in
 
 
@@ -368,7 +387,7 @@ def _nvml_init() -> tuple[Any, str]:
 
 
 _nvml = _Nvml()
-_xids = XidWatch()
+_xids = XidWatch(kernel_log=read_kmsg)
 
 
 def gpu_driver(cfg: Discovery) -> str:
@@ -449,6 +468,24 @@ def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
             ecc_uncorrected=g.ecc_uncorrected,
             nvlink_down=g.nvlink_down if g.nvlink else None,
             xid=g.xid,
+            board_read=True,
+            remap_pending=None if g.retired_pages is not None else g.remap_pending,
+            remap_failed=None if g.retired_pages is not None else g.remap_failed,
+            remapped_uncorrectable=None if g.retired_pages is not None else g.remapped_uncorrectable,
+            retired_pages=g.retired_pages,
+            retired_pending=g.retired_pending if g.retired_pages is not None else None,
+            clock_events=list(g.clock_events),
+            slowdown_c=g.slowdown_c or None,
+            shutdown_c=g.shutdown_c or None,
+            pcie_gen=g.pcie_gen or None,
+            pcie_gen_max=g.pcie_gen_max or None,
+            pcie_width=g.pcie_width or None,
+            pcie_width_max=g.pcie_width_max or None,
+            persistence=g.persistence,
+            ecc_enabled=g.ecc_enabled,
+            ecc_pending=g.ecc_pending,
+            fabric_state=g.fabric_state or None,
+            fabric_status=g.fabric_status if g.fabric_state else None,
         )
         for g in sorted(data.gpus, key=lambda g: g.index)
     ]

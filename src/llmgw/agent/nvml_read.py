@@ -7,13 +7,15 @@ GPU or link leaves that reading out; nothing here raises for a GPU that misbehav
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from llmgw.wire.messages import Gpu, GpuHealth
+from llmgw.wire.messages import CLOCK_EVENTS, FABRIC_STATES, Gpu, GpuHealth
 
 log = logging.getLogger("llmgw.agent.discovery")
 
@@ -131,8 +133,83 @@ def nvml_health(nv: ModuleType | Any) -> list[GpuHealth]:
         except (nv.NVMLError, AttributeError):
             pass  # ECC off or not supported (most PCIe consumer boards): not read
         health.nvlink_down = _nvlink_down(nv, handle, index)
+        read_board(nv, handle, health)
         out.append(health)
     return out
+
+
+def _ask(nv: ModuleType | Any, query: Callable[[], Any]) -> Any:
+    """One NVML query, or None where this GPU, driver or nvidia-ml-py cannot answer it
+    (NotSupported on a consumer board, a function older bindings lack). The query is written
+    out as a call (`lambda: nv.nvmlX(handle)`) so tests/unit/test_nvml_api.py sees its name."""
+    try:
+        return query()
+    except (nv.NVMLError, AttributeError):
+        return None
+
+
+def _positive(value: Any) -> int | None:
+    return int(value) if value is not None and int(value) > 0 else None
+
+
+def read_board(nv: ModuleType | Any, handle: Any, health: GpuHealth) -> None:
+    """What issue 39's doctor checks read, each left None where NVML cannot say: row remapping
+    (Ampere and later; retired pages where it is not supported), clock event reasons, the card's
+    slowdown and shutdown temperatures, the PCIe link, persistence and ECC modes. About ten cheap
+    queries per GPU, from the heartbeat's worker thread like the rest."""
+    health.board_read = True
+    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+    rows = _ask(nv, lambda: nv.nvmlDeviceGetRemappedRows(handle))
+    if rows is not None:
+        _, uncorrectable, pending, failed = rows
+        health.remapped_uncorrectable, health.remap_pending, health.remap_failed = (
+            int(uncorrectable), bool(pending), bool(failed))
+    else:
+        single = getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0)
+        double = getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1)
+        pages = [_ask(nv, lambda: nv.nvmlDeviceGetRetiredPages(handle, single)),
+                 _ask(nv, lambda: nv.nvmlDeviceGetRetiredPages(handle, double))]
+        if any(p is not None for p in pages):
+            health.retired_pages = sum(len(p) for p in pages if p is not None)
+            pending = _ask(nv, lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+            health.retired_pending = None if pending is None else pending == enabled
+    # nvidia-ml-py 12.535 renamed "throttle reasons" to "clocks event reasons"; same bits.
+    reasons = _ask(nv, lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    if reasons is None:
+        reasons = _ask(nv, lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+    if reasons is not None:
+        health.clock_events = [name for bit, name in CLOCK_EVENTS.items() if int(reasons) & bit]
+    slowdown = getattr(nv, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1)
+    shutdown = getattr(nv, "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0)
+    # 0 or less: no such threshold on this board (or a driver that answers in T.Limit terms).
+    health.slowdown_c = _positive(_ask(nv, lambda: nv.nvmlDeviceGetTemperatureThreshold(handle, slowdown)))
+    health.shutdown_c = _positive(_ask(nv, lambda: nv.nvmlDeviceGetTemperatureThreshold(handle, shutdown)))
+    health.pcie_gen = _positive(_ask(nv, lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(handle)))
+    health.pcie_gen_max = _positive(_ask(nv, lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(handle)))
+    health.pcie_width = _positive(_ask(nv, lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(handle)))
+    health.pcie_width_max = _positive(_ask(nv, lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(handle)))
+    persistence = _ask(nv, lambda: nv.nvmlDeviceGetPersistenceMode(handle))
+    if persistence is not None:
+        health.persistence = persistence == enabled
+    ecc = _ask(nv, lambda: nv.nvmlDeviceGetEccMode(handle))
+    if ecc is not None:
+        health.ecc_enabled, health.ecc_pending = ecc[0] == enabled, ecc[1] == enabled
+    _read_fabric(nv, handle, health)
+
+
+def _read_fabric(nv: ModuleType | Any, handle: Any, health: GpuHealth) -> None:
+    """The NVSwitch fabric's state for this GPU: the fabric manager sets it up at boot, and until
+    it has (or when it failed) CUDA cannot start on the GPU. The caller passes the struct NVML
+    fills in (pynvml's nvmlDeviceGetGpuFabricInfo hands its argument straight to C)."""
+    try:
+        info = nv.c_nvmlGpuFabricInfo_t()
+    except (AttributeError, TypeError):
+        return  # nvidia-ml-py older than GPU fabric info
+    if _ask(nv, lambda: nv.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))) is None:
+        return
+    state = FABRIC_STATES.get(int(info.state))
+    if state is not None and state != "not_supported":
+        health.fabric_state, health.fabric_status = state, int(info.status)
 
 
 class LinkMemory:

@@ -214,19 +214,58 @@ def set_pcie_command(directory: str, device: str, speed: str | None, width: str 
 @click.option("--ecc", type=click.IntRange(min=0), help="Uncorrected ECC errors since the driver loaded.")
 @click.option("--xid", type=click.IntRange(min=0), help="The last Xid event (79: fallen off the bus; 0: none).")
 @click.option("--nvlink-down", type=click.IntRange(min=0), help="NVLink links of this GPU that are down.")
+@click.option("--remap-pending/--no-remap-pending", default=None, help="A row remap waits for the next GPU reset.")
+@click.option("--remap-failure/--no-remap-failure", default=None, help="A row remap failed (no spare row left).")
+@click.option("--retired-pages", type=click.IntRange(min=0),
+              help="Pages retired (a board before row remapping: it then reports no row remapper).")
+@click.option("--retired-pending/--no-retired-pending", default=None, help="A retired page waits for a driver reload.")
+@click.option("--throttle", "throttle", multiple=True, metavar="REASON",
+              help="An active clock event reason (repeatable): hw_slowdown, hw_thermal, hw_power_brake, "
+                   "sw_thermal, sw_power_cap, gpu_idle, ...; 'none' clears them.")
+@click.option("--temperature", type=click.IntRange(min=0), help="GPU temperature, °C.")
+@click.option("--slowdown-temp", type=click.IntRange(min=0), help="The card's slowdown temperature, °C.  [89]")
+@click.option("--shutdown-temp", type=click.IntRange(min=0), help="The card's shutdown temperature, °C.  [92]")
+@click.option("--pcie-gen", type=click.IntRange(1, 6), help="The PCIe generation the link trained at.  [5]")
+@click.option("--pcie-width", type=click.IntRange(1, 32), help="The PCIe lanes the link trained at.  [16]")
+@click.option("--utilization", type=click.IntRange(0, 100), help="GPU utilisation, %.")
+@click.option("--persistence/--no-persistence", default=None, help="Persistence mode.")
+@click.option("--ecc-mode", type=click.Choice(["on", "off"]), help="ECC mode now.")
+@click.option("--ecc-pending", type=click.Choice(["on", "off"]), help="ECC mode after the next reset.")
+@click.option("--fabric-state", type=click.Choice(["none", "not_started", "in_progress", "completed"]),
+              help="The NVSwitch fabric's state (none: no NVSwitches).")
+@click.option("--fabric-status", type=click.IntRange(min=0), help="NVML's return code for the fabric's setup (0: success).")
 def set_gpu_command(directory: str, index: int, health: str | None, ecc: int | None, xid: int | None,
-                    nvlink_down: int | None) -> None:
+                    nvlink_down: int | None, remap_pending: bool | None, remap_failure: bool | None,
+                    retired_pages: int | None, retired_pending: bool | None, throttle: tuple[str, ...],
+                    temperature: int | None, slowdown_temp: int | None, shutdown_temp: int | None,
+                    pcie_gen: int | None, pcie_width: int | None, utilization: int | None,
+                    persistence: bool | None, ecc_mode: str | None, ecc_pending: str | None,
+                    fabric_state: str | None, fabric_status: int | None) -> None:
     """Make a simulated GPU go bad, or well again (the running agent reports it on its next heartbeat).
 
     \b
     llmgw sim node set-gpu /tmp/node-1 3 --xid 79
+    llmgw sim node set-gpu /tmp/node-1 3 --remap-pending --throttle hw_thermal --pcie-width 8
     llmgw sim node set-gpu /tmp/node-1 3 --xid 0 --ecc 0 --nvlink-down 0 --health ok
     """
     from llmgw.sim.gpu_faults import set_gpu
 
-    gpu = set_gpu(directory, index, health=health, ecc=ecc, xid=xid, nvlink_down=nvlink_down)
+    events = None if not throttle else [] if throttle == ("none",) else list(throttle)
+    gpu = set_gpu(directory, index, health=health, ecc=ecc, xid=xid, nvlink_down=nvlink_down,
+                  remap_pending=remap_pending, remap_failed=remap_failure, retired_pages=retired_pages,
+                  retired_pending=retired_pending, clock_events=events, temperature_c=temperature,
+                  slowdown_c=slowdown_temp, shutdown_c=shutdown_temp, pcie_gen=pcie_gen, pcie_width=pcie_width,
+                  utilization_pct=utilization, persistence=persistence,
+                  ecc_enabled=None if ecc_mode is None else ecc_mode == "on",
+                  ecc_pending=None if ecc_pending is None else ecc_pending == "on",
+                  fabric_state=None if fabric_state is None else "" if fabric_state == "none" else fabric_state,
+                  fabric_status=fabric_status)
+    remap = "remap failed" if gpu.remap_failed else "remap pending" if gpu.remap_pending else "no remap pending"
     say(f"GPU {gpu.index} in {directory}: {gpu.health}, {gpu.ecc_uncorrected} uncorrected ECC errors, "
-        f"Xid {gpu.xid or 'none'}, {gpu.nvlink_down} NVLink links down")
+        f"Xid {gpu.xid or 'none'}, {gpu.nvlink_down} NVLink links down, {remap}, "
+        f"clock events {', '.join(gpu.clock_events) or 'none'}, {gpu.temperature_c} °C, "
+        f"PCIe Gen{gpu.pcie_gen} x{gpu.pcie_width}, persistence {'on' if gpu.persistence else 'off'}, "
+        f"ECC {'on' if gpu.ecc_enabled else 'off'} (pending {'on' if gpu.ecc_pending else 'off'})")
 
 
 @node.command("set-versions")

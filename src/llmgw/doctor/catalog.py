@@ -36,11 +36,35 @@ _WORDS: dict[str, tuple[str, str, str]] = {
               "heartbeats late by more than two intervals: an overloaded host or a lossy network"),
     "nvml": ("NVML (nvmlInit, nvmlSystemGetDriverVersion) or the simulated inventory; never CRIT or WARN, "
              "UNKNOWN when NVML cannot be reached (the GPU checks then have nothing to read)", "", ""),
-    "gpu-health": ("NVML per GPU: health, volatile uncorrected ECC, Xid events (dcgmi diag -r 1's ECC/Xid part)",
-                   "a GPU lost or in error, uncorrected ECC errors, or an Xid that takes it out of service (79, 48, ...)",
-                   "an Xid that is worth watching (13, 31, 43, 63, 92, 94)"),
+    "gpu-health": ("NVML per GPU: health, volatile uncorrected ECC, Xid events, and the kernel log's Xids from "
+                   "the hour before the agent started (dcgmi diag -r 1's ECC/Xid part; NVIDIA's Xid catalog)",
+                   "a GPU lost or in error, uncorrected ECC errors, or an Xid that takes it out of service (79, 48, "
+                   "109, 119/120 GSP, 140, 143, 154 recovery action, ...)",
+                   "an Xid that is worth watching (13, 31, 43, 63, 92, 94, Blackwell's NVLink5 144-150)"),
     "nvlink": ("NVML NVLink link states and each GPU's link count to its peers",
                "NVLink links down on a GPU", "a GPU reaching its peers over fewer links than the others"),
+    "row-remap": ("NVML nvmlDeviceGetRemappedRows per GPU; retired pages (nvmlDeviceGetRetiredPages) on boards "
+                  "before Ampere (nvidia-smi -q -d ROW_REMAPPER,PAGE_RETIREMENT)",
+                  "a row remap pending (reset the GPU) or failed (RMA), or 60 or more retired pages",
+                  "a page retirement pending (reload the driver)"),
+    "clocks": ("NVML clock event reasons per GPU (nvmlDeviceGetCurrentClocksEventReasons; nvidia-smi -q's "
+               "\"Clocks Event Reasons\")", "",
+               "HW slowdown, HW thermal, HW power brake or SW thermal slowdown holding the clocks down, named"),
+    "temperature": ("NVML GPU temperature against the card's own slowdown and shutdown thresholds "
+                    "(nvmlDeviceGetTemperatureThreshold)", "within 2 °C of the card's shutdown temperature",
+                    "within 5 °C of its slowdown temperature, or over it"),
+    "pcie": ("NVML PCIe link generation and width of each GPU against its maximum; each HCA's pci-sysfs "
+             "current_link_speed/width against max_link_* (read when the agent registers)", "",
+             "a GPU or HCA trained narrower or slower than card and slot allow (a GPU's speed only while busy), "
+             "with what an HCA's link carries against its port"),
+    "gpu-modes": ("NVML persistence mode and ECC mode, current and pending, per GPU", "",
+                  "persistence mode off, ECC off, or an ECC mode change pending for the next reset"),
+    "fabric-manager": ("NVML GPU fabric info per GPU (nvmlDeviceGetGpuFabricInfo, Hopper NVSwitch boards and later)",
+                       "the NVSwitch fabric not set up (nvidia-fabricmanager not running) or its setup failed: CUDA "
+                       "cannot start on the GPU", "the fabric still being set up"),
+    "gpudirect": ("/sys/module/nvidia_peermem (or nv_peer_mem) and /proc/driver/nvidia/version's open-module flavour, "
+                  "on nodes with GPUs and RDMA adapters", "",
+                  "neither nvidia_peermem loaded nor dma-buf offered: NCCL stages every GPU buffer through host memory"),
     "adapters": ("the agent's declared fabrics against /sys/class/infiniband/*",
                  "a declared RDMA adapter missing (dead HCA, driver not loaded)", ""),
     "ports": ("/sys/class/infiniband/<dev>/ports/<n>/state and phys_state (NHC check_hw_ib)",

@@ -11,7 +11,9 @@ from collections.abc import Callable
 import msgspec
 
 from llmgw.doctor.facts import Finding, NodeFacts
+from llmgw.doctor.gpu import GPU_CHECKS, no_gpu_readings
 from llmgw.doctor.hwcounters import hw_rises
+from llmgw.doctor.xid import explain as explain_xid
 from llmgw.fabric.declared import explain_state
 from llmgw.verdict import Status, grade_ratio
 from llmgw.wire import messages as m
@@ -37,12 +39,6 @@ DISK_CRIT_PCT, DISK_CRIT_BYTES = 0.03, 2 * GIB
 ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
                   "port_rcv_remote_physical_errors", "local_link_integrity_errors",
                   "excessive_buffer_overrun_errors")
-# Xid events (NVIDIA's Xid catalogue) that take a GPU out of service; others are warnings.
-XID_CRIT = {48: "double-bit ECC error", 61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
-            64: "row remapping failure", 74: "NVLink error", 79: "GPU has fallen off the bus",
-            95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error"}
-XID_WARN = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
-            63: "ECC page retirement or row remapping", 92: "high single-bit ECC error rate", 94: "contained ECC error"}
 
 
 class NodeContext(msgspec.Struct, kw_only=True):
@@ -111,20 +107,8 @@ def check_nvml(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
     return _old_agent(n, "nvml", "where its GPUs come from")
 
 
-def _no_gpu_readings(n: NodeFacts, check: str) -> list[Finding] | None:
-    """The finding when there is nothing to grade (no GPUs, no readings), else None."""
-    if not n.inventory.gpus:
-        if n.inventory.gpu_source == "none" and not n.inventory.gpu_note.startswith("CPU-only"):
-            return [_f(n, check, UNKNOWN, "no GPU readings: NVML not reachable (see the nvml check)",
-                       "make NVML work on the node (the nvml check says why it does not)")]
-        return [_f(n, check, OK, "no GPUs")]
-    if n.gpus is None:
-        return [_f(n, check, UNKNOWN, "no heartbeat with GPU readings yet", "wait a heartbeat, or check the agent")]
-    return None
-
-
 def check_gpu_health(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
-    empty = _no_gpu_readings(n, "gpu-health")
+    empty = no_gpu_readings(n, "gpu-health")
     if empty is not None:
         return empty
     readings = {h.index: h for h in n.gpus or []}
@@ -142,10 +126,8 @@ def check_gpu_health(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
         if h.ecc_uncorrected:
             out.append(_f(n, "gpu-health", CRIT, f"{subject}: {h.ecc_uncorrected} uncorrected ECC errors", drain, subject))
         if h.xid:
-            meaning = XID_CRIT.get(h.xid) or XID_WARN.get(h.xid) or "see NVIDIA's Xid catalogue"
-            out.append(_f(n, "gpu-health", CRIT if h.xid in XID_CRIT else WARN, f"{subject}: Xid {h.xid} ({meaning})",
-                          drain if h.xid in XID_CRIT else "watch `dmesg | grep Xid`; drain the node if it repeats",
-                          subject))
+            xid = explain_xid(h.xid)
+            out.append(_f(n, "gpu-health", xid.status, f"{subject}: Xid {h.xid} ({xid.meaning})", xid.action, subject))
     if out:
         return out
     unread = [h.index for h in readings.values() if h.ecc_uncorrected is None]
@@ -158,7 +140,7 @@ def check_gpu_health(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
 
 def check_nvlink(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
     linked = [g for g in n.inventory.gpus if g.nvlink]
-    empty = _no_gpu_readings(n, "nvlink")
+    empty = no_gpu_readings(n, "nvlink")
     if empty is not None:
         return empty
     if not linked:
@@ -392,6 +374,7 @@ NODE_CHECKS: dict[str, NodeCheck] = {
     "nvml": check_nvml,
     "gpu-health": check_gpu_health,
     "nvlink": check_nvlink,
+    **GPU_CHECKS,
     "adapters": check_adapters,
     "ports": check_ports,
     "port-rate": check_port_rate,

@@ -397,6 +397,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
 
     # A real /sys has no such file: it tells the agent these adapters pin no memory (memlock).
     files[f"sys/{SIM_MARKER}"] = f"{spec.node_id}\n"
+    files["sys/module/nvidia_peermem/initstate"] = "live\n"  # GPUDirect RDMA, as a DGX loads it
     plan.gpu_file = SimGpuFile(
         node_id=spec.node_id,
         driver_version=SIM_DRIVER_VERSION, cuda_version=SIM_CUDA_VERSION,
@@ -409,6 +410,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
                 pci_bus_id=gpu_bus_id(i),
                 nvlink=nvlink_peers(spec.nvlink, spec.gpus, i),
                 temperature_c=30 + i % 8,
+                fabric_state="completed" if spec.nvlink.startswith("nv") else "",  # nv<N>: NVSwitches
                 utilization_pct=0,
                 memory_used_mib=0, vbios=SIM_VBIOS,
             )

@@ -241,6 +241,40 @@ class GpuHealth(_Base):
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver loaded
     nvlink_down: int | None = None  # NVLink links the GPU has that are not up
     xid: int | None = None  # the last Xid event seen (0: none)
+    # Issue 39's checks, read as `nvidia-smi -q` shows them; None: not read, as above.
+    board_read: bool = False  # the agent reads these (False: older than issue 39, doctor says unknown)
+    remap_pending: bool | None = None  # nvmlDeviceGetRemappedRows: a row remap waits for a GPU reset
+    remap_failed: bool | None = None  # a remap failed: the bank had no spare row left
+    remapped_uncorrectable: int | None = None  # rows remapped for uncorrectable errors
+    retired_pages: int | None = None  # dynamic page retirement (boards before row remapping)
+    retired_pending: bool | None = None  # a retired page waits for the driver to reload
+    clock_events: list[str] | None = None  # active clock event reasons (CLOCK_EVENTS' names)
+    slowdown_c: int | None = None  # the card's own slowdown temperature
+    shutdown_c: int | None = None  # and its shutdown temperature
+    pcie_gen: int | None = None  # the PCIe link now, and the most it can train at in this slot
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    persistence: bool | None = None  # persistence mode
+    ecc_enabled: bool | None = None  # ECC mode now, and after the next reset
+    ecc_pending: bool | None = None
+    # The NVSwitch fabric as NVML's GPU fabric info sees it (Hopper and later, driver 530+; None
+    # where the driver cannot say): FABRIC_STATES' name, and NVML's return code for the setup.
+    fabric_state: str | None = None
+    fabric_status: int | None = None
+
+
+# GpuHealth.fabric_state: nvmlGpuFabricState_t (NVML_GPU_FABRIC_STATE_*), value → name.
+FABRIC_STATES: dict[int, str] = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+
+
+# GpuHealth.clock_events: NVML's clock event reasons (nvmlClocksEventReason*, named as
+# `nvidia-smi -q` prints them under "Clocks Event Reasons"), bit → name.
+CLOCK_EVENTS: dict[int, str] = {
+    0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}
 
 
 # HostFacts.memlock_bytes of an unlimited RLIMIT_MEMLOCK.
@@ -259,6 +293,11 @@ class HostFacts(_Base):
     model_cache: str = ""  # the directory weights are fetched into
     cache_free_bytes: int | None = None  # free to the agent's user on the model cache's file system
     cache_total_bytes: int | None = None
+    # GPUDirect RDMA (issue 39): the peer-memory modules loaded (/sys/module/nvidia_peermem or the
+    # older nv_peer_mem), and whether the NVIDIA driver is the open kernel module flavour, which
+    # offers dma-buf instead; None: not read (an older agent, or no NVIDIA driver to ask).
+    gpu_rdma_modules: list[str] | None = None
+    nvidia_open: bool | None = None
 
 
 class Heartbeat(_Base, tag="Heartbeat", tag_field="type"):
