@@ -294,3 +294,16 @@ def test_an_unplaceable_gpu_is_skipped_and_named_in_why_nothing_fits() -> None:
     got = place(Request(replica_id="r1", gpus=2), [node], (20000, 20010))
     assert isinstance(got, NoFit)
     assert got.summary() == "n1: only 1 of 2 matching GPUs are healthy, 2 needed (not placeable: gpu 0 Xid 79)"
+
+
+def test_the_board_checks_crits_take_their_gpu_out_as_the_health_checks_do():
+    """Issue 39's per-GPU checks (row remapping, temperature, the NVSwitch fabric) act like Xid 79."""
+    from llmgw.doctor.facts import Finding
+    from llmgw.server.remedy import faults
+    from llmgw.verdict import Status
+
+    found = [Finding(node="n1", check=check, status=Status.CRIT, finding="x", subject="GPU 2")
+             for check in ("row-remap", "temperature", "fabric-manager", "clocks")]
+    got = faults(found)
+    assert sorted(f.check for f in got) == ["fabric-manager", "row-remap", "temperature"]
+    assert all(f.gpu == 2 for f in got)

@@ -30,8 +30,10 @@ from llmgw.catalog.schema import RemedySettings
 from llmgw.doctor.facts import Finding
 from llmgw.verdict import Status
 
-# The checks whose findings name one GPU (subject "GPU n"): the replicas on it move, the others stay.
-GPU_CHECKS = frozenset({"gpu-health", "nvlink"})
+# The checks whose CRIT findings name one GPU (subject "GPU n") and mean it should run nothing: the
+# replicas on it move, the others stay. A pending or failed row remap (reset or RMA), a card within
+# 2 °C of its shutdown threshold, an NVSwitch fabric not set up (CUDA cannot start there).
+GPU_CHECKS = frozenset({"gpu-health", "nvlink", "row-remap", "temperature", "fabric-manager"})
 AUTO_PREFIX = "auto: "  # a mark's `who` that the system set (drain.py keeps it on disk as it does an operator's)
 _GPU_SUBJECT = re.compile(r"GPU (\d+)\b")
 
