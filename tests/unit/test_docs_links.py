@@ -93,5 +93,6 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
 def test_readme_stays_a_guide() -> None:
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines < README_MAX_LINES, (
-        f"README.md has {lines} lines (limit {README_MAX_LINES}): move the detail to its page under docs/"
+        f"README.md has {lines} lines (limit {README_MAX_LINES}): "
+        "move the detail to its page under docs/"
     )
