@@ -57,6 +57,7 @@ PURE = [
     "llmgw.fabric.perftest",
     "llmgw.fabric.linkrate",
     "llmgw.fabric.railtest",
+    "llmgw.fabric.qpretry",
     "llmgw.placement",
     "llmgw.placement.gpus",
     "llmgw.placement.single",

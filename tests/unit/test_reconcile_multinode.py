@@ -65,21 +65,25 @@ def test_any_rank_ending_stops_and_replaces_the_whole_replica():
     assert len(again) == 2 and {s.spec.shard_id for s in again}.isdisjoint({s.spec.shard_id for s in starts})
 
 
-def test_a_fabric_going_bad_fails_the_replica_and_placement_says_why():
+def test_a_fabric_going_bad_fails_the_replica_past_nccls_retry_window_and_placement_says_why():
     rec = make()
     nodes = fleet("gpu-1", "gpu-2")
     starts = [a for a in rec.reconcile(nodes, 0) if isinstance(a, StartShard)]
     for s in starts:
         report(rec, s, "ready")
     broken = [*fleet("gpu-1"), NodeInfo(node_id="gpu-2", state="ready", gpus=gpus(), features=FEATURES, address="10.0.0.2", fabric_notes={"ib": "mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))"})]
-    actions = rec.reconcile(broken, 1)
     [replica] = rec.replicas.values()
+    # Within NCCL's queue-pair retry window (34 s with its defaults) the replica serves on.
+    assert [a for a in rec.reconcile(broken, 1) if isinstance(a, StopShard)] == []
+    assert [a for a in rec.reconcile(broken, 34) if isinstance(a, StopShard)] == [] and replica.state == "ready"
+    actions = rec.reconcile(broken, 36)
     assert replica.state == "failed"
-    assert replica.reason == "gpu-2: fabric ib is no longer usable (mlx5_1: no ACTIVE port (port 1 INIT (LinkUp)))"
+    assert replica.reason == ("gpu-2: fabric ib is no longer usable (mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))) for 35s, "
+                              "past NCCL's 34s retry window")
     assert len([a for a in actions if isinstance(a, StopShard)]) == 2
     for s in starts:
-        report(rec, s, "stopped", now=2)
-    assert rec.reconcile(broken, 3) == []
+        report(rec, s, "stopped", now=37)
+    assert rec.reconcile(broken, 38) == []
     assert replica.state == "pending"
     assert "fabric ib: 1 of 2 nodes (gpu-1)" in replica.reason and "gpu-2: fabric ib not usable (mlx5_1" in replica.reason
 
@@ -124,3 +128,28 @@ def test_the_fabric_map_the_driver_sets_decides_where_and_the_log_says_why():
     assert line.endswith("; under one leaf: leaf-g2-r0; gpu-1: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)"), line
     [replica] = rec.replicas.values()  # kept on the replica for its placement event
     assert replica.placement == ["under one leaf: leaf-g2-r0", "gpu-1: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)"]
+
+
+def test_a_rail_back_within_the_window_costs_nothing_and_the_window_follows_the_profiles_nccl_settings():
+    rec = make()
+    nodes = fleet("gpu-1", "gpu-2")
+    starts = [a for a in rec.reconcile(nodes, 0) if isinstance(a, StartShard)]
+    for s in starts:
+        report(rec, s, "ready")
+    broken = [*fleet("gpu-1"), NodeInfo(node_id="gpu-2", state="ready", gpus=gpus(), features=FEATURES, address="10.0.0.2",
+                                        fabric_notes={"ib": "mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))"})]
+    [replica] = rec.replicas.values()
+    rec.reconcile(broken, 1)
+    rec.reconcile(nodes, 20)  # the subnet manager is back: the rail is whole again
+    rec.reconcile(broken, 30)  # down again later: the window starts over
+    assert [a for a in rec.reconcile(broken, 60) if isinstance(a, StopShard)] == [] and replica.state == "ready"
+    assert replica.state == "ready" and replica.id in rec.replicas
+
+
+def test_the_qp_retry_window():
+    from llmgw.fabric.qpretry import qp_retry_window
+
+    assert round(qp_retry_window({}), 1) == 34.4  # 4.096 us * 2^20 * (7 + 1)
+    assert round(qp_retry_window({"NCCL_IB_TIMEOUT": "18"}), 1) == 8.6  # NCCL 2.19's default
+    assert round(qp_retry_window({"NCCL_IB_TIMEOUT": "22", "NCCL_IB_RETRY_CNT": "3"}), 1) == 68.7
+    assert qp_retry_window({"NCCL_IB_TIMEOUT": "nope"}) == qp_retry_window({})

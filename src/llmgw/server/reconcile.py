@@ -26,6 +26,7 @@ import msgspec
 
 from llmgw.catalog.schema import Model, Profile
 from llmgw.fabric.locality import Places
+from llmgw.fabric.qpretry import qp_retry_window
 from llmgw.placement import NodeCapacity, NoFit, Request, place
 from llmgw.placement.multi import MultiPlacement, place_multi
 from llmgw.placement.single import Placement
@@ -183,6 +184,9 @@ class Reconciler(Roller):
         self._profiles: dict[str, frozenset[str]] = {}  # model → its profile names (a pass asks once per replica)
         self.spread_moved_at: dict[str, float] = {}  # model → when its last spread move was asked (the cooldown)
         self._spread_no_room: dict[str, tuple[int, int]] = {}  # model → the picture in which no node had room
+        # (replica, node) → when that node's fabric stopped being usable under the replica (a rail
+        # down): it keeps serving for NCCL's queue-pair retry window (llmgw.fabric.qpretry).
+        self._rail_down_since: dict[tuple[str, str], float] = {}
         self.set_catalog(models)
 
     def set_catalog(self, models: Sequence[Model]) -> None:
@@ -365,10 +369,13 @@ class Reconciler(Roller):
 
     def _multinode_checks(self, by_id: dict[str, NodeInfo], now: float) -> None:
         """A multi-node replica whose fabric is no longer usable on one of its nodes (a cable
-        pulled, a subnet manager gone) would hang in its next collective: it fails and is placed
-        again where the fabric is whole. One adopted with ranks that no node reported (after the
-        settle period, when every node that was there has re-registered) fails too: a replica
-        missing a rank never serves."""
+        pulled, a subnet manager gone, one rail of four INIT) keeps serving for NCCL's queue-pair
+        retry window (34 s with NCCL's defaults; its engine's health decides sooner if its
+        collectives fail): a port back within it cost a stall. Past it the replica fails and is
+        placed again where the fabric is whole. One adopted with ranks that no node reported
+        (after the settle period, when every node that was there has re-registered) fails too:
+        a replica missing a rank never serves."""
+        down_before, self._rail_down_since = self._rail_down_since, {}
         for replica in self.multinode():  # indexed: a pass over single-node replicas pays nothing here
             if replica.state not in (ReplicaState.STARTING, ReplicaState.READY):
                 continue
@@ -383,8 +390,14 @@ class Reconciler(Roller):
                 fabric = shard.spec.fabric if shard.spec is not None else ""
                 node = by_id.get(shard.node)
                 if fabric and node is not None and node.connected and node.state == "ready" and fabric not in node.fabrics:
+                    key = (replica.id, shard.node)
+                    since = self._rail_down_since[key] = down_before.get(key, now)
+                    grace = qp_retry_window(shard.spec.env if shard.spec is not None else {})
+                    if now - since < grace:
+                        continue
                     why = node.fabric_notes.get(fabric, "no longer advertised")
-                    self._fail(replica, now, f"{shard.node}: fabric {fabric} is no longer usable ({why})", [], penalty=False)
+                    self._fail(replica, now, f"{shard.node}: fabric {fabric} is no longer usable ({why}) for "
+                                             f"{now - since:.0f}s, past NCCL's {grace:.0f}s retry window", [], penalty=False)
                     break
 
     def _place(self, replica: Replica, usage: _Usage, now: float) -> list[StartShard]:
