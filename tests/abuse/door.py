@@ -1,8 +1,8 @@
 """What the control-plane abuse tests share: a well-behaved client that measures its latency
 while the abuse runs, a real CA for the fleet port, and a scripted agent on a real stream.
 
-Every abuse test says its outcome in one line (`report`), with the figures the README's
-"What survives what" table is built from.
+Every abuse test says its outcome in one line (`report`), with the figures the "What survives what"
+table of docs/operations.md is built from.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def assert_served(probe: Probe, mark: int, what: str) -> str:
 
 
 def report(case: str, outcome: str, served: str) -> None:
-    """One line per case for the README table (pytest -s, or -rA, shows it)."""
+    """One line per case for the table in docs/operations.md (pytest -s, or -rA, shows it)."""
     print(f"\nABUSE {case}: {outcome}; {served}")
 
 

@@ -1,6 +1,7 @@
 """An engine dies (kill -9) or hangs (SIGSTOP) under steady openai-client load through the
 gateway, with a second replica that can serve: no client sees a failure it could have been
-spared, and the suite prints what clients saw and the time to recover (README's table)."""
+spared, and the suite prints what clients saw and the time to recover (the "What survives what"
+table of docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -48,6 +48,6 @@ def test_example_configs_parse(name: str, kind: type) -> None:
 def test_agent_unit_keeps_engines_and_unlimited_memlock() -> None:
     unit = (ROOT / "deploy" / "systemd" / "llmgw-agent.service").read_text()
     assert "LimitMEMLOCK=infinity" in unit and "KillMode=process" in unit
-    # Not root, and no capabilities: memlock is a limit, not CAP_IPC_LOCK (README, "What the agent needs").
+    # Not root, and no capabilities: memlock is a limit, not CAP_IPC_LOCK (docs/cluster.md, "What the agent needs").
     lines = unit.splitlines()
     assert "User=llmgw-agent" in lines and "CapabilityBoundingSet=" in lines and "NoNewPrivileges=true" in lines
