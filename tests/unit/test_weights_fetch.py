@@ -153,10 +153,16 @@ async def test_a_server_that_ignores_range_restarts_the_file_cleanly(tmp_path: P
 async def test_a_partial_file_left_by_an_earlier_agent_is_resumed(tmp_path: Path) -> None:
     data = make_file(tmp_path / "srv")
     async with file_server(tmp_path / "srv", rate=SIZE) as srv:
-        w = weights(tmp_path)
+        w = weights(tmp_path, report_interval=0.05)
         plan = w.plan(spec(f"{srv.url}/model.safetensors"))
-        with trio.move_on_after(0.3):  # the "agent" stops early; the partial file stays
-            await fetch(w, plan, Sent())
+        first = Sent()
+        # The "agent" stops once bytes are in (not after a fixed 0.3 s, which a loaded machine
+        # could spend before the first byte); the partial file stays.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fetch, w, plan, first)
+            with trio.fail_after(30):
+                await first.moving.wait()
+            nursery.cancel_scope.cancel()
         assert not exists(plan.target)
         w2 = weights(tmp_path)
         await fetch(w2, plan, Sent())
