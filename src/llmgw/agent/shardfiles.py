@@ -1,36 +1,12 @@
-"""What a shard leaves on the node besides its process: the state file the next agent adopts
-it from, and the small checks on paths, secrets and ports the supervisor makes."""
+"""The small checks on paths, secrets and ports the supervisor makes. The state file a shard
+leaves for the next agent (`StateFile`) and what is made of it are in decide.py, which is pure."""
 
 from __future__ import annotations
 
 import errno
 import socket
 
-import msgspec
-
 from llmgw.netaddr import url_host
-from llmgw.wire import messages as m
-
-
-class StateFile(msgspec.Struct, kw_only=True):
-    """What survives the agent: enough to find, identify and describe the engine."""
-
-    spec: m.ShardSpec
-    pid: int
-    pgid: int
-    start_ticks: int
-    started_at: float
-    log_path: str
-    endpoint: str
-    # It answered its health check once: an agent that adopts it need not wait for another
-    # (a busy engine may be slow to answer) and must not hold it to its start timeout.
-    ready: bool = False
-
-
-class PidOnly(msgspec.Struct):
-    pid: int = 0
-    pgid: int = 0
-    start_ticks: int = 0
 
 
 class PathRefused(Exception):
@@ -46,7 +22,6 @@ def redact(text: str, secret: str) -> str:
 def connect_host(host: str) -> str:
     """Where the agent reaches an engine bound to `host`, ready for a URL (IPv6 in brackets)."""
     return "127.0.0.1" if host in ("", "0.0.0.0") else url_host("::1" if host == "::" else host)
-
 
 
 def port_free(host: str, port: int) -> bool:
