@@ -30,8 +30,12 @@ from llmgw.wire.shardstate import ShardState
 S = ShardState
 
 TERMINAL: frozenset[ShardState] = frozenset({S.FAILED, S.EXITED, S.STOPPED})
-HEALTHY_OR_NOT: frozenset[ShardState] = frozenset({S.READY, S.UNHEALTHY})  # answered its health check once
-TAIL_SENT: frozenset[ShardState] = frozenset({S.FAILED, S.EXITED})  # a ShardStatus carries the output tail
+HEALTHY_OR_NOT: frozenset[ShardState] = frozenset(
+    {S.READY, S.UNHEALTHY}
+)  # answered its health check once
+TAIL_SENT: frozenset[ShardState] = frozenset(
+    {S.FAILED, S.EXITED}
+)  # a ShardStatus carries the output tail
 MAX_FINISHED = 64  # finished shards remembered for the next Register
 
 
@@ -75,7 +79,8 @@ class Found(enum.StrEnum):
 
 
 class Read(msgspec.Struct, frozen=True):
-    """A state file as read: the state when it decodes, the ids it names in any case, and what is wrong."""
+    """A state file as read: the state when it decodes, the ids it names in any case, and what
+    is wrong."""
 
     state: StateFile | None
     ids: PidOnly
@@ -97,8 +102,11 @@ def read_state(raw: bytes | None, unreadable: str = "") -> Read:
         return Read(state=None, ids=_ids(raw), problems=(str(exc),))
     problems = tuple(spec_problems(state.spec))
     # Written by an agent that took ids unchecked: nobody can describe it safely.
-    return Read(state=state, ids=_ids(raw) if problems else PidOnly(state.pid, state.pgid, state.start_ticks),
-                problems=problems)
+    return Read(
+        state=state,
+        ids=_ids(raw) if problems else PidOnly(state.pid, state.pgid, state.start_ticks),
+        problems=problems,
+    )
 
 
 def _ids(raw: bytes) -> PidOnly:
@@ -127,7 +135,9 @@ def adoption(read: Read, *, alive: bool, advertise_host: str) -> Adoption:
     if read.unreadable:
         return Adoption(Found.KEEP, why=read.unreadable)
     if read.state is None or read.problems:
-        return Adoption(Found.STOP if read.ids.pid and alive else Found.REMOVE, why="; ".join(read.problems))
+        return Adoption(
+            Found.STOP if read.ids.pid and alive else Found.REMOVE, why="; ".join(read.problems)
+        )
     # The endpoint as the server derives it now, not as an older state file recorded it: the
     # server refuses any other.
     where = endpoint(advertise_host, read.state.spec.port)
@@ -169,7 +179,8 @@ class ShardView(Protocol):
 
 
 def repeat_start(existing: ShardState | None) -> bool:
-    """A Start for a shard that still runs (repeated after a reconnect): say where it stands, start nothing."""
+    """A Start for a shard that still runs (repeated after a reconnect): say where it stands,
+    start nothing."""
     return existing is not None and existing not in TERMINAL
 
 
@@ -199,7 +210,8 @@ def refused(reason: str) -> tuple[ShardState, str]:
 
 
 def runs_engine(spec: m.ShardSpec) -> bool:
-    """Whether the shard runs the engine itself (its version is checked): a Ray worker rank runs only `ray`."""
+    """Whether the shard runs the engine itself (its version is checked): a Ray worker rank
+    runs only `ray`."""
     return not (spec.engine_mode == "ray" and spec.rank > 0)
 
 
@@ -223,8 +235,11 @@ class Exit(msgspec.Struct, frozen=True):
     tail: bool  # its output tail goes with the report (it was not asked to stop)
 
 
-def exit_outcome(was: ShardState, *, stop_requested: bool, stop_reason: str, failed_reason: str, exit_text: str) -> Exit:
-    """The state an engine's exit leaves its shard in. `exit_text`: the exit described (procs.describe_exit)."""
+def exit_outcome(
+    was: ShardState, *, stop_requested: bool, stop_reason: str, failed_reason: str, exit_text: str
+) -> Exit:
+    """The state an engine's exit leaves its shard in. `exit_text`: the exit described
+    (procs.describe_exit)."""
     if stop_requested:
         return Exit(S.STOPPED, stop_reason, tail=False)
     if failed_reason:  # the agent killed it for a reason (its start timeout)
@@ -259,8 +274,10 @@ class ReadyChecks:
 
 def unhealthy_reason(since: str, failures: int, url: str, timeout: float) -> str:
     """`since`: the first failure's time as a person reads it (the edge formats the clock)."""
-    return (f"unhealthy since {since}: {failures} health checks of {url} in a row failed or "
-            f"got no answer within {timeout:g}s")
+    return (
+        f"unhealthy since {since}: {failures} health checks of {url} in a row failed or "
+        f"got no answer within {timeout:g}s"
+    )
 
 
 # -- reports -------------------------------------------------------------------------------------
@@ -268,20 +285,40 @@ def unhealthy_reason(since: str, failures: int, url: str, timeout: float) -> str
 
 def report(run: ShardView) -> m.ShardReport:
     """The shard in a Register: everything, so that a new server can adopt it."""
-    return m.ShardReport(spec=run.spec, state=run.state, pid=run.pid, started_at=run.started_at, endpoint=run.endpoint,
-                         exit_code=run.exit_code, reason=run.reason, tail=run.tail, launch_env=run.launch_env)
+    return m.ShardReport(
+        spec=run.spec,
+        state=run.state,
+        pid=run.pid,
+        started_at=run.started_at,
+        endpoint=run.endpoint,
+        exit_code=run.exit_code,
+        reason=run.reason,
+        tail=run.tail,
+        launch_env=run.launch_env,
+    )
 
 
 def status(run: ShardView) -> m.ShardStatus:
     """A change of the shard's state; the output tail only when it failed or exited on its own."""
-    return m.ShardStatus(shard_id=run.spec.shard_id, replica_id=run.spec.replica_id, state=run.state, pid=run.pid,
-                         exit_code=run.exit_code, reason=run.reason, tail=run.tail if run.state in TAIL_SENT else [],
-                         endpoint=run.endpoint, launch_env=run.launch_env)
+    return m.ShardStatus(
+        shard_id=run.spec.shard_id,
+        replica_id=run.spec.replica_id,
+        state=run.state,
+        pid=run.pid,
+        exit_code=run.exit_code,
+        reason=run.reason,
+        tail=run.tail if run.state in TAIL_SENT else [],
+        endpoint=run.endpoint,
+        launch_env=run.launch_env,
+    )
 
 
 def not_here(shard_id: str) -> m.ShardStatus:
-    """The answer to a Stop for a shard this node does not run: stopped, so the server can let it go."""
-    return m.ShardStatus(shard_id=shard_id, replica_id="", state=S.STOPPED, reason="not running here")
+    """The answer to a Stop for a shard this node does not run: stopped, so the server can let
+    it go."""
+    return m.ShardStatus(
+        shard_id=shard_id, replica_id="", state=S.STOPPED, reason="not running here"
+    )
 
 
 def told_in_register(states: Iterable[tuple[str, ShardState]]) -> list[str]:
@@ -289,7 +326,10 @@ def told_in_register(states: Iterable[tuple[str, ShardState]]) -> list[str]:
     return [sid for sid, state in states if state in TERMINAL]
 
 
-def too_many_finished(states: Sequence[tuple[str, ShardState]], keep: int = MAX_FINISHED) -> list[str]:
-    """On a long-lived stream, the oldest ended shards beyond the latest `keep` (in report order): forget them."""
+def too_many_finished(
+    states: Sequence[tuple[str, ShardState]], keep: int = MAX_FINISHED
+) -> list[str]:
+    """On a long-lived stream, the oldest ended shards beyond the latest `keep` (in report
+    order): forget them."""
     finished = [sid for sid, state in states if state in TERMINAL]
     return finished[: max(0, len(finished) - keep)]

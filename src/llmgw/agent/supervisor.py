@@ -42,8 +42,6 @@ from llmgw.wire import messages as m
 from llmgw.wire.ids import message_problems, printable, quote, spec_problems
 from llmgw.wire.shardstate import ShardState as S
 
-__all__ = ["ShardRun", "StateFile", "Supervisor"]  # ShardRun and StateFile: where the tests know them
-
 log = logging.getLogger("llmgw.agent.supervisor")
 
 TAIL_LINES = 200
@@ -445,8 +443,10 @@ class Supervisor:
     def _on_exit(self, run: ShardRun, code: int | None) -> None:
         run.exit_code = code
         self._remove_state(run.spec.shard_id)
-        outcome = decide.exit_outcome(run.state, stop_requested=run.stop_requested, stop_reason=run.stop_reason,
-                                      failed_reason=run.failed_reason, exit_text=procs.describe_exit(code))
+        outcome = decide.exit_outcome(
+            run.state, stop_requested=run.stop_requested, stop_reason=run.stop_reason,
+            failed_reason=run.failed_reason, exit_text=procs.describe_exit(code),
+        )
         if outcome.tail:
             run.tail = self._tail(run)
         run.state, run.reason = outcome.state, outcome.reason
@@ -522,8 +522,8 @@ class Supervisor:
         if read.state is not None and not read.problems:
             try:
                 if Path(read.state.log_path).resolve() != self._log_path(read.state.spec.shard_id):
-                    read = msgspec.structs.replace(
-                        read, problems=(f"log path {quote(read.state.log_path)} is not the shard's own",))
+                    why = f"log path {quote(read.state.log_path)} is not the shard's own"
+                    read = msgspec.structs.replace(read, problems=(why,))
             except PathRefused as exc:
                 read = msgspec.structs.replace(read, problems=(str(exc),))
         verdict = decide.adoption(read, alive=procs.alive(read.ids.pid, read.ids.start_ticks),
@@ -532,8 +532,8 @@ class Supervisor:
             log.error("state file %s cannot be read: %s; leaving it alone", path, verdict.why)
             return
         if verdict.found == Found.STOP:
-            log.warning("state file %s cannot be read (%s); stopping the engine it names (pid %d): nobody can describe it",
-                        path, verdict.why, read.ids.pid)
+            log.warning("state file %s cannot be read (%s); stopping the engine it names (pid %d): "
+                        "nobody can describe it", path, verdict.why, read.ids.pid)
             procs.signal_group(read.ids.pgid or read.ids.pid, signal.SIGKILL)
             path.unlink(missing_ok=True)
             return
@@ -564,7 +564,8 @@ class Supervisor:
         self._nursery.start_soon(self._watch_adopted, run)
 
     async def _watch_adopted(self, run: ShardRun) -> None:
-        if decide.adopted_needs_probe(run.state) and await self._probe(self._health_url(run), api_key=run.spec.api_key):
+        url = self._health_url(run)
+        if decide.adopted_needs_probe(run.state) and await self._probe(url, api_key=run.spec.api_key):
             run.state = S.READY
             log.info("adopted shard %s is ready at %s", run.spec.shard_id, run.endpoint)
             self._write_state(run)

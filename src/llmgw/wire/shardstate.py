@@ -1,4 +1,5 @@
-"""The states of one shard (one attempt to run one engine process), as the fleet protocol names them. Pure.
+"""The states of one shard (one attempt to run one engine process), as the fleet protocol
+names them. Pure.
 
 Both sides use the enum: the agent sets a shard's state and reports it (`ShardStatus.state`,
 `ShardReport.state`), the server's state table (server/states.py) checks each change it hears of.
