@@ -229,3 +229,33 @@ def test_a_register_forgets_what_it_told_of_for_the_last_time() -> None:
 def test_a_long_lived_stream_keeps_the_latest_finished(finished: int, keep: int, forgotten: int) -> None:
     states = [("live", S.READY)] + [(f"f{i}", S.EXITED) for i in range(finished)]
     assert decide.too_many_finished(states, keep) == [f"f{i}" for i in range(forgotten)]  # the oldest first
+
+
+# -- what the agent decides, the server accepts ---------------------------------------------------
+
+
+def test_every_change_the_agent_decides_is_legal_in_the_servers_table() -> None:
+    """The agent's changes against server/states.py's table: one the server refuses would be a
+    warning on every report, and a shard whose state the server never takes."""
+    from llmgw.server.states import shard_may
+
+    changes: set[tuple[S, S]] = set()
+    for was in (S.STARTING, S.READY, S.UNHEALTHY, S.STOPPING):
+        for requested in (False, True):
+            for failed in ("", "start timeout"):
+                if was == S.STOPPING and not requested:
+                    continue  # stopping is set only by a Stop
+                out = decide.exit_outcome(was, stop_requested=requested, stop_reason="r",
+                                          failed_reason=failed, exit_text="exited")
+                changes.add((was, out.state))
+        if decide.should_stop(was, False):
+            changes.add((was, S.STOPPING))
+        for ok in (False, True):
+            watch = ReadyChecks(failures=1)
+            new = watch.observe(ok, was, 1.0)
+            if new is not None:
+                changes.add((was, new))
+    changes.add((S.STARTING, decide.refused("x")[0]))
+    changes.add((S.STARTING, S.READY))  # the first health check that passes
+    illegal = sorted((a.value, b.value) for a, b in changes if not shard_may(a, b))
+    assert illegal == []
