@@ -26,18 +26,17 @@ import msgspec
 import trio
 
 from llmgw.agent import decide, launch_env, procs
-from llmgw.agent.decide import HEALTHY_OR_NOT, TERMINAL, Found, StateFile
+from llmgw.agent.decide import HEALTHY_OR_NOT, TERMINAL, Found
 from llmgw.agent.engine_version import EngineVersions
 from llmgw.agent.engines import LaunchError, adapter_for
 from llmgw.agent.engines.policy import check_engine, check_env, check_executable
 from llmgw.agent.launch_env import LaunchFacts
 from llmgw.agent.logs import LogSource, LogStreams
-from llmgw.agent.shardfiles import PathRefused, connect_host, port_free, redact
+from llmgw.agent.shardfiles import PathRefused, ShardFiles, connect_host, port_free, redact
 from llmgw.agent.shardrun import ShardRun
 from llmgw.agent.weights import Weights, WeightsPlan
 from llmgw.catalog.schema import EngineAllow, EngineHealth
 from llmgw.catalog.units import format_duration
-from llmgw.fsutil import atomic_write, ensure_dir
 from llmgw.wire import messages as m
 from llmgw.wire.ids import message_problems, printable, quote, spec_problems
 from llmgw.wire.shardstate import ShardState as S
@@ -71,8 +70,7 @@ class Supervisor:
         self.work_dir = Path(work_dir)
         self.weights = weights if weights is not None else Weights(self.work_dir)
         self.allow = allow if allow is not None else EngineAllow()
-        self.state_dir = self.work_dir / "shards"
-        self.log_dir = self.work_dir / "logs"
+        self.files = ShardFiles(self.work_dir)  # state files and logs, nowhere outside the work dir
         self.bind_host = bind_host
         self.advertise_host = advertise_host
         self.gpu_indexes = gpu_indexes
@@ -149,7 +147,7 @@ class Supervisor:
     # -- running ----------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._private_dirs()
+        self.files.make_private()
         async with httpx.AsyncClient(timeout=2.0, trust_env=False) as http, trio.open_nursery() as nursery:
             self._http = http
             self._nursery = nursery
@@ -157,61 +155,6 @@ class Supervisor:
             self._adopt_all()
             task_status.started()
             await trio.sleep_forever()
-
-    def _inside(self, path: Path) -> Path:
-        """`path` resolved, or PathRefused when it lands outside the work dir (a symlinked
-        directory, an id that slipped past the pattern): the agent writes nowhere else."""
-        resolved = path.resolve()
-        root = self.work_dir.resolve()
-        if not resolved.is_relative_to(root):
-            raise PathRefused(f"{quote(str(path))} resolves to {quote(str(resolved))}, outside the work dir {root}")
-        return resolved
-
-    def _private_dirs(self) -> None:
-        """The work dir 0700, state files 0600: a shard's state holds its profile's env (an
-        HF_TOKEN, say), and engine logs may echo it. Before issue 9 both were world-readable
-        (0755 dirs, 0644 files). A dir or file left wider by an older agent is tightened."""
-        for directory in (self.work_dir, self.state_dir, self.log_dir):
-            ensure_dir(directory, mode=0o700)
-            mode = directory.stat().st_mode & 0o777
-            if mode & 0o077:
-                os.chmod(directory, 0o700)
-                log.warning("%s was open to other users (mode %o); now 0700 (shard state holds engine env)", directory, mode)
-        for path in self.state_dir.glob("*.json"):
-            if path.stat().st_mode & 0o077:
-                os.chmod(path, 0o600)
-
-    def _state_path(self, shard_id: str) -> Path:
-        return self._inside(self.state_dir / f"{shard_id}.json")
-
-    def _log_path(self, shard_id: str) -> Path:
-        return self._inside(self.log_dir / f"{shard_id}.log")
-
-    def _write_state(self, run: ShardRun) -> None:
-        data = msgspec.json.encode(
-            StateFile(
-                spec=run.spec,
-                pid=run.pid,
-                pgid=run.pgid,
-                start_ticks=run.start_ticks,
-                started_at=run.started_at,
-                log_path=run.log_path,
-                endpoint=run.endpoint,
-                ready=run.state in HEALTHY_OR_NOT,
-            )
-        )
-        try:
-            atomic_write(self._state_path(run.spec.shard_id), data, mode=0o600)
-        except PathRefused as exc:
-            log.error("not writing the state file of shard %s: %s", run.spec.shard_id, exc)
-
-    def _remove_state(self, shard_id: str) -> None:
-        try:
-            self._state_path(shard_id).unlink()
-        except FileNotFoundError:
-            pass
-        except PathRefused as exc:
-            log.error("not removing the state file of shard %s: %s", quote(shard_id), exc)
 
     def start(self, spec: m.ShardSpec) -> None:
         existing = self.runs.get(spec.shard_id)
@@ -223,8 +166,8 @@ class Supervisor:
             log.warning("refusing Start: %s", "; ".join(problems))
             return
         try:
-            log_path = self._log_path(spec.shard_id)
-            self._state_path(spec.shard_id)
+            log_path = self.files.log_path(spec.shard_id)
+            self.files.state_path(spec.shard_id)
         except PathRefused as exc:
             log.warning("refusing Start of shard %s: %s", spec.shard_id, exc)
             return
@@ -302,7 +245,7 @@ class Supervisor:
         run.pid = run.pgid = process.pid
         run.start_ticks = procs.start_ticks(process.pid) or 0
         run.started_at = time.time()
-        self._write_state(run)
+        self.files.write(run)
         if run.stop_requested:  # the Stop came while the process was being started
             assert self._nursery is not None
             self._nursery.start_soon(self._terminate, run, spec.stop_grace)
@@ -403,7 +346,7 @@ class Supervisor:
             # speaks for the replica (the server holds it to every shard being ready).
             run.state = S.READY
             log.info("shard %s (rank %d of %d) is up", run.spec.shard_id, run.spec.rank, run.spec.world)
-            self._write_state(run)
+            self.files.write(run)
             self._emit(run)
             return
         url = self._health_url(run)
@@ -416,7 +359,7 @@ class Supervisor:
                         return
                     run.state = S.READY
                     log.info("shard %s ready at %s", run.spec.shard_id, run.endpoint)
-                    self._write_state(run)
+                    self.files.write(run)
                     self._emit(run)
                     return
                 await trio.sleep(HEALTH_PERIOD)
@@ -442,7 +385,7 @@ class Supervisor:
 
     def _on_exit(self, run: ShardRun, code: int | None) -> None:
         run.exit_code = code
-        self._remove_state(run.spec.shard_id)
+        self.files.remove(run.spec.shard_id)
         outcome = decide.exit_outcome(
             run.state, stop_requested=run.stop_requested, stop_reason=run.stop_reason,
             failed_reason=run.failed_reason, exit_text=procs.describe_exit(code),
@@ -509,7 +452,7 @@ class Supervisor:
     # -- adoption ----------------------------------------------------------------------------
 
     def _adopt_all(self) -> None:
-        for path in sorted(self.state_dir.glob("*.json")):
+        for path in self.files.state_files():
             self._adopt(path)
 
     def _adopt(self, path: Path) -> None:
@@ -521,7 +464,7 @@ class Supervisor:
             read = decide.read_state(None, str(exc.strerror or exc))
         if read.state is not None and not read.problems:
             try:
-                if Path(read.state.log_path).resolve() != self._log_path(read.state.spec.shard_id):
+                if Path(read.state.log_path).resolve() != self.files.log_path(read.state.spec.shard_id):
                     why = f"log path {quote(read.state.log_path)} is not the shard's own"
                     read = msgspec.structs.replace(read, problems=(why,))
             except PathRefused as exc:
@@ -568,6 +511,6 @@ class Supervisor:
         if decide.adopted_needs_probe(run.state) and await self._probe(url, api_key=run.spec.api_key):
             run.state = S.READY
             log.info("adopted shard %s is ready at %s", run.spec.shard_id, run.endpoint)
-            self._write_state(run)
+            self.files.write(run)
             self._emit(run)
         await self._watch(run)
