@@ -14,6 +14,7 @@ from llmgw.agent.supervisor import ShardRun, Supervisor
 from llmgw.catalog.load import parse_config
 from llmgw.catalog.schema import AgentConfig
 from llmgw.wire import messages as m
+from llmgw.wire.shardstate import ShardState
 from tests.unit.fakes import NoHardware
 
 
@@ -37,7 +38,7 @@ class _Channel:
         msg = m.decode_agent_message(payload)
         self.sent.append(msg)
         if isinstance(msg, m.Register):
-            self.run.state = "ready"
+            self.run.state = ShardState.READY
             self.sup._emit(self.run)
             await self.tx.send(m.encode(m.Welcome(server_version=__version__, heartbeat_interval=1.0)))
 

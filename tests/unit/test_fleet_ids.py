@@ -20,7 +20,8 @@ import pytest
 import trio
 
 from llmgw import __version__
-from llmgw.agent.supervisor import StateFile, Supervisor
+from llmgw.agent.decide import StateFile
+from llmgw.agent.supervisor import Supervisor
 from llmgw.fleet import dial
 from llmgw.server.fleet_service import FleetService
 from llmgw.server.metrics import ServerMetrics

@@ -1,5 +1,6 @@
-"""One engine process as the agent's supervisor knows it: its spec, state and exit, and how it
-is reported to the server (a Register's ShardReport, a ShardStatus)."""
+"""One engine process as the agent's supervisor knows it: its spec, state and exit, and the trio
+objects that follow it (its process, its exit, its weights' wait). What it means and how it is
+reported to the server (a Register's ShardReport, a ShardStatus) is decided in decide.py."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import time
 
 import trio
 
+from llmgw.agent import decide
+from llmgw.agent.decide import HEALTHY_OR_NOT, TERMINAL
 from llmgw.wire import messages as m
+from llmgw.wire.shardstate import ShardState
 
-TERMINAL = frozenset({"failed", "exited", "stopped"})
-HEALTHY_OR_NOT = frozenset({"ready", "unhealthy"})  # answered its health check once
+__all__ = ["HEALTHY_OR_NOT", "TERMINAL", "ShardRun"]
 
 
 class ShardRun:
@@ -18,7 +21,7 @@ class ShardRun:
         self.spec = spec
         self.log_path = log_path
         self.endpoint = endpoint
-        self.state = "starting"
+        self.state: ShardState = ShardState.STARTING
         self.pid = 0
         self.pgid = 0
         self.start_ticks = 0
@@ -36,27 +39,7 @@ class ShardRun:
         self.fetching: trio.CancelScope | None = None  # while it waits on its weights
 
     def report(self) -> m.ShardReport:
-        return m.ShardReport(
-            spec=self.spec,
-            state=self.state,
-            pid=self.pid,
-            started_at=self.started_at,
-            endpoint=self.endpoint,
-            exit_code=self.exit_code,
-            reason=self.reason,
-            tail=self.tail,
-            launch_env=self.launch_env,
-        )
+        return decide.report(self)
 
     def status(self) -> m.ShardStatus:
-        return m.ShardStatus(
-            shard_id=self.spec.shard_id,
-            replica_id=self.spec.replica_id,
-            state=self.state,
-            pid=self.pid,
-            exit_code=self.exit_code,
-            reason=self.reason,
-            tail=self.tail if self.state in ("failed", "exited") else [],
-            endpoint=self.endpoint,
-            launch_env=self.launch_env,
-        )
+        return decide.status(self)

@@ -1,5 +1,9 @@
 """The engine supervisor: launch, watch, health-check, stop, and adopt engine processes.
 
+This is the part that does it (spawns, signals, probes, reads and writes files); what each
+observation means (adopt, stop or keep an engine found at start, a shard's next state, what is
+reported) is decided in decide.py, which is pure and tested table by table.
+
 Each engine runs in its own process group with its output going straight to a per-shard
 log file (not through a pipe to the agent), so it keeps running, and keeps logging, while
 the agent restarts. A state file per shard (full spec, pid, process start time) lets the
@@ -21,28 +25,27 @@ import httpx
 import msgspec
 import trio
 
-from llmgw.agent import launch_env, procs
+from llmgw.agent import decide, launch_env, procs
+from llmgw.agent.decide import HEALTHY_OR_NOT, TERMINAL, Found
 from llmgw.agent.engine_version import EngineVersions
 from llmgw.agent.engines import LaunchError, adapter_for
 from llmgw.agent.engines.policy import check_engine, check_env, check_executable
 from llmgw.agent.launch_env import LaunchFacts
 from llmgw.agent.logs import LogSource, LogStreams
-from llmgw.agent.shardfiles import PathRefused, PidOnly, StateFile, connect_host, port_free, redact
-from llmgw.agent.shardrun import HEALTHY_OR_NOT, TERMINAL, ShardRun
+from llmgw.agent.shardfiles import PathRefused, ShardFiles, connect_host, port_free, redact
+from llmgw.agent.shardrun import ShardRun
 from llmgw.agent.weights import Weights, WeightsPlan
 from llmgw.catalog.schema import EngineAllow, EngineHealth
 from llmgw.catalog.units import format_duration
-from llmgw.fsutil import atomic_write, ensure_dir
-from llmgw.netaddr import url_host
 from llmgw.wire import messages as m
 from llmgw.wire.ids import message_problems, printable, quote, spec_problems
+from llmgw.wire.shardstate import ShardState as S
 
 log = logging.getLogger("llmgw.agent.supervisor")
 
 TAIL_LINES = 200
 HEALTH_PERIOD = 0.5
 ADOPTED_POLL = 0.5
-MAX_FINISHED = 64  # finished shards remembered for the next Register
 
 
 Send = Callable[[msgspec.Struct], None]
@@ -67,8 +70,7 @@ class Supervisor:
         self.work_dir = Path(work_dir)
         self.weights = weights if weights is not None else Weights(self.work_dir)
         self.allow = allow if allow is not None else EngineAllow()
-        self.state_dir = self.work_dir / "shards"
-        self.log_dir = self.work_dir / "logs"
+        self.files = ShardFiles(self.work_dir)  # state files and logs, nowhere outside the work dir
         self.bind_host = bind_host
         self.advertise_host = advertise_host
         self.gpu_indexes = gpu_indexes
@@ -102,9 +104,12 @@ class Supervisor:
     def reports(self) -> list[m.ShardReport]:
         out = self.snapshot()
         # Terminal shards are told once, in this Register; then forgotten.
-        for shard_id in [sid for sid, run in self.runs.items() if run.state in TERMINAL]:
+        for shard_id in decide.told_in_register(self._states()):
             del self.runs[shard_id]
         return out
+
+    def _states(self) -> list[tuple[str, S]]:
+        return [(sid, run.state) for sid, run in self.runs.items()]
 
     async def handle(self, msg: Any, send: Send) -> None:
         problems = message_problems(msg)
@@ -136,14 +141,13 @@ class Supervisor:
         if self._send is not None:
             self._send(run.status())
         if run.state in TERMINAL:
-            finished = [sid for sid, r in self.runs.items() if r.state in TERMINAL]
-            for sid in finished[: max(0, len(finished) - MAX_FINISHED)]:
+            for sid in decide.too_many_finished(self._states()):
                 del self.runs[sid]  # a long-lived stream: keep only the latest few
 
     # -- running ----------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._private_dirs()
+        self.files.make_private()
         async with httpx.AsyncClient(timeout=2.0, trust_env=False) as http, trio.open_nursery() as nursery:
             self._http = http
             self._nursery = nursery
@@ -152,64 +156,9 @@ class Supervisor:
             task_status.started()
             await trio.sleep_forever()
 
-    def _inside(self, path: Path) -> Path:
-        """`path` resolved, or PathRefused when it lands outside the work dir (a symlinked
-        directory, an id that slipped past the pattern): the agent writes nowhere else."""
-        resolved = path.resolve()
-        root = self.work_dir.resolve()
-        if not resolved.is_relative_to(root):
-            raise PathRefused(f"{quote(str(path))} resolves to {quote(str(resolved))}, outside the work dir {root}")
-        return resolved
-
-    def _private_dirs(self) -> None:
-        """The work dir 0700, state files 0600: a shard's state holds its profile's env (an
-        HF_TOKEN, say), and engine logs may echo it. Before issue 9 both were world-readable
-        (0755 dirs, 0644 files). A dir or file left wider by an older agent is tightened."""
-        for directory in (self.work_dir, self.state_dir, self.log_dir):
-            ensure_dir(directory, mode=0o700)
-            mode = directory.stat().st_mode & 0o777
-            if mode & 0o077:
-                os.chmod(directory, 0o700)
-                log.warning("%s was open to other users (mode %o); now 0700 (shard state holds engine env)", directory, mode)
-        for path in self.state_dir.glob("*.json"):
-            if path.stat().st_mode & 0o077:
-                os.chmod(path, 0o600)
-
-    def _state_path(self, shard_id: str) -> Path:
-        return self._inside(self.state_dir / f"{shard_id}.json")
-
-    def _log_path(self, shard_id: str) -> Path:
-        return self._inside(self.log_dir / f"{shard_id}.log")
-
-    def _write_state(self, run: ShardRun) -> None:
-        data = msgspec.json.encode(
-            StateFile(
-                spec=run.spec,
-                pid=run.pid,
-                pgid=run.pgid,
-                start_ticks=run.start_ticks,
-                started_at=run.started_at,
-                log_path=run.log_path,
-                endpoint=run.endpoint,
-                ready=run.state in HEALTHY_OR_NOT,
-            )
-        )
-        try:
-            atomic_write(self._state_path(run.spec.shard_id), data, mode=0o600)
-        except PathRefused as exc:
-            log.error("not writing the state file of shard %s: %s", run.spec.shard_id, exc)
-
-    def _remove_state(self, shard_id: str) -> None:
-        try:
-            self._state_path(shard_id).unlink()
-        except FileNotFoundError:
-            pass
-        except PathRefused as exc:
-            log.error("not removing the state file of shard %s: %s", quote(shard_id), exc)
-
     def start(self, spec: m.ShardSpec) -> None:
         existing = self.runs.get(spec.shard_id)
-        if existing is not None and existing.state not in TERMINAL:
+        if existing is not None and decide.repeat_start(existing.state):
             self._emit(existing)  # a repeated Start (after a reconnect): say where it stands
             return
         problems = list(spec_problems(spec))
@@ -217,14 +166,13 @@ class Supervisor:
             log.warning("refusing Start: %s", "; ".join(problems))
             return
         try:
-            log_path = self._log_path(spec.shard_id)
-            self._state_path(spec.shard_id)
+            log_path = self.files.log_path(spec.shard_id)
+            self.files.state_path(spec.shard_id)
         except PathRefused as exc:
             log.warning("refusing Start of shard %s: %s", spec.shard_id, exc)
             return
         host = spec.host or self.bind_host
-        endpoint = f"http://{url_host(self.advertise_host)}:{spec.port}"
-        run = ShardRun(spec, str(log_path), endpoint)
+        run = ShardRun(spec, str(log_path), decide.endpoint(self.advertise_host, spec.port))
         self.runs[spec.shard_id] = run
         if self.stopping_all:
             # The server replaces the engines we are stopping, here too while we are still
@@ -252,31 +200,22 @@ class Supervisor:
 
     def _refuse(self, run: ShardRun, reason: str) -> None:
         log.warning("shard %s not started: %s", run.spec.shard_id, reason)
-        run.state = "failed"
-        run.reason = f"not started: {reason}"
+        run.state, run.reason = decide.refused(reason)
         self._emit(run)
 
     def _check(self, spec: m.ShardSpec, host: str) -> None:
-        known = self.gpu_indexes()
-        if known is not None:
-            missing = [g for g in spec.gpus if g not in known]
-            if missing:
-                raise LaunchError(f"GPU(s) {missing} do not exist on this node (it has {sorted(known)})")
-        busy = {g for r in self.runs.values() if r.state not in TERMINAL and r is not self.runs.get(spec.shard_id)
-                for g in r.spec.gpus}
-        clash = sorted(busy & set(spec.gpus))
-        if clash:
-            raise LaunchError(f"GPU(s) {clash} are in use by another engine on this node")
-        if not 0 < spec.port < 65536:
-            raise LaunchError(f"bad port {spec.port}")
+        itself = self.runs.get(spec.shard_id)
+        busy = decide.busy_gpus(r for r in self.runs.values() if r is not itself)
+        problem = decide.launch_problem(spec, self.gpu_indexes(), busy)
+        if problem:
+            raise LaunchError(problem)
         if not port_free(host, spec.port):
             raise LaunchError(f"port {spec.port} on {host} is in use by another process")
 
     async def _launch_and_watch(self, run: ShardRun, argv: list[str], env: dict[str, str], plan: WeightsPlan) -> None:
         spec = run.spec
         # The engine's version before anything is fetched: a flag it does not take fails late.
-        runs_engine = not (spec.engine_mode == "ray" and spec.rank > 0)  # a Ray worker rank runs only `ray`
-        too_old = await self.versions.refusal(spec.engine, argv) if runs_engine else ""
+        too_old = await self.versions.refusal(spec.engine, argv) if decide.runs_engine(spec) else ""
         if too_old and not run.stop_requested:
             self._refuse(run, too_old)
             return
@@ -306,7 +245,7 @@ class Supervisor:
         run.pid = run.pgid = process.pid
         run.start_ticks = procs.start_ticks(process.pid) or 0
         run.started_at = time.time()
-        self._write_state(run)
+        self.files.write(run)
         if run.stop_requested:  # the Stop came while the process was being started
             assert self._nursery is not None
             self._nursery.start_soon(self._terminate, run, spec.stop_grace)
@@ -345,11 +284,11 @@ class Supervisor:
         """Wait for the shard's weights (llmgw.agent.weights); False when it failed (reported).
         A Stop cancels the wait; start_timeout counts from the Start."""
         assert self._nursery is not None
-        left = float(run.spec.start_timeout) - (time.time() - run.started_at)
+        left = decide.time_left(run.spec, run.started_at, time.time())
         run.fetching = trio.CancelScope()
         try:
             with run.fetching:
-                await self.weights.ensure(run.spec.shard_id, plan, trio.current_time() + max(left, 0.0), self._nursery,
+                await self.weights.ensure(run.spec.shard_id, plan, trio.current_time() + left, self._nursery,
                                           self._send_progress)
         except LaunchError as exc:
             if not run.stop_requested:
@@ -379,8 +318,7 @@ class Supervisor:
             return  # nothing to check over HTTP; its exit is watched
         url = self._health_url(run)
         health = self.health
-        failures = 0
-        first_failure = 0.0
+        checks = decide.ReadyChecks(health.failures)
         while True:
             await trio.sleep(float(health.interval))
             if run.stop_requested or run.state not in HEALTHY_OR_NOT:
@@ -388,51 +326,44 @@ class Supervisor:
             ok = await self._probe(url, float(health.timeout), api_key=run.spec.api_key)
             if run.stop_requested or run.state not in HEALTHY_OR_NOT:
                 return
-            if ok:
-                failures = 0
-                if run.state == "unhealthy":
-                    run.state, run.reason = "ready", ""
-                    log.info("shard %s healthy again at %s", run.spec.shard_id, run.endpoint)
-                    self._emit(run)
-                continue
-            failures += 1
-            if failures == 1:
-                first_failure = time.time()
-            if failures >= health.failures and run.state == "ready":
-                run.state = "unhealthy"
-                since = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(first_failure))
-                run.reason = (f"unhealthy since {since}: {failures} health checks of {url} in a row failed or "
-                              f"got no answer within {float(health.timeout):g}s")
+            change = checks.observe(ok, run.state, time.time())
+            if change == S.READY:
+                run.state, run.reason = S.READY, ""
+                log.info("shard %s healthy again at %s", run.spec.shard_id, run.endpoint)
+                self._emit(run)
+            elif change == S.UNHEALTHY:
+                run.state = S.UNHEALTHY
+                since = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(checks.first_failure))
+                run.reason = decide.unhealthy_reason(since, checks.failures, url, float(health.timeout))
                 log.warning("shard %s %s", run.spec.shard_id, run.reason)
                 self._emit(run)
 
     async def _until_healthy(self, run: ShardRun) -> None:
-        if run.state != "starting":
+        if run.state != S.STARTING:
             return
         if run.spec.rank > 0:
             # A rank above 0 serves no HTTP (vLLM --headless): up is ready, and rank 0's health
             # speaks for the replica (the server holds it to every shard being ready).
-            run.state = "ready"
+            run.state = S.READY
             log.info("shard %s (rank %d of %d) is up", run.spec.shard_id, run.spec.rank, run.spec.world)
-            self._write_state(run)
+            self.files.write(run)
             self._emit(run)
             return
-        url = f"http://{connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}"
-        timeout = float(run.spec.start_timeout) - (time.time() - run.started_at)
-        with trio.move_on_after(max(timeout, 0.0)):
+        url = self._health_url(run)
+        with trio.move_on_after(decide.time_left(run.spec, run.started_at, time.time())):
             while True:
                 if run.stop_requested:
                     return  # a Stop came while it started: it is stopping, not ready
                 if await self._probe(url, api_key=run.spec.api_key):
                     if run.stop_requested:
                         return
-                    run.state = "ready"
+                    run.state = S.READY
                     log.info("shard %s ready at %s", run.spec.shard_id, run.endpoint)
-                    self._write_state(run)
+                    self.files.write(run)
                     self._emit(run)
                     return
                 await trio.sleep(HEALTH_PERIOD)
-        run.failed_reason = f"not healthy within {format_duration(run.spec.start_timeout)} (start_timeout); stopped it"
+        run.failed_reason = decide.start_timed_out(run.spec)
         log.warning("shard %s: %s", run.spec.shard_id, run.failed_reason)
         await self._terminate(run, run.spec.stop_grace)
 
@@ -454,20 +385,17 @@ class Supervisor:
 
     def _on_exit(self, run: ShardRun, code: int | None) -> None:
         run.exit_code = code
-        self._remove_state(run.spec.shard_id)
-        was = run.state
-        if run.stop_requested:
-            run.state = "stopped"
-            run.reason = run.stop_reason
+        self.files.remove(run.spec.shard_id)
+        outcome = decide.exit_outcome(
+            run.state, stop_requested=run.stop_requested, stop_reason=run.stop_reason,
+            failed_reason=run.failed_reason, exit_text=procs.describe_exit(code),
+        )
+        if outcome.tail:
+            run.tail = self._tail(run)
+        run.state, run.reason = outcome.state, outcome.reason
+        if outcome.state == S.STOPPED:
             log.info("shard %s stopped (%s)", run.spec.shard_id, procs.describe_exit(code))
         else:
-            run.tail = self._tail(run)
-            if run.failed_reason:
-                run.state, run.reason = "failed", run.failed_reason
-            elif was == "starting":
-                run.state, run.reason = "failed", f"{procs.describe_exit(code)} during startup"
-            else:
-                run.state, run.reason = "exited", procs.describe_exit(code)
             log.warning("shard %s %s: %s", run.spec.shard_id, run.state, run.reason)
         run.exited.set()
         self._emit(run)
@@ -478,22 +406,22 @@ class Supervisor:
             # Not a shard of this node: nothing is touched; say it is stopped, so the server can let it go.
             log.warning("refusing Stop for shard %s: it does not run on this node", shard_id)
             if self._send is not None:
-                self._send(m.ShardStatus(shard_id=shard_id, replica_id="", state="stopped", reason="not running here"))
+                self._send(decide.not_here(shard_id))
             return
-        if run.state in TERMINAL or run.stop_requested:
+        if not decide.should_stop(run.state, run.stop_requested):
             return
         run.stop_requested = True
         if run.fetching is not None:
             run.fetching.cancel()  # waiting on its weights: stop waiting (the launcher sees the stop)
         run.stop_reason = reason or "stopped by the server"
-        run.state = "stopping"
+        run.state = S.STOPPING
         log.info("stopping shard %s (grace %gs): %s", shard_id, grace, printable(run.stop_reason))
         self._emit(run)
         assert self._nursery is not None
         self._nursery.start_soon(self._terminate, run, grace)
 
     def _stopped_before_launch(self, run: ShardRun) -> None:
-        run.state = "stopped"
+        run.state = S.STOPPED
         run.reason = run.stop_reason
         log.info("shard %s stopped before it was launched (%s)", run.spec.shard_id, run.stop_reason)
         run.exited.set()
@@ -524,73 +452,65 @@ class Supervisor:
     # -- adoption ----------------------------------------------------------------------------
 
     def _adopt_all(self) -> None:
-        for path in sorted(self.state_dir.glob("*.json")):
+        for path in self.files.state_files():
+            self._adopt(path)
+
+    def _adopt(self, path: Path) -> None:
+        """Observe one state file (read it, check its log path, is its pid alive), let decide.py
+        judge it, then act on the verdict."""
+        try:
+            read = decide.read_state(path.read_bytes())
+        except OSError as exc:
+            read = decide.read_state(None, str(exc.strerror or exc))
+        if read.state is not None and not read.problems:
             try:
-                raw = path.read_bytes()
-            except OSError as exc:
-                log.error("state file %s cannot be read: %s; leaving it alone", path, exc.strerror or exc)
-                continue
-            try:
-                state = msgspec.json.decode(raw, type=StateFile)
-            except msgspec.DecodeError as exc:
-                self._stop_unidentified(path, raw, str(exc))
-                continue
-            problems = list(spec_problems(state.spec))
-            try:
-                if not problems and Path(state.log_path).resolve() != self._log_path(state.spec.shard_id):
-                    problems.append(f"log path {quote(state.log_path)} is not the shard's own")
+                if Path(read.state.log_path).resolve() != self.files.log_path(read.state.spec.shard_id):
+                    why = f"log path {quote(read.state.log_path)} is not the shard's own"
+                    read = msgspec.structs.replace(read, problems=(why,))
             except PathRefused as exc:
-                problems.append(str(exc))
-            if problems:
-                # Written by an agent that took ids unchecked: nobody can describe it safely.
-                self._stop_unidentified(path, raw, "; ".join(problems))
-                continue
-            # The endpoint as the server derives it now (this node's advertise_host, the spec's
-            # port), not as an older state file recorded it: the server refuses any other.
-            run = ShardRun(state.spec, state.log_path, f"http://{url_host(self.advertise_host)}:{state.spec.port}")
-            run.pid, run.pgid, run.start_ticks = state.pid, state.pgid, state.start_ticks
-            run.started_at = state.started_at
-            run.adopted = True
-            if state.ready:
-                run.state = "ready"
-            self.runs[state.spec.shard_id] = run
-            if procs.alive(state.pid, state.start_ticks):
-                log.info(
-                    "adopted shard %s (pid %d, started %s ago); output before this agent started is in %s",
-                    state.spec.shard_id, state.pid, format_duration(time.time() - state.started_at), state.log_path,
-                )
-                with open(run.log_path, "ab") as out:
-                    out.write(f"=== llmgw: agent restarted; adopted this engine (pid {run.pid}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
-                assert self._nursery is not None
-                self._nursery.start_soon(self._watch_adopted, run)
-            else:
-                path.unlink(missing_ok=True)
-                run.state = "exited"
-                run.tail = self._tail(run)
-                run.reason = "the engine exited while the agent was not running"
-                log.warning("shard %s: %s", state.spec.shard_id, run.reason)
+                read = msgspec.structs.replace(read, problems=(str(exc),))
+        verdict = decide.adoption(read, alive=procs.alive(read.ids.pid, read.ids.start_ticks),
+                                  advertise_host=self.advertise_host)
+        if verdict.found == Found.KEEP:
+            log.error("state file %s cannot be read: %s; leaving it alone", path, verdict.why)
+            return
+        if verdict.found == Found.STOP:
+            log.warning("state file %s cannot be read (%s); stopping the engine it names (pid %d): "
+                        "nobody can describe it", path, verdict.why, read.ids.pid)
+            procs.signal_group(read.ids.pgid or read.ids.pid, signal.SIGKILL)
+            path.unlink(missing_ok=True)
+            return
+        if verdict.found == Found.REMOVE:
+            log.warning("state file %s cannot be read (%s); removing it", path, verdict.why)
+            path.unlink(missing_ok=True)
+            return
+        state = read.state
+        assert state is not None
+        run = ShardRun(state.spec, state.log_path, verdict.endpoint)
+        run.pid, run.pgid, run.start_ticks = state.pid, state.pgid, state.start_ticks
+        run.started_at = state.started_at
+        run.adopted = True
+        run.state, run.reason = verdict.state, verdict.reason
+        self.runs[state.spec.shard_id] = run
+        if verdict.found == Found.GONE:
+            path.unlink(missing_ok=True)
+            run.tail = self._tail(run)
+            log.warning("shard %s: %s", state.spec.shard_id, run.reason)
+            return
+        log.info(
+            "adopted shard %s (pid %d, started %s ago); output before this agent started is in %s",
+            state.spec.shard_id, state.pid, format_duration(time.time() - state.started_at), state.log_path,
+        )
+        with open(run.log_path, "ab") as out:
+            out.write(f"=== llmgw: agent restarted; adopted this engine (pid {run.pid}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
+        assert self._nursery is not None
+        self._nursery.start_soon(self._watch_adopted, run)
 
     async def _watch_adopted(self, run: ShardRun) -> None:
-        # One that was ready stays ready (as a launched one is never re-checked); one still
-        # starting is probed, then held to what is left of its start timeout.
-        if run.state == "starting" and await self._probe(
-            f"http://{connect_host(run.spec.host or self.bind_host)}:{run.spec.port}{run.spec.health_path}", api_key=run.spec.api_key
-        ):
-            run.state = "ready"
+        url = self._health_url(run)
+        if decide.adopted_needs_probe(run.state) and await self._probe(url, api_key=run.spec.api_key):
+            run.state = S.READY
             log.info("adopted shard %s is ready at %s", run.spec.shard_id, run.endpoint)
-            self._write_state(run)
+            self.files.write(run)
             self._emit(run)
         await self._watch(run)
-
-    def _stop_unidentified(self, path: Path, raw: bytes, why: str) -> None:
-        try:
-            ids = msgspec.json.decode(raw, type=PidOnly)
-        except msgspec.DecodeError:
-            ids = PidOnly()
-        if ids.pid and procs.alive(ids.pid, ids.start_ticks):
-            log.warning("state file %s cannot be read (%s); stopping the engine it names (pid %d): nobody can describe it",
-                        path, why, ids.pid)
-            procs.signal_group(ids.pgid or ids.pid, signal.SIGKILL)
-        else:
-            log.warning("state file %s cannot be read (%s); removing it", path, why)
-        path.unlink(missing_ok=True)

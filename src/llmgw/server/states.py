@@ -21,18 +21,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-
-class ShardState(enum.StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    # Ready once; its agent's health checks now fail (a hung engine). The gateway's own health
-    # checks decide whether it gets traffic.
-    UNHEALTHY = "unhealthy"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FAILED = "failed"
-    EXITED = "exited"
-    LOST = "lost"
+# The shard enum lives in wire/: the agent sets it too; the server keeps its table here.
+from llmgw.wire.shardstate import ShardState as ShardState
 
 
 class ReplicaState(enum.StrEnum):
