@@ -21,6 +21,7 @@ import llmgw
 
 PURE = [
     "llmgw.errors",
+    "llmgw.names",
     "llmgw.netaddr",
     "llmgw.verdict",
     "llmgw.doctor",
