@@ -49,6 +49,7 @@ PURE = [
     "llmgw.fabric.gputopo",
     "llmgw.agent.launch_env",
     "llmgw.sim.profiles",
+    "llmgw.sim.identity",
     "llmgw.fabric.topology",
     "llmgw.fabric.locality",
     "llmgw.fabric.ibnetdiscover",

@@ -68,6 +68,7 @@ from llmgw.tls import server_context
 from llmgw.tls.context import ServerTls
 from llmgw.tls.info import cert_not_after
 from llmgw.tls.revocation import Revocations, fleet_refusal, gateway_refusal
+from llmgw.web.fastserve import FastPath
 from llmgw.web.listen import bind_socket, unix_socket
 from llmgw.web.reactor import Reactor
 from llmgw.web.relay import RelayHub
@@ -349,7 +350,7 @@ class ControlPlane:
             handler,
             limits=Limits(max_body=int(gw.max_body), body_timeout=float(gw.body_timeout),
                           header_timeout=float(gw.header_timeout), max_connections=int(gw.max_connections)),
-            lane=lane,
+            lane=FastPath(lane) if lane is not None else None,
         )
         if tls and self.public_tls is not None:
             self.public_tls.attach(http)
