@@ -29,6 +29,18 @@ def test_importing_the_gateway_loads_no_control_plane(entry: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_llmgw_gateway_runs_without_the_control_plane() -> None:
+    """The command itself, through `llmgw`'s own main, into run_gateway: `--worker 0` without
+    --feed-socket is refused inside it, after its imports ran (a subprocess: a fresh interpreter)."""
+    code = ("import sys\nfrom llmgw.cli.main import main\n"
+            "try:\n    main(['gateway', '--worker', '0'])\nexcept SystemExit as exc:\n    code = exc.code\n"
+            f"loaded = [m for m in {CONTROL_PLANE!r} if m in sys.modules]\n"
+            "assert code == 2, code\nassert 'llmgw.server.gateway.run' in sys.modules\nassert not loaded, loaded\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--worker needs --feed-socket" in done.stderr
+
+
 def _reach(graph: dict[str, set[str]], start: str) -> dict[str, str]:
     """Every module reachable from `start`, each with the module that first imports it."""
     via = {start: ""}
