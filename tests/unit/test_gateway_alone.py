@@ -18,7 +18,9 @@ import pytest
 from tests.unit.test_imports import import_graph
 
 ENTRY = ("llmgw.cli.gateway", "llmgw.server.gateway.run")
-CONTROL_PLANE = ("llmgw.server.control", "llmgw.server.reconcile", "llmgw.server.app")
+# The reconciler, its driver, the composition root, and the node registry (GatewayMetrics left
+# server/metrics.py for server/gateway/metrics.py so that a gateway loads none of it).
+CONTROL_PLANE = ("llmgw.server.control", "llmgw.server.reconcile", "llmgw.server.app", "llmgw.server.registry")
 
 
 @pytest.mark.parametrize("entry", ENTRY)

@@ -20,8 +20,9 @@ from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.catalog.units import Duration
 from llmgw.server.gateway import fastlane
 from llmgw.server.gateway.fastlane import GatewayLane
+from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.proxy import Gateway
-from llmgw.server.metrics import GatewayMetrics, ServerMetrics
+from llmgw.server.metrics import ServerMetrics
 from llmgw.web import http1
 from llmgw.web.fastserve import FastPath
 from llmgw.web.reactor import Reactor

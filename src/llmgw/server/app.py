@@ -51,6 +51,7 @@ from llmgw.server.fabric_test import FabricTests
 from llmgw.server.fleet_service import FleetService, Session
 from llmgw.server.gateway.fastlane import GatewayLane
 from llmgw.server.gateway.forwarded import trusting_forwarded_peers
+from llmgw.server.gateway.metrics import GatewayMetrics, watch_gateway
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.gateway.workers import WorkerPool
 from llmgw.server.gwfeed import GatewayFeedService, WorkerMetrics
@@ -58,7 +59,7 @@ from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.last_endpoints import LastEndpoints
 from llmgw.server.logfollow import ModelLogs
 from llmgw.server.logs import EngineLogs, LogHub
-from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
+from llmgw.server.metrics import ServerMetrics
 from llmgw.server.operator import Operator
 from llmgw.server.registry import NodeRegistry
 from llmgw.server.remedy_service import RemedyService

@@ -36,9 +36,9 @@ from llmgw.fleet import FleetChannel, dial
 from llmgw.server.auth import Auth
 from llmgw.server.gateway import forwarded
 from llmgw.server.gateway.fastlane import GatewayLane
+from llmgw.server.gateway.metrics import GatewayMetrics, watch_gateway
 from llmgw.server.gateway.openai_api import openai_error
 from llmgw.server.gateway.proxy import JSON, Gateway
-from llmgw.server.metrics import GatewayMetrics, watch_gateway
 from llmgw.tls.context import ServerTls
 from llmgw.web.client import Upstream, UpstreamError
 from llmgw.web.fastserve import FastPath
