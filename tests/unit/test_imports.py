@@ -199,7 +199,7 @@ def test_no_import_back_up_a_floor() -> None:
     assert not wrong, "imports back up a floor:\n" + "\n".join(wrong)
 
 
-def test_function_level_circles_are_listed(capsys: object) -> None:
+def test_function_level_circles_are_listed() -> None:
     """Softer: circles closed by imports inside functions. Printed (pytest -s), never failed."""
     graph = import_graph()
     lazy = import_graph(in_functions=True)
