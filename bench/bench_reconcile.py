@@ -32,7 +32,7 @@ from llmgw.fabric.ibnetdiscover import parse_topology
 from llmgw.fabric.locality import merge, places
 from llmgw.placement import NodeCapacity, Request
 from llmgw.placement.multi import place_multi
-from llmgw.server.app import settle_garbage_collector
+from llmgw.runtime import settle_garbage_collector
 from llmgw.server.reconcile import NodeInfo, Reconciler, Settings, StartShard
 from llmgw.sim.fabric import FabricSpec, generate
 from llmgw.wire import messages as m

@@ -16,6 +16,7 @@ COMPILED = (
     "llmgw.web.fastserve",
     "llmgw.web.fastclient",
     "llmgw.server.metrics",
+    "llmgw.server.gateway.metrics",
     "llmgw.server.gateway.fastlane",
     "llmgw.server.gateway.balance",
     "llmgw.server.gateway.admission",

@@ -17,7 +17,8 @@ from llmgw.agent.agent import Agent, make_dialer
 from llmgw.agent.supervisor import Supervisor
 from llmgw.catalog.load import parse_config
 from llmgw.catalog.schema import AgentConfig, ServerConfig
-from llmgw.server.app import ControlPlane, bind_socket
+from llmgw.server.app import ControlPlane
+from llmgw.web.listen import bind_socket
 from llmgw.wire import messages as m
 from tests.e2e.harness import DEFAULT_DEADLINE, Proc
 from tests.unit.fakes import NoHardware

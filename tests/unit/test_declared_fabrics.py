@@ -132,7 +132,7 @@ def test_absent_and_init_flags_reach_agent_yaml_and_sysfs(tmp_path):
 
     result = write_node(str(tmp_path / "n"), NodeSpec(node_id="n-3", ib_ports=2, absent=["mlx5_7"], init_ports=["mlx5_1"]))
     cfg = load_agent_config(result.agent_config)
-    assert [msgspec.structs.asdict(f.to_wire()) for f in cfg.fabrics] == [
+    assert [msgspec.structs.asdict(f) for f in declared.from_config(cfg.fabrics)] == [
         {"name": "ib", "kind": "infiniband", "devices": ["mlx5_0", "mlx5_1", "mlx5_7"]}]
     state = tmp_path / "n" / "sys" / "class" / "infiniband" / "mlx5_1" / "ports" / "1" / "state"
     assert state.read_text() == "2: INIT\n"

@@ -16,8 +16,9 @@ import trio.testing
 
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.catalog.units import Duration
+from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.proxy import WATCH_AFTER, Gateway
-from llmgw.server.metrics import GatewayMetrics, ServerMetrics
+from llmgw.server.metrics import ServerMetrics
 from llmgw.web import http1
 from llmgw.web.relay import RelayHub
 from llmgw.web.server import HttpServer

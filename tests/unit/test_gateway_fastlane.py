@@ -20,9 +20,11 @@ from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.catalog.units import Duration
 from llmgw.server.gateway import fastlane
 from llmgw.server.gateway.fastlane import GatewayLane
+from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.proxy import Gateway
-from llmgw.server.metrics import GatewayMetrics, ServerMetrics
+from llmgw.server.metrics import ServerMetrics
 from llmgw.web import http1
+from llmgw.web.fastserve import FastPath
 from llmgw.web.reactor import Reactor
 from llmgw.web.relay import RelayHub
 from llmgw.web.server import HttpServer
@@ -79,7 +81,7 @@ async def gateway(engines: list[Engine], *, upstream_timeout: float = 600, max_a
         gw.configure([Model(name="chat")], [StaticEndpoint(model="chat", url=url) for url in urls])
         nursery.start_soon(gw.run_disconnect_watchdog)
         await trio.testing.wait_all_tasks_blocked()
-        server = HttpServer(gw.handle, lane=GatewayLane(gw, reactor))
+        server = HttpServer(gw.handle, lane=FastPath(GatewayLane(gw, reactor)))
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         await nursery.start(server.serve, listeners)
         port = listeners[0].socket.getsockname()[1]

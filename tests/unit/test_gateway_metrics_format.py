@@ -1,4 +1,4 @@
-"""The gateway's own counters and histograms (llmgw.server.metrics: plain dicts, no lock per
+"""The gateway's own counters and histograms (llmgw.server.gateway.metrics: plain dicts, no lock per
 increment) render exactly as prometheus_client's Counter and Histogram render the same
 observations, `_created` samples aside, so a scrape, the workers' aggregation and every
 dashboard read the same series as before."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from llmgw.server.metrics import LATENCY_BUCKETS, GatewayMetrics
+from llmgw.server.gateway.metrics import LATENCY_BUCKETS, GatewayMetrics
 
 WAITS = [0.0, 0.005, 0.0051, 0.1, 1, 2.5, 599.9, 600, 700, 1e-9]
 

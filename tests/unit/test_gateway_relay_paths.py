@@ -17,8 +17,9 @@ import pytest
 import trio
 
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.proxy import Gateway
-from llmgw.server.metrics import GatewayMetrics, ServerMetrics
+from llmgw.server.metrics import ServerMetrics
 from llmgw.tls import ca as store
 from llmgw.tls import client_context, server_context
 from llmgw.web import http1, relayhub

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from llmgw.agent.shardfiles import connect_host as _connect_host
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.proxy import Gateway
-from llmgw.server.metrics import GatewayMetrics, ServerMetrics
+from llmgw.server.metrics import ServerMetrics
 from llmgw.web.client import Upstream
 from llmgw.web.relay import RelayHub
 

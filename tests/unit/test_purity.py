@@ -21,6 +21,7 @@ import llmgw
 
 PURE = [
     "llmgw.errors",
+    "llmgw.names",
     "llmgw.netaddr",
     "llmgw.verdict",
     "llmgw.doctor",
@@ -53,6 +54,7 @@ PURE = [
     "llmgw.agent.xid_log",
     "llmgw.agent.decide",
     "llmgw.sim.profiles",
+    "llmgw.sim.identity",
     "llmgw.fabric.topology",
     "llmgw.fabric.locality",
     "llmgw.fabric.ibnetdiscover",

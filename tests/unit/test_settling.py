@@ -229,8 +229,9 @@ async def test_a_gateway_keeps_its_endpoints_while_the_control_plane_settles() -
     """GatewayEndpoints.settling: what the control plane names joins the rotation instead of
     replacing it, and followers are told the same; the settled set replaces it."""
     from llmgw.catalog.schema import GatewaySettings, Model
+    from llmgw.server.gateway.metrics import GatewayMetrics
     from llmgw.server.gateway.proxy import Gateway
-    from llmgw.server.metrics import GatewayMetrics, ServerMetrics
+    from llmgw.server.metrics import ServerMetrics
     from llmgw.web.relay import RelayHub
 
     told: list[tuple[dict[str, list[str]], bool]] = []

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 import tests.unit.test_web_server as base
-from llmgw.web.fastserve import Exchange
+from llmgw.web.fastserve import Exchange, FastPath
 from llmgw.web.reactor import Reactor
 from llmgw.web.server import HttpServer, Limits, Request, Responder
 from tests.unit.loopback import DEADLINE, wait_for
@@ -58,7 +58,7 @@ async def lane_serving(app: App, limits: Limits | None = None, *, decline_all: b
                        ) -> AsyncIterator[tuple[HttpServer, int, ToyLane]]:
     reactor = Reactor()
     lane = ToyLane(reactor, decline_all=decline_all)
-    server = HttpServer(app, limits=limits, lane=lane)
+    server = HttpServer(app, limits=limits, lane=FastPath(lane))
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
@@ -219,7 +219,7 @@ async def test_an_answer_larger_than_the_socket_buffer_is_written_as_the_client_
 async def test_the_reactor_stopping_ends_the_connections_it_served() -> None:
     reactor = Reactor()
     lane = ToyLane(reactor)
-    server = HttpServer(App(), lane=lane)
+    server = HttpServer(App(), lane=FastPath(lane))
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:

@@ -261,7 +261,7 @@ class Agent:
     def _check_fabrics(self, ports: list[m.Port]) -> list[m.FabricStatus]:
         """The declared fabrics against these ports; a change from the last check is logged
         once (a fabric left out says why: the node's log is where an operator looks first)."""
-        statuses = declared.check_fabrics([f.to_wire() for f in self.cfg.fabrics], ports)
+        statuses = declared.check_fabrics(declared.from_config(self.cfg.fabrics), ports)
         key = [msgspec.structs.astuple(s) for s in statuses]
         if key != self._fabric_key:
             first = self._fabric_key is None

@@ -34,7 +34,7 @@ def local_facts(cfg: AgentConfig, interval: float = 1.0, sleep: Callable[[float]
     before = discovery.read_port_counters(cfg.discovery)
     sleep(interval)
     ports = discovery.read_port_counters(cfg.discovery)
-    statuses = declared.check_fabrics([f.to_wire() for f in cfg.fabrics], declared.with_live(inventory.ports, ports))
+    statuses = declared.check_fabrics(declared.from_config(cfg.fabrics), declared.with_live(inventory.ports, ports))
     return NodeFacts(
         id=cfg.node_id or socket.gethostname(),
         state="local",

@@ -13,8 +13,7 @@ import msgspec
 from llmgw.catalog.redirects import allowed_host_problem
 from llmgw.catalog.sources import SourceError, SourceKind, classify, sha256_problem
 from llmgw.catalog.units import ByteSize, Duration
-from llmgw.wire.ids import id_problem, model_problem
-from llmgw.wire.messages import FabricDecl as WireFabricDecl
+from llmgw.names import id_problem, model_problem
 
 
 class _Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -88,7 +87,7 @@ class Model(_Config):
     admission: Admission = msgspec.field(default_factory=Admission)
 
     def __post_init__(self) -> None:
-        problem = model_problem(self.name)  # it travels in every Start (wire/ids.py)
+        problem = model_problem(self.name)  # it travels in every Start (llmgw/names.py, wire/ids.py)
         problem = problem or next(filter(None, map(allowed_host_problem, self.allow_redirect_hosts)), None)
         if problem:
             raise ValueError(problem)
@@ -423,10 +422,7 @@ class FabricTestSettings(_Config):
 class FabricDecl(_Config):
     name: str
     kind: Literal["infiniband", "roce", "ethernet"] = "infiniband"
-    devices: list[str] = []
-
-    def to_wire(self) -> WireFabricDecl:
-        return WireFabricDecl(name=self.name, kind=self.kind, devices=list(self.devices))
+    devices: list[str] = []  # the agent sends them as wire FabricDecls (fabric/declared.py's from_config)
 
 
 class EngineHealth(_Config):

@@ -11,6 +11,7 @@ import click
 from llmgw.catalog.units import format_duration
 from llmgw.cli import complete
 from llmgw.cli.cert import cert
+from llmgw.cli.context import api
 from llmgw.cli.day2 import events, logs
 from llmgw.cli.doctor import doctor
 from llmgw.cli.drain import cordon, drain, restart, uncordon
@@ -83,10 +84,6 @@ def ctl(ctx: click.Context, server: str, token: str | None, cert_file: str | Non
                          insecure=insecure, warn=lambda line: click.echo(f"llmgw: warning: {line}", err=True))
 
     ctx.obj["api"] = make_client
-
-
-def api(ctx: click.Context) -> ApiClient:
-    return ctx.obj["api"]()
 
 
 def _node_note(n: dict) -> str:

@@ -15,6 +15,7 @@ from urllib.parse import urlencode
 import click
 
 from llmgw.cli import complete
+from llmgw.cli.context import api
 from llmgw.cli.render import (
     NagiosCommand,
     console,
@@ -211,8 +212,6 @@ def _report(ctx: click.Context, local: bool, config_path: str | None, node_id: s
             raise CouldNotRun(str(exc)) from None
     # As given (checked here already): a newer server runs its own new checks under --skip.
     query = urlencode({k: v for k, v in (("node", node_id), ("only", ",".join(only)), ("skip", ",".join(skip))) if v})
-    from llmgw.cli.ctl import api
-
     try:
         data: dict[str, Any] = api(ctx).get("/api/v1/doctor" + (f"?{query}" if query else ""))
     except LlmgwError as exc:  # a usage error too (--server's URL): could not run, never CRITICAL

@@ -18,6 +18,7 @@ import click
 import msgspec
 
 from llmgw.cli import complete
+from llmgw.cli.context import api
 from llmgw.cli.render import console, make_table, output_option, print_json, say
 from llmgw.errors import UsageError
 
@@ -172,8 +173,6 @@ def fabrics(ctx: click.Context, fabric: str | None, topology_file: str | None, s
     if topology_file is None:
         if sm_file is not None:
             raise click.UsageError("--sm goes with --file")
-        from llmgw.cli.ctl import api
-
         client = api(ctx)
         if fabric is None:
             listed = client.get("/api/v1/fabrics")

@@ -15,6 +15,7 @@ DOWN (Disabled) someone disabled it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -126,6 +127,23 @@ def _one_subnet(ports: list[Port], problems: list[str]) -> list[Port]:
     problems.append(f"left out, on another subnet than {first.device}:{first.port} (SM lid {first.sm_lid}): "
                     + ", ".join(f"{p.device}:{p.port} (SM lid {p.sm_lid})" for p in left))
     return best
+
+
+class Declared(Protocol):
+    """A fabric as a config declares it (the catalog's FabricDecl): read, never imported, so that
+    the catalog and the fleet protocol stay apart (issue 42)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def devices(self) -> Sequence[str]: ...
+
+
+def from_config(decls: Sequence[Declared]) -> list[FabricDecl]:
+    """The agent config's fabrics as the fleet protocol carries them."""
+    return [FabricDecl(name=d.name, kind=d.kind, devices=list(d.devices)) for d in decls]
 
 
 def check_fabrics(decls: Sequence[FabricDecl], ports: Sequence[Port]) -> list[FabricStatus]:

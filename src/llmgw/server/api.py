@@ -24,8 +24,8 @@ from typing import Annotated, Protocol
 import msgspec
 import trio
 
-from llmgw.catalog.units import enc_hook
 from llmgw.doctor.facts import Report
+from llmgw.server.answers import json_encoder, send_error, send_json
 from llmgw.server.auth import Auth, Door
 from llmgw.server.drain import DrainView
 from llmgw.server.events import QUERY_LIMIT, EventLog, EventQuery
@@ -38,9 +38,6 @@ from llmgw.server.views import ReadModel
 from llmgw.web.server import Handler, Request, Responder
 
 log = logging.getLogger("llmgw.api")
-
-_json = msgspec.json.Encoder(enc_hook=enc_hook)
-
 
 class Actions(Protocol):
     """The operator actions the mutating routes call (operator.py)."""
@@ -65,18 +62,6 @@ class Clients(Protocol):
     """Where /v1/* goes (the gateway)."""
 
     async def handle(self, request: Request, responder: Responder) -> None: ...
-
-
-_JSON = (b"content-type", b"application/json")
-
-
-async def send_json(responder: Responder, status: int, body: object, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await responder.respond(status, [_JSON, *(headers or [])], _json.encode(body))
-
-
-async def send_error(responder: Responder, status: int, message: str, code: str,
-                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send_json(responder, status, {"error": {"message": message, "type": code, "code": code}}, headers)
 
 
 class PublicHandler:
@@ -360,7 +345,7 @@ class PublicHandler:
         await call.responder.start(200, [(b"content-type", b"application/x-ndjson")])
 
         async def emit(event: dict) -> None:
-            await call.responder.send(_json.encode(event) + b"\n")
+            await call.responder.send(json_encoder.encode(event) + b"\n")
 
         try:
             report = await self.fabric_tests.run(body.a, body.b, emit, rail_timeout=body.timeout, size=body.size,
@@ -369,7 +354,7 @@ class PublicHandler:
         except Refused as exc:  # the fleet changed between the check and the start
             report = {"event": "done", "a": body.a, "b": body.b, "status": "unknown", "exit_code": 3,
                       "error": str(exc), "rails": []}
-        await call.responder.end(_json.encode(report) + b"\n")
+        await call.responder.end(json_encoder.encode(report) + b"\n")
 
 
 class FabricTestRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -18,7 +18,6 @@ for a port in use) and serves until a signal. What each part does lives in its m
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from llmgw.errors import UsageError
 from llmgw.fleet import FleetListener
 from llmgw.fleet.limits import Caps, RefusalLog
 from llmgw.netaddr import hostport
+from llmgw.runtime import settle_garbage_collector
 from llmgw.server.admin.pages import AdminPages, package_assets
 from llmgw.server.alertmetrics import AlertCollector, CheckResults
 from llmgw.server.api import PublicHandler
@@ -51,6 +51,7 @@ from llmgw.server.fabric_test import FabricTests
 from llmgw.server.fleet_service import FleetService, Session
 from llmgw.server.gateway.fastlane import GatewayLane
 from llmgw.server.gateway.forwarded import trusting_forwarded_peers
+from llmgw.server.gateway.metrics import GatewayMetrics, watch_gateway
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.gateway.workers import WorkerPool
 from llmgw.server.gwfeed import GatewayFeedService, WorkerMetrics
@@ -58,7 +59,7 @@ from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.last_endpoints import LastEndpoints
 from llmgw.server.logfollow import ModelLogs
 from llmgw.server.logs import EngineLogs, LogHub
-from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
+from llmgw.server.metrics import ServerMetrics
 from llmgw.server.operator import Operator
 from llmgw.server.registry import NodeRegistry
 from llmgw.server.remedy_service import RemedyService
@@ -68,6 +69,8 @@ from llmgw.tls import server_context
 from llmgw.tls.context import ServerTls
 from llmgw.tls.info import cert_not_after
 from llmgw.tls.revocation import Revocations, fleet_refusal, gateway_refusal
+from llmgw.web.fastserve import FastPath
+from llmgw.web.listen import bind_socket, unix_socket
 from llmgw.web.reactor import Reactor
 from llmgw.web.relay import RelayHub
 from llmgw.web.server import Handler, HttpServer, Limits
@@ -79,57 +82,6 @@ class Bound(msgspec.Struct, frozen=True):
     public_url: str
     fleet_url: str
     admin_url: str = ""  # the admin listener (admin_listen), when one is configured
-
-
-def split_hostport(text: str, what: str, flag: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise UsageError(f"{what} address {text!r} must be HOST:PORT (set it with {flag})")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
-def bind_socket(text: str, what: str, flag: str, *, reserve: bool = False, listen: bool | None = None) -> socket.socket:
-    """Bind now, so that a port in use is one clear line before anything starts. `reserve`: bind
-    with SO_REUSEPORT and do not listen (the gateway workers listen on the port; this socket
-    only holds it for them and names the port they are to bind when it was 0). `listen=False`:
-    bound only, the caller listens once it can serve (`llmgw gateway`, after its first config)."""
-    host, port = split_hostport(text, what, flag)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reserve:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise UsageError(
-            f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}; choose another with {flag}"
-        ) from None
-    if (not reserve) if listen is None else listen:
-        sock.listen(4096)
-    sock.setblocking(False)
-    return sock
-
-
-def unix_socket(path: str) -> socket.socket:
-    """A listening Unix socket only this user can reach (0600): a stale file from a killed
-    server is replaced."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
-    sock.listen(4096)
-    sock.setblocking(False)
-    return sock
 
 
 def _url(scheme: str, sock: socket.socket) -> str:
@@ -399,7 +351,7 @@ class ControlPlane:
             handler,
             limits=Limits(max_body=int(gw.max_body), body_timeout=float(gw.body_timeout),
                           header_timeout=float(gw.header_timeout), max_connections=int(gw.max_connections)),
-            lane=lane,
+            lane=FastPath(lane) if lane is not None else None,
         )
         if tls and self.public_tls is not None:
             self.public_tls.attach(http)
@@ -444,18 +396,6 @@ def _hand_endpoints(gateway: Gateway, feed: GatewayFeed) -> None:
     """After every pass: the gateway (and through it every follower) gets the endpoint set."""
     ready, keys, settling = feed.endpoint_set()
     gateway.set_endpoints(ready, keys, settling=settling)
-
-
-def settle_garbage_collector() -> None:
-    """Keep full garbage collections short: they stop the whole event loop. With a 1,000-model
-    catalog and 1,000 replicas a full collection took 0.25-0.46 s on the 2-core development
-    machine (issue 9's abuse tests saw it as /healthz stalls). What exists once the server is
-    configured (modules, the catalog, the gateway's routes) lives as long as the process:
-    `gc.freeze()` takes it out of every later collection. Cycles are rare in what the server
-    makes afterwards (reference counting frees the rest), so young collections run less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, 20, 20)
 
 
 async def _stop_on_signals(event: trio.Event) -> None:

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
+from llmgw.server.answers import send_error
 from llmgw.server.logs import TAIL_MAX, LogHub, LogProblem, Target, targets_of
 from llmgw.server.states import LEAVING, ReplicaState
 
@@ -89,8 +90,6 @@ class ModelLogs:
         self.book = book  # the reconciler: replicas, of_model(), models, moves
 
     async def serve(self, name: str, query: str, responder: Any) -> None:
-        from llmgw.server.api import send_error
-
         args = {k: v[-1] for k, v in parse_qs(query).items()}
         try:
             shard = int(args["shard"]) if args.get("shard") else None

@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from llmgw.server.answers import send_error
 from llmgw.wire import messages as m
 
 log = logging.getLogger("llmgw.server.logs")
@@ -180,8 +181,6 @@ class EngineLogs:
 
     async def serve(self, replica_id: str, query: str, responder: Any) -> None:
         from urllib.parse import parse_qs
-
-        from llmgw.server.api import send_error
 
         replica = self.replica(replica_id)
         if replica is None:

@@ -7,7 +7,7 @@ is cabled to the group's leaf for rail N. Every leaf has one cable to every spin
 `core` > 0 the groups form pods of `groups_per_pod`, each with its own `spines`, and every spine has
 one cable to every core switch (three tiers); without core there is one pod (two tiers).
 
-The adapters are the simulated nodes' own: GUID `sim.node.node_guid(node, N)` (port GUID = node
+The adapters are the simulated nodes' own: GUID `sim.identity.node_guid(node, N)` (port GUID = node
 GUID, as the node's gids/0 says), LID `port_lid(node, N)`, description `<node> mlx5_N`, and a cable
 degraded on the node (`llmgw sim node --degraded`) trains at one lane (`degrade_rate`), so the
 fabric and the nodes' sysfs tell the same story. Switch LIDs count up from 1 (the subnet manager
@@ -31,7 +31,7 @@ import msgspec
 
 from llmgw.errors import UsageError
 from llmgw.fsutil import atomic_write
-from llmgw.sim.node import node_guid, port_lid
+from llmgw.sim.identity import node_guid, port_lid
 
 MELLANOX_OUI = 0x0C42A1
 SPEEDS = ("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR")

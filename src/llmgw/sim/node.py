@@ -11,12 +11,10 @@ same node and different node ids give different GUIDs (a fabric simulator can ca
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
 import tempfile
-import uuid
 from dataclasses import dataclass, field
 
 import msgspec
@@ -30,16 +28,21 @@ from llmgw.errors import UsageError
 from llmgw.fabric import sysfs
 from llmgw.fabric.linkrate import data_gbps
 from llmgw.fsutil import atomic_write
+from llmgw.sim.identity import (
+    MAX_RDMA_DEVICES,
+    NVIDIA_OUI,
+    digest,
+    gpu_bus_id,
+    gpu_uuid,
+    node_guid,
+    port_lid,
+    sysfs_guid,
+)
 from llmgw.sim.node_faults import SIM_CUDA_VERSION, SIM_VBIOS, hw_counter_files
 from llmgw.sim.pcie import pcie_files
 
-MAX_RDMA_DEVICES = 32  # one LID block per node (see port_lid)
-NVIDIA_OUI = 0xB83FD2
 SM_LID = 1
 SIM_DRIVER_VERSION = "550.54.15"  # what NVML reports on a DGX H100 of the samples' time
-
-# Bus numbers of the 8 GPUs on an HGX H100 board, as NVML prints them.
-HGX_GPU_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
 # hca_type, fw_ver, board_id of the HCA generation that runs at each speed.
 HCA_BY_SPEED = {
@@ -132,47 +135,6 @@ class NodePlan:
     links: dict[str, str] = field(default_factory=dict)  # sys/... → relative target
     gpu_file: SimGpuFile = field(default_factory=SimGpuFile)
     ports: list[WrittenPort] = field(default_factory=list)
-
-
-# ---- identities derived from the node id ---------------------------------------------------
-
-
-def _digest(*parts: str) -> bytes:
-    return hashlib.sha256("\0".join(parts).encode()).digest()
-
-
-def node_guid(node_id: str, device_index: int) -> int:
-    """NVIDIA OUI, 34 bits of the node id's hash, 6 bits of device index: stable and distinct."""
-    node_bits = int.from_bytes(_digest("guid", node_id)[:8], "big") & ((1 << 34) - 1)
-    return (NVIDIA_OUI << 40) | (node_bits << 6) | (device_index & 0x3F)
-
-
-def sysfs_guid(guid: int) -> str:
-    """0xb83fd2030012abcd → `b83f:d203:0012:abcd`, the way sysfs prints node_guid."""
-    text = f"{guid:016x}"
-    return ":".join(text[i : i + 4] for i in range(0, 16, 4))
-
-
-def _lid_block(node_id: str) -> int:
-    blocks = (0xBFFF // MAX_RDMA_DEVICES) - 1  # block 0 (LIDs 0..31) is left to switches and SMs
-    match = re.search(r"(\d+)$", node_id)
-    n = int(match[1]) if match else int.from_bytes(_digest("lid", node_id)[:4], "big")
-    return 1 + n % blocks
-
-
-def port_lid(node_id: str, ib_index: int) -> int:
-    """LID of the ib_index-th InfiniBand port. Nodes named `…<number>` get distinct LID blocks
-    (node-1, node-2, …), others a block from a hash (an SM assigns LIDs on a real fabric)."""
-    return _lid_block(node_id) * MAX_RDMA_DEVICES + ib_index
-
-
-def gpu_uuid(node_id: str, index: int) -> str:
-    return "GPU-" + str(uuid.UUID(bytes=_digest("gpu", node_id, str(index))[:16]))
-
-
-def gpu_bus_id(index: int) -> str:
-    bus = HGX_GPU_BUSES[index] if index < len(HGX_GPU_BUSES) else (0x04 + index * 3) % 0x100
-    return f"00000000:{bus:02X}:00.0"
 
 
 # ---- validation --------------------------------------------------------------------------------
@@ -270,7 +232,7 @@ def degrade_rate(rate: sysfs.Rate) -> str:
 
 
 def _mac(node_id: str, device_index: int) -> str:
-    tail = _digest("mac", node_id)[:2] + bytes([device_index & 0xFF])
+    tail = digest("mac", node_id)[:2] + bytes([device_index & 0xFF])
     raw = NVIDIA_OUI.to_bytes(3, "big") + tail
     return ":".join(f"{b:02x}" for b in raw)
 
@@ -283,7 +245,7 @@ def _ipoib_address(guid: int) -> str:
 
 def roce_ipv4(node_id: str, device_index: int) -> str:
     """The IPv4 address on a simulated RoCE netdev: 10.<device+1>.<two bytes of the node id's hash>."""
-    a, b = _digest("ipv4", node_id)[:2]
+    a, b = digest("ipv4", node_id)[:2]
     return f"10.{device_index + 1}.{a}.{b % 254 + 1}"
 
 

@@ -62,6 +62,22 @@ class FastLane(Protocol):
         ...
 
 
+class FastPath:
+    """The fast lane as HttpServer takes it: a handler's lane and the way a connection is served
+    through it. An object handed in, so that llmgw.web.server, which this module builds on, never
+    imports this module back (issue 42)."""
+
+    __slots__ = ("lane", "reactor")
+
+    def __init__(self, lane: FastLane) -> None:
+        self.lane = lane
+        self.reactor = lane.reactor
+
+    def serve(self, server: HttpServer, conn: _Connection, first: bool) -> Awaitable[Handoff | None]:
+        """Serve `conn` in reactor callbacks until its task must take over (llmgw.web.server)."""
+        return FastConnection(server, conn, self.lane, first).serve()
+
+
 class Handoff:
     """Why `FastConnection.serve` returned: the task serves the request in conn.buf
     (`continuation` None), or finishes one the lane began."""

@@ -47,7 +47,7 @@ from llmgw.web.logthrottle import LogThrottle
 from llmgw.web.rawio import ByteStream, RawSocket, Sink, TlsSocket
 
 if TYPE_CHECKING:
-    from llmgw.web.fastserve import FastLane
+    from llmgw.web.fastserve import FastPath
 
 log = logging.getLogger("llmgw.http")
 
@@ -300,7 +300,7 @@ def json_error(exc: HttpError) -> tuple[Headers, bytes]:
 
 class HttpServer:
     def __init__(self, handler: Handler, *, limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None,
-                 render_error: ErrorRenderer = json_error, lane: FastLane | None = None) -> None:
+                 render_error: ErrorRenderer = json_error, lane: FastPath | None = None) -> None:
         self.handler = handler
         self.limits = limits or Limits()
         self.ssl_context = ssl_context
@@ -316,7 +316,8 @@ class HttpServer:
         self._active: set[Responder] = set()  # requests in a handler
         self._throttle_cap = LogThrottle(log)
         self._throttle_accept = LogThrottle(log)
-        # Plain-TCP requests a lane can take are served by reactor callbacks (llmgw.web.fastserve).
+        # Plain-TCP requests a lane can take are served by reactor callbacks (llmgw.web.fastserve's
+        # FastPath: taken as an object, so that this module does not import the one that imports it).
         self.lane = lane if lane is not None and lane.reactor.available else None
         self.fast_active = 0  # requests in the lane's hands
 
@@ -514,9 +515,7 @@ class HttpServer:
         lane = self.lane
         while True:
             if lane is not None and conn.tls is None and lane.reactor.running:
-                from llmgw.web.fastserve import FastConnection  # it imports this module
-
-                handoff = await FastConnection(self, conn, lane, first).serve()
+                handoff = await lane.serve(self, conn, first)  # llmgw.web.fastserve, which imports this module
                 if handoff is None:
                     return
                 first = handoff.first

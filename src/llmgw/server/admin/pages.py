@@ -30,7 +30,7 @@ import msgspec
 
 from llmgw.server.admin import render
 from llmgw.server.admin.traffic import ports_document
-from llmgw.server.api import send_error
+from llmgw.server.answers import send_error
 from llmgw.server.auth import COOKIE, Auth, Door, Role, cookie_value
 from llmgw.server.events import EventLog, EventQuery
 from llmgw.server.forgery import cross_site

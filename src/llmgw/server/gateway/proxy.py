@@ -25,11 +25,11 @@ from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.server.gateway.admission import Ticket
 from llmgw.server.gateway.admission_gate import AdmissionRejected
 from llmgw.server.gateway.balance import Pick, prompt_prefix
+from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.openai_api import is_models_path, models_answer, openai_error
 from llmgw.server.gateway.probes import EngineProbes
 from llmgw.server.gateway.retry import FailureKind, should_retry
 from llmgw.server.gateway.routes import Route, RouteTable, log_breaker
-from llmgw.server.metrics import GatewayMetrics
 from llmgw.web.client import Response, Upstream, UpstreamError, Watch
 from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import ClientGone, Request, Responder

@@ -14,8 +14,8 @@ from llmgw.catalog.schema import GatewaySettings, StaticEndpoint
 from llmgw.server.gateway.admission_gate import AdmissionGate
 from llmgw.server.gateway.balance import Balancer
 from llmgw.server.gateway.breaker import Breaker, BreakerState
+from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.retry import RetryBudget
-from llmgw.server.metrics import GatewayMetrics
 from llmgw.web.client import Upstream
 from llmgw.wire.gateway import RouteModel
 

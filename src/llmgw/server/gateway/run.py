@@ -12,8 +12,10 @@ import stat
 import trio
 
 from llmgw.errors import LlmgwError, UsageError
+from llmgw.runtime import settle_garbage_collector
 from llmgw.server.gateway.worker import Follow, GatewayWorker, reuseport_socket
 from llmgw.tls.context import ServerTls
+from llmgw.web.listen import bind_socket, split_hostport
 from llmgw.wire.gateway import NOT_OWN_WORKER
 
 log = logging.getLogger("llmgw.gateway")
@@ -26,8 +28,6 @@ async def run_gateway(*, control_plane: str | None, listen: str, cert: str | Non
     machine; the server's own workers take the server's public_tls from the feed). `parent_fd`: a
     pipe's read end whose EOF says the server that started this worker is gone (llmgw.server
     .gateway.workers); the worker then stops as on SIGTERM."""
-    from llmgw.server.app import bind_socket, settle_garbage_collector, split_hostport
-
     if worker is not None:
         # One of the server's own workers: its public port, shared with the others.
         if not feed_socket:

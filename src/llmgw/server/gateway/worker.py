@@ -36,11 +36,12 @@ from llmgw.fleet import FleetChannel, dial
 from llmgw.server.auth import Auth
 from llmgw.server.gateway import forwarded
 from llmgw.server.gateway.fastlane import GatewayLane
+from llmgw.server.gateway.metrics import GatewayMetrics, watch_gateway
 from llmgw.server.gateway.openai_api import openai_error
 from llmgw.server.gateway.proxy import JSON, Gateway
-from llmgw.server.metrics import GatewayMetrics, watch_gateway
 from llmgw.tls.context import ServerTls
 from llmgw.web.client import Upstream, UpstreamError
+from llmgw.web.fastserve import FastPath
 from llmgw.web.reactor import Reactor
 from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import HttpServer, Limits, Request, Responder
@@ -307,7 +308,7 @@ class GatewayWorker:
             settings = self.gateway.settings
             self.http = HttpServer(self, limits=Limits(
                 max_body=int(settings.max_body), body_timeout=float(settings.body_timeout),
-                header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)), lane=self.lane)
+                header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)), lane=FastPath(self.lane))
             if self.public_tls is not None:
                 self.public_tls.attach(self.http)
             # Listening only now: the kernel hands a listening socket its share of the port's new
