@@ -43,7 +43,9 @@ SECRETS = (b"hf_secret_token_123", b"HF_TOKEN", b"s3cret-pass", b"alice", b"X-Am
 CATALOG = """\
 fleet:
   heartbeat_interval: 0.25s
-  register_timeout: 2s
+  # The hand-spoken followers send nothing of their own between steps: the listener's idle
+  # timeout (2 x silence + register_timeout, 3.5 s at 2 s) cut them on a loaded machine.
+  register_timeout: 10s
 models:
   - name: chat
     source: https://alice:s3cret-pass@weights.example/chat.safetensors?X-Amz-Signature=sig-abc123

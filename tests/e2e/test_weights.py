@@ -183,14 +183,27 @@ models:
 """
     server, _ = one_node(tmp_path, procs, catalog)
     samples: list[dict[str, Any]] = []
+    lines: list[str] = []
+
+    def table_line(replica_id: str) -> str | None:
+        table = run_llmgw("ctl", "--server", server.url, "replicas").stdout.splitlines()
+        for i, line in enumerate(table):
+            if line.lstrip().startswith("↓ model.safetensors") and i > 0 and table[i - 1].startswith(replica_id):
+                return line
+        return None
 
     def progressing() -> bool:
+        # The JSON and the table are read in the same loop, while the download runs: on a loaded
+        # machine the table read after it (a separate wait) found the download over (CI, 2026-12-04).
         [replica] = ctl_json(server.url, "replicas")
         if replica.get("progress") is not None:
             samples.append(replica)
-        return len({s["progress"]["bytes"] for s in samples}) >= 3
+            if not lines and (found := table_line(replica["id"])) is not None:
+                lines.append(found)
+        return len({s["progress"]["bytes"] for s in samples}) >= 3 and bool(lines)
 
-    wait_until(progressing, "three different byte counts in ctl replicas -o json", procs=procs, deadline=60)
+    wait_until(progressing, "three different byte counts in ctl replicas -o json, and the download line in its table",
+               procs=procs, deadline=60)
     for replica in samples:
         assert replica["state"] == "starting", replica  # bytes arriving are not a state change
         progress = replica["progress"]
@@ -208,16 +221,8 @@ models:
     seen += run_llmgw("ctl", "--server", server.url, "models").stdout
     assert "s3cret-pass" not in seen and "sig-0123" not in seen and "fetcher@" not in seen
 
-    # The table: a line under the replica, not a column.
-    def table_line() -> str | None:
-        result = run_llmgw("ctl", "--server", server.url, "replicas")
-        lines = result.stdout.splitlines()
-        for i, line in enumerate(lines):
-            if line.lstrip().startswith("↓ model.safetensors") and i > 0 and lines[i - 1].startswith(samples[0]["id"]):
-                return line
-        return None
-
-    line = wait_until(table_line, "the download line under the replica in ctl replicas", procs=procs, deadline=30)
+    # The table: a line under the replica, not a column (read while the download runs, above).
+    line = lines[0]
     assert re.search(r"↓ model\.safetensors  \d+\.\d / 30\.0 MB  \d+ %  \d+ (KB|MB)/s", line), line
 
     ready = wait_until(lambda: next((r for r in replicas(server) if r["state"] == "ready"), None), "the replica ready",
