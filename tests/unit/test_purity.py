@@ -63,6 +63,7 @@ PURE = [
     "llmgw.placement.multi",
     "llmgw.placement.spread",
     "llmgw.agent.engines.multinode",
+    "llmgw.server.links",
     "llmgw.server.observe",
     "llmgw.server.moves",
     "llmgw.server.lost",

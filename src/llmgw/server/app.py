@@ -56,6 +56,7 @@ from llmgw.server.gateway.workers import WorkerPool
 from llmgw.server.gwfeed import GatewayFeedService, WorkerMetrics
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.last_endpoints import LastEndpoints
+from llmgw.server.links import FleetLinks
 from llmgw.server.logfollow import ModelLogs
 from llmgw.server.logs import EngineLogs, LogHub
 from llmgw.server.metrics import GatewayMetrics, ServerMetrics, watch_gateway
@@ -205,8 +206,9 @@ class ControlPlane:
         gateway.configure(cfg.models, cfg.endpoints)
         self.gateway = gateway
         self.lane = GatewayLane(gateway, self.reactor)
-        # The controller sends on the streams the fleet service keeps (one shared map).
-        sessions: dict[str, Session] = {}
+        # The live stream of each node: the fleet service adds and removes them, the controller,
+        # the fabric service, the fabric tests and the log hub send on them (server/links.py).
+        links = FleetLinks[Session]()
         weights = WeightsBoard()  # weight downloads of starting shards, and their metrics (issue 12)
         self.event_feeds = EventFeeds(self.events, reconciler.replicas.values, lambda: self.reads.endpoints(),
                                       reconciler.drain_notes)
@@ -222,7 +224,7 @@ class ControlPlane:
             reconciler,
             self.registry,
             settle=settle,
-            links=sessions,
+            links=links,
             known=self.known_nodes,
             on_pass=chain(lambda: _hand_endpoints(gateway, feed), self.event_feeds.after_pass,
                           self.drainer.after_pass),
@@ -233,14 +235,14 @@ class ControlPlane:
             unplaceable=self.remedy.unplaceable,
         )
         # `ctl logs`: engine log chunks from the streams to their readers.
-        self.log_hub = LogHub(lambda: sessions)
+        self.log_hub = LogHub(links)
         self.refusal_log = RefusalLog(logging.getLogger("llmgw.fleet"), every=float(fleet.refusal_log_interval))
         # The fabric map: asks agents on the same streams, keeps its history in the state dir.
-        self.fabrics = FabricService(self.registry, sessions, FabricStore(cfg.state_dir), cfg.fabric)
+        self.fabrics = FabricService(self.registry, links, FabricStore(cfg.state_dir), cfg.fabric)
         self.metrics.registry.register(FabricCollector(self.fabrics))
         # `ctl fabric-test`: ib_write_bw between two nodes' agents, over the same streams.
         results = CheckResults(time.time)  # the last doctor run and fabric tests, for /metrics
-        self.fabric_tests = FabricTests(self.registry, lambda: sessions, results=results, grace=float(cfg.fabric.test_grace),
+        self.fabric_tests = FabricTests(self.registry, links, results=results, grace=float(cfg.fabric.test_grace),
                                         install_wait=float(cfg.fabric.test_install_wait))
         self.fleet = FleetService(
             self.registry,
@@ -252,7 +254,7 @@ class ControlPlane:
             caps=Caps(gpus=fleet.max_gpus, ports=fleet.max_ports, shards=fleet.max_shards),
             heartbeat_rate=float(fleet.max_heartbeat_rate),
             refusal_log=self.refusal_log,
-            sessions=sessions,
+            links=links,
             on_discover=self.fabrics.on_result,
             log_hub=self.log_hub,
             fabric_tests=self.fabric_tests,
@@ -385,7 +387,7 @@ class ControlPlane:
                     draining.start_soon(self.worker_pool.drain, grace)
             if left := sum(h.active_requests for h in self.http_servers):
                 log.warning("shutting down: %d request(s) still in flight after %gs (shutdown_grace) are cut", left, grace)
-            log.info("shutting down: closing %d fleet streams", len(self.fleet.sessions))
+            log.info("shutting down: closing %d fleet streams", len(self.fleet.links))
             with trio.move_on_after(3):
                 await self.fleet.shutdown()
                 await self.fleet_listener.wait_idle()

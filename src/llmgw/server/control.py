@@ -10,10 +10,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
 
-import msgspec
 import trio
 import trio.lowlevel
 
@@ -21,6 +19,7 @@ from llmgw.catalog.schema import Model, PlacementSettings, ReconcileSettings
 from llmgw.fabric.declared import fabric_devices, placement_view
 from llmgw.fabric.locality import Places
 from llmgw.server.known_nodes import KnownNodes
+from llmgw.server.links import Links
 from llmgw.server.reconcile import NodeInfo, Reconciler, Refusal, Settings, StartShard, StopShard
 from llmgw.server.registry import NodeRegistry, Transition
 from llmgw.server.settling import Ended, SettlePlan, SettleState
@@ -112,17 +111,10 @@ class Settle:
         self.plan.forget(node_id)
 
 
-class Link(Protocol):
-    """A node's live stream, as the controller sends on it (fleet_service.Session)."""
-
-    def supports(self, feature: str) -> bool: ...
-    def send(self, msg: msgspec.Struct) -> None: ...
-
-
 class Controller:
     """Built from its parts (composition root: server/app.py): the reconciler, the settle period,
-    the node registry, the live streams by node (shared with the fleet service, which fills
-    it), and what to call after every pass."""
+    the node registry, the live streams by node (read only: the fleet service adds and removes
+    them, server/links.py), and what to call after every pass."""
 
     def __init__(
         self,
@@ -130,7 +122,7 @@ class Controller:
         registry: NodeRegistry,
         *,
         settle: Settle,
-        links: Mapping[str, Link],
+        links: Links,
         known: KnownNodes | None = None,
         on_pass: Callable[[], None] = lambda: None,  # after every pass (the gateway syncs endpoints)
         on_refused: Callable[[str], None] = lambda reason: None,  # counts a refused message by reason (metrics)

@@ -23,6 +23,7 @@ from llmgw.fleet.limits import (
 )
 from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
 from llmgw.fleet.outbox import Outbox
+from llmgw.server.links import FleetLinks
 from llmgw.server.logs import LogHub
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry, PortChange, Transition, port_changes
@@ -100,7 +101,7 @@ class FleetService:
         heartbeat_rate: float = 0.0,
         refusal_log: RefusalLog | None = None,
         outbox_capacity: int = OUTBOX_CAPACITY,
-        sessions: dict[str, Session] | None = None,
+        links: FleetLinks[Session] | None = None,
         on_discover: Callable[[str, m.DiscoverResult], None] | None = None,
         log_hub: LogHub | None = None,
         fabric_tests: FabricTestRoutes | None = None,
@@ -122,9 +123,9 @@ class FleetService:
         self.require_identity = require_identity
         self.observer = observer
         self.clock = clock
-        # The live stream of each node, by node id; the controller sends on them (shared, so it
-        # can be built before this service).
-        self.sessions: dict[str, Session] = sessions if sessions is not None else {}
+        # The live stream of each node, by node id: this service adds and removes them, the
+        # controller and others send on them (built before this service, in app.py).
+        self.links: FleetLinks[Session] = links if links is not None else FleetLinks()
         self._unknown_types_logged: set[str] = set()
         self._bad_ids_logged: set[str] = set()
         self.changed = trio.Event()  # set on every fleet change; the reconciler waits on it
@@ -136,9 +137,9 @@ class FleetService:
     async def shutdown(self) -> None:
         """End every stream with a clear reason (agents reconnect to the next server)."""
         self.shutting_down = True
-        for session in list(self.sessions.values()):
+        for session in self.links.all():
             session.cancel_scope.cancel()
-        while self.sessions:
+        while len(self.links):
             self._drained = trio.Event()
             await self._drained.wait()
 
@@ -216,18 +217,17 @@ class FleetService:
         session = Session(node_id, number, channel, first.features, self.outbox_capacity)
         if self.heartbeat_rate > 0:
             session.heartbeats = HeartbeatRate(self.heartbeat_rate, self.clock())
-        old = self.sessions.get(node_id)
         known = self.registry.get(node_id)
         ports_before = known.ports if known is not None else {}  # a port may have changed while it was away
         transition, _ = self.registry.register(first, self.clock(), number, peer, identity, endpoint_host=host)
         self._ports_changed(node_id, ports_before)
+        old = self.links.add(node_id, session)
         if old is not None:
             log.warning(
                 "node %s: new stream from %s replaces the one from %s", node_id, peer, old.channel.peer
             )
             old.replaced_by = peer
             old.cancel_scope.cancel()
-        self.sessions[node_id] = session
         log.info(
             "node %s registered from %s (agent %s, %d GPUs, %d ports, %d shards, engines at %s)",
             node_id,
@@ -256,8 +256,7 @@ class FleetService:
             if session.outbox.overflow.is_set():
                 reason = session.outbox.reason
                 log.warning("node %s: closing its stream: %s; it re-registers", node_id, reason)
-            if self.sessions.get(node_id) is session:
-                del self.sessions[node_id]
+            if self.links.remove(node_id, session):
                 self._drained.set()
                 if self.log_hub is not None:
                     self.log_hub.node_gone(node_id)
