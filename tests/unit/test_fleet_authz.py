@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from llmgw.agent.supervisor import Supervisor
-from llmgw.server.fleet_service import decide_endpoint_host
+from llmgw.server.admit import decide_endpoint_host
 from llmgw.server.reconcile import (
     REFUSED_ENDPOINT,
     REFUSED_FOREIGN,
