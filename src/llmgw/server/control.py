@@ -23,6 +23,7 @@ from llmgw.server.links import Links
 from llmgw.server.reconcile import NodeInfo, Reconciler, Refusal, Settings, StartShard, StopShard
 from llmgw.server.registry import NodeRegistry, Transition
 from llmgw.server.settling import Ended, SettlePlan, SettleState
+from llmgw.server.wakeup import Wakeup
 from llmgw.server.weights import WeightsBoard
 from llmgw.wire import messages as m
 from llmgw.wire.ids import printable
@@ -130,6 +131,7 @@ class Controller:
         places: Callable[[], Places | None] = lambda: None,  # the fabric map's latest view (fabric_service)
         cordoned: Callable[[], set[str]] = set,  # nodes that take no new placements (drain.py)
         unplaceable: Callable[[], dict[str, dict[int, str]]] = dict,  # node → GPU → why not (remedy_service.py)
+        wakeup: Wakeup | None = None,  # who asks for a pass now (the drainer, the remedy service), server/wakeup.py
     ) -> None:
         self.cordoned = cordoned
         self.unplaceable = unplaceable
@@ -144,7 +146,7 @@ class Controller:
         self.weights = weights if weights is not None else WeightsBoard()  # downloads of starting shards (Progress)
         self.places = places
         self._refusals_logged: set[tuple[str, str]] = set()
-        self._wake = trio.Event()
+        self.wakeup = wakeup if wakeup is not None else Wakeup()
         self.passes = 0
 
     # -- FleetObserver --------------------------------------------------------------------------
@@ -225,7 +227,7 @@ class Controller:
     # -- driving -------------------------------------------------------------------------------------
 
     def wake(self) -> None:
-        self._wake.set()
+        self.wakeup.wake()
 
     def set_catalog(self, models: Sequence[Model]) -> None:
         before = set(self.reconciler.models)
@@ -292,8 +294,7 @@ class Controller:
             if settle_left > 0:
                 timeout = min(timeout, settle_left)
             with trio.move_on_after(timeout):
-                await self._wake.wait()
-            self._wake = trio.Event()
+                await self.wakeup.wait()
             # Let a burst of changes (a whole node registering) land before the next pass.
             await trio.lowlevel.checkpoint()
 
