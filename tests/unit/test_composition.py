@@ -1,5 +1,6 @@
 """The server's structure holds (issue 10): `server/app.py` is a composition root only (objects
-built in dependency order, nothing wired into another object afterwards, no behaviour of its own);
+built in dependency order, nothing wired into another object afterwards, no closure over a part
+built later (issue 42), no behaviour of its own);
 the API reads through a typed read model, not `Any`; a presented secret is hashed in one place;
 and no source file grows past 600 lines."""
 
@@ -30,6 +31,52 @@ def test_app_wires_nothing_after_construction() -> None:
                 wired.append(f"line {target.lineno}: {ast.unparse(target)}")
     assert not wired, f"app.py wires objects after construction: {wired}"
     assert "getattr(self" not in (SERVER / "app.py").read_text(encoding="utf-8")
+
+
+def forward_closures(source: str) -> list[str]:
+    """Lambdas in `ControlPlane.__init__` that reach `self.x` where `x` is built only later (or
+    never in `__init__`): `wake=lambda: self.controller.wake()` handed to a part built before the
+    controller. Nothing is assigned, so the check above cannot see it, yet it is wiring after
+    construction: the part works only once the root has gone on to build the other one."""
+    [plane] = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "ControlPlane"]
+    [init] = [n for n in plane.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    built: dict[str, int] = {}  # attribute → the last line of the statement that first assigns it
+    for stmt in ast.walk(init):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                end = stmt.end_lineno or stmt.lineno
+                built[target.attr] = min(built.get(target.attr, end), end)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(init):
+        if not isinstance(node, ast.Lambda):
+            continue
+        for sub in ast.walk(node.body):
+            if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self"
+                    and (sub.attr not in built or built[sub.attr] >= node.lineno)):
+                found.append((node.lineno, f"line {node.lineno}: {ast.unparse(node)} (self.{sub.attr} is built later)"))
+    return [line for _, line in sorted(set(found))]
+
+
+def test_app_hands_no_part_a_closure_over_a_part_built_later() -> None:
+    found = forward_closures((SERVER / "app.py").read_text(encoding="utf-8"))
+    assert not found, f"app.py hands forward closures (build the part first, or pass an object such as Wakeup): {found}"
+
+
+def test_a_forward_closure_is_found() -> None:
+    source = (
+        "class ControlPlane:\n"
+        "    def __init__(self):\n"
+        "        self.events = Log()\n"
+        "        self.drainer = Drainer(wake=lambda: self.controller.wake(), record=lambda m: self.events.record(m))\n"
+        "        self.feeds = Feeds(lambda: self.reads.endpoints())\n"
+        "        self.controller = Controller(places=lambda: self.fabrics.places)\n"
+        "        self.fabrics = Fabrics()\n"
+        "        self.reads = Reads(pool=lambda: self.pool)\n"
+    )
+    found = forward_closures(source)
+    assert [line.split(":")[0] for line in found] == ["line 4", "line 5", "line 6", "line 8"], found
+    assert "self.events" not in " ".join(found)  # built before: a closure over it is fine
 
 
 def test_the_control_plane_has_no_behaviour_of_its_own() -> None:

@@ -15,6 +15,7 @@ from llmgw.catalog.schema import FabricSettings
 from llmgw.catalog.units import Duration
 from llmgw.server.fabric_service import FabricService
 from llmgw.server.fabric_store import FabricStore
+from llmgw.server.links import FleetLinks
 from llmgw.server.registry import NodeRegistry
 from llmgw.sim.fabric import FabricSpec, generate
 from llmgw.sim.node import node_guid
@@ -35,7 +36,8 @@ class FakeSession:
 
 class FakeFleet:
     def __init__(self) -> None:
-        self.sessions: dict[str, FakeSession] = {}
+        self.sessions: dict[str, FakeSession] = {}  # what each node was sent
+        self.links = FleetLinks[FakeSession]()  # what the service sees (the fleet service's)
 
 
 def setup(tmp_path: Path, nodes: int = 3, features: tuple[str, ...] = (m.FEATURE_DISCOVER,)) -> tuple[FabricService, FakeFleet]:
@@ -48,8 +50,9 @@ def setup(tmp_path: Path, nodes: int = 3, features: tuple[str, ...] = (m.FEATURE
         registry.register(m.Register(node_id=node, version="1", features=list(features),
                                      inventory=m.Inventory(ports=ports)), 0.0, i)
         fleet.sessions[node] = FakeSession(list(features))
+        fleet.links.add(node, fleet.sessions[node])
     now = [100.0]
-    service = FabricService(registry, fleet.sessions, FabricStore(tmp_path), FabricSettings(sm_interval=Duration(60)),
+    service = FabricService(registry, fleet.links, FabricStore(tmp_path), FabricSettings(sm_interval=Duration(60)),
                             clock=lambda: now[0], wall=lambda: now[0])
     return service, fleet
 

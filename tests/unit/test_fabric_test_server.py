@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from llmgw.server.fabric_test import FabricTests, Refused
+from llmgw.server.links import FleetLinks
 from llmgw.wire import messages as m
 
 TABLE = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
@@ -81,7 +82,10 @@ async def progress_forever(msg: m.FabricTest):  # type: ignore[no-untyped-def]
 def harness(nursery: trio.Nursery, ids: tuple[str, ...], answers: dict[str, Any], **kw: float) -> tuple[FabricTests, dict[str, Session]]:
     box: list[FabricTests] = []
     sessions = {n: Session(lambda: box[0], n, nursery, answers.get(n)) for n in ids}
-    box.append(FabricTests(Registry(*ids), lambda: sessions, **kw))  # type: ignore[arg-type]
+    links = FleetLinks[Session]()
+    for n, session in sessions.items():
+        links.add(n, session)
+    box.append(FabricTests(Registry(*ids), links, **kw))  # type: ignore[arg-type]
     return box[0], sessions
 
 

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from llmgw.agent.supervisor import Supervisor
-from llmgw.server.fleet_service import decide_endpoint_host
+from llmgw.server.admit import decide_endpoint_host
 from llmgw.server.reconcile import (
     REFUSED_ENDPOINT,
     REFUSED_FOREIGN,
@@ -185,13 +185,17 @@ async def test_the_server_sends_a_node_requests_only_for_its_own_shards() -> Non
     from llmgw.catalog.schema import ReconcileSettings
     from llmgw.server.control import Controller, Settle, make_reconciler
     from llmgw.server.fleet_service import Session
+    from llmgw.server.links import FleetLinks
     from llmgw.server.reconcile import StopShard
     from llmgw.server.registry import NodeRegistry
 
     registry = NodeRegistry(1.0)
     sessions = {n: Session(n, i, None, [m.FEATURE_START, m.FEATURE_STOP]) for i, n in enumerate((OWNER, THIEF))}  # type: ignore[arg-type]
+    links = FleetLinks[Session]()
+    for n, session in sessions.items():
+        links.add(n, session)
     controller = Controller(make_reconciler(catalog(small=1, big=0), ReconcileSettings()), registry,
-                            settle=Settle(ReconcileSettings(), registry), links=sessions)
+                            settle=Settle(ReconcileSettings(), registry), links=links)
     [s] = bring_up(controller.reconciler, nodes(OWNER))
     controller._send(StopShard(THIEF, s.spec.shard_id, 1.0, "a decision that mixed nodes up"))
     controller._send(StartShard(THIEF, s.spec))

@@ -18,6 +18,7 @@ from llmgw.catalog.schema import ReconcileSettings
 from llmgw.fleet import ChannelClosed, FleetChannel, FleetListener, dial
 from llmgw.server.control import Controller, Settle, make_reconciler
 from llmgw.server.fleet_service import FleetService
+from llmgw.server.links import FleetLinks
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry
 from llmgw.server.states import ReplicaState
@@ -86,7 +87,7 @@ async def test_a_bad_node_id_is_refused_before_it_is_registered(node_id: str) ->
     assert isinstance(answer, ChannelClosed), answer
     assert answer.error and answer.reason == f"invalid node id {node_id!r}"
     assert refused == ["bad_node_id"]
-    assert service.registry.nodes == {} and service.sessions == {}
+    assert service.registry.nodes == {} and not service.links.ids()
 
 
 @pytest.mark.parametrize("node_id", GOOD_IDS)
@@ -122,7 +123,8 @@ async def test_a_node_certificate_registers_as_its_own_id(pki: Path) -> None:
         answer = await register(channel, "gpu-01")
         assert isinstance(answer, m.Welcome), answer
         assert list(service.registry.nodes) == ["gpu-01"] and refused == []
-        assert service.sessions["gpu-01"].channel.tls_identity == "gpu-01"
+        link = service.links.get("gpu-01")
+        assert link is not None and link.channel.tls_identity == "gpu-01"
 
 
 async def test_a_node_certificate_cannot_register_as_another_node(pki: Path) -> None:
@@ -133,7 +135,7 @@ async def test_a_node_certificate_cannot_register_as_another_node(pki: Path) -> 
     assert answer.error
     assert answer.reason == "client certificate is for 'gpu-01' but the agent registered as 'gpu-02'"
     assert refused == ["identity"]
-    assert service.registry.nodes == {} and service.sessions == {}
+    assert service.registry.nodes == {} and not service.links.ids()
 
 
 async def test_without_require_identity_the_common_name_is_not_checked(pki: Path) -> None:
@@ -154,7 +156,7 @@ async def test_an_agent_that_registers_with_nothing_has_its_replicas_disowned_th
     FleetService and Controller, and the replica the server believed in on it is let go."""
     registry = NodeRegistry(1.0)
     controller = Controller(make_reconciler(catalog(small=1, big=0), ReconcileSettings()), registry,
-                            settle=Settle(ReconcileSettings(), registry), links={})
+                            settle=Settle(ReconcileSettings(), registry), links=FleetLinks())
     bring_up(controller.reconciler, nodes("gpu-01"))
     [replica] = controller.reconciler.replicas.values()
     assert replica.state == ReplicaState.READY

@@ -52,14 +52,15 @@ async def registered(capacity: int) -> Any:
                          outbox_capacity=capacity)
     async with fleet_port(fleet.handle) as (_, url), dial(url, ssl_context=None, insecure=True, max_message=MAX) as agent:
         await agent.send(m.encode(m.Register(node_id="gpu-01", version=__version__)))
-        await until(lambda: "gpu-01" in fleet.sessions, "the node to register")
+        await until(lambda: "gpu-01" in fleet.links, "the node to register")
         yield fleet, agent
 
 
 async def test_the_server_closes_the_stream_of_an_agent_that_stops_reading() -> None:
     capacity = 8
     async with registered(capacity) as (fleet, agent):
-        session = fleet.sessions["gpu-01"]
+        session = fleet.links.get("gpu-01")
+        assert session is not None
         sent = 0
         # The agent reads nothing: the writer fills the stream's window, then the outbox fills.
         while not session.outbox.overflow.is_set():
@@ -68,7 +69,7 @@ async def test_the_server_closes_the_stream_of_an_agent_that_stops_reading() -> 
             await trio.testing.wait_all_tasks_blocked(cushion=0.001)
             assert sent <= capacity + 2 * MAX // 20_000 + 4, "the outbox grew past its bound"
         assert "slow consumer" in session.outbox.reason
-        await until(lambda: "gpu-01" not in fleet.sessions, "the server to end the stream")
+        await until(lambda: "gpu-01" not in fleet.links, "the server to end the stream")
         node = fleet.registry.nodes["gpu-01"]
         assert not node.connected and "slow consumer" in node.reason
         # What was written before the end still reaches the agent, then the stream ends.
@@ -80,7 +81,8 @@ async def test_the_server_closes_the_stream_of_an_agent_that_stops_reading() -> 
 async def test_an_agent_that_reads_never_overflows_the_server_outbox() -> None:
     capacity = 8
     async with registered(capacity) as (fleet, agent):
-        session = fleet.sessions["gpu-01"]
+        session = fleet.links.get("gpu-01")
+        assert session is not None
         got = []
 
         async def read() -> None:
@@ -94,7 +96,7 @@ async def test_an_agent_that_reads_never_overflows_the_server_outbox() -> None:
                 await trio.testing.wait_all_tasks_blocked(cushion=0.001)
             await until(lambda: len(got) == 1 + 4 * capacity, "every Start to arrive")
             nursery.cancel_scope.cancel()
-        assert not session.outbox.overflow.is_set() and "gpu-01" in fleet.sessions
+        assert not session.outbox.overflow.is_set() and "gpu-01" in fleet.links
 
 
 class Stuck:

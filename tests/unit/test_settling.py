@@ -16,6 +16,7 @@ import trio.testing
 from llmgw.catalog.schema import Model, Profile, ReconcileSettings
 from llmgw.server.control import Controller, Settle, make_reconciler
 from llmgw.server.known_nodes import KnownNodes
+from llmgw.server.links import FleetLinks
 from llmgw.server.registry import NodeRegistry
 from llmgw.server.settling import Ended, SettlePlan, SettleState
 from llmgw.wire import messages as m
@@ -110,7 +111,7 @@ async def storm(tmp_path: Path, n: int, arrivals: dict[str, float], settings: Re
     known, reports = restart_fleet(tmp_path, n)
     registry = NodeRegistry(1.0)
     sent: list[tuple[float, str, msgspec.Struct]] = []
-    links: dict[str, Link] = {}
+    links: FleetLinks[Link] = FleetLinks()
     controller = Controller(make_reconciler(one_gpu_model(n), settings, rng=random.Random(2)), registry,
                             settle=Settle(settings, registry, known), links=links, known=known)
     start = trio.current_time()
@@ -120,7 +121,7 @@ async def storm(tmp_path: Path, n: int, arrivals: dict[str, float], settings: Re
         msg = m.Register(node_id=node, version="0.1.0", features=FEATURES, inventory=m.Inventory(gpus=gpus(2)),
                          shards=reports[node])
         registry.register(msg, trio.current_time(), session=session, endpoint_host=node)
-        links[node] = Link(sent, node)
+        links.add(node, Link(sent, node))
         controller.node_registered(node, msg)
 
     with trio.move_on_after(until):
@@ -183,7 +184,7 @@ async def test_the_gateway_feed_says_settling_until_settled(tmp_path: Path, auto
     settle = Settle(settings, registry, known)
     reconciler = make_reconciler(one_gpu_model(2), settings, rng=random.Random(2))
     feed = GatewayFeed(reconciler, settle, trio.current_time, LastEndpoints(tmp_path))
-    controller = Controller(reconciler, registry, settle=settle, links={}, known=known,
+    controller = Controller(reconciler, registry, settle=settle, links=FleetLinks(), known=known,
                             on_pass=lambda: handed.append(feed.endpoint_set()))
     endpoints = {node: rs[0].endpoint for node, rs in reports.items()}
 

@@ -270,6 +270,7 @@ def test_the_controller_hands_the_reconciler_each_nodes_leaves_from_the_fabric_m
     from llmgw.catalog.schema import PlacementSettings, ReconcileSettings
     from llmgw.fabric.locality import Place, Places
     from llmgw.server.control import Controller, Settle, make_reconciler
+    from llmgw.server.links import FleetLinks
     from llmgw.server.registry import NodeRegistry
 
     fabric = places("ib0", analyse(parse_topology(generate(
@@ -281,7 +282,7 @@ def test_the_controller_hands_the_reconciler_each_nodes_leaves_from_the_fabric_m
         for i, node in enumerate(("node-1", "node-2", "node-3")):
             registry.register(m.Register(node_id=node, version="0.1.0"), 0.0, session=i + 1)
         reconciler = make_reconciler([], ReconcileSettings(), placement=PlacementSettings(spread=mode))  # type: ignore[arg-type]
-        controller = Controller(reconciler, registry, settle=Settle(ReconcileSettings(), registry), links={},
+        controller = Controller(reconciler, registry, settle=Settle(ReconcileSettings(), registry), links=FleetLinks(),
                                 places=lambda: view)
         leaves = {n.node_id: n.leaves for n in controller.nodes()}
         if want:

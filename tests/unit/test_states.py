@@ -11,6 +11,7 @@ import trio
 
 from llmgw.catalog.schema import ReconcileSettings
 from llmgw.server.control import Controller, Settle, make_reconciler
+from llmgw.server.links import FleetLinks
 from llmgw.server.reconcile import Reconciler, Replica, Shard
 from llmgw.server.registry import NodeRegistry
 from llmgw.server.states import (
@@ -119,7 +120,7 @@ async def test_the_driver_logs_a_refused_transition_as_a_warning(caplog: pytest.
     caplog.set_level(logging.WARNING, logger="llmgw.server.reconcile")
     registry = NodeRegistry(1.0)
     controller = Controller(make_reconciler(catalog(small=1, big=0), ReconcileSettings()), registry,
-                            settle=Settle(ReconcileSettings(), registry), links={})
+                            settle=Settle(ReconcileSettings(), registry), links=FleetLinks())
     [start] = starts(controller.reconciler.reconcile(nodes("gpu-01"), trio.current_time()))
     status = m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id, state="stopped")
     controller.shard_status("gpu-01", status)

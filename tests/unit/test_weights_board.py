@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from llmgw.catalog.schema import ReconcileSettings
 from llmgw.server.control import Controller, Settle, make_reconciler
+from llmgw.server.links import FleetLinks
 from llmgw.server.registry import NodeRegistry
 from llmgw.server.states import ReplicaState
 from llmgw.server.views import replica_view
@@ -79,7 +80,7 @@ async def test_a_real_state_change_clears_the_download_through_the_control_plane
     registry = NodeRegistry(1.0)
     board = WeightsBoard()
     controller = Controller(make_reconciler(catalog(small=1, big=0), ReconcileSettings()), registry,
-                            settle=Settle(ReconcileSettings(), registry), links={}, weights=board)
+                            settle=Settle(ReconcileSettings(), registry), links=FleetLinks(), weights=board)
     [start] = starts(controller.reconciler.reconcile(nodes("gpu-01"), 0.0))
     shard = start.spec.shard_id
     controller.progress("gpu-01", progress(shard, 40, 40))

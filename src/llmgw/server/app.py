@@ -57,6 +57,7 @@ from llmgw.server.gateway.workers import WorkerPool
 from llmgw.server.gwfeed import GatewayFeedService, WorkerMetrics
 from llmgw.server.known_nodes import KnownNodes
 from llmgw.server.last_endpoints import LastEndpoints
+from llmgw.server.links import FleetLinks
 from llmgw.server.logfollow import ModelLogs
 from llmgw.server.logs import EngineLogs, LogHub
 from llmgw.server.metrics import ServerMetrics
@@ -64,6 +65,7 @@ from llmgw.server.operator import Operator
 from llmgw.server.registry import NodeRegistry
 from llmgw.server.remedy_service import RemedyService
 from llmgw.server.views import FleetReads, GatewayFeed
+from llmgw.server.wakeup import Wakeup
 from llmgw.server.weights import WeightsBoard
 from llmgw.tls import server_context
 from llmgw.tls.context import ServerTls
@@ -157,42 +159,49 @@ class ControlPlane:
         gateway.configure(cfg.models, cfg.endpoints)
         self.gateway = gateway
         self.lane = GatewayLane(gateway, self.reactor)
-        # The controller sends on the streams the fleet service keeps (one shared map).
-        sessions: dict[str, Session] = {}
+        # The live stream of each node: the fleet service adds and removes them, the controller,
+        # the fabric service, the fabric tests and the log hub send on them (server/links.py).
+        links = FleetLinks[Session]()
         weights = WeightsBoard()  # weight downloads of starting shards, and their metrics (issue 12)
-        self.event_feeds = EventFeeds(self.events, reconciler.replicas.values, lambda: self.reads.endpoints(),
-                                      reconciler.drain_notes)
+        # "Make a pass now": asked by the drainer and the remedy service, waited on by the controller.
+        wakeup = Wakeup()
         # Cordon and drain marks, kept across restarts; drains move replicas after each pass.
         self.drainer = Drainer(MarkStore(cfg.state_dir), reconciler, self.registry, now=trio.current_time,
-                               wake=lambda: self.controller.wake(),
+                               wake=wakeup.wake,
                                record=lambda kind, message, node: self.events.record(kind, message, node=node))
         # A fleet that heals itself (issue 43): doctor's GPU findings → unplaceable GPUs, auto-cordons, moves.
         self.remedy = RemedyService(cfg.remedy, self.registry, reconciler, self.drainer,
                                     record=lambda kind, message, node: self.events.record(kind, message, node=node),
-                                    metrics=self.metrics.registry, wake=lambda: self.controller.wake())
+                                    metrics=self.metrics.registry, wake=wakeup.wake)
+        # The fabric map: asks agents on the same streams, keeps its history in the state dir.
+        self.fabrics = FabricService(self.registry, links, FabricStore(cfg.state_dir), cfg.fabric)
+        self.metrics.registry.register(FabricCollector(self.fabrics))
+        # What the API, the admin pages and the event feeds read.
+        self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer,
+                                followers=self.followers, unplaceable=self.remedy.unplaceable)
+        self.event_feeds = EventFeeds(self.events, reconciler.replicas.values, self.reads.endpoints,
+                                      reconciler.drain_notes)
         self.controller = Controller(
             reconciler,
             self.registry,
             settle=settle,
-            links=sessions,
+            links=links,
             known=self.known_nodes,
             on_pass=chain(lambda: _hand_endpoints(gateway, feed), self.event_feeds.after_pass,
                           self.drainer.after_pass),
             on_refused=self.metrics.count_refused,
             weights=weights,
-            places=lambda: self.fabrics.places,  # multi-node placement reads the fabric map
+            places=lambda: self.fabrics.places,  # multi-node placement reads the fabric map's latest view
             cordoned=self.drainer.cordoned,
             unplaceable=self.remedy.unplaceable,
+            wakeup=wakeup,
         )
         # `ctl logs`: engine log chunks from the streams to their readers.
-        self.log_hub = LogHub(lambda: sessions)
+        self.log_hub = LogHub(links)
         self.refusal_log = RefusalLog(logging.getLogger("llmgw.fleet"), every=float(fleet.refusal_log_interval))
-        # The fabric map: asks agents on the same streams, keeps its history in the state dir.
-        self.fabrics = FabricService(self.registry, sessions, FabricStore(cfg.state_dir), cfg.fabric)
-        self.metrics.registry.register(FabricCollector(self.fabrics))
         # `ctl fabric-test`: ib_write_bw between two nodes' agents, over the same streams.
         results = CheckResults(time.time)  # the last doctor run and fabric tests, for /metrics
-        self.fabric_tests = FabricTests(self.registry, lambda: sessions, results=results, grace=float(cfg.fabric.test_grace),
+        self.fabric_tests = FabricTests(self.registry, links, results=results, grace=float(cfg.fabric.test_grace),
                                         install_wait=float(cfg.fabric.test_install_wait))
         self.fleet = FleetService(
             self.registry,
@@ -204,7 +213,7 @@ class ControlPlane:
             caps=Caps(gpus=fleet.max_gpus, ports=fleet.max_ports, shards=fleet.max_shards),
             heartbeat_rate=float(fleet.max_heartbeat_rate),
             refusal_log=self.refusal_log,
-            sessions=sessions,
+            links=links,
             on_discover=self.fabrics.on_result,
             log_hub=self.log_hub,
             fabric_tests=self.fabric_tests,
@@ -233,7 +242,10 @@ class ControlPlane:
         self.feed_listener = FleetListener(_no_nodes_here, ssl_context=None, max_message=fleet.max_message,
                                            gateway_handler=self.followers.handle_local,
                                            on_refused=self.metrics.count_refused)
-        # What operators change, and what the API reads.
+        # The gateway workers: started in run(), once the public port is bound (None until then, and
+        # with gateway.workers = 1); the operator's reload reads whichever is current.
+        self.worker_pool: WorkerPool | None = None
+        # What operators change.
         self.operator = Operator(cfg, config_path=config_path, overrides=overrides, auth=self.auth, gateway=gateway,
                                  controller=self.controller, registry=self.registry, revocations=self.revocations,
                                  end_revoked_streams=self.fleet_listener.recheck, drainer=self.drainer,
@@ -241,14 +253,11 @@ class ControlPlane:
                                  record=lambda kind, message: self.events.record(kind, message),
                                  feed=self.followers, worker_pool=lambda: self.worker_pool, cores=os.cpu_count() or 1,
                                  set_remedy=self.remedy.configure)
-        self.reads = FleetReads(self.registry, reconciler, gateway, weights, self.fabrics, marks=self.drainer,
-                                followers=self.followers, unplaceable=self.remedy.unplaceable)
         self.metrics.registry.register(weights)  # llmgw_weights_* (issue 12)
         self.engine_logs = EngineLogs(self.log_hub, reconciler.replicas.get)
         self.model_logs = ModelLogs(self.log_hub, reconciler)  # `ctl logs MODEL`, following it across moves
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=package_assets(), events=self.events,
                                       tls=self.public_tls is not None)
-        self.worker_pool: WorkerPool | None = None  # started in run(), once the public port is bound
         self.doctor = DoctorService(self.registry, reconciler, self.fabrics, results=results)  # GET /api/v1/doctor (issue 14)
         # What alerts are written on: replicas wanted and ready, certificate expiry, the last checks.
         own = [("server", port, cert_not_after(tls.cert)) for port, tls in (("fleet-port", cfg.tls), ("public-port", public_tls))
@@ -337,7 +346,7 @@ class ControlPlane:
                     draining.start_soon(self.worker_pool.drain, grace)
             if left := sum(h.active_requests for h in self.http_servers):
                 log.warning("shutting down: %d request(s) still in flight after %gs (shutdown_grace) are cut", left, grace)
-            log.info("shutting down: closing %d fleet streams", len(self.fleet.sessions))
+            log.info("shutting down: closing %d fleet streams", len(self.fleet.links))
             with trio.move_on_after(3):
                 await self.fleet.shutdown()
                 await self.fleet_listener.wait_idle()

@@ -10,10 +10,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
 
-import msgspec
 import trio
 import trio.lowlevel
 
@@ -21,9 +19,11 @@ from llmgw.catalog.schema import Model, PlacementSettings, ReconcileSettings
 from llmgw.fabric.declared import fabric_devices, placement_view
 from llmgw.fabric.locality import Places
 from llmgw.server.known_nodes import KnownNodes
+from llmgw.server.links import Links
 from llmgw.server.reconcile import NodeInfo, Reconciler, Refusal, Settings, StartShard, StopShard
 from llmgw.server.registry import NodeRegistry, Transition
 from llmgw.server.settling import Ended, SettlePlan, SettleState
+from llmgw.server.wakeup import Wakeup
 from llmgw.server.weights import WeightsBoard
 from llmgw.wire import messages as m
 from llmgw.wire.ids import printable
@@ -112,17 +112,10 @@ class Settle:
         self.plan.forget(node_id)
 
 
-class Link(Protocol):
-    """A node's live stream, as the controller sends on it (fleet_service.Session)."""
-
-    def supports(self, feature: str) -> bool: ...
-    def send(self, msg: msgspec.Struct) -> None: ...
-
-
 class Controller:
     """Built from its parts (composition root: server/app.py): the reconciler, the settle period,
-    the node registry, the live streams by node (shared with the fleet service, which fills
-    it), and what to call after every pass."""
+    the node registry, the live streams by node (read only: the fleet service adds and removes
+    them, server/links.py), and what to call after every pass."""
 
     def __init__(
         self,
@@ -130,7 +123,7 @@ class Controller:
         registry: NodeRegistry,
         *,
         settle: Settle,
-        links: Mapping[str, Link],
+        links: Links,
         known: KnownNodes | None = None,
         on_pass: Callable[[], None] = lambda: None,  # after every pass (the gateway syncs endpoints)
         on_refused: Callable[[str], None] = lambda reason: None,  # counts a refused message by reason (metrics)
@@ -138,6 +131,7 @@ class Controller:
         places: Callable[[], Places | None] = lambda: None,  # the fabric map's latest view (fabric_service)
         cordoned: Callable[[], set[str]] = set,  # nodes that take no new placements (drain.py)
         unplaceable: Callable[[], dict[str, dict[int, str]]] = dict,  # node → GPU → why not (remedy_service.py)
+        wakeup: Wakeup | None = None,  # who asks for a pass now (the drainer, the remedy service), server/wakeup.py
     ) -> None:
         self.cordoned = cordoned
         self.unplaceable = unplaceable
@@ -152,7 +146,7 @@ class Controller:
         self.weights = weights if weights is not None else WeightsBoard()  # downloads of starting shards (Progress)
         self.places = places
         self._refusals_logged: set[tuple[str, str]] = set()
-        self._wake = trio.Event()
+        self.wakeup = wakeup if wakeup is not None else Wakeup()
         self.passes = 0
 
     # -- FleetObserver --------------------------------------------------------------------------
@@ -233,7 +227,7 @@ class Controller:
     # -- driving -------------------------------------------------------------------------------------
 
     def wake(self) -> None:
-        self._wake.set()
+        self.wakeup.wake()
 
     def set_catalog(self, models: Sequence[Model]) -> None:
         before = set(self.reconciler.models)
@@ -300,8 +294,7 @@ class Controller:
             if settle_left > 0:
                 timeout = min(timeout, settle_left)
             with trio.move_on_after(timeout):
-                await self._wake.wait()
-            self._wake = trio.Event()
+                await self.wakeup.wait()
             # Let a burst of changes (a whole node registering) land before the next pass.
             await trio.lowlevel.checkpoint()
 

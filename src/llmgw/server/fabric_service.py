@@ -48,6 +48,7 @@ from llmgw.fabric.subnet import (
 )
 from llmgw.fabric.sysfs import parse_guid
 from llmgw.server.fabric_store import FabricStore
+from llmgw.server.links import Links
 from llmgw.server.registry import Node, NodeRegistry
 from llmgw.wire import messages as m
 from llmgw.wire.ids import printable, quote
@@ -93,10 +94,10 @@ def _port_state(node: Node, port: m.Port) -> str:
 
 
 class FabricService:
-    def __init__(self, registry: NodeRegistry, sessions: Mapping[str, Any], store: FabricStore, settings: FabricSettings, *,
+    def __init__(self, registry: NodeRegistry, links: Links, store: FabricStore, settings: FabricSettings, *,
                  clock: Callable[[], float] = trio.current_time, wall: Callable[[], float] = time.time) -> None:
         self.registry = registry
-        self.sessions = sessions  # node id → the fleet service's Session (send, supports), shared
+        self.links = links  # node id → its live fleet stream (read only: server/links.py)
         self.store = store
         self.settings = settings
         self.clock = clock
@@ -143,8 +144,7 @@ class FabricService:
         by_fabric: dict[str, list[tuple[str, str]]] = {}
         unknown: list[tuple[str, str]] = []
         for node in sorted(self.registry.nodes.values(), key=lambda n: n.id):
-            session = self.sessions.get(node.id)
-            if node.state != "ready" or session is None or not session.supports(m.FEATURE_DISCOVER) or node.id in busy:
+            if node.state != "ready" or not self.links.supports(node.id, m.FEATURE_DISCOVER) or node.id in busy:
                 continue
             for port in node.inventory.ports:
                 if port.link_layer != "InfiniBand" or _port_state(node, port) != "ACTIVE":
@@ -204,8 +204,9 @@ class FabricService:
         request_id = f"fab-{self._requests}"
         timeout = float(self.settings.tool_timeout)
         self.pending[request_id] = Pending(node=node, tool=tool, port=port, fabric=fabric, deadline=now + timeout + GRACE)
-        self.sessions[node].send(m.Discover(request_id=request_id, tool=tool, device=device,
-                                                  port=int(number or 1), timeout=timeout))
+        link = self.links.get(node)
+        assert link is not None  # asked only of nodes connected this tick (no await since)
+        link.send(m.Discover(request_id=request_id, tool=tool, device=device, port=int(number or 1), timeout=timeout))
 
     # ---- observe ----------------------------------------------------------------------------------
 
@@ -328,7 +329,7 @@ class FabricService:
 
     def recompute(self, now: float) -> None:
         limit = 3 * float(self.settings.sm_interval)
-        views = [view for view, at in self.views.values() if now - at <= limit and view.node in self.sessions]
+        views = [view for view, at in self.views.values() if now - at <= limit and view.node in self.links]
         report = group_fabrics(views, self.known, self.store.changes(now - HOUR), now)
         known = remember(report, self.known)
         if known != self.known:
@@ -349,7 +350,7 @@ class FabricService:
         """Ports up with no subnet manager (INIT), from the nodes' own readings."""
         out = []
         for node in self.registry.nodes.values():
-            if node.id not in self.sessions:
+            if node.id not in self.links:
                 continue
             for port in node.inventory.ports:
                 if port.link_layer == "InfiniBand" and _port_state(node, port) == "INIT":

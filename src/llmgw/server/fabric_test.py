@@ -41,7 +41,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -63,6 +63,7 @@ from llmgw.fabric.railtest import (
     split_port,
 )
 from llmgw.server.alertmetrics import CheckResults
+from llmgw.server.links import Links
 from llmgw.server.registry import NodeRegistry
 from llmgw.wire import messages as m
 from llmgw.wire.ids import quote
@@ -93,10 +94,10 @@ class _Route(msgspec.Struct):
 
 
 class FabricTests:
-    def __init__(self, registry: NodeRegistry, sessions: Callable[[], Mapping[str, Any]], *,
+    def __init__(self, registry: NodeRegistry, links: Links, *,
                  grace: float = GRACE, install_wait: float = INSTALL_WAIT, results: CheckResults | None = None) -> None:
         self.registry = registry
-        self.sessions = sessions  # node id → its live fleet session (FleetService.sessions)
+        self.links = links  # node id → its live fleet stream (read only: server/links.py)
         self.routes: dict[str, _Route] = {}
         self.grace = grace
         self.install_wait = install_wait
@@ -136,12 +137,11 @@ class FabricTests:
                                "--rail-timeout or shorten --duration")
         if a == b:
             raise Refused(400, f"fabric-test needs two different nodes (got {a} twice)")
-        sessions = self.sessions()
         for node_id in (a, b):
             node = self.registry.get(node_id)
             if node is None:
                 raise Refused(404, f"no node {node_id!r} has registered with this server")
-            session = sessions.get(node_id)
+            session = self.links.get(node_id)
             if session is None or node.state != "ready":
                 raise Refused(503, f"node {node_id} is not connected ({node.state}{': ' + node.reason if node.reason else ''});"
                                    " its agent must be up to run its side of the test")
@@ -158,7 +158,7 @@ class FabricTests:
                                        f"{node.inventory.gpu_note or node.inventory.gpu_source or 'no GPU library'}): "
                                        "GPUDirect RDMA needs GPU memory on both ends; run without --gpudirect to test "
                                        "the link from host memory")
-                if not sessions[node_id].supports(m.FEATURE_FABRIC_TEST_GPUDIRECT):
+                if not self.links.supports(node_id, m.FEATURE_FABRIC_TEST_GPUDIRECT):
                     raise Refused(409, f"--gpudirect: the agent on {node_id} (version {node.version or 'unknown'}) "
                                        "does not run GPUDirect tests (too old)")
         rails, problems = pair_rails(node_a.fabric_status, node_b.fabric_status, _rates(node_a), _rates(node_b))
@@ -179,9 +179,8 @@ class FabricTests:
             if not duration:
                 notes.append(f"a {timeout:g} s rail timeout leaves no room for a duration run (-D needs "
                              f"{DURATION_SLACK:g} s beyond it): ran {iterations} iterations of {size} bytes")
-        sessions = self.sessions()
-        if duration and not all(sessions[n].supports(m.FEATURE_FABRIC_TEST_DURATION) for n in (a, b)):
-            old = [n for n in (a, b) if not sessions[n].supports(m.FEATURE_FABRIC_TEST_DURATION)]
+        if duration and not all(self.links.supports(n, m.FEATURE_FABRIC_TEST_DURATION) for n in (a, b)):
+            old = [n for n in (a, b) if not self.links.supports(n, m.FEATURE_FABRIC_TEST_DURATION)]
             notes.append(f"{' and '.join(old)}: agent too old for duration runs (-D); ran {iterations} iterations "
                          f"of {size} bytes instead")
             duration = 0
@@ -306,7 +305,7 @@ class FabricTests:
         return (node.endpoint_host or node.address.rpartition(":")[0].strip("[]")) if node else ""
 
     def _send(self, node_id: str, msg: msgspec.Struct) -> None:
-        session = self.sessions().get(node_id)
+        session = self.links.get(node_id)
         if session is not None:
             session.send(msg)
 

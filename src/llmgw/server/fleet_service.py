@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
 from collections.abc import Callable
@@ -19,15 +18,16 @@ from llmgw.fleet.limits import (
     RefusalLog,
     fabrics_problem,
     heartbeat_problem,
-    register_problem,
 )
 from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
 from llmgw.fleet.outbox import Outbox
+from llmgw.server.admit import AdmitRules, Refusal, admit_register, peer_host, split_reports
+from llmgw.server.links import FleetLinks
 from llmgw.server.logs import LogHub
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.registry import NodeRegistry, PortChange, Transition, port_changes
 from llmgw.wire import messages as m
-from llmgw.wire.ids import message_problems, printable, quote, spec_problems
+from llmgw.wire.ids import message_problems, printable, quote
 
 REFUSED_BAD_ID = "bad id"
 
@@ -100,7 +100,7 @@ class FleetService:
         heartbeat_rate: float = 0.0,
         refusal_log: RefusalLog | None = None,
         outbox_capacity: int = OUTBOX_CAPACITY,
-        sessions: dict[str, Session] | None = None,
+        links: FleetLinks[Session] | None = None,
         on_discover: Callable[[str, m.DiscoverResult], None] | None = None,
         log_hub: LogHub | None = None,
         fabric_tests: FabricTestRoutes | None = None,
@@ -113,18 +113,18 @@ class FleetService:
         self.log_hub = log_hub  # engine log chunks go to their readers (`ctl logs`)
         self.fabric_tests = fabric_tests  # ib_write_bw results go to the test that asked (`ctl fabric-test`)
         self.caps = caps or Caps()
+        # What a Register is admitted by (server/admit.py).
+        self.rules = AdmitRules(caps=self.caps, require_identity=require_identity, endpoint_host=endpoint_host)
         self.heartbeat_rate = heartbeat_rate
         self.refusals = refusal_log or RefusalLog(log)
         self.registry = registry
-        self.endpoint_host = endpoint_host
         self.metrics = metrics
         self.register_timeout = register_timeout
-        self.require_identity = require_identity
         self.observer = observer
         self.clock = clock
-        # The live stream of each node, by node id; the controller sends on them (shared, so it
-        # can be built before this service).
-        self.sessions: dict[str, Session] = sessions if sessions is not None else {}
+        # The live stream of each node, by node id: this service adds and removes them, the
+        # controller and others send on them (built before this service, in app.py).
+        self.links: FleetLinks[Session] = links if links is not None else FleetLinks()
         self._unknown_types_logged: set[str] = set()
         self._bad_ids_logged: set[str] = set()
         self.changed = trio.Event()  # set on every fleet change; the reconciler waits on it
@@ -136,9 +136,9 @@ class FleetService:
     async def shutdown(self) -> None:
         """End every stream with a clear reason (agents reconnect to the next server)."""
         self.shutting_down = True
-        for session in list(self.sessions.values()):
+        for session in self.links.all():
             session.cancel_scope.cancel()
-        while self.sessions:
+        while len(self.links):
             self._drained = trio.Event()
             await self._drained.wait()
 
@@ -168,7 +168,7 @@ class FleetService:
             with trio.fail_after(self.register_timeout):
                 payload = await channel.receive()
         except trio.TooSlowError:
-            self.refusals.warning(self.clock(), "register_timeout", _peer_host(peer),
+            self.refusals.warning(self.clock(), "register_timeout", peer_host(peer),
                                   "fleet stream from %s: no Register within %gs; closing", peer, self.register_timeout)
             raise StreamRefused("register_timeout", f"no Register within {self.register_timeout:g}s") from None
         except ChannelClosed as exc:
@@ -177,57 +177,42 @@ class FleetService:
         try:
             first = m.decode_agent_message(payload)
         except m.MessageError as exc:
-            self.refusals.warning(self.clock(), "malformed", _peer_host(peer), "fleet stream from %s: %s; closing", peer, exc)
+            self.refusals.warning(self.clock(), "malformed", peer_host(peer), "fleet stream from %s: %s; closing", peer, exc)
             raise StreamRefused("malformed", str(exc)) from None
         if not isinstance(first, m.Register):
             kind = m.message_type(first)
             log.warning("fleet stream from %s: first message was %s, not Register; closing", peer, kind)
             raise StreamRefused("protocol", f"the first message must be Register, got {kind}")
         self.metrics.count_message("Register")
-        too_big = register_problem(first, self.caps)
-        if too_big is not None:
-            self.refusals.warning(self.clock(), "too_big", _peer_host(peer), "fleet stream from %s (node %s) refused: %s",
-                                  peer, quote(first.node_id), too_big)
-            raise StreamRefused("too_big", too_big)
-        node_id = first.node_id
-        if not _valid_node_id(node_id):
-            log.warning("fleet stream from %s: invalid node id %r; closing", peer, node_id)
-            raise StreamRefused("bad_node_id", f"invalid node id {node_id!r}")
         identity = channel.tls_identity
-        if self.require_identity and identity != node_id:
-            log.warning(
-                "fleet stream from %s refused: certificate common name %r does not match node id %r",
-                peer,
-                identity,
-                node_id,
-            )
-            raise StreamRefused(
-                "identity",
-                f"client certificate is for {identity!r} but the agent registered as {node_id!r}",
-            )
-        host, problem = decide_endpoint_host(self.endpoint_host, first.advertise_host, _peer_host(peer))
-        if problem:
-            log.warning("fleet stream from %s (node %s) refused: %s", peer, node_id, problem)
-            raise StreamRefused("address", problem)
-        first = self._drop_bad_reports(node_id, first)
+        verdict = admit_register(first, peer=peer, identity=identity, rules=self.rules)
+        if isinstance(verdict, Refusal):
+            if verdict.throttled:
+                self.refusals.warning(self.clock(), verdict.reason, peer_host(peer), verdict.log_fmt, *verdict.log_args)
+            else:
+                log.warning(verdict.log_fmt, *verdict.log_args)
+            raise StreamRefused(verdict.reason, verdict.message)
+        node_id, host = first.node_id, verdict.endpoint_host
+        for problems in verdict.dropped:  # shard reports with bad ids: left out, the node is fine
+            self._refuse_ids(node_id, "Register", problems)
+        first = verdict.register
         if self.shutting_down:
             raise StreamRefused("shutdown", "the server is shutting down")
         number = self.registry.new_session()
         session = Session(node_id, number, channel, first.features, self.outbox_capacity)
         if self.heartbeat_rate > 0:
             session.heartbeats = HeartbeatRate(self.heartbeat_rate, self.clock())
-        old = self.sessions.get(node_id)
         known = self.registry.get(node_id)
         ports_before = known.ports if known is not None else {}  # a port may have changed while it was away
         transition, _ = self.registry.register(first, self.clock(), number, peer, identity, endpoint_host=host)
         self._ports_changed(node_id, ports_before)
+        old = self.links.add(node_id, session)
         if old is not None:
             log.warning(
                 "node %s: new stream from %s replaces the one from %s", node_id, peer, old.channel.peer
             )
             old.replaced_by = peer
             old.cancel_scope.cancel()
-        self.sessions[node_id] = session
         log.info(
             "node %s registered from %s (agent %s, %d GPUs, %d ports, %d shards, engines at %s)",
             node_id,
@@ -256,8 +241,7 @@ class FleetService:
             if session.outbox.overflow.is_set():
                 reason = session.outbox.reason
                 log.warning("node %s: closing its stream: %s; it re-registers", node_id, reason)
-            if self.sessions.get(node_id) is session:
-                del self.sessions[node_id]
+            if self.links.remove(node_id, session):
                 self._drained.set()
                 if self.log_hub is not None:
                     self.log_hub.node_gone(node_id)
@@ -282,7 +266,7 @@ class FleetService:
         and a flood ends the stream (one node at 6,169/s took 60 % of a core, issue 9)."""
         problem = heartbeat_problem(msg, self.caps)
         if problem is not None:
-            self.refusals.warning(now, "too_big", _peer_host(session.channel.peer), "node %s: %s; closing the stream",
+            self.refusals.warning(now, "too_big", peer_host(session.channel.peer), "node %s: %s; closing the stream",
                                   session.node_id, problem)
             raise StreamRefused("too_big", problem)
         limiter = session.heartbeats
@@ -295,10 +279,10 @@ class FleetService:
         if verdict.flood:
             detail = (f"heartbeats far over the limit of {limiter.rate:g}/s (fleet.max_heartbeat_rate): "
                       f"{limiter.dropped} in a row dropped")
-            self.refusals.warning(now, "heartbeat_rate", _peer_host(session.channel.peer), "node %s: %s; closing the stream",
+            self.refusals.warning(now, "heartbeat_rate", peer_host(session.channel.peer), "node %s: %s; closing the stream",
                                   session.node_id, detail)
             raise StreamRefused("heartbeat_rate", detail)
-        self.refusals.warning(now, "heartbeat_dropped", _peer_host(session.channel.peer),
+        self.refusals.warning(now, "heartbeat_dropped", peer_host(session.channel.peer),
                               "node %s: heartbeats over the limit of %g/s (fleet.max_heartbeat_rate) are dropped",
                               session.node_id, limiter.rate)
         return False
@@ -410,62 +394,8 @@ class FleetService:
             if changes:
                 self.on_port_change(node_id, changes)
 
-    def _drop_bad_reports(self, node_id: str, msg: m.Register) -> m.Register:
-        """A Register's shard reports whose ids fail the pattern are left out (the node itself is fine)."""
-        good = self._good_reports(node_id, "Register", msg.shards)
-        return msg if len(good) == len(msg.shards) else msgspec.structs.replace(msg, shards=good)
-
     def _good_reports(self, node_id: str, kind: str, reports: list[m.ShardReport]) -> list[m.ShardReport]:
-        good = []
-        for report in reports:
-            problems = list(spec_problems(report.spec))
-            if problems:
-                self._refuse_ids(node_id, kind, problems)
-            else:
-                good.append(report)
+        good, dropped = split_reports(reports)
+        for problems in dropped:
+            self._refuse_ids(node_id, kind, problems)
         return good
-
-
-def _peer_host(peer: str) -> str:
-    """The address part of a `host:port` peer name (IPv6 without its brackets)."""
-    host, sep, _ = peer.rpartition(":")
-    return host.strip("[]") if sep else peer
-
-
-def decide_endpoint_host(mode: str, advertised: str, peer_host: str) -> tuple[str, str]:
-    """The host a node's engines are reached on, and why the registration is refused ("" if not).
-
-    "advertised": the agent's `advertise_host` (its peer address when an older agent sends
-    none). "peer": the address the stream comes from; a node that advertises another one is
-    refused, so that a node can never send the gateway's traffic to a host it does not own.
-    """
-    advertised = advertised.strip()
-    if advertised and not _valid_host(advertised):
-        return "", f"advertise_host {quote(advertised)} is not an IP address or host name"
-    if mode == "peer":
-        if advertised and advertised != peer_host:
-            return "", (f"the node advertises {advertised} for its engines but connects from {peer_host}, and "
-                        "fleet.endpoint_host is peer: set advertise_host to the address it connects from")
-        return peer_host, ""
-    return advertised or peer_host, ""
-
-
-def _valid_host(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        pass
-    labels = host.rstrip(".").split(".")
-    return len(host) <= 253 and all(
-        0 < len(label) <= 63 and label[0].isalnum() and label[-1].isalnum() and all(c.isascii() and (c.isalnum() or c == "-") for c in label)
-        for label in labels
-    )
-
-
-def _valid_node_id(node_id: str) -> bool:
-    return (
-        0 < len(node_id) <= 253
-        and node_id[0].isalnum()
-        and all(c.isalnum() or c in "-_." for c in node_id)
-    )

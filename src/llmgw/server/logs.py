@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from llmgw.server.answers import send_error
+from llmgw.server.links import Link, Links
 from llmgw.wire import messages as m
 
 log = logging.getLogger("llmgw.server.logs")
@@ -52,8 +53,8 @@ class Target:
 class LogHub:
     """Routes `LogChunk`s from the fleet streams to the readers that asked for them."""
 
-    def __init__(self, sessions: Callable[[], dict[str, Any]]) -> None:
-        self.sessions = sessions  # node id → its live fleet session (FleetService.sessions)
+    def __init__(self, links: Links) -> None:
+        self.links = links  # node id → its live fleet stream (read only: server/links.py)
         self.routes: dict[str, _Route] = {}
         self._ids = itertools.count(1)
         self._overrun_logged: set[str] = set()
@@ -98,15 +99,16 @@ class LogHub:
             for t in targets:
                 nursery.start_soon(self._one, t, sessions[t.node_id], tail, follow, emit, note, lock)
 
-    def check(self, targets: list[Target]) -> dict[str, Any]:
-        """The live sessions, when every target's node can send its log now; else LogProblem."""
-        sessions = self.sessions()
+    def check(self, targets: list[Target]) -> dict[str, Link]:
+        """The live streams by node, when every target's node can send its log now; else LogProblem."""
+        sessions: dict[str, Link] = {}
         for t in targets:
-            session = sessions.get(t.node_id)
+            session = self.links.get(t.node_id)
             if session is None:
                 raise LogProblem(503, f"node {t.node_id} is not connected, so the log of {t.shard_id} cannot be read now")
             if not session.supports(m.FEATURE_LOGS):
                 raise LogProblem(409, f"the agent on {t.node_id} is too old to send engine logs; upgrade it")
+            sessions[t.node_id] = session
         return sessions
 
     async def _one(self, target: Target, session: Any, tail: int, follow: bool, emit: Emit, note: Note,
