@@ -93,6 +93,20 @@ def test_sim_fabric_feeds_ctl_fabrics(tmp_path: Path) -> None:
         assert heading in table.stdout
 
 
+def test_a_host_named_another_way_is_listed_apart_not_as_a_rail_violation(tmp_path: Path) -> None:
+    """Issue 38, item 7: `ctl fabrics` says which nodes it did not hold to the rail order."""
+    out = tmp_path / "fabric"
+    made = run_llmgw("sim", "fabric", "--nodes", "8", "--rails", "2", "--group-size", "4", "--spines", "2",
+                     "--misrail", "node-6", "--out", str(out), "-o", "json")
+    assert made.returncode == 0, made.stderr
+    dump = out / "ibnetdiscover.txt"
+    dump.write_text(dump.read_text().replace('"node-6 mlx5_0"', '"node-6 HCA-1"').replace('"node-6 mlx5_1"', '"node-6 HCA-2"'))
+    doc = json.loads(run_llmgw("ctl", "fabrics", "--file", str(dump), "-o", "json").stdout)
+    assert doc["rails_apart"] == ["node-6"] and doc["rail_violations"] == []
+    table = run_llmgw("ctl", "fabrics", "--file", str(dump), env={"NO_COLOR": "1"}).stdout
+    assert "not judged for rails (adapters counted or named unlike most nodes'): node-6" in table, table
+
+
 def test_sim_fabric_bad_flags(tmp_path: Path) -> None:
     result = run_llmgw("sim", "fabric", "--nodes", "4", "--degrade", "node-99")
     assert result.returncode == 2 and "names no simulated node" in result.stderr and "Traceback" not in result.stderr

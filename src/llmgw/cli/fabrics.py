@@ -148,6 +148,10 @@ def render(doc: dict[str, Any]) -> None:
     elif doc["rails"]:
         groups = len({r["group"] for r in doc["rails"]})
         say(f"{len(doc['rails'])} rails in {groups} groups (-o json lists them)")
+    if doc.get("rails_apart"):
+        # Not judged for rails: their adapters are counted or named unlike most nodes' (a UFM
+        # host's HCA-1, a box of another shape), so a rail violation there would mean nothing.
+        say(f"not judged for rails (adapters counted or named unlike most nodes'): {', '.join(doc['rails_apart'])}")
     if not other and not degraded and not doc["rail_violations"]:
         say("no problems found")
 
