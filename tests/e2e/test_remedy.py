@@ -138,6 +138,8 @@ def test_xid_79_moves_the_replica_with_no_failed_request_and_the_gpu_returns(tmp
     assert view["unplaceable"] == {str(gpu): f"gpu {gpu} Xid 79"}, view
     listing = ctl(server, "nodes", token=VIEWER).stdout
     assert f"cordoned (auto: gpu {gpu} Xid 79)" in listing and "not placeable" in listing, listing
+    described = ctl(server, "nodes", node, token=VIEWER).stdout  # the node alone: the GPU's row says why
+    assert f"no: gpu {gpu} Xid 79" in described, described
     said = events(server)
     assert any(f"node {node} cordoned automatically: gpu {gpu} Xid 79" in m for m in said), said
     assert any(f"GPU {gpu} not placeable" in m for m in said), said
