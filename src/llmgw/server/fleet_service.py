@@ -69,6 +69,7 @@ class Session:
         self.heartbeats: HeartbeatRate | None = None  # set by the service when rate-limited
         self.cancel_scope = trio.CancelScope()
         self.replaced_by: str | None = None
+        self.closed_error = False  # the stream ended in error (an idle timeout, a GOAWAY), not by a goodbye
         # Nothing the server sends may be dropped (Start, Stop): a full outbox ends the stream as
         # a slow consumer, and the agent's next Register puts both views right (fleet/outbox.py).
         self.outbox = Outbox(outbox_capacity)
@@ -253,7 +254,8 @@ class FleetService:
                     self.observer.node_disconnected(node_id)
                 self._notify([t])
             elif session.replaced_by is None:
-                log.info("node %s: stream from %s closed: %s", node_id, peer, reason)
+                log.log(logging.WARNING if session.closed_error else logging.INFO, "node %s: stream from %s closed: %s",
+                        node_id, peer, reason)
         if self.shutting_down:
             raise StreamRefused("shutdown", "the server is shutting down")
         if session.replaced_by is not None:
@@ -295,8 +297,10 @@ class FleetService:
             try:
                 payload = await channel.receive()
             except ChannelClosed as exc:
-                if exc.error:
-                    log.warning("node %s: stream from %s closed: %s", node_id, channel.peer, exc.reason)
+                # Said once, where the stream's end is handled: with the node's transition when
+                # there is one ("ready → unreachable (no data from peer for 22s …)"), else there
+                # on its own (issue 41: each idle timeout was logged twice).
+                session.closed_error = exc.error
                 return exc.reason
             try:
                 msg = m.decode_agent_message(payload)
