@@ -74,6 +74,7 @@ def test_reload_applies_the_catalog_and_refuses_a_broken_config(tmp_path: Path, 
     good = server.config.read_text().replace("replicas: 1", "replicas: 3")
     server.config.write_text(good)
     assert "reloaded" in ctl_ok(server, "reload")
+    assert json.loads(ctl_ok(server, "reload", "-o", "json"))["ok"] is True  # every command with -o has json (issue 46)
     running = wait_until(lambda: ready_count(server, 3), "three replicas after `ctl reload`", procs=procs)
     assert json.loads(ctl_ok(server, "models", "-o", "json"))[0]["replicas"] == 3
 
@@ -167,7 +168,7 @@ def test_restart_replaces_a_replica_and_forget_needs_a_lost_node(tmp_path: Path,
     # Once its agent is gone and the node is lost, it can.
     agents["gpu-02"].stop()
     wait_until(lambda: server.nodes()["gpu-02"]["state"] == "lost", "gpu-02 lost", procs=[server.proc])
-    assert "forgot node gpu-02" in ctl_ok(server, "forget", "gpu-02")
+    assert json.loads(ctl_ok(server, "forget", "gpu-02", "-o", "json")) == {"forgotten": "gpu-02"}
     assert set(server.nodes()) == {"gpu-01"}
     known = json.loads((server.state_dir / "known-nodes.json").read_text())
     assert known == ["gpu-01"]  # a restarted server does not wait for it either
@@ -176,3 +177,13 @@ def test_restart_replaces_a_replica_and_forget_needs_a_lost_node(tmp_path: Path,
     # The replica (wherever it ran) is served on gpu-01 now.
     wait_until(lambda: (rs := ready_count(server, 1)) and rs[0]["shards"][0]["node"] == "gpu-01",
                "the replica on gpu-01", procs=[server.proc, agents["gpu-01"]])
+
+
+def test_hash_secret_prints_json_too() -> None:
+    import hashlib
+
+    from tests.e2e.harness import run_llmgw
+
+    result = run_llmgw("ctl", "hash-secret", "-o", "json", input="sk-abc\n")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"digest": "sha256:" + hashlib.sha256(b"sk-abc").hexdigest()}

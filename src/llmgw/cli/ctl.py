@@ -22,7 +22,9 @@ from llmgw.cli.render import (
     console,
     list_output_option,
     make_table,
+    output_option,
     print_data,
+    print_json,
     print_names,
     say,
     styled_state,
@@ -375,31 +377,40 @@ def gateways(ctx: click.Context, output: str) -> None:
 
 
 @ctl.command()
+@output_option
 @click.pass_context
-def reload(ctx: click.Context) -> None:
+def reload(ctx: click.Context, output: str) -> None:
     """Make the server re-read its config file (catalog, endpoints, gateway settings),
     its deny list and the certificate files public_tls names (also on its gateway workers).
 
     Needs an operator credential (--token or an operator certificate).
     """
     result = api(ctx).request("POST", "/api/v1/reload")
+    if output == "json":
+        print_json(result)
+        return
     say(result.get("message", "reloaded"))
 
 
 @ctl.command()
 @click.argument("node_id", shell_complete=complete.NODES)
+@output_option
 @click.pass_context
-def forget(ctx: click.Context, node_id: str) -> None:
+def forget(ctx: click.Context, node_id: str, output: str) -> None:
     """Forget a node that is gone for good (it must be disconnected)."""
     from llmgw.api_client import segment
 
-    api(ctx).request("DELETE", f"/api/v1/nodes/{segment(node_id)}")
+    result = api(ctx).request("DELETE", f"/api/v1/nodes/{segment(node_id)}")
+    if output == "json":
+        print_json(result if isinstance(result, dict) and result else {"forgot": node_id})
+        return
     say(f"forgot node {node_id}")
 
 
 @ctl.command("hash-secret")
 @click.option("--secret", help="The secret (default: read one line from stdin, so it stays out of shell history).")
-def hash_secret(secret: str | None) -> None:
+@output_option
+def hash_secret(secret: str | None, output: str) -> None:
     """Print the sha256:<hex> form of an API key or operator token, for the server config.
 
     \b
@@ -411,7 +422,11 @@ def hash_secret(secret: str | None) -> None:
     value = secret if secret is not None else sys.stdin.readline().rstrip("\r\n")
     if not value:
         raise click.UsageError("empty secret: pass --secret or one line on stdin")
-    click.echo("sha256:" + hashlib.sha256(value.encode()).hexdigest())
+    digest = "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    if output == "json":
+        print_json({"digest": digest})
+        return
+    click.echo(digest)
 
 
 ctl.add_command(cert)
