@@ -329,6 +329,18 @@ def test_fabric_search_and_click_open_the_panel(cluster: Cluster, browser_page: 
     assert browser_page.take_errors() == []
 
 
+def test_a_small_fabric_fills_the_canvas(cluster: Cluster, browser_page: Watched) -> None:
+    """Issue 46: four nodes under two leaves were fitted by their height into the middle ~40 % of
+    the canvas; spread across it, the outermost adapters span most of its width."""
+    page = _fabric_page(cluster, browser_page)
+    page.click("#fabric-fit")
+    keys = [a["guid"] for a in cluster.topology["adapters"]]
+    xs = [page.evaluate("key => llmgwFabric.screenOf(key)", key)["x"] for key in keys]
+    width = page.evaluate("document.getElementById('fabric-canvas').getBoundingClientRect().width")
+    assert (max(xs) - min(xs)) / width > 0.7, (min(xs), max(xs), width)
+    assert browser_page.take_errors() == []
+
+
 def test_fabric_refresh_keeps_the_view(cluster: Cluster, browser_page: Watched, tmp_path: Path) -> None:
     """A cable degrades while the page is open: the next refresh draws it, and the view and the
     open panel stay where the operator left them. (Last in the module: it changes the fabric.)"""

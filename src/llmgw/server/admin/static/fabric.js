@@ -214,6 +214,16 @@
     }
     const rowHeight = Math.max(160, W * 0.5 / rows);
     for (const n of nodes) n.y = -rowOf(n) * rowHeight;
+    // A fabric narrower than the canvas's shape (a few nodes, a few tiers) is spread across it:
+    // fitted by its height it filled the middle ~40 % of the canvas, its labels crowded under the
+    // cables (issue 46). Only x stretches; sizes stay, so the gaps between nodes grow.
+    const aspect = width > 0 && height > 0 ? (height - 140) / Math.max(1, width - 80) : 0.6;
+    let wide = W;
+    if (aspect > 0.05 && rows * rowHeight / aspect > W) {
+      wide = rows * rowHeight / aspect;
+      const k = wide / W;
+      for (const n of nodes) n.x *= k;
+    }
     // How far each switch is from its nearest neighbour in its row: its label shows once that is wide.
     for (let row = 1; row < rows; row++) {
       const tier = nodes.filter((n) => n.kind === "switch" && rowOf(n) === row).sort((p, q) => p.x - q.x);
@@ -223,7 +233,7 @@
       });
     }
     // A grid of cells for hit tests (hover, click).
-    const cell = Math.max(AW * 4, W / 256);
+    const cell = Math.max(AW * 4, wide / 256);
     const grid = new Map();
     for (const n of nodes) {
       const k = Math.floor(n.x / cell) + "," + Math.floor(n.y / cell);
@@ -231,7 +241,7 @@
       grid.get(k).push(n);
     }
     const rateList = [...new Set(bundles.filter((b) => !b.degraded).map((b) => b.rate))].sort((p, q) => p - q);
-    const m = { topo, nodes, byKey, bundles, hidden, devices, rateList, W, H: rows * rowHeight, rowHeight, grid, cell,
+    const m = { topo, nodes, byKey, bundles, hidden, devices, rateList, W: wide, H: rows * rowHeight, rowHeight, grid, cell,
                 paths: null };
     m.paths = buildPaths(m);
     m.degradedBundles = bundles.filter((b) => b.degraded);
