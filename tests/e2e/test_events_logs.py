@@ -169,6 +169,10 @@ def test_ctl_logs_follows_a_running_engine_and_an_adopted_one(tmp_path: Path, pr
     tail = ctl(server.url, "logs", replica["id"], "--tail", "5", env=AS_OPERATOR)
     assert tail.returncode == 0, tail.stderr
     assert 0 < len(tail.stdout.splitlines()) <= 5
+    as_json = ctl(server.url, "logs", replica["id"], "--tail", "5", "-o", "json", env=AS_OPERATOR)
+    assert as_json.returncode == 0, as_json.stderr
+    objects = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert 0 < len(objects) <= 6 and all("line" in o or "note" in o for o in objects), objects
 
     follow = Lines(server, replica["id"], "-f", "--tail", "1000")
     try:

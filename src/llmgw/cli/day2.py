@@ -113,8 +113,11 @@ def _show(data: list[dict[str, Any]], output: str, *, header: bool) -> None:
 @click.option("--tail", type=click.IntRange(0, 10_000), default=200, show_default=True, help="Lines from the end of the log to start with.")
 @click.option("-f", "--follow", is_flag=True,
               help="Keep printing new lines until Ctrl-C; with MODEL, across moves (drain, rollout, restart).")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text: the lines as the engine wrote them; json: one object a line ({\"line\", \"rank\"} or "
+              "{\"note\"}), notes included, for scripts.")
 @click.pass_context
-def logs(ctx: click.Context, name: str, replica_id: str, shard: int | None, tail: int, follow: bool) -> None:
+def logs(ctx: click.Context, name: str, replica_id: str, shard: int | None, tail: int, follow: bool, output: str) -> None:
     """An engine's log, read on its node and sent over the fleet stream (no SSH).
 
     MODEL picks one of its replicas: the first ready, or --replica ID; which one is said on
@@ -150,6 +153,10 @@ def logs(ctx: click.Context, name: str, replica_id: str, shard: int | None, tail
             except ValueError:
                 item = {"line": raw}
             if not isinstance(item, dict):
+                continue
+            if output == "json":  # as the server sent it: JSON escapes what a terminal must not see
+                out.write(json.dumps(item) + "\n")
+                out.flush()
                 continue
             if "note" in item:
                 say(f"-- llmgw: {terminal_text(str(item['note']))}", stderr=True)
