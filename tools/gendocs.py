@@ -73,6 +73,47 @@ def _completion_section(command: click.Command, ctx: click.Context) -> list[str]
             ".nf", *(_roff(line) for line in lines), ".fi", *([_roff(note)] if asks else [])]
 
 
+def _first_sentence(text: str) -> str:
+    """The help's first sentence, whole (a NAME line cut at the first line's end read "… counters
+    (hw_counters as"): its first paragraph joined, up to the first full stop."""
+    paragraph = " ".join(line.strip() for line in text.strip().split("\n\n")[0].splitlines() if line.strip() != "\b")
+    for end in (". ", ": "):
+        if end in paragraph:
+            paragraph = paragraph.split(end, 1)[0]
+    return paragraph.strip().rstrip(".")
+
+
+def _exit_status(command: click.Command, path: list[str]) -> list[str]:
+    from llmgw.cli.render import NagiosCommand
+
+    if isinstance(command, NagiosCommand):
+        text = ("As a Nagios plugin: 0 all ok, 1 a warning, 2 a critical finding, 3 could not run (the server "
+                "unreachable or refusing the credential, bad usage).")
+    elif path[:2] == ["llmgw", "ctl"] and "cert" not in path:
+        text = "0 ok, 1 failed (refused, or what was asked did not happen), 2 bad usage, 3 the server unreachable."
+    else:
+        text = "0 ok (or a clean stop on SIGTERM or Ctrl-C), 1 an error, said in one line, 2 bad usage or a bad config file."
+    return [".SH EXIT STATUS", _roff(text)]
+
+
+def _environment(command: click.Command, ctx: click.Context) -> list[str]:
+    """The variables that stand in for this command's options and its parents' (ctl's --server …)."""
+    found: dict[str, str] = {}
+    scope: click.Context | None = ctx
+    while scope is not None:
+        for param in scope.command.get_params(scope):
+            if isinstance(param, click.Option) and param.envvar and not param.hidden:
+                names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar)
+                for name in names:
+                    found.setdefault(name, max(param.opts, key=len))
+        scope = scope.parent
+    lines = [".SH ENVIRONMENT"]
+    for name, opt in sorted(found.items()):
+        lines += [".TP", f".B {name}", _roff(f"stands in for {opt}")]
+    lines += [".TP", ".B NO_COLOR", "set and not empty: no colour, even at a terminal"]
+    return lines
+
+
 def man_pages() -> dict[str, str]:
     from llmgw import __version__
     from llmgw.cli.main import cli
@@ -86,7 +127,7 @@ def man_pages() -> dict[str, str]:
             sub = ctx.command.get_command(ctx, part)  # type: ignore[attr-defined]
             ctx = click.Context(sub, info_name=part, parent=ctx, help_option_names=["-h", "--help"])
         usage = " ".join(path) + " " + " ".join(command.collect_usage_pieces(ctx))
-        summary = (command.short_help or (command.help or "").split("\n")[0]).strip().rstrip(".")
+        summary = command.short_help or _first_sentence(command.help or "")
         lines = [
             f'.TH "{title}" "1" "" "llmgw {__version__}" "llmgw manual"',
             ".SH NAME",
@@ -108,6 +149,8 @@ def man_pages() -> dict[str, str]:
                 opts, help_text = record
                 lines += [".TP", f".B {_roff(opts)}", _roff(help_text)]
         lines += _completion_section(command, ctx)
+        lines += _exit_status(command, path)
+        lines += _environment(command, ctx)
         if isinstance(command, click.Group):
             lines.append(".SH COMMANDS")
             for sub in command.list_commands(ctx):
