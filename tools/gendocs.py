@@ -77,9 +77,11 @@ def _first_sentence(text: str) -> str:
     """The help's first sentence, whole (a NAME line cut at the first line's end read "… counters
     (hw_counters as"): its first paragraph joined, up to the first full stop."""
     paragraph = " ".join(line.strip() for line in text.strip().split("\n\n")[0].splitlines() if line.strip() != "\b")
-    for end in (". ", ": "):
-        if end in paragraph:
-            paragraph = paragraph.split(end, 1)[0]
+    depth = 0
+    for i, char in enumerate(paragraph):  # the first ". " or ": " outside parentheses ends it
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and char in ".:" and paragraph[i + 1:i + 2] in (" ", ""):
+            return paragraph[:i].strip()
     return paragraph.strip().rstrip(".")
 
 
