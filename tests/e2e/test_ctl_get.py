@@ -130,6 +130,26 @@ def test_watch_json_prints_a_replica_a_line_when_it_changes(fleet: tuple[Server,
     assert "Traceback" not in (proc.stderr.read() if proc.stderr else "")
 
 
+@pytest.mark.parametrize(("listing", "key", "name"), [("nodes", "id", "gpu-01"), ("models", "name", "chat")])
+def test_every_listing_watches_as_json_a_line_per_change(fleet: tuple[Server, dict], listing: str, key: str,
+                                                         name: str) -> None:
+    """Issue 46: `--watch -o json` on every listing, not only events and replicas; a heartbeat's
+    ticking age is not a change."""
+    server, _ = fleet
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, listing, "--watch", "-o", "json",
+                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=llmgw_env())
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())[key] == name
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        assert not ready, proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    refused = ctl(server.url, listing, "--watch", "-o", "yaml")
+    assert refused.returncode == 2 and "--watch prints a table" in refused.stderr
+
+
 def test_a_listing_row_stays_one_line_at_a_terminal(fleet: tuple[Server, dict], tmp_path: Path) -> None:
     """At an 80-column terminal a long NOTE ends in … instead of wrapping the row; -o wide keeps it whole."""
     server, _ = fleet

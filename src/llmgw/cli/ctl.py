@@ -31,6 +31,7 @@ from llmgw.cli.render import (
     text,
 )
 from llmgw.cli.rollout import rollout, rollout_cell
+from llmgw.cli.watching import watch_options
 
 if TYPE_CHECKING:
     from rich.console import Group, RenderableType
@@ -119,8 +120,9 @@ def _fabrics(n: dict) -> str:
 @ctl.command()
 @click.argument("node_id", required=False, metavar="[NODE]", shell_complete=complete.NODES)
 @list_output_option
+@watch_options
 @click.pass_context
-def nodes(ctx: click.Context, node_id: str | None, output: str) -> None:
+def nodes(ctx: click.Context, node_id: str | None, output: str, watch: bool, interval: float) -> None:
     """Nodes in the fleet: state, last heartbeat, GPUs, fabrics, agent version. With NODE, that
     node alone: its fields, GPUs (latest readings), ports, fabrics, replicas and recent events."""
     if node_id is not None:
@@ -128,12 +130,35 @@ def nodes(ctx: click.Context, node_id: str | None, output: str) -> None:
 
         describe.node(api(ctx), node_id, output)
         return
-    data = api(ctx).get("/api/v1/nodes")
-    if output == "name":
-        print_names("node", [n["id"] for n in data])
-        return
-    if print_data(data, output):
-        return
+    _listing(ctx, "/api/v1/nodes", "node", "id", output, watch, interval, _nodes_table,
+             volatile=("last_heartbeat_age", "heartbeats", "cert_days_left"))
+
+
+def _listing(ctx: click.Context, path: str, kind: str, key: str, output: str, watch: bool, interval: float,
+             table: Callable[[list[dict], str], RenderableType], volatile: tuple[str, ...] = ()) -> None:
+    """A listing's outputs: table, wide, json, yaml, name, and --watch of the table or the json."""
+    from llmgw.cli.watching import refuse_output, watch_json, watch_table
+
+    refuse_output(watch, output)
+    client = api(ctx)
+
+    def fetch() -> list[dict]:
+        got: list[dict] = client.get(path)
+        return got
+
+    if watch and output == "json":
+        watch_json(fetch, interval, key, volatile)
+    elif watch:
+        watch_table(lambda: table(fetch(), output), interval)
+    else:
+        data = fetch()
+        if output == "name":
+            print_names(kind, [str(d[key]) for d in data])
+        elif not print_data(data, output):
+            _show(table(data, output), output)
+
+
+def _nodes_table(data: list[dict], output: str) -> RenderableType:
     wide = output == "wide"
     rows = []
     for n in data:
@@ -152,11 +177,10 @@ def nodes(ctx: click.Context, node_id: str | None, output: str) -> None:
             _node_note(n),
         ))
     if not rows:
-        say("no nodes have registered yet")
-        return
+        return text("no nodes have registered yet")
     columns = ["NODE", "STATE", "HEARTBEAT", "GPUS", "FABRICS", "PORTS", "AGENT",
                *(["ADDRESS", "IDENTITY", "FEATURES"] if wide else []), "NOTE"]
-    _show(make_table(columns, rows, cut=_cut()), output)
+    return make_table(columns, rows, cut=_cut())
 
 
 def _cut() -> bool:
@@ -229,15 +253,15 @@ def _replicas_view(data: list[dict], tail: int, output: str = "table") -> Group:
 @click.argument("replica_id", required=False, metavar="[REPLICA]", shell_complete=complete.REPLICAS)
 @list_output_option
 @click.option("--model", "model_filter", shell_complete=complete.MODELS, help="Only replicas of this model.")
-@click.option("-w", "--watch", is_flag=True, help="Refresh in place until Ctrl-C; with -o json, one replica a line "
-              "each time one appears or changes.")
-@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
+@watch_options
 @click.option("--tail", type=int, default=5, show_default=True, help="Output lines shown for failed replicas.")
 @click.pass_context
 def replicas(ctx: click.Context, replica_id: str | None, output: str, model_filter: str | None, watch: bool, interval: float,
              tail: int) -> None:
     """Replicas: model, profile, state, node, GPUs, endpoint, age, and why when pending or failed.
     With REPLICA, that replica alone: its fields, shards, last output and recent events."""
+    from llmgw.cli.watching import refuse_output, watch_json, watch_table
+
     client = api(ctx)
     if replica_id is not None:
         from llmgw.cli import describe
@@ -249,59 +273,25 @@ def replicas(ctx: click.Context, replica_id: str | None, output: str, model_filt
         data = client.get("/api/v1/replicas")
         return [r for r in data if model_filter is None or r["model"] == model_filter]
 
-    if watch and output in ("yaml", "name"):
-        raise click.UsageError(f"--watch prints a table or, with -o json, one replica a line; not -o {output}")
-    if not watch:
+    refuse_output(watch, output)
+    if watch and output == "json":
+        watch_json(fetch, interval, "id", ("age",))
+    elif watch:
+        watch_table(lambda: _replicas_view(fetch(), tail, output), interval)
+    else:
         data = fetch()
         if output == "name":
             print_names("replica", [r["id"] for r in data])
         elif not print_data(data, output):
             _show(_replicas_view(data, tail, output), output)
-        return
-    if output == "json":
-        _watch_json(fetch, interval)
-        return
-    from rich.live import Live
-
-    out = console()
-    with Live(_replicas_view(fetch(), tail, output), console=out, auto_refresh=False, screen=False) as live:
-        try:
-            while True:
-                time.sleep(interval)  # ok: polling the server for what is new
-                live.update(_replicas_view(fetch(), tail, output), refresh=True)
-        except KeyboardInterrupt:
-            pass
-
-
-def _watch_json(fetch: Callable[[], list[dict]], interval: float) -> None:
-    """kubectl get -w -o json's habit: each object on a line of its own when it is new or changed
-    (age aside, which changes every poll), and a line with "deleted": true when it is gone."""
-    import json
-    import sys
-
-    seen: dict[str, str] = {}
-    try:
-        while True:
-            current = {}
-            for r in fetch():
-                line = json.dumps({k: v for k, v in r.items() if k != "age"}, sort_keys=True)
-                current[r["id"]] = line
-                if seen.get(r["id"]) != line:
-                    sys.stdout.write(json.dumps(r) + "\n")
-            for gone in seen.keys() - current.keys():
-                sys.stdout.write(json.dumps({"id": gone, "deleted": True}) + "\n")
-            sys.stdout.flush()
-            seen = current
-            time.sleep(interval)  # ok: polling the server for what is new
-    except KeyboardInterrupt:
-        pass
 
 
 @ctl.command()
 @click.argument("name", required=False, metavar="[MODEL]", shell_complete=complete.MODELS)
 @list_output_option
+@watch_options
 @click.pass_context
-def models(ctx: click.Context, name: str | None, output: str) -> None:
+def models(ctx: click.Context, name: str | None, output: str, watch: bool, interval: float) -> None:
     """Models in the catalog: desired and ready replicas, profiles. With MODEL, that model alone:
     its fields, replicas and recent events."""
     if name is not None:
@@ -309,31 +299,28 @@ def models(ctx: click.Context, name: str | None, output: str) -> None:
 
         describe.model(api(ctx), name, output)
         return
-    data = api(ctx).get("/api/v1/models")
-    if output == "name":
-        print_names("model", [d["name"] for d in data])
-        return
-    if print_data(data, output):
-        return
+    _listing(ctx, "/api/v1/models", "model", "name", output, watch, interval, _models_table)
+
+
+def _models_table(data: list[dict], output: str) -> RenderableType:
     rows = [(d["name"], f"{d['ready']}/{d['replicas']}", ",".join(d["profiles"]) or "-", d["balancer"], d["source"],
              rollout_cell(d.get("rollout"))) for d in data]
     if not rows:
-        say("no models in the catalog")
-        return
-    _show(make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE", "ROLLOUT"], rows, cut=_cut()), output)
+        return text("no models in the catalog")
+    return make_table(["MODEL", "READY", "PROFILES", "BALANCER", "SOURCE", "ROLLOUT"], rows, cut=_cut())
 
 
 @ctl.command()
 @list_output_option
+@watch_options
 @click.pass_context
-def endpoints(ctx: click.Context, output: str) -> None:
+def endpoints(ctx: click.Context, output: str, watch: bool, interval: float) -> None:
     """Gateway endpoints: in-flight requests, circuit breaker, engine load and violations."""
-    data = api(ctx).get("/api/v1/endpoints")
-    if output == "name":
-        print_names("endpoint", [e["endpoint"] for e in data])
-        return
-    if print_data(data, output):
-        return
+    _listing(ctx, "/api/v1/endpoints", "endpoint", "endpoint", output, watch, interval, _endpoints_table,
+             volatile=("outstanding", "load"))
+
+
+def _endpoints_table(data: list[dict], output: str) -> RenderableType:
     rows = []
     for e in data:
         load = e.get("load") or {}
@@ -345,35 +332,33 @@ def endpoints(ctx: click.Context, output: str) -> None:
             e.get("health_reason") or ", ".join(e.get("violations") or []) or e.get("breaker_reason", ""),
         ))
     if not rows:
-        say("no endpoints in rotation")
-        return
-    _show(make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows, cut=_cut()),
-          output)
+        return text("no endpoints in rotation")
+    return make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows, cut=_cut())
 
 
 @ctl.command()
 @list_output_option
+@watch_options
 @click.pass_context
-def gateways(ctx: click.Context, output: str) -> None:
+def gateways(ctx: click.Context, output: str, watch: bool, interval: float) -> None:
     """Gateway workers (gateway.workers) and gateways on other machines that follow the server:
     who, where, since when, when each last reported, how many requests it served, and whether it
     runs the config the server publishes now (CONFIG: current, updating just after a reload,
     behind when it still is not 5 s later; - before its first report)."""
-    data = api(ctx).get("/api/v1/gateways")
-    if output == "name":
-        print_names("gateway", [g["name"] for g in data])
-        return
-    if print_data(data, output):
-        return
+    _listing(ctx, "/api/v1/gateways", "gateway", "name", output, watch, interval, _gateways_table,
+             volatile=("last_report", "requests"))
+
+
+def _gateways_table(data: list[dict], output: str) -> RenderableType:
     if not data:
-        say("no gateway follows this server (gateway.workers: 1 serves the public port itself)")
-        return
+        return text("no gateway follows this server (gateway.workers: 1 serves the public port itself)")
     now = time.time()
     rows = [(g["name"], g["kind"], g["peer"], str(g["pid"] or "-"), g["version"] or "-",
              f"{format_duration(now - g['since'])} ago",
              f"{format_duration(now - g['last_report'])} ago" if g.get("last_report") else "not yet",
              "-" if g.get("requests") is None else str(g["requests"]), g.get("config") or "-") for g in data]
-    console().print(make_table(["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST REPORT", "REQUESTS", "CONFIG"], rows))
+    return make_table(["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST REPORT", "REQUESTS", "CONFIG"], rows,
+                      cut=_cut())
 
 
 @ctl.command()
