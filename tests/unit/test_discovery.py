@@ -292,6 +292,7 @@ def fake_nvml(
         nvmlDeviceGetNvLinkRemotePciInfo=remote_pci_info,
         nvmlDeviceGetTemperature=lambda h, sensor: 40 + h,
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=10 * h),
+        nvmlDeviceGetPowerUsage=lambda h: 115_021 + 1000 * h,
     )
     if not remote_pci:
 
@@ -358,6 +359,7 @@ def test_nvml_lost_gpu_is_reported_not_fatal(fresh_nvml):
     assert [(g.index, g.health) for g in gpus] == [(0, "ok"), (1, "error"), (2, "ok")]
     health = discovery.nvml_health(nv)
     assert [(h.index, h.health) for h in health] == [(0, "ok"), (1, "lost"), (2, "ok")]
+    assert health[2].power_w == 117.0  # NVML's milliwatts as watts (issue 46: the describe view's POWER)
     assert (health[2].temperature_c, health[2].utilization_pct, health[2].memory_used_mib) == (
         42,
         20,

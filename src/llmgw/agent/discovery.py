@@ -49,6 +49,7 @@ class SimGpu(msgspec.Struct, kw_only=True, omit_defaults=True):
     temperature_c: int = 0
     utilization_pct: int = 0
     memory_used_mib: int = 0
+    power_w: float = 0.0
     # What NVML would report for `ctl doctor`: uncorrected ECC errors, NVLink links down, last Xid.
     ecc_uncorrected: int = 0
     nvlink_down: int = 0
@@ -465,6 +466,7 @@ def read_gpu_health(cfg: Discovery) -> list[GpuHealth]:
             temperature_c=g.temperature_c,
             utilization_pct=g.utilization_pct,
             memory_used_mib=g.memory_used_mib,
+            power_w=g.power_w or None,
             ecc_uncorrected=g.ecc_uncorrected,
             nvlink_down=g.nvlink_down if g.nvlink else None,
             xid=g.xid,

@@ -123,6 +123,10 @@ def nvml_health(nv: ModuleType | Any) -> list[GpuHealth]:
         except nv.NVMLError:
             pass
         try:
+            health.power_w = round(int(nv.nvmlDeviceGetPowerUsage(handle)) / 1000, 1)  # milliwatts
+        except nv.NVMLError:
+            pass
+        try:
             health.memory_used_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).used) // (1024 * 1024)
         except nv.NVMLError as exc:
             if isinstance(exc, getattr(nv, "NVMLError_GpuIsLost", ())):

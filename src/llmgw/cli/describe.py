@@ -77,10 +77,11 @@ def node(client: ApiClient, node_id: str, output: str) -> None:
         h = health.get(g["index"], {})
         peers = ", ".join(f"{peer}×{links}" for peer, links in sorted((g.get("nvlink") or {}).items(), key=lambda kv: int(kv[0])))
         gpus.append((str(g["index"]), g.get("name") or "-", f"{h.get('memory_used_mib', 0)}/{g.get('memory_mib', 0)} MiB",
-                     f"{h.get('utilization_pct', 0)}%", f"{h.get('temperature_c', 0)} °C", _maybe(h.get("ecc_uncorrected")),
+                     f"{h.get('utilization_pct', 0)}%", f"{h.get('temperature_c', 0)} °C",
+                     "-" if h.get("power_w") is None else f"{h['power_w']:g} W", _maybe(h.get("ecc_uncorrected")),
                      _maybe(h.get("xid")), peers or "-", _maybe(h.get("nvlink_down")), g.get("pci_bus_id") or "-",
                      f"no: {unplaceable[str(g['index'])]}" if str(g["index"]) in unplaceable else "yes"))
-    parts += _section("GPUs (latest heartbeat)", ["GPU", "NAME", "MEMORY", "UTIL", "TEMP", "ECC", "XID", "NVLINK PEERS",
+    parts += _section("GPUs (latest heartbeat)", ["GPU", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "ECC", "XID", "NVLINK PEERS",
                                                   "LINKS DOWN", "PCI", "PLACEABLE"], gpus, "none")
     ports = [(p["port"], styled_state(p["state"]), p.get("phys_state") or "-", f"{p.get('rate_gbps', 0):g} Gb/s")
              for p in n.get("port_states") or []]

@@ -372,6 +372,7 @@ def plan_node(spec: NodeSpec) -> NodePlan:
                 pci_bus_id=gpu_bus_id(i),
                 nvlink=nvlink_peers(spec.nvlink, spec.gpus, i),
                 temperature_c=30 + i % 8,
+                power_w=72.0 + i,  # an idle H100 SXM draws 70-75 W
                 fabric_state="completed" if spec.nvlink.startswith("nv") else "",  # nv<N>: NVSwitches
                 utilization_pct=0,
                 memory_used_mib=0, vbios=SIM_VBIOS,

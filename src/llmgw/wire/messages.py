@@ -237,6 +237,7 @@ class GpuHealth(_Base):
     temperature_c: int = 0
     utilization_pct: int = 0
     memory_used_mib: int = 0
+    power_w: float | None = None  # board power draw (nvmlDeviceGetPowerUsage, mW → W); None: not read
     # For `ctl doctor` (issue 14); None: not read (an older agent, or NVML cannot say on this GPU).
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver loaded
     nvlink_down: int | None = None  # NVLink links the GPU has that are not up
