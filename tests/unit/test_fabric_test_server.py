@@ -64,19 +64,19 @@ class Session:
 
 
 async def honest(msg: m.FabricTest):  # type: ignore[no-untyped-def]
-    await trio.sleep(0.5)
+    await trio.sleep(0.5)  # ok: MockClock time (autojump), no wall-clock wait
     if msg.role == "server":
         yield m.FabricTestResult(request_id=msg.request_id, phase="ready", ok=True, tcp_port=18515)
-        await trio.sleep(2)
+        await trio.sleep(2)  # ok: MockClock time (autojump), no wall-clock wait
     elif msg.role == "client":
-        await trio.sleep(2)
+        await trio.sleep(2)  # ok: MockClock time (autojump), no wall-clock wait
     yield m.FabricTestResult(request_id=msg.request_id, ok=True, output=TABLE if msg.role != "prepare" else "")
 
 
 async def progress_forever(msg: m.FabricTest):  # type: ignore[no-untyped-def]
     while True:
         yield m.FabricTestResult(request_id=msg.request_id, phase="progress", ok=True, notes=["installing perftest"])
-        await trio.sleep(5)
+        await trio.sleep(5)  # ok: MockClock time (autojump), no wall-clock wait
 
 
 def harness(nursery: trio.Nursery, ids: tuple[str, ...], answers: dict[str, Any], **kw: float) -> tuple[FabricTests, dict[str, Session]]:
@@ -139,7 +139,7 @@ async def test_a_test_of_two_other_nodes_runs_while_one_pair_is_stuck(autojump_c
             stuck.append(await tests.run("gpu-01", "gpu-02", _ignore))
 
         nursery.start_soon(first)
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: MockClock time (autojump), no wall-clock wait
         assert tests.busy() == ["gpu-01", "gpu-02"]
         t0 = trio.current_time()
         other = await tests.run("gpu-03", "gpu-04", _ignore)
@@ -180,7 +180,7 @@ async def test_the_client_dials_b_as_registered_and_a_system_port_is_refused(aut
             raw = msgspec.json.encode({"type": "FabricTestResult", "request_id": msg.request_id, "phase": "ready",
                                        "ok": True, "tcp_port": port[0], "server_host": "169.254.169.254"})
             yield m.decode_agent_message(raw)
-            await trio.sleep(1)
+            await trio.sleep(1)  # ok: MockClock time (autojump), no wall-clock wait
         yield m.FabricTestResult(request_id=msg.request_id, ok=True, output=TABLE)
 
     port = [22]
@@ -206,7 +206,7 @@ async def test_a_node_inventing_notes_reaches_the_operator_at_most_max_notes_tim
     async def chatty(msg: m.FabricTest):  # type: ignore[no-untyped-def]
         for i in range(10_000):
             yield m.FabricTestResult(request_id=msg.request_id, phase="progress", ok=True, notes=[f"note {i}"])
-            await trio.sleep(0.001)
+            await trio.sleep(0.001)  # ok: MockClock time (autojump), no wall-clock wait
 
     heard: list[dict[str, Any]] = []
 

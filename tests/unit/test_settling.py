@@ -196,11 +196,11 @@ async def test_the_gateway_feed_says_settling_until_settled(tmp_path: Path, auto
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(controller.run)
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: MockClock time (autojump), no wall-clock wait
         ready, keys, settling = handed[-1]
         assert settling and ready == {"small": {"http://gpu-000:20000", "http://gpu-001:20000"}}
         register("gpu-000", 1)
-        await trio.sleep(5)
+        await trio.sleep(5)  # ok: MockClock time (autojump), no wall-clock wait
         ready, keys, settling = handed[-1]
         # gpu-000 is back: its own report replaces what was kept of it; gpu-001's kept endpoint stays.
         assert settling and ready == {"small": {endpoints["gpu-000"], "http://gpu-001:20000"}}, ready

@@ -26,7 +26,7 @@ async def test_a_wake_from_another_task_ends_the_wait(autojump_clock: trio.testi
     wakeup = Wakeup()
     async with trio.open_nursery() as nursery:
         async def later() -> None:
-            await trio.sleep(1)
+            await trio.sleep(1)  # ok: MockClock time (autojump), no wall-clock wait
             wakeup.wake()
 
         nursery.start_soon(later)
