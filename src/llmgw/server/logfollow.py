@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import parse_qs
 
 import msgspec
 import trio
 
 from llmgw.server.answers import send_error
-from llmgw.server.logs import TAIL_MAX, LogHub, LogProblem, Target, targets_of
+from llmgw.server.logs import LogHub, LogProblem, Target, log_query, targets_of
 from llmgw.server.states import LEAVING, ReplicaState
 
 log = logging.getLogger("llmgw.server.logs")
@@ -90,15 +89,13 @@ class ModelLogs:
         self.book = book  # the reconciler: replicas, of_model(), models, moves
 
     async def serve(self, name: str, query: str, responder: Any) -> None:
-        args = {k: v[-1] for k, v in parse_qs(query).items()}
         try:
-            shard = int(args["shard"]) if args.get("shard") else None
-            tail = max(0, min(int(args.get("tail") or 200), TAIL_MAX))
-        except ValueError:
-            await send_error(responder, 400, "shard= and tail= take whole numbers", "bad_request")
+            asked = log_query(query)
+        except ValueError as exc:
+            await send_error(responder, 400, str(exc), "bad_request")
             return
-        follow = args.get("follow", "") in ("1", "true", "yes")
-        picked = pick(self.book, name, args.get("replica", ""))
+        shard, tail, follow = asked.shard, asked.tail, asked.follow
+        picked = pick(self.book, name, asked.replica)
         if isinstance(picked, LogProblem):
             await send_error(responder, picked.status, str(picked), _code(picked.status))
             return

@@ -29,6 +29,30 @@ CREDIT = 4  # chunks in flight per shard and reader
 TAIL_MAX = 10_000  # lines `tail=` may ask for
 
 
+@dataclass(frozen=True)
+class LogQuery:
+    """What a logs request asks (`shard=`, `tail=`, `follow=`, `replica=`), for both log routes."""
+
+    shard: int | None
+    tail: int
+    follow: bool
+    replica: str
+
+
+def log_query(query: str) -> LogQuery:
+    """The query string read; ValueError when shard= or tail= is not a whole number."""
+    from urllib.parse import parse_qs
+
+    args = {k: v[-1] for k, v in parse_qs(query).items()}
+    try:
+        shard = int(args["shard"]) if args.get("shard") else None
+        tail = max(0, min(int(args.get("tail") or 200), TAIL_MAX))
+    except ValueError:
+        raise ValueError("shard= and tail= take whole numbers") from None
+    return LogQuery(shard=shard, tail=tail, follow=args.get("follow", "") in ("1", "true", "yes"),
+                    replica=args.get("replica", ""))
+
+
 @dataclass
 class _Route:
     node_id: str
@@ -182,20 +206,16 @@ class EngineLogs:
         self.replica = replica  # replica id → the reconciler's replica, or None
 
     async def serve(self, replica_id: str, query: str, responder: Any) -> None:
-        from urllib.parse import parse_qs
-
         replica = self.replica(replica_id)
         if replica is None:
             await send_error(responder, 404, f"no replica {replica_id!r}", "not_found")
             return
-        args = {k: v[-1] for k, v in parse_qs(query).items()}
         try:
-            shard = int(args["shard"]) if args.get("shard") else None
-            tail = max(0, min(int(args.get("tail") or 200), TAIL_MAX))
-        except ValueError:
-            await send_error(responder, 400, "shard= and tail= take whole numbers", "bad_request")
+            asked = log_query(query)
+        except ValueError as exc:
+            await send_error(responder, 400, str(exc), "bad_request")
             return
-        follow = args.get("follow", "") in ("1", "true", "yes")
+        shard, tail, follow = asked.shard, asked.tail, asked.follow
         try:
             targets = targets_of(replica, shard)
         except LogProblem as exc:
