@@ -112,6 +112,15 @@ class DrainView(msgspec.Struct, kw_only=True):
     down: list[str] = []  # --force: replicas retired with no place to go (down until room frees)
 
 
+
+def moves_tried(reconciler: Reconciler, asked: list[int]) -> set[str] | None:
+    """A node's moves, one at a time (a drain's, self-healing's): None while one of `asked` is
+    still under way, else the replicas they already tried to move."""
+    moves = [reconciler.moves.get(i) for i in asked]
+    if any(mv is not None and mv.state not in MOVE_ENDED for mv in moves):
+        return None
+    return {mv.replica for mv in moves if mv is not None}
+
 class Drainer:
     """The marks, and the drains they drive. `record(kind, message, node)` goes to the event log."""
 
@@ -220,10 +229,9 @@ class Drainer:
             if record.mark != Mark.DRAINING:
                 continue
             asked = self._moves.setdefault(node_id, [])
-            moves = [self.reconciler.moves.get(i) for i in asked]
-            if any(mv is not None and mv.state not in MOVE_ENDED for mv in moves):
+            tried = moves_tried(self.reconciler, asked)
+            if tried is None:
                 continue
-            tried = {mv.replica for mv in moves if mv is not None}
             for replica in sorted(self._on(node_id), key=lambda r: (r.created_at, r.id)):
                 if replica.id in tried or replica.state in LEAVING or replica.state not in (ReplicaState.READY,
                                                                                              ReplicaState.STARTING):

@@ -24,7 +24,7 @@ from llmgw.catalog.schema import RemedySettings
 from llmgw.doctor.facts import Finding, NodeFacts
 from llmgw.doctor.node import NODE_CHECKS, NodeContext
 from llmgw.server.doctor import node_facts
-from llmgw.server.drain import Drainer
+from llmgw.server.drain import Drainer, moves_tried
 from llmgw.server.moves import Move, NoRoom
 from llmgw.server.reconcile import Reconciler
 from llmgw.server.registry import NodeRegistry
@@ -41,7 +41,7 @@ from llmgw.server.remedy import (
     faults,
     mark_kind,
 )
-from llmgw.server.states import HOLDING, LEAVING, MOVE_ENDED, ReplicaState
+from llmgw.server.states import HOLDING, LEAVING, ReplicaState
 
 log = logging.getLogger("llmgw.server.remedy")
 
@@ -170,10 +170,9 @@ class RemedyService:
             if mark_kind(record.who) != MarkKind.AUTO or node_id not in self.registry.nodes:
                 continue
             asked = self._moves.setdefault(node_id, [])
-            moves = [self.reconciler.moves.get(i) for i in asked]
-            if any(mv is not None and mv.state not in MOVE_ENDED for mv in moves):
+            tried = moves_tried(self.reconciler, asked)
+            if tried is None:
                 continue
-            tried = {mv.replica for mv in moves if mv is not None}
             gpus, node_wide = self.remedy.affected(node_id, len(self.registry.nodes[node_id].inventory.gpus))
             bad = set(gpus)
             for replica in sorted(self.reconciler.on_node(node_id), key=lambda r: (r.created_at, r.id)):
