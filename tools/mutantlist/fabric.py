@@ -216,8 +216,8 @@ FABRIC: tuple[Mutant, ...] = (
     Mutant(
         "drain-two-moves-at-a-time",
         "src/llmgw/server/drain.py",
-        "if any(mv is not None and mv.state not in MOVE_ENDED for mv in moves):\n                continue",
-        "if False:\n                continue",
+        "if any(mv is not None and mv.state not in MOVE_ENDED for mv in moves):\n        return None",
+        "if False:\n        return None",
         DRAIN,
     ),
     Mutant(
