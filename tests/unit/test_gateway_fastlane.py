@@ -19,6 +19,7 @@ import trio.testing
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.catalog.units import Duration
 from llmgw.server.gateway import fastlane
+from llmgw.server.gateway.attempt import AttemptLoop, Phase
 from llmgw.server.gateway.fastlane import GatewayLane
 from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.proxy import Gateway
@@ -214,3 +215,25 @@ async def test_an_engine_that_answers_before_taking_the_whole_body_is_not_reused
         assert gw.upstream(gw.routes["chat"].balancer.endpoints[0])._idle == []
         assert lane(gw, "answered") == 1  # the 413, from the lane (the engine's answer, passed on)
         assert (await exchange(port))[0] == 200 and len(conns) == 2  # a new connection
+
+
+async def test_one_attempt_loop_carries_a_request_from_the_lane_into_the_task_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 503 the lane met is retried by the task path on the very loop the lane began (issue 42:
+    one state machine for both paths, not a second loop that starts over)."""
+    steps: dict[int, list[Phase]] = {}
+    real = AttemptLoop._to
+
+    def recorded(loop: AttemptLoop, phase: Phase) -> None:
+        real(loop, phase)
+        steps.setdefault(id(loop), []).append(phase)
+
+    monkeypatch.setattr(AttemptLoop, "_to", recorded)
+    async with gateway([engine(*["503"] * 20), engine(*["ok"] * 20)]) as (gw, _, port):
+        for _ in range(20):  # until the balancer sends one to the engine that answers 503
+            steps.clear()
+            assert (await exchange(port))[0] == 200
+            if Phase.PICK in next(iter(steps.values())):
+                break
+        assert list(steps.values()) == [[Phase.ATTEMPT, Phase.PICK, Phase.ATTEMPT, Phase.ANSWER, Phase.DONE]]
+        assert lane(gw, "resumed") >= 1

@@ -90,6 +90,7 @@ PURE = [
     "llmgw.server.gateway.enginemetrics",
     "llmgw.server.gateway.openai_api",
     "llmgw.server.gateway.retry",
+    "llmgw.server.gateway.attempt",
     "llmgw.web.http1",
     "llmgw.web.assets",
     "llmgw.server.admin.traffic",

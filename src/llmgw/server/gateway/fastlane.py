@@ -25,19 +25,10 @@ import math
 import trio
 
 from llmgw.server.gateway.admission import Ticket
-from llmgw.server.gateway.balance import Pick
-from llmgw.server.gateway.proxy import (
-    JSON_REFUSED,
-    ROUTES,
-    Gateway,
-    Resumed,
-    _Attempt,
-    _peek,
-    _request_id,
-    affinity_key,
-    relay_headers,
-    unauthorized,
-)
+from llmgw.server.gateway.attempt import AttemptLoop, Phase
+from llmgw.server.gateway.inflight import AttemptGuard, Resumed
+from llmgw.server.gateway.proxy import Gateway, relay_headers, unauthorized
+from llmgw.server.gateway.reqbody import JSON_REFUSED, ROUTES, peek, request_id
 from llmgw.server.gateway.routes import Route
 from llmgw.web.client import Response, Upstream, UpstreamError
 from llmgw.web.fastclient import FastCall, StaleConnection
@@ -46,7 +37,6 @@ from llmgw.web.reactor import Reactor
 from llmgw.web.server import Request
 
 log = logging.getLogger("llmgw.gateway")
-_NONE: frozenset[str] = frozenset()
 
 
 class GatewayLane:
@@ -59,20 +49,20 @@ class GatewayLane:
     def offer(self, request: Request, exchange: Exchange) -> bool:
         gw = self.gateway
         head = request.head
-        if head.method != b"POST" or not gw._ticking or head.path not in ROUTES:
+        if head.method != b"POST" or not gw.watching or head.path not in ROUTES:
             return False
         try:
-            peek = _peek.decode(request.body)
+            peeked = peek(request.body)
         except JSON_REFUSED:
             return False
-        model = peek.model
-        if peek.stream is True or not isinstance(model, str):
+        model = peeked.model
+        if peeked.stream is True or not isinstance(model, str):
             return False
         route = gw.routes.get(model)
         if route is None:
             return False
-        rid = head.get(b"x-request-id") or _request_id()
-        if not gw._authorized(request):  # counted and logged by the door, as on the task path
+        rid = head.get(b"x-request-id") or request_id()
+        if not gw.authorized(request):  # counted and logged by the door, as on the task path
             headers, body = unauthorized([(b"x-request-id", rid)])
             exchange.respond(401, headers, body)
             return True
@@ -85,7 +75,10 @@ class GatewayLane:
 
 
 class _Request:
-    __slots__ = ("call", "endpoint", "exchange", "guard", "gw", "lane", "model", "pick", "request", "rid", "route",
+    """A plain request driving its attempt loop (llmgw.server.gateway.attempt) in callbacks, as
+    far as it can without awaiting; the loop goes on in the task path where it stops."""
+
+    __slots__ = ("call", "endpoint", "exchange", "guard", "gw", "lane", "loop", "model", "request", "rid", "route",
                  "started", "ticket", "upstream")
 
     def __init__(self, lane: GatewayLane, gw: Gateway, route: Route, model: str, request: Request, exchange: Exchange,
@@ -99,21 +92,26 @@ class _Request:
         self.rid = rid
         self.started = started
         self.ticket = ticket
-        self.pick: Pick | None = None
+        self.loop: AttemptLoop | None = None
         self.endpoint = ""
         self.upstream: Upstream | None = None
         self.call: FastCall | None = None
-        self.guard: _Attempt | None = None
-
+        self.guard: AttemptGuard | None = None
 
     def _rescue(self) -> None:
         """A bug in the lane must not strand the request (its slot, its pick, a waiting client):
-        the task path takes it from the top of its retry loop, with what the lane holds."""
+        the task path takes it where the loop is, an attempt in ATTEMPT made again."""
         log.exception("fast lane failed on a request for %s; the task path finishes it", self.model)
         self._untrack()
         if self.call is not None:
             self.call.abandon()
-        self._resume(None)
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = self.gw.attempts(self.route, self.request.body, trio.current_time(), False)
+        if loop.phase in (Phase.PICK, Phase.ATTEMPT, Phase.UNAVAILABLE):
+            self._resume(None)
+        else:  # past the answer: nothing the task path could add
+            self._end(500)
 
     def start(self) -> None:
         try:
@@ -122,13 +120,11 @@ class _Request:
             self._rescue()
 
     def _start(self) -> None:
-        gw, route, request, now = self.gw, self.route, self.request, self.started
-        route.budget.record_request(now)
-        balancer = route.balancer
-        key = affinity_key(request.body) if balancer.policy == "prefix-affinity" else None
-        pick = self.pick = balancer.pick(now, key=key, exclude=_NONE)
+        gw, request, now = self.gw, self.request, self.started
+        loop = self.loop = gw.attempts(self.route, request.body, now, False)
+        pick = loop.pick(now)
         if pick is None:
-            self._resume(None)  # the task answers 503 with the reasons
+            self._resume(None)  # UNAVAILABLE: the task answers 503 with the reasons
             return
         endpoint = self.endpoint = pick.endpoint
         upstream = self.upstream = gw.upstream(endpoint)
@@ -138,7 +134,7 @@ class _Request:
             return
         settings = gw.settings
         accept = request.head.get(b"accept")
-        guard = self.guard = _Attempt()
+        guard = self.guard = AttemptGuard()
         guard.due = now + float(settings.upstream_timeout)
         guard.wake = self._fired
         gw.track(endpoint, guard)
@@ -156,7 +152,7 @@ class _Request:
                 self._resume(None)  # a new connection, as Upstream.request does on the task path
                 return
             if isinstance(result, UpstreamError):
-                self._resume(result)
+                self._resume(result)  # the loop's `failed`, told by the task path (it retries)
                 return
             response = result
             body = None if response.status in (502, 503) else response.complete_body(int(self.gw.settings.max_response))
@@ -165,10 +161,15 @@ class _Request:
                 self.call.to_task()
                 self._resume(response)
                 return
+            loop = self.loop
+            assert loop is not None
             status = response.status
             self.exchange.on_gone = None
             self.exchange.respond(status, relay_headers(response, self.rid), body)
-            self._end(True, status)
+            now = trio.current_time()
+            loop.head(status, now)  # told once the answer is out: a failure before it leaves the loop in ATTEMPT
+            loop.finish(True)
+            self._end(status, now)
             self.gw.metrics.left_fast_lane(self.model, "answered")
         except Exception:
             self._rescue()
@@ -187,13 +188,16 @@ class _Request:
         self._untrack()
         if self.call is not None:
             self.call.abandon()
-        self._end(None, 499)
+        if self.loop is not None:
+            self.loop.gone()
+        self._end(499)
         self.gw.metrics.left_fast_lane(self.model, "gone")
 
     def _resume(self, replay: Response | UpstreamError | None) -> None:
         self.exchange.on_gone = None
         self.gw.metrics.left_fast_lane(self.model, "resumed")
-        resumed = Resumed(self.pick, replay)
+        assert self.loop is not None
+        resumed = Resumed(self.loop, replay)
         self.exchange.resume(lambda responder: self.gw.resume(self.route, self.model, self.request, self.rid, self.started,
                                                               self.ticket, resumed, responder))
 
@@ -205,10 +209,11 @@ class _Request:
             guard.due = math.inf
             self.gw.untrack(self.endpoint, guard)
 
-    def _end(self, outcome: bool | None, status: int) -> None:
+    def _end(self, status: int, now: float | None = None) -> None:
         gw, route = self.gw, self.route
-        now = trio.current_time()
-        if self.pick is not None:
-            gw.release_pick(route, self.pick, outcome, "", now)
+        if now is None:
+            now = trio.current_time()
+        if self.loop is not None:
+            gw.settle(route, self.loop, now)
         route.gate.release(self.ticket, now)
         gw.metrics.finished(self.model, status, now - self.started)

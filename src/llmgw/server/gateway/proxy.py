@@ -9,61 +9,36 @@ byte for byte), and never retried once a byte went to the client.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-import msgspec
 import trio
 
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.server.gateway.admission import Ticket
 from llmgw.server.gateway.admission_gate import AdmissionRejected
-from llmgw.server.gateway.balance import Pick, prompt_prefix
+from llmgw.server.gateway.attempt import AttemptLoop, Phase
+from llmgw.server.gateway.balance import Pick
+from llmgw.server.gateway.inflight import AttemptGuard, Resumed
 from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.openai_api import is_models_path, models_answer, openai_error
 from llmgw.server.gateway.probes import EngineProbes
-from llmgw.server.gateway.retry import FailureKind, should_retry
+from llmgw.server.gateway.reqbody import JSON_REFUSED, ROUTES, affinity_key, peek, request_id
 from llmgw.server.gateway.routes import Route, RouteTable, log_breaker
-from llmgw.web.client import Response, Upstream, UpstreamError, Watch
+from llmgw.web.client import Response, Upstream, UpstreamError
 from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import ClientGone, Request, Responder
 from llmgw.wire.gateway import RouteModel, route_model
 
 log = logging.getLogger("llmgw.gateway")
 
-ROUTES = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
 WATCH_AFTER = 0.1  # seconds a plain request runs before a client hang-up is watched for
 JSON = (b"content-type", b"application/json")
 PASS_RESPONSE_HEADERS = {b"content-type", b"cache-control", b"x-accel-buffering"}
-
-
-class _Peek(msgspec.Struct):
-    """The only fields the gateway reads from a request body; the rest is forwarded as is."""
-
-    model: Any = None
-    stream: Any = False
-
-
-_peek = msgspec.json.Decoder(_Peek)
-# Everything msgspec's decoder raises on a body it refuses.
-JSON_REFUSED: tuple[type[Exception], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
-PREFIX_REFUSED: tuple[type[Exception], ...] = (*JSON_REFUSED, TypeError, AttributeError)  # a body with no usable prompt
-
-
-# Request ids: 32 hex digits as uuid4().hex had, a random prefix per process (so gateway workers
-# and restarts never collide) and a counter; uuid4 was ~2.5 % of the CPU per request (py-spy).
-_RID_PREFIX = os.urandom(8).hex().encode()
-_rid_counter = itertools.count(1)
-
-
-def _request_id() -> bytes:
-    return b"%s%016x" % (_RID_PREFIX, next(_rid_counter))
 
 
 class Followers(Protocol):
@@ -72,52 +47,6 @@ class Followers(Protocol):
     def publish_config(self, models: Sequence[RouteModel], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None: ...
 
     def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str], *, settling: bool = False) -> None: ...
-
-
-class _Attempt(Watch):
-    """One upstream attempt in flight, so that the health check that takes its endpoint out of
-    rotation can end what it is waiting on. While it waits for the engine's head the attempt is
-    a Watch (no cancel scope: see llmgw.web.client.Watch), its head timeout kept in the
-    gateway's table (`due`, checked by run_disconnect_watchdog); past the head, or when that
-    task is not running, `scope()` guards each wait (an attempt evicted between two waits finds
-    the next one cancelled at once)."""
-
-    __slots__ = ("_scope", "evicted", "reason")
-
-    def __init__(self) -> None:
-        self.due = math.inf  # Watch's fields, without the call
-        self.fd = -1
-        self.why = ""
-        self.wake: Callable[[], None] | None = None
-        self._scope: trio.CancelScope | None = None
-        self.evicted = False
-        self.reason = ""
-
-    def scope(self) -> trio.CancelScope:
-        self._scope = trio.CancelScope()
-        if self.evicted:
-            self._scope.cancel()
-        return self._scope
-
-    def evict(self, reason: str) -> None:
-        self.evicted = True
-        self.reason = reason
-        self.fire("evicted")
-        if self._scope is not None:
-            self._scope.cancel()
-
-
-class Resumed:
-    """Where the fast lane (llmgw.server.gateway.fastlane) left a request it began: admitted, the
-    retry budget charged, its first pick made (None: none was possible) and that attempt's end
-    so far: the engine's answer (head read) or its error, to be handled as `_forward` handles its
-    own; neither: the attempt is made here (the lane had no idle engine connection)."""
-
-    __slots__ = ("pick", "replay")
-
-    def __init__(self, pick: Pick | None, replay: Response | UpstreamError | None = None) -> None:
-        self.pick = pick
-        self.replay = replay
 
 
 class Gateway:
@@ -147,16 +76,21 @@ class Gateway:
         self.probes = EngineProbes(self.table, evict=self._evict)
         self.hub = relay_hub
         # The API key check (llmgw.server.auth): counts and logs its refusals itself.
-        self._authorized = client_door
-        self._attempts: dict[str, set[_Attempt]] = {}  # upstream attempts in flight, by endpoint
+        self.authorized = client_door
+        self._attempts: dict[str, set[AttemptGuard]] = {}  # upstream attempts in flight, by endpoint
         self._unwatched: dict[Responder, float] = {}  # plain requests in flight with no hang-up watcher yet
-        # Head timeouts of the attempts waiting on a Watch (see _Attempt): run_disconnect_watchdog
+        # Head timeouts of the attempts waiting on a Watch (see AttemptGuard): run_disconnect_watchdog
         # fires those past due. `_next_due` is at most the earliest due time (attempts that ended
         # leave it early, which costs one scan), so the table is scanned only when one may be due.
         self._ticking = False  # run_disconnect_watchdog is running: attempts may use a Watch
         self._next_due = math.inf
 
     # -- what the control plane tells us (llmgw.server.gateway.routes) -------------------------------
+
+    @property
+    def watching(self) -> bool:
+        """Whether run_disconnect_watchdog runs: attempts may wait on a Watch (the fast lane's do)."""
+        return self._ticking
 
     @property
     def settings(self) -> GatewaySettings:
@@ -202,13 +136,13 @@ class Gateway:
     async def handle(self, request: Request, responder: Responder) -> None:
         started = trio.current_time()
         path = request.head.path
-        rid = request.head.get(b"x-request-id") or _request_id()
+        rid = request.head.get(b"x-request-id") or request_id()
         extra = [(b"x-request-id", rid)]
         if is_models_path(path):
             if request.method != "GET":
                 await responder.respond(405, [JSON, *extra], openai_error(f"use GET {request.path}", "invalid_request_error"))
                 return
-            if not self._authorized(request):
+            if not self.authorized(request):
                 await self._unauthorized(responder, extra)
                 return
             status, body = models_answer(path, self.models_ready(), self.routes, int(time.time()))
@@ -220,11 +154,11 @@ class Gateway:
         if request.method != "POST":
             await responder.respond(405, [JSON, *extra], openai_error(f"use POST {request.path}", "invalid_request_error"))
             return
-        if not self._authorized(request):
+        if not self.authorized(request):
             await self._unauthorized(responder, extra)
             return
         try:
-            peek = _peek.decode(request.body)
+            peeked = peek(request.body)
         except JSON_REFUSED as exc:
             # RecursionError: nesting deeper than the decoder goes (100,000 `[` inside a valid
             # object was a 500 and a logged traceback per request, issue 9).
@@ -234,7 +168,7 @@ class Gateway:
                 "invalid_request_error", "invalid_json"))
             self.metrics.finished("", 400, trio.current_time() - started)
             return
-        model = peek.model
+        model = peeked.model
         if not isinstance(model, str) or not model:
             await responder.respond(400, [JSON, *extra], openai_error(
                 "you must provide a model parameter", "invalid_request_error", "missing_model"))
@@ -247,7 +181,7 @@ class Gateway:
                 "invalid_request_error", "model_not_found"))
             self.metrics.finished("", 404, trio.current_time() - started)
             return
-        streaming = peek.stream is True
+        streaming = peeked.stream is True
         code = 500
         # A client that hangs up, streaming or not, cancels its upstream request and frees its
         # admission slot at once (a non-streamed one used to keep both for upstream_timeout).
@@ -290,15 +224,33 @@ class Gateway:
             self._unwatched.pop(responder, None)
             self.metrics.finished(model, code, trio.current_time() - started)
 
+    def attempts(self, route: Route, body: bytes, now: float, streaming: bool) -> AttemptLoop:
+        """A request's attempt loop (llmgw.server.gateway.attempt), both paths' one."""
+        balancer = route.balancer
+        key = affinity_key(body) if balancer.policy == "prefix-affinity" else None
+        return AttemptLoop(balancer, route.budget, self.settings.max_attempts, now, key=key, streaming=streaming)
+
+    def settle(self, route: Route, loop: AttemptLoop, now: float | None = None) -> None:
+        """What the loop's last step ended, given back: the attempt's hold to the balancer and its
+        breaker, its retry to the metrics."""
+        released = loop.take_release()
+        if released is not None:
+            self.release_pick(route, released[0], released[1], loop.last_error, now)
+        if loop.retried is not None:
+            self.metrics.retried(route.name, loop.retried)
+            loop.retried = None
+
     async def _forward(self, route: Route, request: Request, responder: Responder, rid: bytes, streaming: bool, started: float,
                        resumed: Resumed | None = None) -> int:
-        """Balancing, retries, and the outcome of each attempt (fed back to the balancer and its breaker)."""
+        """The task path's driver of the attempt loop: each attempt's I/O, and its end told to the loop."""
         settings = self.settings
-        balancer = route.balancer
+        replay: Response | UpstreamError | None = None
         now = trio.current_time()  # for the first attempt (a clock read is ~0.15 µs; 9 a request)
         if resumed is None:
-            route.budget.record_request(now)
-        key = affinity_key(request.body) if balancer.policy == "prefix-affinity" else None
+            loop = self.attempts(route, request.body, now, streaming)
+            loop.pick(now)
+        else:
+            loop, replay = resumed.loop, resumed.replay
         headers = [(b"content-type", b"application/json"), (b"x-request-id", rid)]
         accept = request.head.get(b"accept")
         if accept:
@@ -309,35 +261,26 @@ class Gateway:
         head_timeout = float(settings.upstream_timeout)
         if streaming and settings.stream_head_timeout > 0:
             head_timeout = min(head_timeout, float(settings.stream_head_timeout))
-        tried: set[str] = set()
-        attempt = 0
-        last_error = ""
         while True:
-            attempt += 1
-            if attempt > 1 or tried:
+            if loop.phase is Phase.PICK:  # a retry, or an eviction's move
                 now = trio.current_time()
-            pick: Pick | None = None
-            replay: Response | UpstreamError | None = None
-            if resumed is not None:
-                pick, replay, resumed = resumed.pick, resumed.replay, None
+                loop.pick(now)
+            pick = loop.pick_
             if pick is None:
-                pick = balancer.pick(now, key=key, exclude=tried)
-            if pick is None:
-                return await self._unavailable(route, responder, rid, last_error)
+                return await self._unavailable(route, responder, rid, loop.last_error)
             endpoint = pick.endpoint
-            outcome: bool | None = None
             response = None
-            guard = _Attempt()
+            guard = AttemptGuard()
             self.track(endpoint, guard)
             try:
                 try:
                     if replay is not None:  # the fast lane's attempt: handled as if made here
                         if isinstance(replay, Response):
-                            response = replay
+                            response, replay = replay, None
                         elif replay.kind != "evicted":
                             raise replay
                         else:
-                            guard.reason = str(replay)  # response stays None: moves on below
+                            guard.reason, replay = str(replay), None  # response stays None: moves on below
                     elif self._ticking:
                         guard.due = due = now + head_timeout
                         if due < self._next_due:
@@ -356,50 +299,26 @@ class Gateway:
                             response = await self.upstream(endpoint).request(
                                 b"POST", target, headers, request.body, head_timeout=head_timeout)
                 except UpstreamError as exc:
-                    outcome = False
-                    failure = _failure(exc.kind)
-                    if failure == "timeout" and streaming:
-                        failure = "no_head"
-                        exc = UpstreamError("timeout", f"{exc} (stream_head_timeout)")
-                    last_error = f"{endpoint}: {exc}"
-                    decision = should_retry(failure=failure, status=None, sent_to_client=False, attempt=attempt,
-                                            max_attempts=settings.max_attempts, budget=route.budget, now=trio.current_time())
-                    if decision.retry:
-                        tried.add(endpoint)
-                        self.metrics.retried(route.name, failure if failure == "no_head" else exc.kind)
-                        log.info("model %s: %s; retrying elsewhere", route.name, last_error)
+                    replay = None
+                    if loop.failed(exc.kind, str(exc), trio.current_time()) is Phase.PICK:
+                        log.info("model %s: %s; retrying elsewhere", route.name, loop.last_error)
                         continue
-                    status = 504 if exc.kind == "timeout" else 502
-                    return await _engine_failed(responder, rid, status, route.name, f"{last_error} ({decision.reason})")
-                if response is not None and response.status in (502, 503):
-                    outcome = False
-                    last_error = f"{endpoint}: answered {response.status}"
-                    decision = should_retry(failure="status", status=response.status, sent_to_client=False, attempt=attempt,
-                                            max_attempts=settings.max_attempts, budget=route.budget, now=trio.current_time())
-                    if decision.retry:
-                        await response.aclose()
-                        tried.add(endpoint)
-                        self.metrics.retried(route.name, str(response.status))
-                        continue
+                    return await _engine_failed(responder, rid, loop.status, route.name, loop.detail)
+                if response is not None and loop.head(response.status, trio.current_time()) is Phase.PICK:
+                    await response.aclose()  # a 502/503, retried elsewhere
+                    continue
                 answered = None if response is None else await self._answer(route, endpoint, response, responder, rid, guard, started)
                 if answered is None:
                     # Its endpoint failed its health checks while we waited (for the head, or for a
-                    # plain answer's body): nothing went to the client, so move to another endpoint
-                    # (no retry budget spent: the engine is known to be out, and this request no
-                    # longer loads it).
-                    outcome = False
-                    last_error = f"{endpoint}: {guard.reason}"
-                    attempt -= 1
-                    tried.add(endpoint)
-                    self.metrics.retried(route.name, "unhealthy")
+                    # plain answer's body): nothing went to the client, so another endpoint.
+                    loop.evicted(guard.reason)
                     continue
                 status, engine_ok = answered
-                # The engine answered (a 502/503 not retried is already False).
-                outcome = engine_ok if outcome is None else outcome
+                loop.finish(engine_ok)
                 return status
             except UpstreamError as exc:
                 # An answer too large to hold is the request's problem, not the engine's health.
-                outcome = None if exc.kind == "too_large" else False
+                loop.finish(None if exc.kind == "too_large" else False)
                 if not responder.started:
                     if exc.kind == "too_large":
                         return await _too_large(responder, rid, route.name, int(settings.max_response), f"{endpoint}: {exc}")
@@ -407,21 +326,21 @@ class Gateway:
                 responder.close = True
                 return 502
             except (ClientGone, trio.Cancelled):
-                outcome = None
+                loop.gone()
                 raise
             finally:
                 self.untrack(endpoint, guard)
                 if response is not None and not response.released:
                     await response.aclose()
-                self.release_pick(route, pick, outcome, last_error)
+                self.settle(route, loop)
 
-    def track(self, endpoint: str, guard: _Attempt) -> None:
+    def track(self, endpoint: str, guard: AttemptGuard) -> None:
         """An attempt in flight: its head timeout and its endpoint's eviction reach it."""
         self._attempts.setdefault(endpoint, set()).add(guard)
         if guard.due < self._next_due:
             self._next_due = guard.due
 
-    def untrack(self, endpoint: str, guard: _Attempt) -> None:
+    def untrack(self, endpoint: str, guard: AttemptGuard) -> None:
         waiting = self._attempts.get(endpoint)
         if waiting is not None:
             waiting.discard(guard)
@@ -438,7 +357,7 @@ class Gateway:
             log_breaker(route.name, pick.endpoint, before, breaker)
 
     async def _answer(self, route: Route, endpoint: str, response: Response, responder: Responder, rid: bytes,
-                      guard: _Attempt, started: float) -> tuple[int, bool] | None:
+                      guard: AttemptGuard, started: float) -> tuple[int, bool] | None:
         """Pass the engine's answer on: a stream relayed as it comes (llmgw.web.relay chooses how),
         a plain answer read whole, then sent. Returns (status, whether the engine did its part), or
         None when the endpoint went out of rotation while a plain answer was generated (nothing was
@@ -511,7 +430,7 @@ class Gateway:
         per-request budget, for requests most of which (an embedding, a short answer, a 429)
         are over before it could matter. Here a fast request costs a dict insert and delete.
 
-        It also fires the head timeouts of attempts waiting on a Watch (see _Attempt), so they
+        It also fires the head timeouts of attempts waiting on a Watch (see AttemptGuard), so they
         end within WATCH_AFTER of being due; while it does not run, attempts use cancel scopes."""
         self._ticking = True
         try:
@@ -573,18 +492,3 @@ def relay_headers(response: Response, rid: bytes) -> list[tuple[bytes, bytes]]:
 def unauthorized(extra: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bytes]:
     return [JSON, (b"www-authenticate", b'Bearer realm="llmgw"'), *extra], openai_error(
         "Incorrect or missing API key: send `Authorization: Bearer <key>`", "invalid_request_error", "invalid_api_key")
-
-
-def affinity_key(body: bytes) -> str | None:
-    try:
-        return prompt_prefix(msgspec.json.decode(body))
-    except PREFIX_REFUSED:
-        return None
-
-
-_FAILURES: dict[str, FailureKind] = {"connect": "connect", "reset": "reset", "timeout": "timeout"}
-
-
-def _failure(kind: str) -> FailureKind:
-    return _FAILURES.get(kind, "other")
-
