@@ -98,7 +98,8 @@ class Model(_Config):
             except SourceError as exc:
                 raise ValueError(str(exc)) from None
             if profile.sha256 and kind is not SourceKind.URL:
-                raise ValueError(f"profile {profile.name!r}: sha256 is checked only for an http(s) source, not {source!r}")
+                raise ValueError(f"profile {profile.name!r}: sha256 is checked only for an http(s) source, "
+                                 f"not {source!r}")
         names = [p.name for p in self.profiles]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -442,9 +443,10 @@ class EngineAllow(_Config):
     # Engines it runs. `command` runs any argv the server sends, so it is off unless listed.
     engines: list[EngineKind] = msgspec.field(default_factory=lambda: ["vllm", "sglang", "sim"])
     # What an engine's argv[0] may be (the command engine's, and vllm's and sglang's own, as
-    # resolved here; a Ray-mode replica also needs `ray` listed): a bare name, looked up on the agent's own PATH (a profile cannot change
-    # PATH), or an absolute path (the same file, symlinks resolved); shell-style wildcards
-    # allowed ("/opt/engines/*"). The simulated engine (this agent's own Python) is always allowed.
+    # resolved here; a Ray-mode replica also needs `ray` listed): a bare name, looked up on the
+    # agent's own PATH (a profile cannot change PATH), or an absolute path (the same file, symlinks
+    # resolved); shell-style wildcards allowed ("/opt/engines/*"). The simulated engine (this
+    # agent's own Python) is always allowed.
     executables: list[str] = msgspec.field(default_factory=lambda: ["vllm", "python3"])
     # Environment keys a profile may not set: they change what runs (the dynamic loader, the
     # search path, the interpreter). Wildcards allowed.
