@@ -30,11 +30,11 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw import __version__, hotpath
-from llmgw.catalog.schema import GatewaySettings, ServerConfig, TlsPublic
+from llmgw.catalog.schema import GatewaySettings, TlsPublic
 from llmgw.errors import UsageError, leaves
 from llmgw.fleet import FleetChannel, dial
-from llmgw.server.auth import Auth
 from llmgw.server.gateway import forwarded
+from llmgw.server.gateway.apikeys import ClientDoor
 from llmgw.server.gateway.fastlane import GatewayLane
 from llmgw.server.gateway.metrics import GatewayMetrics, watch_gateway
 from llmgw.server.gateway.openai_api import openai_error
@@ -102,8 +102,11 @@ class GatewayWorker:
         self.registry = CollectorRegistry()
         self.metrics = GatewayMetrics(self.registry)
         self.hub = RelayHub(coalesce=float(GatewaySettings().stream_coalesce))
-        self.auth = Auth(ServerConfig(), insecure=True, worker_tls=local or public_tls is not None)
-        self.gateway = Gateway(GatewaySettings(), self.metrics, relay_hub=self.hub, client_door=self.auth.client,
+        # The client door alone: the control plane keeps the others and says what it should about
+        # them and its port. A gateway on another machine without TLS on its client port says that
+        # API keys cross it in clear text (a local worker's port is its server's, whose notes say it).
+        self.door = ClientDoor(cleartext=not local and public_tls is None)
+        self.gateway = Gateway(GatewaySettings(), self.metrics, relay_hub=self.hub, client_door=self.door.allows,
                                not_ready_reason=self._not_ready)
         watch_gateway(self.registry, self.gateway)
         self.reactor = Reactor()
@@ -195,7 +198,7 @@ class GatewayWorker:
             raise ValueError(f"the control plane sent a malformed message: {exc}") from None
         if isinstance(msg, GatewayConfig):
             self.gateway.configure(msg.models, msg.static, msg.settings)
-            self.auth.configure(ServerConfig(gateway=msg.settings))
+            self.door.configure(msg.settings.api_keys)
             if self.local and msg.api_url and self.api is None:
                 self.api = Upstream("http://control-plane", unix_path=msg.api_url, max_idle=16)
             if self.local and msg.public_tls is not None:
