@@ -19,11 +19,12 @@ one (a reconnect) is whole again with the next, and the control plane sends only
 from __future__ import annotations
 
 import hashlib
+from typing import Protocol
 
 import msgspec
 
-from llmgw.catalog.schema import BalancerKind, GatewaySettings, Model, StaticEndpoint, TlsPublic
-from llmgw.catalog.units import dec_hook, enc_hook
+from llmgw.gwsettings import BalancerKind, GatewaySettings, StaticEndpoint, TlsPublic
+from llmgw.units import dec_hook, enc_hook
 from llmgw.wire.messages import MessageError, Unknown, _decode
 
 GATEWAY_PATH = "/llmgw.fleet.v1.Fleet/Gateway"
@@ -98,7 +99,28 @@ class RouteModel(_Route):
     admission: RouteAdmission = msgspec.field(default_factory=RouteAdmission)
 
 
-def route_model(model: Model | RouteModel) -> RouteModel:
+class _Limits(Protocol):
+    @property
+    def max_in_flight(self) -> int: ...
+    @property
+    def max_queue(self) -> int: ...
+    @property
+    def max_wait(self) -> float: ...
+
+
+class Routed(Protocol):
+    """What route_model reads of a model: a catalog Model (llmgw.catalog.schema) is one, named
+    by its fields rather than imported (wire does not import the catalog, issue 42)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def balancer(self) -> BalancerKind: ...
+    @property
+    def admission(self) -> _Limits: ...
+
+
+def route_model(model: Routed | RouteModel) -> RouteModel:
     """The routing view of a catalog model (a RouteModel is returned as it is)."""
     if isinstance(model, RouteModel):
         return model

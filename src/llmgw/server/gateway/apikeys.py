@@ -9,7 +9,7 @@ plane's: before issue 42 a worker built a whole `Auth(ServerConfig())` to get it
 control plane's credential checks with it.
 
 This module is also the one place a presented secret is hashed (`secret_digest`); the config
-holds only digests (llmgw.wire.settings.sha256_digest reads them).
+holds only digests (llmgw.gwsettings.sha256_digest reads them).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from llmgw.catalog.schema import sha256_digest
+from llmgw.gwsettings import sha256_digest
 from llmgw.web.server import Request
 
 log = logging.getLogger("llmgw.auth")
