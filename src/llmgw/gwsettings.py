@@ -114,7 +114,8 @@ class GatewaySettings(Config):
     # Processes serving /v1 on the public port ("auto": one per core). 1: the server serves the
     # port itself, as before. N > 1: N gateway workers accept on it (SO_REUSEPORT), each with its
     # own balancer, breakers and admission, fed by the control plane over a Unix socket in the
-    # state directory; /api/v1, /admin and /metrics reach the control plane through them. A
+    # state directory (the engines' health checks and scrapes too: the server makes them once for
+    # all); /api/v1, /admin and /metrics reach the control plane through them. A
     # model's admission.max_in_flight and max_queue are divided among the workers (rounded up),
     # so the engines see about the configured total. A reload applies a change between two
     # counts above 1 live; 1 <-> N needs a restart (llmgw.server.operator.workers_refusal).

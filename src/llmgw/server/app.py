@@ -320,8 +320,9 @@ class ControlPlane:
                                                       lane=self.lane))
             if admin_sock is not None:
                 await nursery.start(self._serve_public, admin_sock, self.handler(clients=False))
-            nursery.start_soon(self.gateway.run_scraper)
-            nursery.start_soon(self.gateway.run_health_checks)
+            # This process probes the engines for its workers too (they take the results on the feed).
+            nursery.start_soon(self.gateway.probes.run_scraper, self.followers.publish_probe)
+            nursery.start_soon(self.gateway.probes.run_health_checks, self.followers.publish_probe)
             nursery.start_soon(self.gateway.run_disconnect_watchdog)
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.fabrics.run)
