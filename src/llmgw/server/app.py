@@ -152,7 +152,8 @@ class ControlPlane:
                                             public_tls=self.public_tls if self.workers > 1 else None)
         gateway_registry = CollectorRegistry()
         gateway = Gateway(cfg.gateway, GatewayMetrics(gateway_registry), relay_hub=self.relay_hub,
-                          client_door=self.auth.client, not_ready_reason=feed.not_ready_reason, followers=self.followers)
+                          client_door=self.auth.client_door.allows, not_ready_reason=feed.not_ready_reason,
+                          followers=self.followers)
         watch_gateway(gateway_registry, gateway)
         self.worker_metrics = WorkerMetrics(self.followers, gateway_registry if self.workers == 1 else None)
         self.metrics.registry.register(self.worker_metrics)
