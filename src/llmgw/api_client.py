@@ -92,7 +92,8 @@ class ApiClient:
                     f"the llmgw server at {self.server} closed the connection without an answer; if its public "
                     "port speaks TLS (public_tls in its config), use an https:// URL with --ca"
                 ) from None
-            if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError) and self.cert and self.server.startswith("https://"):
+            if (isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError) and self.cert
+                    and self.server.startswith("https://")):
                 raise LlmgwError(
                     f"the llmgw server at {self.server} closed the connection without an answer: it most likely "
                     f"refused the client certificate {self.cert} (not from the CA in its public_tls.ca, or expired); "

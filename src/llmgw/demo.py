@@ -56,7 +56,8 @@ def check_port_free(host: str, port: int, what: str, flag: str) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise UsageError(f"port {port} on {host} ({what}) is in use: {exc.strerror}; pick another with {flag}") from None
+            raise UsageError(f"port {port} on {host} ({what}) is in use: {exc.strerror}; "
+                             f"pick another with {flag}") from None
 
 
 def llmgw_command() -> str:
@@ -278,19 +279,22 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
     if opts.tls:
         tls_dir = work / "tls"
         await trio.to_thread.run_sync(_issue_certs, tls_dir, opts.host, node_ids)
-        say(f"  ✓ certificates: a CA, a server certificate for {opts.host} and {len(node_ids)} node certificates in {tls_dir}")
+        say(f"  ✓ certificates: a CA, a server certificate for {opts.host} and {len(node_ids)} node certificates "
+            f"in {tls_dir}")
     # An operator token, so that every `ctl` call the banner prints (drain, logs, reload) works as
     # printed: the server keeps only its digest; the token is in operator.env for `source`.
     token = secrets.token_urlsafe(24)
     config = work / "server.yaml"
     env_file = work / "operator.env"
-    await trio.to_thread.run_sync(_write_private, env_file, f"export LLMGW_SERVER={public}\nexport LLMGW_TOKEN={token}\n")
+    await trio.to_thread.run_sync(_write_private, env_file,
+                                  f"export LLMGW_SERVER={public}\nexport LLMGW_TOKEN={token}\n")
     auth = {"authorization": f"Bearer {token}"}
     fleet = Fleet(logs)
     stopped_by_operator = False
     try:
         weights_url = await _start_fileserver(fleet, work, opts.host)
-        say(f"  ✓ file server: {weights_url} ({WEIGHTS_SIZE // 10**6} MB at {WEIGHTS_RATE}/s, the {LARGE_MODEL} weights)")
+        say(f"  ✓ file server: {weights_url} ({WEIGHTS_SIZE // 10**6} MB at {WEIGHTS_RATE}/s, "
+            f"the {LARGE_MODEL} weights)")
         await trio.to_thread.run_sync(config.write_text, server_config(opts, work, tls_dir, weights_url, token))
         server_args = ["server", "--config", str(config)]
         if not opts.tls:
@@ -298,14 +302,16 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         fleet.start("server", server_args)
         await _wait_for(lambda: httpx.get(f"{public}/healthz", timeout=2).status_code == 200, "the server", fleet, 30)
         scheme = "https" if opts.tls else "http"
-        say(f"  ✓ server: {public} (gateway, API, metrics, admin pages); fleet port {scheme}://{opts.host}:{opts.fleet_port}")
+        say(f"  ✓ server: {public} (gateway, API, metrics, admin pages); "
+            f"fleet port {scheme}://{opts.host}:{opts.fleet_port}")
         fabric_dir = await _make_fabric(work, node_ids)
         for node_id in node_ids:
             node_dir = work / "nodes" / node_id
             args = ["sim", "node", "--dir", str(node_dir), "--node-id", node_id, "--gpus", str(opts.gpus),
                     "--server", f"{scheme}://{opts.host}:{opts.fleet_port}", "--fabric", str(fabric_dir), "--force",
                     "-o", "json"]
-            result = await trio.run_process([sys.executable, "-m", "llmgw", *args], capture_stdout=True, capture_stderr=True, check=False)
+            result = await trio.run_process([sys.executable, "-m", "llmgw", *args], capture_stdout=True,
+                                            capture_stderr=True, check=False)
             if result.returncode != 0:
                 raise LlmgwError(f"llmgw sim node failed: {result.stderr.decode(errors='replace').strip()}")
             agent_cfg = node_dir / "agent.yaml"
@@ -324,7 +330,8 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             return ready if len(ready) == len(node_ids) else None
 
         for n in await _wait_for(nodes_ready, "the nodes to register", fleet, 60):
-            say(f"  ✓ node {n['id']}: {n['gpus']}× {n['gpu_name']} (simulated), {n['ports']} InfiniBand ports, agent connected")
+            say(f"  ✓ node {n['id']}: {n['gpus']}× {n['gpu_name']} (simulated), {n['ports']} InfiniBand ports, "
+                "agent connected")
 
         fetching: set[str] = set()
 
@@ -340,7 +347,8 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
         ready = await _wait_for(replicas_ready, "the replicas to become ready", fleet, opts.timeout)
         fabric_id = await _wait_for_fabric(public, auth, fleet, say)
         summary = ", ".join(
-            f"{r['model']} on " + " + ".join(f"{sh['node']} GPUs {sh['gpus']}" for sh in sorted(r["shards"], key=lambda sh: sh["rank"]))
+            f"{r['model']} on "
+            + " + ".join(f"{sh['node']} GPUs {sh['gpus']}" for sh in sorted(r["shards"], key=lambda sh: sh["rank"]))
             + (f" ({len(r['shards'])}-node replica)" if len(r["shards"]) > 1 else "")
             for r in ready)
         say(f"  ✓ replicas: 3 of 3 ready ({summary})")
@@ -399,7 +407,8 @@ async def run_demo(opts: DemoOptions, say: Callable[[str], None]) -> None:
             say("stopping: agents stop their engines, then the server …")
             await trio.to_thread.run_sync(fleet.stop)
             leftovers = await trio.to_thread.run_sync(kill_leftover_engines, work)
-            say("stopped; nothing left running" + (f" (killed {leftovers} engines a crashed agent left)" if leftovers else ""))
+            say("stopped; nothing left running"
+                + (f" (killed {leftovers} engines a crashed agent left)" if leftovers else ""))
             if not opts.dir:
                 if stopped_by_operator:  # the logs the banner pointed at stay; the rest (keys, state) goes
                     await trio.to_thread.run_sync(_remove_all_but_logs, work)

@@ -60,7 +60,8 @@ def grade_ratio(measured: float, expected: float, *, ok_at: float = 0.9, warn_at
 _PLUGIN_WORD = {Status.OK: "OK", Status.WARN: "WARNING", Status.CRIT: "CRITICAL", Status.UNKNOWN: "UNKNOWN"}
 
 
-def plugin_line(service: str, status: Status | str, summary: str, perf: Mapping[str, str | int | float] | None = None) -> str:
+def plugin_line(service: str, status: Status | str, summary: str,
+                perf: Mapping[str, str | int | float] | None = None) -> str:
     """The first line of a Nagios plugin's output: `SERVICE WORD - summary | perfdata`
     (nagios-plugins guidelines: the status word, text, then `label=value[UOM]` pairs after a `|`;
     Nagios shows this line and graphs the pairs). A `|` in the summary would start the perfdata,

@@ -19,8 +19,11 @@ from tests.unit.test_imports import import_graph
 
 ENTRY = ("llmgw.cli.gateway", "llmgw.server.gateway.run")
 # The reconciler, its driver, the composition root, and the node registry (GatewayMetrics left
-# server/metrics.py for server/gateway/metrics.py so that a gateway loads none of it).
-CONTROL_PLANE = ("llmgw.server.control", "llmgw.server.reconcile", "llmgw.server.app", "llmgw.server.registry")
+# server/metrics.py for server/gateway/metrics.py so that a gateway loads none of it), and the
+# control plane's credential checks (the client door left server/auth.py for
+# server/gateway/apikeys.py: a worker built a whole Auth to get it).
+CONTROL_PLANE = ("llmgw.server.control", "llmgw.server.reconcile", "llmgw.server.app", "llmgw.server.registry",
+                 "llmgw.server.auth")
 
 
 @pytest.mark.parametrize("entry", ENTRY)

@@ -19,8 +19,11 @@ module, else to llmgw.a); the package __init__ files an import also runs are not
 
 The floors (DESIGN.md, "Layout"): the pure packages wire, catalog, fabric, placement and doctor are
 read by the edges and never read them back, so none of them imports server, agent, cli or web;
-and catalog, the config schema, sits below the fleet protocol (wire), which may carry catalog
-values but is not imported by it.
+and the catalog (the config schema) and the fleet protocol (wire) do not import each other: what
+both need lives below both, in llmgw/names.py (id and model-name patterns), llmgw/units.py
+(durations, sizes) and llmgw/gwsettings.py (the gateway's settings, which the config declares and
+the gateway feed carries). Issue 42 found the arrow one way (catalog -> wire, for the id patterns)
+and then the other (wire/gateway.py -> catalog.schema and catalog.units).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ SRC = Path(llmgw.__file__).resolve().parent
 PURE_FLOORS = ("wire", "catalog", "fabric", "placement", "doctor")
 EDGES = ("server", "agent", "cli", "web")
 # (importer floor, imported floor): an arrow back up, beyond the pure-floor/edge rule.
-BACK_ARROWS = (("catalog", "wire"),)
+BACK_ARROWS = (("catalog", "wire"), ("wire", "catalog"))
 
 
 def _modules() -> dict[str, Path]:
@@ -199,6 +202,16 @@ def test_no_import_back_up_a_floor() -> None:
             if (floor in PURE_FLOORS and up in EDGES) or (floor, up) in BACK_ARROWS:
                 wrong.append(f"{module} -> {target}")
     assert not wrong, "imports back up a floor:\n" + "\n".join(wrong)
+
+
+def test_no_wire_module_imports_the_catalog() -> None:
+    """At import or on a call: the fleet protocol and the gateway feed are read by agents, servers
+    and gateways of other versions and stand on nothing above them (wire/gateway.py took the
+    gateway's settings and the duration hooks from the catalog before issue 42)."""
+    top, lazy = import_graph(), import_graph(in_functions=True)
+    wrong = sorted(f"{module} -> {target}" for module in top for target in top[module] | lazy[module]
+                   if _floor(module) == "wire" and _floor(target) == "catalog")
+    assert not wrong, "wire imports the catalog:\n" + "\n".join(wrong)
 
 
 def test_function_level_circles_are_listed() -> None:

@@ -22,6 +22,8 @@ import llmgw
 PURE = [
     "llmgw.errors",
     "llmgw.names",
+    "llmgw.units",
+    "llmgw.gwsettings",
     "llmgw.netaddr",
     "llmgw.verdict",
     "llmgw.doctor",

@@ -174,7 +174,8 @@ def _show(value: Any) -> str:
         return "a list"
     if value is None:
         return "null"
-    text = json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+    text = (json.dumps(value) if isinstance(value, str)
+            else str(value).lower() if isinstance(value, bool) else str(value))
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -1,60 +1,14 @@
-"""Durations ("90s", "2m", "1h30m", 5) and byte sizes ("4MiB", "512k", 1024) in config files."""
+"""Durations ("90s", "2m", "1h30m", 5) and byte sizes ("4MiB", "512k", 1024) in config files.
+
+The types, their parsers and msgspec hooks live in llmgw.units, below both the catalog and the
+gateway feed (llmgw.wire.gateway), which carries them too; here are the forms people type and read."""
 
 from __future__ import annotations
 
-import json
-import re
+from llmgw.units import ByteSize, Duration, dec_hook, enc_hook, parse_duration, parse_size
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1024, "ki": 1024,
-    "m": 1000**2, "mb": 1000**2, "mib": 1024**2, "mi": 1024**2,
-    "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "gi": 1024**3,
-    "t": 1000**4, "tb": 1000**4, "tib": 1024**4, "ti": 1024**4,
-}  # fmt: skip
-
-
-def _quote(value: object) -> str:
-    return json.dumps(value) if isinstance(value, str) else repr(value)
-
-
-class Duration(float):
-    """Seconds. Parsed from a number or a string like "90s", "2m", "1h30m", "250ms"."""
-
-
-class ByteSize(int):
-    """Bytes. Parsed from an integer or a string like "4MiB", "512k", "1GB"."""
-
-
-def parse_duration(value: object) -> Duration:
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration like 30s, got {value!r}")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"expected a duration >= 0, got {value!r}")
-        return Duration(value)
-    if isinstance(value, str):
-        text = value.strip().replace(" ", "")
-        pos = 0
-        total = 0.0
-        for match in _DURATION_PART.finditer(text):
-            if match.start() != pos:
-                break
-            total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-            pos = match.end()
-        if text and pos == len(text):
-            return Duration(total)
-        try:
-            seconds = float(text)
-        except ValueError:
-            pass
-        else:
-            if seconds >= 0:
-                return Duration(seconds)
-    raise ValueError(f"expected a duration like 30s, 2m or 1h30m, got {_quote(value)}")
+__all__ = ["ByteSize", "Duration", "dec_hook", "enc_hook", "format_duration", "parse_duration", "parse_since",
+           "parse_size"]
 
 
 def parse_since(text: str, now: float) -> float:
@@ -71,18 +25,6 @@ def parse_since(text: str, now: float) -> float:
     return number if number > 1e9 else now - number
 
 
-def parse_size(value: object) -> ByteSize:
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size like 4MiB, got {value!r}")
-    if isinstance(value, int) and value >= 0:
-        return ByteSize(value)
-    if isinstance(value, str):
-        match = _SIZE.match(value)
-        if match and match.group(2).lower() in _SIZE_UNITS:
-            return ByteSize(int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]))
-    raise ValueError(f"expected a size like 4MiB or 512k, got {_quote(value)}")
-
-
 def format_duration(seconds: float) -> str:
     """Short human form for tables: 4s, 3m12s, 2h05m, 3d4h."""
     if seconds < 0:
@@ -97,20 +39,3 @@ def format_duration(seconds: float) -> str:
         return f"{hours}h{minutes:02d}m"
     days, hours = divmod(hours, 24)
     return f"{days}d{hours}h"
-
-
-def dec_hook(kind: type, obj: object) -> object:
-    """msgspec hook: lets config Structs declare Duration and ByteSize fields."""
-    if kind is Duration:
-        return parse_duration(obj)
-    if kind is ByteSize:
-        return parse_size(obj)
-    raise NotImplementedError(f"cannot convert to {kind}")
-
-
-def enc_hook(obj: object) -> object:
-    if isinstance(obj, Duration):
-        return float(obj)
-    if isinstance(obj, ByteSize):
-        return int(obj)
-    raise NotImplementedError(f"cannot encode {type(obj)}")

@@ -116,7 +116,8 @@ def _print_issued(issued: Issued, output: str, what: str) -> None:
             "(revoked.json in the CA directory): give the server the updated list (tls.deny_list, then `kill -HUP` or "
             "`llmgw ctl reload`) once the new pair is in place, and the old key stops working", stderr=True)
     if issued.clamped:
-        say(f"note: validity cut to the CA's own expiry ({info.not_after}); no certificate may outlive its CA", stderr=True)
+        say(f"note: validity cut to the CA's own expiry ({info.not_after}); no certificate may outlive its CA",
+            stderr=True)
     if output == "json":
         print_json(info)
         return
@@ -161,9 +162,11 @@ def init(ca_dir: str, name: str, days: int, key_type: str, force: bool, output: 
 
 @cert.command()
 @_dir_option
-@click.option("--host", "hosts", multiple=True, metavar="NAME", help="DNS name agents and clients dial (repeatable). An IP given here is stored as an IP entry.")
+@click.option("--host", "hosts", multiple=True, metavar="NAME",
+              help="DNS name agents and clients dial (repeatable). An IP given here is stored as an IP entry.")
 @click.option("--ip", "ips", multiple=True, metavar="ADDR", help="IP address agents and clients dial (repeatable).")
-@click.option("--name", default=None, metavar="CN", help="Common name (default: the first --host or --ip). Clients ignore it: they check the SANs.")
+@click.option("--name", default=None, metavar="CN",
+              help="Common name (default: the first --host or --ip). Clients ignore it: they check the SANs.")
 @_out_option
 @_days_option(LEAF_DAYS)
 @_key_type_option
@@ -250,7 +253,8 @@ for _kind, _metavar, _help in _CLIENT_COMMANDS:
 
 
 @cert.command()
-@click.argument("target", metavar="NAME|SERIAL", shell_complete=complete.CertNames(None, "the names the CA directory (--dir) issued certificates to"))
+@click.argument("target", metavar="NAME|SERIAL",
+                shell_complete=complete.CertNames(None, "the names the CA directory (--dir) issued certificates to"))
 @_dir_option
 @click.option("--reason", default="", help="Why, kept in the deny list.")
 @output_option

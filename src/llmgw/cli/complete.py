@@ -248,7 +248,8 @@ FABRIC_A = Names("nodes", "the nodes that share a fabric with another node",
 FABRIC_B = Names("nodes", "the other nodes that share a fabric with NODE_A",
                  lambda ctx, found: pure.fabric_peers(found, ctx.params.get("node_a")))
 REPLICAS = Names("replicas", "the replicas the server runs")
-RANKS = Names("replicas", "the ranks of the replica's shards", lambda ctx, found: pure.ranks(found, _typed(ctx, "name")))
+RANKS = Names("replicas", "the ranks of the replica's shards",
+              lambda ctx, found: pure.ranks(found, _typed(ctx, "name")))
 LOG_TARGETS = Names("replicas", "the models with replicas, each followed by its replicas",
                     lambda _ctx, found: pure.log_targets(found))
 MODELS = Names("models", "the models in the server's catalog")

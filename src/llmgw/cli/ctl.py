@@ -95,12 +95,14 @@ def _node_note(n: dict) -> str:
     notes = [n["reason"]] if n.get("reason") else []
     days = n.get("cert_days_left")
     if days is not None and days < 30:
-        notes.append(f"certificate expired {-days:.0f} days ago" if days < 0 else f"certificate expires in {days:.0f} days")
+        notes.append(f"certificate expired {-days:.0f} days ago" if days < 0
+                     else f"certificate expires in {days:.0f} days")
     if not n.get("gpus") and n.get("gpu_note"):
         notes.append(n["gpu_note"])
     for fabric in n.get("fabric_status") or []:
         if not fabric.get("usable"):
-            notes.append(f"fabric {fabric.get('name')} not usable: {'; '.join(fabric.get('problems') or []) or 'no usable adapter'}")
+            notes.append(f"fabric {fabric.get('name')} not usable: "
+                         f"{'; '.join(fabric.get('problems') or []) or 'no usable adapter'}")
     down = [f"{p.get('port')} {p.get('state')}" + (f" ({p['phys_state']})" if p.get("phys_state") else "")
             for p in n.get("port_states") or [] if str(p.get("state", "")).upper() != "ACTIVE"]
     if down:
@@ -114,7 +116,8 @@ def _node_note(n: dict) -> str:
 def _fabrics(n: dict) -> str:
     """The usable fabrics with their rate (the slowest active link): `ib 400G`."""
     rates = {f.get("name"): f.get("rate_gbps") for f in n.get("fabric_status") or []}
-    return ",".join(f"{name} {rates[name]:g}G" if rates.get(name) else str(name) for name in n.get("fabrics") or []) or "-"
+    return ",".join(f"{name} {rates[name]:g}G" if rates.get(name) else str(name)
+                    for name in n.get("fabrics") or []) or "-"
 
 
 @ctl.command()
@@ -164,7 +167,8 @@ def _nodes_table(data: list[dict], output: str) -> RenderableType:
     for n in data:
         age = n.get("last_heartbeat_age")
         gpus = f"{n['gpus']}× {n['gpu_name']}" if n.get("gpus") and n.get("gpu_name") else str(n.get("gpus", 0))
-        extra = (n.get("address") or "-", n.get("identity") or "-", ",".join(n.get("features") or []) or "-") if wide else ()
+        extra = ((n.get("address") or "-", n.get("identity") or "-", ",".join(n.get("features") or []) or "-")
+                 if wide else ())
         rows.append((
             n["id"],
             styled_state(n["state"] + (f",{n['mark']}" if n.get("mark") else "")),
@@ -256,8 +260,8 @@ def _replicas_view(data: list[dict], tail: int, output: str = "table") -> Group:
 @watch_options
 @click.option("--tail", type=int, default=5, show_default=True, help="Output lines shown for failed replicas.")
 @click.pass_context
-def replicas(ctx: click.Context, replica_id: str | None, output: str, model_filter: str | None, watch: bool, interval: float,
-             tail: int) -> None:
+def replicas(ctx: click.Context, replica_id: str | None, output: str, model_filter: str | None, watch: bool,
+             interval: float, tail: int) -> None:
     """Replicas: model, profile, state, node, GPUs, endpoint, age, and why when pending or failed.
     With REPLICA, that replica alone: its fields, shards, last output and recent events."""
     from llmgw.cli.watching import refuse_output, watch_json, watch_table
@@ -326,14 +330,16 @@ def _endpoints_table(data: list[dict], output: str) -> RenderableType:
         load = e.get("load") or {}
         kv = load.get("kv_cache_usage")
         rows.append((
-            e["model"], e["endpoint"], str(e["outstanding"]), styled_state(e["breaker"]) if e["breaker"] != "closed" else "closed",
+            e["model"], e["endpoint"], str(e["outstanding"]),
+            styled_state(e["breaker"]) if e["breaker"] != "closed" else "closed",
             ("up" if e["engine_up"] else "down") if e.get("healthy", True) else "unhealthy",
             f"{load.get('running', '-')}/{load.get('waiting', '-')}", "-" if kv is None else f"{kv:.0%}",
             e.get("health_reason") or ", ".join(e.get("violations") or []) or e.get("breaker_reason", ""),
         ))
     if not rows:
         return text("no endpoints in rotation")
-    return make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows, cut=_cut())
+    return make_table(["MODEL", "ENDPOINT", "IN FLIGHT", "BREAKER", "ENGINE", "RUN/WAIT", "KV", "NOTE"], rows,
+                      cut=_cut())
 
 
 @ctl.command()
@@ -357,8 +363,8 @@ def _gateways_table(data: list[dict], output: str) -> RenderableType:
              f"{format_duration(now - g['since'])} ago",
              f"{format_duration(now - g['last_report'])} ago" if g.get("last_report") else "not yet",
              "-" if g.get("requests") is None else str(g["requests"]), g.get("config") or "-") for g in data]
-    return make_table(["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST REPORT", "REQUESTS", "CONFIG"], rows,
-                      cut=_cut())
+    return make_table(["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST REPORT", "REQUESTS", "CONFIG"],
+                      rows, cut=_cut())
 
 
 @ctl.command()

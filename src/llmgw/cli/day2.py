@@ -54,7 +54,8 @@ def _check_since(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="How far back: a duration (30m, 2h, 7d) or seconds since the epoch. Default: all kept.")
 @click.option("--node", default="", shell_complete=complete.NODES, help="Only events about this node.")
 @click.option("--model", default="", shell_complete=complete.MODELS, help="Only events about this model.")
-@click.option("-w", "--watch", is_flag=True, help="Keep printing new events until Ctrl-C (-o json: one object per line).")
+@click.option("-w", "--watch", is_flag=True,
+              help="Keep printing new events until Ctrl-C (-o json: one object per line).")
 @click.pass_context
 def events(ctx: click.Context, output: str, since: str, node: str, model: str, watch: bool) -> None:
     """What happened: node state changes, placements, replica transitions (with the engine's
@@ -110,14 +111,16 @@ def _show(data: list[dict[str, Any]], output: str, *, header: bool) -> None:
               help="With MODEL: this one of its replicas (default: the first ready).")
 @click.option("--rank", "--shard", "shard", type=int, default=None, shell_complete=complete.RANKS,
               help="Only the shard of this rank (a replica on several nodes).")
-@click.option("--tail", type=click.IntRange(0, 10_000), default=200, show_default=True, help="Lines from the end of the log to start with.")
+@click.option("--tail", type=click.IntRange(0, 10_000), default=200, show_default=True,
+              help="Lines from the end of the log to start with.")
 @click.option("-f", "--follow", is_flag=True,
               help="Keep printing new lines until Ctrl-C; with MODEL, across moves (drain, rollout, restart).")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: the lines as the engine wrote them; json: one object a line ({\"line\", \"rank\"} or "
               "{\"note\"}), notes included, for scripts.")
 @click.pass_context
-def logs(ctx: click.Context, name: str, replica_id: str, shard: int | None, tail: int, follow: bool, output: str) -> None:
+def logs(ctx: click.Context, name: str, replica_id: str, shard: int | None, tail: int, follow: bool,
+         output: str) -> None:
     """An engine's log, read on its node and sent over the fleet stream (no SSH).
 
     MODEL picks one of its replicas: the first ready, or --replica ID; which one is said on

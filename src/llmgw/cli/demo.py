@@ -8,14 +8,18 @@ import click
 
 
 @click.command()
-@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Public port (gateway, API).")
-@click.option("--fleet-port", type=click.IntRange(1, 65535), default=8443, show_default=True, help="Fleet port (agents).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True,
+              help="Public port (gateway, API).")
+@click.option("--fleet-port", type=click.IntRange(1, 65535), default=8443, show_default=True,
+              help="Fleet port (agents).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback address to use.")
 @click.option("--nodes", type=click.IntRange(1, 16), default=2, show_default=True, help="Simulated nodes.")
 @click.option("--gpus", type=click.IntRange(4, 16), default=8, show_default=True, help="GPUs per simulated node.")
-@click.option("--dir", "work_dir", type=click.Path(file_okay=False), help="Keep the demo's files here (default: a new temp dir).")
+@click.option("--dir", "work_dir", type=click.Path(file_okay=False),
+              help="Keep the demo's files here (default: a new temp dir).")
 @click.option("--insecure", is_flag=True, help="Run the fleet port as plain h2c instead of mutual TLS.")
-@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for replicas to be ready.")
+@click.option("--timeout", type=float, default=120.0, show_default=True,
+              help="Seconds to wait for replicas to be ready.")
 def demo(port: int, fleet_port: int, host: str, nodes: int, gpus: int, work_dir: str | None, insecure: bool,
          timeout: float) -> None:
     """Run a whole fleet on loopback: a server, simulated GPU nodes, agents, engines.

@@ -64,7 +64,8 @@ def node(client: ApiClient, node_id: str, output: str) -> None:
         ("Agent", n.get("version")),
         ("Identity", n.get("identity")),
         ("Certificate", None if days is None else f"expires in {days:g} days"),
-        ("Heartbeat", None if age is None else f"{format_duration(age)} ago ({n.get('heartbeats', 0)} since the server started)"),
+        ("Heartbeat", None if age is None
+         else f"{format_duration(age)} ago ({n.get('heartbeats', 0)} since the server started)"),
         ("GPUs from", str(n.get("gpu_source") or "-") + (f" ({n['gpu_note']})" if n.get("gpu_note") else "")),
         ("Versions", _versions(n.get("inventory") or {})),
         ("Features", ", ".join(n.get("features") or [])),
@@ -75,24 +76,28 @@ def node(client: ApiClient, node_id: str, output: str) -> None:
     gpus = []
     for g in (n.get("inventory") or {}).get("gpus") or []:
         h = health.get(g["index"], {})
-        peers = ", ".join(f"{peer}×{links}" for peer, links in sorted((g.get("nvlink") or {}).items(), key=lambda kv: int(kv[0])))
-        gpus.append((str(g["index"]), g.get("name") or "-", f"{h.get('memory_used_mib', 0)}/{g.get('memory_mib', 0)} MiB",
+        peers = ", ".join(f"{peer}×{links}"
+                          for peer, links in sorted((g.get("nvlink") or {}).items(), key=lambda kv: int(kv[0])))
+        gpus.append((str(g["index"]), g.get("name") or "-",
+                     f"{h.get('memory_used_mib', 0)}/{g.get('memory_mib', 0)} MiB",
                      f"{h.get('utilization_pct', 0)}%", f"{h.get('temperature_c', 0)} °C",
                      "-" if h.get("power_w") is None else f"{h['power_w']:g} W", _maybe(h.get("ecc_uncorrected")),
                      _maybe(h.get("xid")), peers or "-", _maybe(h.get("nvlink_down")), g.get("pci_bus_id") or "-",
                      f"no: {unplaceable[str(g['index'])]}" if str(g["index"]) in unplaceable else "yes"))
-    parts += _section("GPUs (latest heartbeat)", ["GPU", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "ECC", "XID", "NVLINK PEERS",
-                                                  "LINKS DOWN", "PCI", "PLACEABLE"], gpus, "none")
+    parts += _section("GPUs (latest heartbeat)", ["GPU", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "ECC", "XID",
+                                                  "NVLINK PEERS", "LINKS DOWN", "PCI", "PLACEABLE"], gpus, "none")
     ports = [(p["port"], styled_state(p["state"]), p.get("phys_state") or "-", f"{p.get('rate_gbps', 0):g} Gb/s")
              for p in n.get("port_states") or []]
     parts += _section("Ports", ["PORT", "STATE", "PHYS", "RATE"], ports, "no RDMA ports")
-    fabrics = [(f["name"], "yes" if f.get("usable") else "no", f"{f.get('rate_gbps', 0):g} Gb/s", ",".join(f.get("ports") or []) or "-",
-                "; ".join(f.get("problems") or []) or "-") for f in n.get("fabric_status") or []]
+    fabrics = [(f["name"], "yes" if f.get("usable") else "no", f"{f.get('rate_gbps', 0):g} Gb/s",
+                ",".join(f.get("ports") or []) or "-", "; ".join(f.get("problems") or []) or "-")
+               for f in n.get("fabric_status") or []]
     parts += _section("Fabrics", ["FABRIC", "USABLE", "RATE", "PORTS", "PROBLEMS"], fabrics, "none declared or found")
-    replicas = [(r["id"], r["model"], str(s["rank"]), styled_state(s["state"]), ",".join(str(i) for i in s["gpus"]) or "-",
-                 r.get("endpoint") or "-")
+    replicas = [(r["id"], r["model"], str(s["rank"]), styled_state(s["state"]),
+                 ",".join(str(i) for i in s["gpus"]) or "-", r.get("endpoint") or "-")
                 for r in client.get("/api/v1/replicas") for s in r.get("shards") or [] if s["node"] == n["id"]]
-    parts += _section("Replicas", ["REPLICA", "MODEL", "RANK", "SHARD", "GPUS", "ENDPOINT"], replicas, "none on this node")
+    parts += _section("Replicas", ["REPLICA", "MODEL", "RANK", "SHARD", "GPUS", "ENDPOINT"], replicas,
+                      "none on this node")
     parts += _section(f"Events (last {RECENT_EVENTS}, 24 h)", ["TIME", "KIND", "EVENT"],
                       _event_rows(_events(client, node=n["id"])), "none")
     console().print(Group(*parts))
@@ -116,10 +121,11 @@ def replica(client: ApiClient, replica_id: str, output: str) -> None:
         ("Age", format_duration(r.get("age", 0))),
         ("Attempt", f"{r.get('attempt', 0)} ({r.get('failures', 0)} failed)"),
         ("Adopted", "yes" if r.get("adopted") else "no"),
-        ("Move", None if not move else f"{move['kind']} {move['state']} ({move['role']}, other {move.get('other') or '-'}): {move.get('note')}"),
+        ("Move", None if not move else (f"{move['kind']} {move['state']} ({move['role']}, "
+                                        f"other {move.get('other') or '-'}): {move.get('note')}")),
     ])]
-    shards = [(str(s["rank"]), s["node"], ",".join(str(g) for g in s["gpus"]) or "-", styled_state(s["state"]), str(s.get("port") or "-"),
-               s["shard_id"]) for s in r.get("shards") or []]
+    shards = [(str(s["rank"]), s["node"], ",".join(str(g) for g in s["gpus"]) or "-", styled_state(s["state"]),
+               str(s.get("port") or "-"), s["shard_id"]) for s in r.get("shards") or []]
     parts += _section("Shards", ["RANK", "NODE", "GPUS", "STATE", "PORT", "SHARD"], shards, "none placed")
     tail = r.get("tail") or []
     if tail:
@@ -153,7 +159,8 @@ def model(client: ApiClient, name: str, output: str) -> None:
                  ",".join(sorted({s["node"] for s in r.get("shards") or []})) or "-", r.get("endpoint") or "-",
                  format_duration(r.get("age", 0)), r.get("reason") or "")
                 for r in client.get("/api/v1/replicas") if r["model"] == name]
-    parts += _section("Replicas", ["REPLICA", "PROFILE", "STATE", "NODE", "ENDPOINT", "AGE", "REASON"], replicas, "none")
+    parts += _section("Replicas", ["REPLICA", "PROFILE", "STATE", "NODE", "ENDPOINT", "AGE", "REASON"], replicas,
+                      "none")
     parts += _section(f"Events (last {RECENT_EVENTS}, 24 h)", ["TIME", "KIND", "EVENT"],
                       _event_rows(_events(client, model=name)), "none")
     console().print(Group(*parts))

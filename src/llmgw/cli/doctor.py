@@ -118,8 +118,8 @@ def _status_line(data: dict[str, Any]) -> str:
     """The Nagios plugin's first line: the verdict, the counts, and the counts as perfdata."""
     s = data["summary"]
     nodes = f"{s['nodes']} node{'s' if s['nodes'] != 1 else ''}"
-    summary = (f"{nodes}, {len(data['findings'])} findings: {s['crit']} crit, {s['warn']} warn, {s['unknown']} unknown, "
-               f"{s['ok']} ok")
+    summary = (f"{nodes}, {len(data['findings'])} findings: {s['crit']} crit, {s['warn']} warn, "
+               f"{s['unknown']} unknown, {s['ok']} ok")
     perf: dict[str, Any] = {k: s[k] for k in ("crit", "warn", "unknown", "ok", "nodes")}
     if isinstance(data.get("took"), int | float):
         perf["took"] = f"{data['took']:.3f}s"
@@ -127,11 +127,13 @@ def _status_line(data: dict[str, Any]) -> str:
 
 
 @click.command(cls=NagiosCommand)
-@click.option("--node", "node_id", shell_complete=complete.NODES, help="Only this node's checks (the fleet-wide checks are left out).")
+@click.option("--node", "node_id", shell_complete=complete.NODES,
+              help="Only this node's checks (the fleet-wide checks are left out).")
 @click.option("--local", is_flag=True, help="Run the node checks on this machine, with no server (a node being "
               "brought up): the agent's own discovery, with --config's settings.")
 @click.option("--config", "config_path", envvar="LLMGW_AGENT_CONFIG", type=click.Path(dir_okay=False),
-              help="With --local: the agent config (discovery, fabrics, model cache, certificate). [env: LLMGW_AGENT_CONFIG]")
+              help="With --local: the agent config (discovery, fabrics, model cache, certificate). "
+                   "[env: LLMGW_AGENT_CONFIG]")
 @click.option("--interval", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="With --local: seconds between the two readings of the error counters.")
 @click.option("--only", "only", multiple=True, metavar="ID,...", shell_complete=_complete_checks,
@@ -180,8 +182,8 @@ def doctor(ctx: click.Context, node_id: str | None, local: bool, config_path: st
             raise click.UsageError(f"--local runs this machine's node checks; {', '.join(sorted(checks))} "
                                    "need a server (the fleet's checks compare nodes)")
     try:
-        data = _report(ctx, local, config_path, node_id, checks, interval, split_ids([*only, *([check] if check else [])]),
-                       split_ids(skip))
+        data = _report(ctx, local, config_path, node_id, checks, interval,
+                       split_ids([*only, *([check] if check else [])]), split_ids(skip))
     except CouldNotRun as exc:  # Nagios shows stdout's first line: "(No output returned from plugin)" otherwise
         if output != "json":
             say(plugin_line(SERVICE, "unknown", f"could not run: {exc}"))

@@ -107,7 +107,8 @@ def drain(ctx: click.Context, node_id: str, timeout: float, force: bool, output:
             break
         if not view["in_progress"]:
             _finish(view, output)
-            raise DrainIncomplete(f"drain of {node_id} incomplete: " + terminal_text("; ".join(view["failed"] or ["replicas remain"])) +
+            raise DrainIncomplete(f"drain of {node_id} incomplete: " +
+                                  terminal_text("; ".join(view["failed"] or ["replicas remain"])) +
                                   (" (--force stops them anyway)" if not force else ""))
         if time.monotonic() > deadline:
             _finish(view, output)
@@ -118,7 +119,8 @@ def drain(ctx: click.Context, node_id: str, timeout: float, force: bool, output:
         view = client.get(where)
     _finish(view, output)
     if human:
-        say(f"node {node_id} drained: it runs nothing" + (f"; {len(view['down'])} replica(s) down" if view["down"] else "")
+        say(f"node {node_id} drained: it runs nothing"
+            + (f"; {len(view['down'])} replica(s) down" if view["down"] else "")
             + f" (llmgw ctl uncordon {node_id} when it is back)")
 
 
@@ -176,8 +178,8 @@ def restart(ctx: click.Context, replica_id: str, force: bool, timeout: float, ou
         if time.monotonic() > deadline:
             if not human:
                 print_json(move)
-            raise RestartIncomplete(f"restart of {replica_id}: timed out after {timeout:g}s ({move['state']}); it goes on "
-                                    "(llmgw ctl replicas to follow it)")
+            raise RestartIncomplete(f"restart of {replica_id}: timed out after {timeout:g}s ({move['state']}); "
+                                    "it goes on (llmgw ctl replicas to follow it)")
         time.sleep(POLL_INTERVAL)  # ok: polling the server for progress
         move = client.get(f"/api/v1/moves/{move['id']}")
     if not human:

@@ -48,11 +48,13 @@ def _progress(event: dict[str, Any]) -> str:
     if kind == "start":
         how = f", {event['duration']} s each (ib_write_bw -D)" if event.get("duration") else ""
         how += ", buffers in GPU memory (GPUDirect RDMA)" if event.get("gpudirect") else ""
-        return f"testing {len(event.get('rails') or [])} rails: {event.get('a')} (client) → {event.get('b')} (server){how}"
+        return (f"testing {len(event.get('rails') or [])} rails: {event.get('a')} (client) → "
+                f"{event.get('b')} (server){how}")
     if kind == "rail_start":
         return f"rail {event.get('rail')} ({event.get('fabric')}): {event.get('a')} → {event.get('b')} ..."
     if kind == "rail":
-        line = f"rail {event.get('rail')}: {_gbps(event.get('measured_gbps'))} of {_gbps(event.get('expected_gbps'))}: {event.get('status')}"
+        line = (f"rail {event.get('rail')}: {_gbps(event.get('measured_gbps'))} of "
+                f"{_gbps(event.get('expected_gbps'))}: {event.get('status')}")
         return line + (f" ({event['detail']})" if event.get("detail") else "")
     if kind == "note":
         return f"{event.get('node')}: {event.get('message')}"
@@ -63,7 +65,8 @@ def status_line(report: dict[str, Any]) -> str:
     """The Nagios plugin's first line: the verdict, the rails by grade, each rail's Gb/s as perfdata."""
     rails = report.get("rails") or []
     counts = {grade: sum(1 for r in rails if r.get("status") == grade) for grade in ("crit", "warn", "unknown", "ok")}
-    summary = f"{report.get('a')} → {report.get('b')}: {len(rails)} rails: " + ", ".join(f"{n} {g}" for g, n in counts.items())
+    summary = (f"{report.get('a')} → {report.get('b')}: {len(rails)} rails: "
+               + ", ".join(f"{n} {g}" for g, n in counts.items()))
     perf: dict[str, Any] = dict(counts)
     for r in rails:
         if r.get("measured_gbps") is not None:
@@ -84,8 +87,9 @@ def render(report: dict[str, Any], quiet: bool = False) -> None:
         for r in report.get("rails") or []:
             if r.get("status") != "ok":
                 detail = f": {r['detail']}" if r.get("detail") else ""
-                out.print(text(f"{str(r.get('status')).upper()} rail {r.get('fabric')}#{r.get('rail')} {r.get('a')} → "
-                               f"{r.get('b')}: {_gbps(r.get('measured_gbps'))} of {_gbps(r.get('expected_gbps'))}{detail}"),
+                out.print(text(f"{str(r.get('status')).upper()} rail {r.get('fabric')}#{r.get('rail')} "
+                               f"{r.get('a')} → {r.get('b')}: {_gbps(r.get('measured_gbps'))} of "
+                               f"{_gbps(r.get('expected_gbps'))}{detail}"),
                           soft_wrap=True)
         return
     rows = []
@@ -102,7 +106,8 @@ def render(report: dict[str, Any], quiet: bool = False) -> None:
             r.get("detail") or "",
         ))
     a, b = report.get("a"), report.get("b")
-    out.print(make_table(["RAIL", f"ADAPTER {a}", f"ADAPTER {b}", "MEASURED", "EXPECTED", "RATIO", "GRADE", "DETAIL"], rows))
+    out.print(make_table(["RAIL", f"ADAPTER {a}", f"ADAPTER {b}", "MEASURED", "EXPECTED", "RATIO", "GRADE", "DETAIL"],
+                         rows))
 
 
 @click.command("fabric-test", cls=NagiosCommand)
@@ -119,7 +124,8 @@ def render(report: dict[str, Any], quiet: bool = False) -> None:
 @click.option("--gpudirect", is_flag=True,
               help="Put both sides' buffers in GPU memory (ib_write_bw --use_cuda=N, GPU n for the nth rail): tests "
                    "GPUDirect RDMA, the path NCCL takes. Refused where a node has no GPU.")
-@click.option("-q", "--quiet", is_flag=True, help="Print the status line and the rails that are not ok (no progress, no table).")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Print the status line and the rails that are not ok (no progress, no table).")
 @output_option
 @click.pass_context
 def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: float, duration: int | None, size: int,
@@ -161,7 +167,8 @@ def fabric_test(ctx: click.Context, node_a: str, node_b: str, rail_timeout: floa
         if report is None:
             raise CouldNotRun(f"fabric test {node_a} → {node_b}: the server ended the answer without a report")
     except LlmgwError as exc:  # refused (no such node, a credential, not connected) or the answer broke off
-        failed = exc if isinstance(exc, CouldNotRun) else CouldNotRun(f"fabric test {node_a} → {node_b} could not run: {exc}")
+        failed = (exc if isinstance(exc, CouldNotRun)
+                  else CouldNotRun(f"fabric test {node_a} → {node_b} could not run: {exc}"))
         if output != "json":  # Nagios reads stdout's first line
             say(plugin_line(SERVICE, "unknown", str(failed)))
         raise failed from None

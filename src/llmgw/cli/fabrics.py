@@ -53,7 +53,8 @@ def offline(path: str, sm_path: str | None) -> dict[str, Any]:
     topo = parse_topology(text)
     if not topo.nodes:
         first = f"; line {topo.problems[0].line}: {topo.problems[0].text}" if topo.problems else ""
-        raise UsageError(f"--file {path}: no ibnetdiscover topology in it ({len(topo.problems)} unreadable lines{first})")
+        raise UsageError(f"--file {path}: no ibnetdiscover topology in it "
+                         f"({len(topo.problems)} unreadable lines{first})")
     fabric_map = analyse(topo)
     doc: dict[str, Any] = {"source": path}
     doc.update(msgspec.to_builtins(fabric_map))
@@ -110,7 +111,8 @@ def render_changes(changes: list[dict[str, Any]]) -> None:
 
     rows = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["at"])), c["old"] or "-", c["new"], c["reported_by"])
             for c in changes]
-    console().print(make_table(["WHEN", "OLD MASTER", "NEW MASTER", "REPORTED BY"], rows, title="master changes (last day)"))
+    console().print(make_table(["WHEN", "OLD MASTER", "NEW MASTER", "REPORTED BY"], rows,
+                               title="master changes (last day)"))
 
 
 def render(doc: dict[str, Any]) -> None:

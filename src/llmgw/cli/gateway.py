@@ -10,7 +10,8 @@ from llmgw.cli.logs import setup_logging
 
 @click.command()
 @click.option("--control-plane", "control_plane", envvar="LLMGW_CONTROL_PLANE", metavar="URL",
-              help="The server's fleet port, https://HOST:PORT (http:// only with --insecure). [env: LLMGW_CONTROL_PLANE]")
+              help="The server's fleet port, https://HOST:PORT (http:// only with --insecure). "
+                   "[env: LLMGW_CONTROL_PLANE]")
 @click.option("--listen", envvar="LLMGW_LISTEN", default="127.0.0.1:8080", show_default=True,
               help="HOST:PORT to serve /v1 and /healthz on (once the control plane has sent the first "
                    "configuration). [env: LLMGW_LISTEN]")
@@ -39,7 +40,8 @@ from llmgw.cli.logs import setup_logging
 @click.option("--feed-socket", default="", hidden=True, help="Internal: the control plane's Unix socket.")
 @click.option("--parent-fd", type=int, default=None, hidden=True,
               help="Internal: a pipe from the server; EOF on it (the server is gone) stops the worker.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
 @click.pass_context
 def gateway(ctx: click.Context, control_plane: str | None, listen: str, cert: str | None, key: str | None,
             ca: str | None, name: str, insecure: bool, worker: int | None, feed_socket: str, log_level: str,

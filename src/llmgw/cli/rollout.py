@@ -64,14 +64,15 @@ def status(ctx: click.Context, model: str, timeout: float, watch: bool, output: 
         state = ro["state"] if ro else "done"
         if state == "halted":
             _json(found, output)
-            raise RolloutHalted(f"rollout of {model} halted: {terminal_text(ro['note'] if ro else '')}; the old replicas serve on "
-                                "(fix the profile and reload to roll again)")
+            raise RolloutHalted(f"rollout of {model} halted: {terminal_text(ro['note'] if ro else '')}; "
+                                "the old replicas serve on (fix the profile and reload to roll again)")
         if state == "done" or not watch:
             _json(found, output)
             return
         if time.monotonic() > deadline:
             _json(found, output)
-            raise RolloutHalted(f"rollout of {model}: still rolling after {timeout:g}s ({terminal_text(ro['note'] if ro else '')})")
+            raise RolloutHalted(f"rollout of {model}: still rolling after {timeout:g}s "
+                                f"({terminal_text(ro['note'] if ro else '')})")
         time.sleep(POLL_INTERVAL)  # ok: polling the server for progress
 
 

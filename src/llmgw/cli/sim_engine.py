@@ -13,8 +13,8 @@ from llmgw.errors import LlmgwError
 
 LAUNCH_PREFIX = "llmgw-sim-engine launch:"
 # The environment a launch record shows: what the agent derives and placement gives.
-LAUNCH_ENV = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MASTER_", "VLLM_HOST_IP", "SGLANG_HOST_IP",
-              "RAY_ADDRESS")
+LAUNCH_ENV = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MASTER_", "VLLM_HOST_IP",
+              "SGLANG_HOST_IP", "RAY_ADDRESS")
 
 
 def print_launch() -> None:
@@ -252,7 +252,8 @@ def engine(
         ray_address = os.environ.get("RAY_ADDRESS", "")
         if not ray_address:
             # ray.init() without an address attaches to whichever cluster started last on this node.
-            raise LlmgwError("llmgw-sim-engine: --distributed-executor-backend ray needs RAY_ADDRESS in its environment")
+            raise LlmgwError("llmgw-sim-engine: --distributed-executor-backend ray needs RAY_ADDRESS "
+                             "in its environment")
     if headless:
         if node_rank == 0 or nnodes < 2:
             raise click.UsageError("--headless is for ranks above 0 of a replica with --nnodes of 2 or more")

@@ -30,9 +30,11 @@ SIZE = _Size()
 @click.option("--drops", type=click.IntRange(min=1), default=1, show_default=True,
               help="How many responses --drop-after cuts (the later ones are whole).")
 @click.option("--no-length", is_flag=True, help="Send no Content-Length: the body ends when the connection closes.")
-@click.option("--extra-length", type=SIZE, default=0, help="Announce this many bytes more than the file has (a lying server).")
+@click.option("--extra-length", type=SIZE, default=0,
+              help="Announce this many bytes more than the file has (a lying server).")
 @click.option("--ignore-range", is_flag=True, help="Answer every GET with the whole file (no Range support).")
-@click.option("--rate", type=SIZE, default=0, help="Serve each response at most this many bytes per second (e.g. 16MB).")
+@click.option("--rate", type=SIZE, default=0,
+              help="Serve each response at most this many bytes per second (e.g. 16MB).")
 @click.option("--validator", type=click.Choice(["etag", "last-modified", "none"]), default="etag", show_default=True,
               help="What the server offers for If-Range.")
 @click.option("--redirect", "redirects", multiple=True, metavar="PATH=URL",
@@ -60,16 +62,17 @@ def fileserver(root: str, host: str, port: int, drop_after: int, drops: int, no_
         if not sep or not path.startswith("/") or not url:
             raise click.BadParameter(f"{item!r} is not PATH=URL (PATH starting with /)", param_hint="--redirect")
         moved[path] = url
-    options = FileServerOptions(root=root, host=host, port=port, drop_after=drop_after, drops=drops, no_length=no_length,
-                                extra_length=extra_length, ignore_range=ignore_range, rate=float(rate), validator=validator,
-                                redirects=moved)
+    options = FileServerOptions(root=root, host=host, port=port, drop_after=drop_after, drops=drops,
+                                no_length=no_length, extra_length=extra_length, ignore_range=ignore_range,
+                                rate=float(rate), validator=validator, redirects=moved)
 
     def say(line: str) -> None:
         click.echo(line)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            handle: FileServerHandle = await nursery.start(lambda task_status: serve_files(options, log=say, task_status=task_status))
+            handle: FileServerHandle = await nursery.start(
+                lambda task_status: serve_files(options, log=say, task_status=task_status))
             say(f"{LISTENING_PREFIX} {handle.url.removeprefix('http://')}")
 
     try:

@@ -159,7 +159,8 @@ def _bandwidths(items: tuple[str, ...]) -> dict[str, float]:
         try:
             out[device] = float(figure)
         except ValueError:
-            raise click.BadParameter(f"{item!r}: write it DEV=GBPS, like mlx5_2=150", param_hint="--bandwidth") from None
+            raise click.BadParameter(f"{item!r}: write it DEV=GBPS, like mlx5_2=150",
+                                     param_hint="--bandwidth") from None
         if not sep or not device:
             raise click.BadParameter(f"{item!r}: write it DEV=GBPS, like mlx5_2=150", param_hint="--bandwidth")
     return out
@@ -188,9 +189,11 @@ def set_port_command(directory: str, device: str, port: int, state: str, rate: s
 @node.command("set-pcie")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.argument("device")
-@click.option("--speed", type=click.Choice(["2.5", "5", "8", "16", "32", "64"]), help="GT/s the link trained at (8: gen3).")
+@click.option("--speed", type=click.Choice(["2.5", "5", "8", "16", "32", "64"]),
+              help="GT/s the link trained at (8: gen3).")
 @click.option("--width", type=click.Choice(["1", "2", "4", "8", "16", "32"]), help="Lanes it trained at.")
-@click.option("--max-speed", type=click.Choice(["2.5", "5", "8", "16", "32", "64"]), help="GT/s the card and slot could do.")
+@click.option("--max-speed", type=click.Choice(["2.5", "5", "8", "16", "32", "64"]),
+              help="GT/s the card and slot could do.")
 @click.option("--max-width", type=click.Choice(["1", "2", "4", "8", "16", "32"]), help="Lanes the card could use.")
 def set_pcie_command(directory: str, device: str, speed: str | None, width: str | None, max_speed: str | None,
                      max_width: str | None) -> None:
@@ -233,7 +236,8 @@ def set_pcie_command(directory: str, device: str, speed: str | None, width: str 
 @click.option("--ecc-pending", type=click.Choice(["on", "off"]), help="ECC mode after the next reset.")
 @click.option("--fabric-state", type=click.Choice(["none", "not_started", "in_progress", "completed"]),
               help="The NVSwitch fabric's state (none: no NVSwitches).")
-@click.option("--fabric-status", type=click.IntRange(min=0), help="NVML's return code for the fabric's setup (0: success).")
+@click.option("--fabric-status", type=click.IntRange(min=0),
+              help="NVML's return code for the fabric's setup (0: success).")
 def set_gpu_command(directory: str, index: int, health: str | None, ecc: int | None, xid: int | None,
                     nvlink_down: int | None, remap_pending: bool | None, remap_failure: bool | None,
                     retired_pages: int | None, retired_pending: bool | None, throttle: tuple[str, ...],

@@ -245,7 +245,8 @@ def analyse(topo: Topology, known: Mapping[str, tuple[str, str]] | None = None) 
         switches=len(switches), adapters=len(adapters),
         aggregation_nodes=len(aggregation),
         links=len(links), degraded_links=sum(1 for link in links if link.degraded),
-        tiers={name: tiers[name] for name in (*TIER_NAMES, "core", "unreached") if name in tiers}, rail_optimised=optimised, unreadable_lines=len(topo.problems),
+        tiers={name: tiers[name] for name in (*TIER_NAMES, "core", "unreached") if name in tiers},
+        rail_optimised=optimised, unreadable_lines=len(topo.problems),
     )
     return FabricMap(format=topo.format, summary=summary, switches=switches, adapters=adapters, links=links,
                      rails=rails, rail_violations=violations, problems=problems, rails_apart=apart)
@@ -399,7 +400,8 @@ def _rails(topo: Topology, hosts: Mapping[str, tuple[str | None, str]],
     on_leaf: dict[str, Counter[int]] = defaultdict(Counter)
     for _, rank, _, _, leaf in entries:
         on_leaf[leaf][rank] += 1
-    leaf_rail = {leaf: min(r for r, c in counts.items() if c == max(counts.values())) for leaf, counts in on_leaf.items()}
+    leaf_rail = {leaf: min(r for r, c in counts.items() if c == max(counts.values()))
+                 for leaf, counts in on_leaf.items()}
     matched = [e for e in entries if leaf_rail[e[4]] == e[1]]
     if len(matched) <= RAIL_FIT * len(entries) or len(set(leaf_rail.values())) < 2:
         return [], [], False

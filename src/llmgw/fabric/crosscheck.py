@@ -78,7 +78,8 @@ def cross_check(fmap: FabricMap, own: Mapping[tuple[str, int], OwnPort], source:
         if reading.rate_gbps <= 0 or link.rate_gbps <= 0 or not _differ(reading.rate_gbps, link.rate_gbps):
             continue
         degraded = norm > 0 and reading.rate_gbps < norm and _differ(reading.rate_gbps, norm)
-        reason = f"{reading.node} reads its port at {reading.rate_gbps:g} Gb/s where {norm:g} is the norm" if degraded else ""
+        reason = (f"{reading.node} reads its port at {reading.rate_gbps:g} Gb/s where {norm:g} is the norm"
+                  if degraded else "")
         changed[index] = msgspec.structs.replace(link, degraded=degraded, reason=reason)
         found.append(Problem(kind=ProblemKind.MAP_DISAGREES,
                              message=f"the dump from {source} has the cable at {where} at {link.rate_gbps:g} Gb/s "

@@ -79,7 +79,8 @@ def check_fabric(decl: FabricDecl, ports: Sequence[Port]) -> FabricStatus:
         of_layer = [p for p in mine if p.link_layer == layer]
         if not of_layer:
             status.problems.append(
-                f"{device}: its ports are {', '.join(sorted({p.link_layer for p in mine}))}, the fabric is {decl.kind} ({layer})"
+                f"{device}: its ports are {', '.join(sorted({p.link_layer for p in mine}))}, "
+                f"the fabric is {decl.kind} ({layer})"
             )
             continue
         active = [p for p in of_layer if p.state.upper() == "ACTIVE"]

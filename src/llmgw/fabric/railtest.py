@@ -39,7 +39,8 @@ class Rail(msgspec.Struct, frozen=True, kw_only=True):
     b_gbps: float = 0.0
     link_gbps: float = 0.0  # the slower link's data rate (expected_gbps unless PCIe is lower)
     limit: str = ""  # what sets expected_gbps when it is not the link: "PCIe gen3 x8 on B (57.6 Gb/s; ...)"
-    basis: str = ""  # how the link figure was reached, where its encoding costs: "40 Gb/s signalling, 8b/10b carries 32"
+    # how the link figure was reached, where its encoding costs: "40 Gb/s signalling, 8b/10b carries 32"
+    basis: str = ""
 
     @property
     def name(self) -> str:

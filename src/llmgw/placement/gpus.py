@@ -225,7 +225,8 @@ def _greedy(component: list[int], n: int, adj: Adjacency, degree: dict[int, int]
     return best
 
 
-def _combined(components: list[list[int]], n: int, adj: Adjacency, degree: dict[int, int], counter: _Counter) -> tuple[int, ...]:
+def _combined(components: list[list[int]], n: int, adj: Adjacency, degree: dict[int, int],
+              counter: _Counter) -> tuple[int, ...]:
     """Whole components first (most links per GPU, then largest, then lowest index): they cut
     nothing. The rest comes from the smallest component left that can give it."""
 

@@ -93,7 +93,8 @@ def place_multi(req: Request, count: int, nodes: Sequence[NodeCapacity], port_ra
         placement = _ports(req, fabric, group, port_range, notes)
         if placement is None:
             continue
-        score = (sum(1 for c in picked if c.short), hops, sum(e[0][0] for e in group), sum(e[0][1] for e in group), fabric)
+        score = (sum(1 for c in picked if c.short), hops, sum(e[0][0] for e in group), sum(e[0][1] for e in group),
+                 fabric)
         if best is None or score < best[0]:
             best = (score, placement)
     if best is not None:
@@ -138,7 +139,8 @@ def _pick(located: list[_Located], count: int) -> tuple[list[_Located], int, tup
             score = (sum(1 for c in chosen if c.short), tier, sum(c.entry[0][0] for c in chosen),
                      sum(c.entry[0][1] for c in chosen))
             # A tie goes to the group with the lowest keys (the lowest node ids, as without a map).
-            if best is None or (score, sorted(c.entry[0] for c in chosen)) < (best[0], sorted(c.entry[0] for c in best[1])):
+            if best is None or ((score, sorted(c.entry[0] for c in chosen))
+                                < (best[0], sorted(c.entry[0] for c in best[1]))):
                 best = (score, chosen)
         if best is not None and best[0][0] == 0:
             break  # nothing above this tier has fewer short cables
@@ -188,12 +190,14 @@ def _notes(located: list[_Located], chosen: list[_Located], hops: int) -> tuple[
     elif hops == 0:
         where = f"under one leaf: {leaves[0]}" if len(leaves) == 1 else f"under the same leaves: {', '.join(leaves)}"
     else:
-        where = f"{hops} switch hops apart ({'through a spine' if hops == 2 else 'through the core'}), leaves {', '.join(leaves)}"
+        where = (f"{hops} switch hops apart ({'through a spine' if hops == 2 else 'through the core'}), "
+                 f"leaves {', '.join(leaves)}")
     notes = [where]
     taken = {id(c) for c in chosen}
     short = sorted((c for c in located if c.short), key=lambda c: c.entry[1].node_id)
     for c in short[:MAX_NOTES]:
-        notes.append(f"{c.entry[1].node_id}: {c.short}" + ("; placed: no set without it fits" if id(c) in taken else ""))
+        notes.append(f"{c.entry[1].node_id}: {c.short}"
+                     + ("; placed: no set without it fits" if id(c) in taken else ""))
     if len(short) > MAX_NOTES:
         notes.append(f"and {len(short) - MAX_NOTES} more nodes with a short cable")
     return tuple(notes)

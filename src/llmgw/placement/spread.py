@@ -72,7 +72,8 @@ def domain_of(node: SpreadNode | None, node_id: str, mode: SpreadMode) -> str:
     return node_id
 
 
-def _counts(model: SpreadModel, nodes: Mapping[str, SpreadNode], mode: SpreadMode) -> tuple[Counter[str], dict[str, list[SpreadReplica]]]:
+def _counts(model: SpreadModel, nodes: Mapping[str, SpreadNode],
+            mode: SpreadMode) -> tuple[Counter[str], dict[str, list[SpreadReplica]]]:
     counts: Counter[str] = Counter()
     held: dict[str, list[SpreadReplica]] = defaultdict(list)
     for replica in model.replicas:

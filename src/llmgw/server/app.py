@@ -152,7 +152,8 @@ class ControlPlane:
                                             public_tls=self.public_tls if self.workers > 1 else None)
         gateway_registry = CollectorRegistry()
         gateway = Gateway(cfg.gateway, GatewayMetrics(gateway_registry), relay_hub=self.relay_hub,
-                          client_door=self.auth.client, not_ready_reason=feed.not_ready_reason, followers=self.followers)
+                          client_door=self.auth.client_door.allows, not_ready_reason=feed.not_ready_reason,
+                          followers=self.followers)
         watch_gateway(gateway_registry, gateway)
         self.worker_metrics = WorkerMetrics(self.followers, gateway_registry if self.workers == 1 else None)
         self.metrics.registry.register(self.worker_metrics)
@@ -320,8 +321,9 @@ class ControlPlane:
                                                       lane=self.lane))
             if admin_sock is not None:
                 await nursery.start(self._serve_public, admin_sock, self.handler(clients=False))
-            nursery.start_soon(self.gateway.run_scraper)
-            nursery.start_soon(self.gateway.run_health_checks)
+            # This process probes the engines for its workers too (they take the results on the feed).
+            nursery.start_soon(self.gateway.probes.run_scraper, self.followers.publish_probe)
+            nursery.start_soon(self.gateway.probes.run_health_checks, self.followers.publish_probe)
             nursery.start_soon(self.gateway.run_disconnect_watchdog)
             nursery.start_soon(self.fleet.run_ticker)
             nursery.start_soon(self.fabrics.run)

@@ -14,22 +14,31 @@ key opens the client door alone. With no credential configured at all the lab is
 always, mutations too under --insecure; the server says so at start.
 
 Refusals are counted in `llmgw_auth_failures_total{door}` and logged without the secret
-(at most one line per door per second, with the count of lines held back).
+(at most one line per door per second, with the count of lines held back). The client door is
+the gateway's own (llmgw.server.gateway.apikeys, which a gateway worker uses alone); `Auth` keeps
+one of it and adds the other two.
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import msgspec
 
-from llmgw.catalog.schema import ServerConfig, sha256_digest
+from llmgw.catalog.schema import ServerConfig
 from llmgw.server.forgery import check_write
+from llmgw.server.gateway import apikeys
+from llmgw.server.gateway.apikeys import (
+    ClientDoor,
+    Refusals,
+    bearer_digest,
+    digests,
+    known,
+    secret_digest,
+)
 from llmgw.tls.build import OPERATOR_OU, VIEWER_OU
 from llmgw.tls.identity import HasPeerCert, peer_common_name, peer_kind, peer_units
 from llmgw.web.server import Request
@@ -40,7 +49,7 @@ log = logging.getLogger("llmgw.auth")
 class Door(enum.StrEnum):
     """Where a request knocks; also the label of `llmgw_auth_failures_total`."""
 
-    CLIENT = "client"
+    CLIENT = apikeys.CLIENT
     VIEWER = "viewer"
     OPERATOR = "operator"
 
@@ -69,23 +78,6 @@ class Verdict(msgspec.Struct, frozen=True):
     message: str = ""  # the one line the caller reads
 
 
-def digests(values: Iterable[str]) -> frozenset[str]:
-    return frozenset(d for d in (sha256_digest(v) for v in values) if d is not None)
-
-
-def _known(digest: str, known: frozenset[str]) -> bool:
-    return any(hmac.compare_digest(digest, k) for k in known)
-
-
-def bearer_digest(request: Request) -> str | None:
-    """The sha256 (hex) of the request's bearer token, or None without one: the one place a
-    presented secret is hashed; the config holds only digests (catalog.schema.sha256_digest)."""
-    auth = request.head.get(b"authorization") or b""
-    if auth[:7].lower() != b"bearer ":
-        return None
-    return hashlib.sha256(auth[7:].strip()).hexdigest()
-
-
 # The admin pages' login form keeps the token in this cookie (HttpOnly, SameSite=Strict, Secure
 # under TLS: server/admin/pages.py). It counts at the viewer door only, so a page another site
 # opens can never make a change with it, whatever the browser sends.
@@ -107,7 +99,7 @@ def cookie_value(request: Request, name: str = COOKIE) -> bytes | None:
 
 def cookie_digest(request: Request) -> str | None:
     value = cookie_value(request)
-    return hashlib.sha256(value).hexdigest() if value else None
+    return secret_digest(value) if value else None
 
 
 def _named(request: Request) -> str:
@@ -153,40 +145,20 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
         return bool(self.operator_tokens or self.viewer_tokens or self.client_certs)
 
 
-class _Throttle:
-    """At most one log line per `every` seconds; says how many were held back."""
-
-    def __init__(self, every: float = 1.0) -> None:
-        self.every = every
-        self.next_at = 0.0
-        self.held = 0
-
-    def take(self, now: float) -> int | None:
-        if now < self.next_at:
-            self.held += 1
-            return None
-        held, self.held, self.next_at = self.held, 0, now + self.every
-        return held
-
-
 class Auth:
     """The public port's credential checks: one place, one digest check, one set of hints."""
 
     def __init__(self, cfg: ServerConfig, *, insecure: bool, count: Callable[[str], None] = lambda door: None,
                  clock: Callable[[], float] = time.monotonic,
-                 revoked: Callable[[HasPeerCert], bool] = lambda peer: False,
-                 worker_tls: bool | None = None) -> None:
+                 revoked: Callable[[HasPeerCert], bool] = lambda peer: False) -> None:
         self.insecure = insecure
-        # A gateway worker's doors: the client door alone (the control plane keeps the others and
-        # says what it should about them). None: the server's; True/False: a worker whose port has
-        # TLS or not (a local worker counts as TLS: its server's own notes cover the port).
-        self._worker_tls = worker_tls
         self._revoked = revoked  # the deny list (tls.deny_list): a revoked certificate is nobody
-        self._count = count
-        self._clock = clock
-        self._throttles = {door: _Throttle() for door in Door}
+        # Every door's refusals, counted and logged alike; the client door is the gateway's own
+        # (llmgw.server.gateway.apikeys), which its workers and remote gateways use alone.
+        self._refusals = Refusals(count, clock)
+        self.client_door = ClientDoor(cfg.gateway.api_keys, refusals=self._refusals)
         self.creds = Credentials.from_config(cfg, insecure=insecure)
-        self._public_tls = bool(cfg.public_tls and cfg.public_tls.cert) if worker_tls is None else worker_tls
+        self._public_tls = bool(cfg.public_tls and cfg.public_tls.cert)
         self._notes = self.notes(public_tls=self._public_tls)
 
     def announce(self) -> None:
@@ -197,6 +169,7 @@ class Auth:
     def configure(self, cfg: ServerConfig) -> None:
         """Take the credentials of a reloaded config; a warning that is new is logged."""
         self.creds = Credentials.from_config(cfg, insecure=self.insecure)
+        self.client_door.configure(cfg.gateway.api_keys)
         notes = self.notes(public_tls=self._public_tls)
         for note in notes:
             if note not in self._notes:
@@ -206,10 +179,6 @@ class Auth:
     def notes(self, *, public_tls: bool) -> list[str]:
         """What an operator should know about the doors at start."""
         creds = self.creds
-        if self._worker_tls is not None:  # a gateway worker: API keys in clear text is its only note
-            return [] if public_tls or not creds.api_keys else [
-                "gateway.api_keys configured but this gateway's client port has no TLS (--public-tls-cert): "
-                "API keys cross the network in cleartext unless a TLS proxy fronts this port"]
         out = []
         if not creds.any:
             mutations = ("and so are changes (--insecure)" if creds.insecure
@@ -238,13 +207,13 @@ class Auth:
 
     def token_role(self, token: str) -> Role:
         """What a token typed into the admin login form is (never logged, never kept but hashed)."""
-        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        digest = secret_digest(token.strip().encode())
         creds = self.creds
-        if _known(digest, creds.operator_tokens):
+        if known(digest, creds.operator_tokens):
             return Role.OPERATOR
-        if _known(digest, creds.viewer_tokens):
+        if known(digest, creds.viewer_tokens):
             return Role.VIEWER
-        return Role.CLIENT if _known(digest, creds.api_keys) else Role.NONE
+        return Role.CLIENT if known(digest, creds.api_keys) else Role.NONE
 
     def identify(self, request: Request, *, cookie: bool = False) -> Identity:
         """The strongest credential the request presents (a token, a client certificate, both).
@@ -256,11 +225,11 @@ class Auth:
             digest = cookie_digest(request)
         if digest is not None:
             tag = f"sha256:{digest[:8]}…"
-            if _known(digest, creds.operator_tokens):
+            if known(digest, creds.operator_tokens):
                 best = Identity(Role.OPERATOR, f"operator token {tag}", "token")
-            elif _known(digest, creds.viewer_tokens):
+            elif known(digest, creds.viewer_tokens):
                 best = Identity(Role.VIEWER, f"viewer token {tag}", "token")
-            elif _known(digest, creds.api_keys):
+            elif known(digest, creds.api_keys):
                 best = Identity(Role.CLIENT, f"API key {tag}", "token")
             else:
                 best = Identity(Role.NONE, "a token that matches no credential", "token")
@@ -283,15 +252,8 @@ class Auth:
     # -- the doors -------------------------------------------------------------------------------------
 
     def client(self, request: Request) -> bool:
-        """The gateway's door: an API key when keys are configured."""
-        if not self.creds.api_keys:
-            return True
-        digest = bearer_digest(request)
-        if digest is not None and _known(digest, self.creds.api_keys):
-            return True
-        presented = request.head.get(b"authorization")
-        self.refused(Door.CLIENT, request, "a token that is no API key" if presented else "no API key")
-        return False
+        """The gateway's door: an API key when keys are configured (llmgw.server.gateway.apikeys)."""
+        return self.client_door.allows(request)
 
     def check(self, door: Door, request: Request) -> Verdict:
         """May this request pass `door` (viewer or operator)? A refusal carries its one line."""
@@ -331,13 +293,7 @@ class Auth:
 
     def refused(self, door: Door, request: Request, what: str) -> None:
         """Count a refusal at `door` and log it (throttled) with `what` was presented, never a secret."""
-        self._count(door.value)
-        held = self._throttles[door].take(self._clock())
-        if held is None:
-            return
-        more = f" ({held} more refusals at this door since the last line)" if held else ""
-        log.warning("refused at the %s door: %s %r from %s with %s%s", door.value, request.method, request.path[:200],
-                    request.peer, what, more)
+        self._refusals.refused(door.value, request, what)
 
     # -- hints: what to do, in one line ------------------------------------------------------------
 

@@ -6,6 +6,12 @@ The state is kept as the encoded messages, the latest only: a worker that is slo
 the newest state when it is ready, never a queue of old ones (memory does not grow with a slow
 or stuck worker). Endpoints are re-encoded on every reconcile pass but sent only when they changed.
 
+The server's own workers also get its engine probes (GatewayProbes): the server asks each
+engine for its health and metrics once and each worker takes the answers as its own, instead of
+every worker asking every engine too (N + 1 probes of each engine with N workers; issue 42). A
+gateway on another machine probes the engines itself: what the server's machine reaches says
+nothing of what it reaches.
+
 /metrics stays one scrape: each worker sends its own metrics text every second and
 `WorkerMetrics` shows every worker's families with a `worker` label. Why aggregated here rather
 than prometheus multiprocess mode: a gateway on another machine has no shared directory with
@@ -29,10 +35,13 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint, TlsPublic
 from llmgw.fleet import ChannelClosed, FleetChannel, StreamRefused
+from llmgw.server.gateway.probes import LatestProbes
 from llmgw.tls.context import ServerTls
 from llmgw.wire.gateway import (
     NOT_OWN_WORKER,
     REPLACED,
+    EngineHealth,
+    EngineScrape,
     GatewayConfig,
     GatewayEndpoints,
     GatewayHello,
@@ -57,6 +66,9 @@ BEHIND_AFTER = 5.0
 # a tool's error text); 2,000 × 500 characters stay well under the feed's 4 MiB message.
 MAX_REASONS = 2000
 MAX_REASON = 500
+# Engine probes go to a worker at most this often, each engine's latest (GatewayProbes): a round
+# of checks of every engine is one message, not one per engine (eviction waits this much more).
+PROBES_EVERY = 0.05
 # The metric families a gateway exports (GatewayWorker's registry, as the text parser names them),
 # each with its type and the labels it sets: only these of a follower's report reach the control
 # plane's /metrics. Another name would let a compromised gateway forge the control plane's own
@@ -191,6 +203,7 @@ class GatewayFeedService:
         self._digests = ("", "")  # config_digest of _config and _local_config
         self._config_changed = 0.0  # unix time they last changed
         self._endpoints = encode(GatewayEndpoints())
+        self.probes = LatestProbes()  # the server's engine probes, for its own workers
         self._changed = trio.Event()
         self.followers: dict[int, Follower] = {}  # by stream identity (two workers may share a name)
         # A gateway certificate's one stream: its follower key and the scope that ends it when replaced.
@@ -198,6 +211,7 @@ class GatewayFeedService:
         self.replaced = 0  # streams ended because a newer one of the same certificate came
         self._most = (0, 0)  # the most models and endpoints routed since start: what series_cap allows
         self._static = 0  # static endpoints in the catalog
+        self._static_urls: set[str] = set()
         self.connects = 0  # streams accepted since start (a restarted worker is one more)
         self.frozen = False
         # This start's secret, in the environment of the workers it starts (llmgw.server.gateway
@@ -218,6 +232,7 @@ class GatewayFeedService:
         self._catalog = (routing, list(static), settings)
         self._models = [m.name for m in routing]
         self._static = len(static)
+        self._static_urls = {ep.url.rstrip("/") for ep in static}
         self._grow(len({m.name for m in routing} | {ep.model for ep in static}), len(static))
         data = encode(GatewayConfig(models=routing, static=list(static), settings=settings))
         n = max(1, self.local_workers)
@@ -225,7 +240,7 @@ class GatewayFeedService:
         local = encode(GatewayConfig(models=[divide_admission(m, n) for m in routing], static=list(static),
                                      settings=settings, api_url=self.api_socket,
                                      public_tls=TlsPublic(cert=tls.cert, key=tls.key, ca=tls.ca) if tls else None,
-                                     public_tls_digest=tls.digest if tls else ""))
+                                     public_tls_digest=tls.digest if tls else "", probes=True))
         if data != self._config or local != self._local_config:
             self._config, self._local_config = data, local
             self._digests = (config_digest(data), config_digest(local))
@@ -247,9 +262,17 @@ class GatewayFeedService:
             return
         lists = {m: sorted(eps) for m, eps in ready.items()}
         self._grow(0, self._static + sum(len(eps) for eps in lists.values()))
+        self.probes.keep({ep.rstrip("/") for eps in lists.values() for ep in eps} | self._static_urls)
         data = encode(GatewayEndpoints(ready=lists, keys=dict(keys), reasons=self._reasons(lists), settling=settling))
         if data != self._endpoints:
             self._endpoints = data
+            self._wake()
+
+    def publish_probe(self, endpoint: str, result: EngineHealth | EngineScrape) -> None:
+        """A health check or scrape this server made of an engine (llmgw.server.gateway.probes),
+        for its own workers, which probe nothing themselves while they follow (GatewayConfig.probes)."""
+        if not self.frozen and self.local_workers:
+            self.probes.add(endpoint, result)
             self._wake()
 
     def _grow(self, models: int, endpoints: int) -> None:
@@ -360,6 +383,7 @@ class GatewayFeedService:
 
     async def _send_loop(self, channel: FleetChannel, local: bool) -> None:
         sent_config = sent_endpoints = b""
+        sent_probes, sent_probes_at = 0, -PROBES_EVERY
         try:
             while True:
                 changed = self._changed
@@ -370,6 +394,13 @@ class GatewayFeedService:
                 if config and self._endpoints is not sent_endpoints:
                     sent_endpoints = self._endpoints
                     await channel.send(sent_endpoints)
+                if config and local and self.probes.count > sent_probes:
+                    if (wait := sent_probes_at + PROBES_EVERY - trio.current_time()) > 0:
+                        await trio.sleep(wait)  # more results of the round come meanwhile
+                        continue
+                    probes, sent_probes, sent_probes_at = self.probes.since(sent_probes), self.probes.count, trio.current_time()
+                    if probes is not None:
+                        await channel.send(encode(probes))
                 await changed.wait()
         except ChannelClosed:
             return

@@ -91,7 +91,8 @@ class _Lifecycle:
         self.app = EngineApp(options, self.engine, self.log, crash=self._crash)
         # drain_idle 0: an engine's clients are gateways, which resend a request that meets the
         # close of an idle pooled connection on a new one; its stop is not held for them.
-        self.http = HttpServer(self.app, limits=Limits(max_body=MAX_BODY, drain_idle=0.0), render_error=self.app.render_error)
+        self.http = HttpServer(self.app, limits=Limits(max_body=MAX_BODY, drain_idle=0.0),
+                               render_error=self.app.render_error)
         self.stop = trio.Event()
         self._on_crash = on_crash
         self.crashed = False

@@ -210,8 +210,10 @@ def _ibnetdiscover(switches: list[_Sw], adapters: list[_Adapter], spec: FabricSp
                f"# Initiated from node {first:016x} port {first:016x}\n")
     sw_devid = SWITCH_DEVID.get(spec.speed, "0xd2f2")
     for sw in switches:
-        out.append(f"\nvendid=0x2c9\ndevid={sw_devid}\nsysimgguid=0x{sw.guid:x}\nswitchguid=0x{sw.guid:x}({sw.guid:x})\n"
-                   f'Switch\t{len(sw.ports)} "S-{sw.guid:016x}"\t\t# "{sw.description}" enhanced port 0 lid {sw.lid} lmc 0\n')
+        out.append(f"\nvendid=0x2c9\ndevid={sw_devid}\nsysimgguid=0x{sw.guid:x}\n"
+                   f"switchguid=0x{sw.guid:x}({sw.guid:x})\n"
+                   f'Switch\t{len(sw.ports)} "S-{sw.guid:016x}"\t\t# "{sw.description}" enhanced port 0 '
+                   f"lid {sw.lid} lmc 0\n")
         for port, (kind, peer, peer_port, link_rate) in enumerate(sw.ports, 1):
             if kind == "H":
                 assert isinstance(peer, _Adapter)

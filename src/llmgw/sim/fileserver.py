@@ -75,7 +75,8 @@ class FileServer:
         entry = SeenRequest(request.method, request.path, request.header(b"range"), request.header(b"if-range"), status)
         self.seen.append(entry)
         if self._log is not None:
-            self._log(f"{entry.method} {entry.path} range={entry.range or '-'} if-range={entry.if_range or '-'} -> {status}")
+            self._log(f"{entry.method} {entry.path} range={entry.range or '-'} if-range={entry.if_range or '-'} "
+                      f"-> {status}")
         self.changed.set()
         self.changed = trio.Event()
 
@@ -132,7 +133,8 @@ class FileServer:
         st = os.fstat(fd)
         size = st.st_size
         etag, modified = self._validators(st)
-        headers = [(b"content-type", b"application/octet-stream"), (b"accept-ranges", b"none" if o.ignore_range else b"bytes")]
+        headers = [(b"content-type", b"application/octet-stream"),
+                   (b"accept-ranges", b"none" if o.ignore_range else b"bytes")]
         if o.validator == "etag":
             headers.append((b"etag", etag.encode()))
         if o.validator in ("etag", "last-modified"):

@@ -33,7 +33,8 @@ class WorkerGroup:
         if workers <= 0:
             self.all_joined.set()
 
-    async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, host: str, port: int, *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(port, host=host)
         task_status.started()
         await trio.serve_listeners(self._worker, listeners)

@@ -206,11 +206,12 @@ def validate(spec: NodeSpec) -> None:
     present = rdma_devices(spec)
     for name in spec.absent:
         if name in present or not re.fullmatch(r"[A-Za-z0-9_]+", name):
-            raise UsageError(f"--absent-adapter {name!r}: name an adapter this node does not have ({', '.join(present)} exist)")
+            raise UsageError(f"--absent-adapter {name!r}: name an adapter this node does not have "
+                             f"({', '.join(present)} exist)")
     for name, gbps in spec.bandwidth.items():
         if name not in present or not 0 <= gbps <= 10_000:
-            raise UsageError(f"--bandwidth {name}={gbps:g}: name an adapter of this node ({', '.join(present) or 'none'}) "
-                             "and a figure in Gb/s from 0 to 10000")
+            raise UsageError(f"--bandwidth {name}={gbps:g}: name an adapter of this node "
+                             f"({', '.join(present) or 'none'}) and a figure in Gb/s from 0 to 10000")
     for name in spec.init_ports:
         if name not in present:
             raise UsageError(f"--init-port {name!r}: no such adapter ({', '.join(present) or 'none'})")
@@ -315,7 +316,8 @@ def plan_node(spec: NodeSpec) -> NodePlan:
             gid = _link_local_gid(mac)
             mapped = _ipv4_mapped_gid(roce_ipv4(spec.node_id, d))
             # As a ConnectX fills it for one IPv4 address: v1 and v2 link-local, v1 and v2 IPv4.
-            for index, (text, kind) in enumerate(((gid, "IB/RoCE v1"), (gid, "RoCE v2"), (mapped, "IB/RoCE v1"), (mapped, "RoCE v2"))):
+            for index, (text, kind) in enumerate(((gid, "IB/RoCE v1"), (gid, "RoCE v2"),
+                                                  (mapped, "IB/RoCE v1"), (mapped, "RoCE v2"))):
                 files[f"{port_dir}/gids/{index}"] = text + "\n"
                 files[f"{port_dir}/gid_attrs/types/{index}"] = kind + "\n"
                 files[f"{port_dir}/gid_attrs/ndevs/{index}"] = netdev + "\n"
@@ -406,7 +408,8 @@ def agent_config_text(spec: NodeSpec, root: str) -> str:
     if spec.fabric or rdma_devices(spec):
         discovery["tools_dir"] = os.path.join(root, "bin")  # stand-in ib_write_bw (and fabric tools)
     data["discovery"] = discovery
-    header = f"# Written by `llmgw sim node` for {spec.node_id}: run `llmgw agent --config {os.path.join(root, 'agent.yaml')}`.\n"
+    header = (f"# Written by `llmgw sim node` for {spec.node_id}: "
+              f"run `llmgw agent --config {os.path.join(root, 'agent.yaml')}`.\n")
     text = header + yaml.safe_dump(data, sort_keys=False)
     parse_config(text, AgentConfig, "agent.yaml")  # what we write must load
     return text

@@ -17,8 +17,9 @@ port degraded under a running agent or a card in a narrow slot is what the next 
 prints perftest's duration table: the warning that the peak is not measured, #iterations the
 count moved in that time, BW peak 0.00 (perftest_parameters.c, print_report_bw). `--use_cuda=N`
 prints CUDA's initialisation lines for GPU N of the node's gpus.json, or perftest's `No such
-device ID (N) exists in system` and exit status 1 where it has no such GPU. Because the figure needs both sides, a test whose server and client run
-on the wrong adapters, or never meet, shows it.
+device ID (N) exists in system` and exit status 1 where it has no such GPU. Because the figure
+needs both sides, a test whose server and client run on the wrong adapters, or never meet, shows
+it.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def main(argv: list[str]) -> int:
         try:
             listener.bind(("0.0.0.0", tcp_port))
         except OSError:  # perftest_communication.c, ethernet_server_connect, then write_bw.c
-            sys.stderr.write(f"Couldn't listen to port {tcp_port}\n Unable to open file descriptor for socket connection\n"
+            sys.stderr.write(f"Couldn't listen to port {tcp_port}\n"
+                             " Unable to open file descriptor for socket connection\n"
                              " Unable to init the socket connection\n")
             return 1
         listener.listen(1)

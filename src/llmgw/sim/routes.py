@@ -182,7 +182,8 @@ class EngineApp:
         created = int(time.time())
         if not plan.stream:
             await e.generate(plan)
-            await self._respond(request, responder, 200, api.full_response(plan, request_id=request_id, created=created))
+            await self._respond(request, responder, 200,
+                                api.full_response(plan, request_id=request_id, created=created))
             return
         writer = api.ChunkWriter(plan, request_id=request_id, created=created)
         last = plan.output_tokens - 1

@@ -267,7 +267,8 @@ def _refuse_second_kind(ca: Ca, kind: str, common_name: str, now: float) -> None
         if int(rec.serial, 16) in denied or _record_cert(ca, rec).not_valid_after_utc.timestamp() <= now:
             continue
         raise LlmgwError(
-            f"{common_name!r} already has {'an' if rec.kind == 'operator' else 'a'} {rec.kind} certificate (serial {rec.serial}, {rec.cert}); one name "
+            f"{common_name!r} already has {'an' if rec.kind == 'operator' else 'a'} {rec.kind} certificate "
+            f"(serial {rec.serial}, {rec.cert}); one name "
             f"holds one kind: choose another name for the {kind}, or revoke that one first "
             f"(`llmgw ctl cert revoke {rec.serial}`)"
         )
@@ -333,7 +334,8 @@ def revoke(directory: str | Path, target: str, *, now: float, reason: str = "") 
     fresh = [Revoked(serial=r.serial, common_name=r.common_name, kind=r.kind, revoked_at=now, reason=reason)
              for r in chosen if r.serial not in denied]
     path = _deny(ca.directory, fresh) if fresh else ca.directory / DENY_LIST
-    return Revocation(deny_list=str(path.resolve()), revoked=fresh, already=[r.serial for r in chosen if r.serial in denied])
+    return Revocation(deny_list=str(path.resolve()), revoked=fresh,
+                      already=[r.serial for r in chosen if r.serial in denied])
 
 
 def issue_server(
@@ -440,7 +442,8 @@ def list_certificates(directory: str | Path, now: float) -> list[CertInfo]:
     ca = load_ca(directory)
     records = read_records(ca.directory)
     standing = _Standing(ca, records)
-    rows: list[tuple[int, float, CertInfo]] = [(0, 0.0, describe(ca.cert, str(ca.cert_path.resolve()), now, key=str(ca.key_path.resolve())))]
+    rows: list[tuple[int, float, CertInfo]] = [
+        (0, 0.0, describe(ca.cert, str(ca.cert_path.resolve()), now, key=str(ca.key_path.resolve())))]
     for rec in records:
         cert = _record_cert(ca, rec)
         info = describe(cert, rec.cert, now, key=rec.key)

@@ -55,9 +55,11 @@ _VERSION_REASONS = {
     "VERSION_TOO_LOW",
     "WRONG_SSL_VERSION",
 }
-_PLAINTEXT_REASONS = {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"}
+_PLAINTEXT_REASONS = {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "RECORD_LAYER_FAILURE",
+                      "PACKET_LENGTH_TOO_LONG"}
 _ALPN_REASONS = {"TLSV1_ALERT_NO_APPLICATION_PROTOCOL", "NO_APPLICATION_PROTOCOL"}
-_NO_SHARED_REASONS = {"SSLV3_ALERT_HANDSHAKE_FAILURE", "NO_SHARED_CIPHER", "NO_SUITABLE_SIGNATURE_ALGORITHM", "NO_SHARED_SIGNATURE_ALGORITHMS"}
+_NO_SHARED_REASONS = {"SSLV3_ALERT_HANDSHAKE_FAILURE", "NO_SHARED_CIPHER", "NO_SUITABLE_SIGNATURE_ALGORITHM",
+                      "NO_SHARED_SIGNATURE_ALGORITHMS"}
 
 CA_DIR_HINT = "<ca-dir>"
 
@@ -131,20 +133,31 @@ def _date(moment: object) -> str:
     return moment.strftime("%Y-%m-%d %H:%M UTC") if hasattr(moment, "strftime") else str(moment)
 
 
-def _client_side(err: ssl.SSLError | ssl.CertificateError, host: str, cert: x509.Certificate | None, ca_dir: str) -> str | None:
+def _client_side(err: ssl.SSLError | ssl.CertificateError, host: str, cert: x509.Certificate | None,
+                 ca_dir: str) -> str | None:
     """We dialed `host`; say what is wrong with its certificate or why it refused ours."""
     code = getattr(err, "verify_code", None)
     detail = getattr(err, "verify_message", None) or str(err)
     if code in (_V_IP_MISMATCH, _V_HOSTNAME_MISMATCH):
         sans = ", ".join(sans_of(cert)) if cert is not None else None
-        listed = f"its SANs: {sans}" if sans else ("it has no SANs" if cert is not None else f"{host} is not among its SANs")
-        return f"server certificate is not valid for {host} ({listed}); reissue it with {_reissue_server(host, cert, ca_dir)}"
+        listed = (f"its SANs: {sans}" if sans
+                  else ("it has no SANs" if cert is not None else f"{host} is not among its SANs"))
+        return (
+            f"server certificate is not valid for {host} ({listed}); "
+            f"reissue it with {_reissue_server(host, cert, ca_dir)}"
+        )
     if code == _V_EXPIRED:
         when = f" on {_date(cert.not_valid_after_utc)}" if cert is not None else ""
-        return f"the server certificate of {host} expired{when}; reissue it with {_reissue_server(host, cert, ca_dir)} and restart the server"
+        return (
+            f"the server certificate of {host} expired{when}; reissue it with {_reissue_server(host, cert, ca_dir)} "
+            "and restart the server"
+        )
     if code == _V_NOT_YET_VALID:
         when = f" until {_date(cert.not_valid_before_utc)}" if cert is not None else " yet"
-        return f"the server certificate of {host} is not valid{when}; check the clocks of this machine and of the one that issued it"
+        return (
+            f"the server certificate of {host} is not valid{when}; check the clocks of this machine and of the one "
+            "that issued it"
+        )
     if code in _UNKNOWN_CA_CODES:
         issuer = f" (issued by {cert.issuer.rfc4514_string()})" if cert is not None else ""
         return (
@@ -152,24 +165,39 @@ def _client_side(err: ssl.SSLError | ssl.CertificateError, host: str, cert: x509
             "point tls.ca at the cluster's ca.crt, or reissue the server certificate from that CA"
         )
     if code == _V_INVALID_PURPOSE:
-        return f"the certificate {host} presented is not a server certificate (no serverAuth usage); issue one with {_reissue_server(host, cert, ca_dir)}"
+        return (
+            f"the certificate {host} presented is not a server certificate (no serverAuth usage); "
+            f"issue one with {_reissue_server(host, cert, ca_dir)}"
+        )
     if code is not None:
         return f"the server certificate of {host} failed verification: {detail}"
     reason = getattr(err, "reason", None) or ""
     node_hint = f"`llmgw ctl cert node <node-id> --dir {ca_dir}` (or `cert operator` for ctl)"
     if reason == "TLSV1_ALERT_UNKNOWN_CA":
-        return f"{host} refused our client certificate: it is not issued by the CA the server trusts; issue one from the cluster CA with {node_hint}"
+        return (
+            f"{host} refused our client certificate: it is not issued by the CA the server trusts; "
+            f"issue one from the cluster CA with {node_hint}"
+        )
     if reason == "SSLV3_ALERT_CERTIFICATE_EXPIRED":
         return (
             f"{host} refused our client certificate: it has expired; reissue it with "
             f"`llmgw ctl cert node <node-id> --dir {ca_dir} --force` (or `cert operator … --force` for ctl)"
         )
     if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
-        return f"{host} requires a client certificate and we sent none; set tls.cert and tls.key (issue them with {node_hint})"
+        return (
+            f"{host} requires a client certificate and we sent none; set tls.cert and tls.key "
+            f"(issue them with {node_hint})"
+        )
     if reason == "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE":
-        return f"{host} refused our client certificate: it lacks clientAuth usage (a server certificate?); issue one with {node_hint}"
+        return (
+            f"{host} refused our client certificate: it lacks clientAuth usage (a server certificate?); "
+            f"issue one with {node_hint}"
+        )
     if reason in _ALERT_WORDS:
-        return f"{host} refused our client certificate ({_ALERT_WORDS[reason]}); check it with `llmgw ctl cert show <cert>`"
+        return (
+            f"{host} refused our client certificate ({_ALERT_WORDS[reason]}); "
+            "check it with `llmgw ctl cert show <cert>`"
+        )
     return None
 
 
@@ -179,29 +207,50 @@ def _server_side(err: ssl.SSLError | ssl.CertificateError, host: str, ca_dir: st
     detail = getattr(err, "verify_message", None) or str(err)
     who = f"client {host}"
     if code == _V_EXPIRED:
-        return f"{who} presented an expired certificate; reissue it with `llmgw ctl cert node <node-id> --dir {ca_dir} --force`"
+        return (
+            f"{who} presented an expired certificate; "
+            f"reissue it with `llmgw ctl cert node <node-id> --dir {ca_dir} --force`"
+        )
     if code == _V_NOT_YET_VALID:
         return f"{who} presented a certificate that is not valid yet; check the clocks"
     if code in _UNKNOWN_CA_CODES:
-        return f"{who} presented a certificate not issued by our CA ({detail}); issue it from the cluster CA with `llmgw ctl cert node <node-id> --dir {ca_dir}`"
+        return (
+            f"{who} presented a certificate not issued by our CA ({detail}); "
+            f"issue it from the cluster CA with `llmgw ctl cert node <node-id> --dir {ca_dir}`"
+        )
     if code == _V_INVALID_PURPOSE:
-        return f"{who} presented a certificate without clientAuth usage (a server certificate?); issue a node certificate with `llmgw ctl cert node <node-id> --dir {ca_dir}`"
+        return (
+            f"{who} presented a certificate without clientAuth usage (a server certificate?); "
+            f"issue a node certificate with `llmgw ctl cert node <node-id> --dir {ca_dir}`"
+        )
     if code is not None:
         return f"{who} presented a certificate that failed verification: {detail}"
     reason = getattr(err, "reason", None) or ""
     if reason in ("PEER_DID_NOT_RETURN_A_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED"):
-        return f"{who} sent no client certificate; agents need tls.cert and tls.key from `llmgw ctl cert node <node-id> --dir {ca_dir}`"
+        return (
+            f"{who} sent no client certificate; agents need tls.cert and tls.key from "
+            f"`llmgw ctl cert node <node-id> --dir {ca_dir}`"
+        )
     if reason == "TLSV1_ALERT_UNKNOWN_CA":
-        return f"{who} does not trust our server certificate (not from the CA it has as tls.ca); give it the cluster's ca.crt"
+        return (
+            f"{who} does not trust our server certificate (not from the CA it has as tls.ca); "
+            "give it the cluster's ca.crt"
+        )
     if reason == "SSLV3_ALERT_CERTIFICATE_EXPIRED":
-        return f"{who} refused our server certificate as expired; reissue it with `llmgw ctl cert server --dir {ca_dir} --host … --ip … --force`"
+        return (
+            f"{who} refused our server certificate as expired; "
+            f"reissue it with `llmgw ctl cert server --dir {ca_dir} --host … --ip … --force`"
+        )
     if reason in ("SSLV3_ALERT_CERTIFICATE_UNKNOWN", "SSLV3_ALERT_BAD_CERTIFICATE"):
         return (
             f"{who} refused our server certificate ({_ALERT_WORDS[reason]}), most likely because the name or "
             "IP it dials is not among its SANs; compare with `llmgw ctl cert show <server.crt>`"
         )
     if reason == "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE":
-        return f"{who} refused our server certificate: it lacks serverAuth usage; issue one with `llmgw ctl cert server --dir {ca_dir} --host … --ip …`"
+        return (
+            f"{who} refused our server certificate: it lacks serverAuth usage; "
+            f"issue one with `llmgw ctl cert server --dir {ca_dir} --host … --ip …`"
+        )
     return None
 
 
@@ -212,7 +261,10 @@ def _common(err: ssl.SSLError | ssl.CertificateError | None, exc: BaseException,
         return f"no TLS version in common with {peer} (llmgw needs TLS 1.2 or newer)"
     if reason in _PLAINTEXT_REASONS:
         if side == "client":
-            return f"{host} did not answer in TLS (a plain-text port? a server run with --insecure needs an http:// URL)"
+            return (
+                f"{host} did not answer in TLS "
+                "(a plain-text port? a server run with --insecure needs an http:// URL)"
+            )
         return f"{peer} did not speak TLS (is it configured with an http:// URL or --insecure?)"
     if reason in _ALPN_REASONS:
         return f"{peer} and we share no application protocol (ALPN); is this the llmgw fleet port?"
@@ -224,7 +276,10 @@ def _common(err: ssl.SSLError | ssl.CertificateError | None, exc: BaseException,
                 f"{host} closed the connection during the TLS handshake; it most likely refused our client "
                 "certificate (from another CA, expired, or none sent): see the server's log"
             )
-        return f"{peer} closed the connection during the TLS handshake; it most likely refused our server certificate: see its log"
+        return (
+            f"{peer} closed the connection during the TLS handshake; it most likely refused our server certificate: "
+            "see its log"
+        )
     for cur in _chain(exc):
         if isinstance(cur, ConnectionRefusedError):
             return f"cannot connect to {host}: connection refused (is the server running and listening there?)"

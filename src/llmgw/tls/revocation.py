@@ -47,7 +47,8 @@ def read_deny_list(path: str | Path, *, missing_ok: bool = False) -> DenyList:
     except FileNotFoundError:
         if missing_ok:
             return DenyList()
-        raise UsageError(f"deny list {path} does not exist (write it with `llmgw ctl cert revoke`, copied from the CA directory)")
+        raise UsageError(f"deny list {path} does not exist "
+                         "(write it with `llmgw ctl cert revoke`, copied from the CA directory)")
     except OSError as exc:
         raise UsageError(f"cannot read deny list {path}: {exc.strerror or exc}")
     try:
@@ -97,7 +98,8 @@ def gateway_refusal(peer: HasPeerCert, revocations: Revocations) -> tuple[str, s
     if kind != "gateway":
         what = f"an {kind}" if kind == "operator" else f"a {kind}" if kind else "not an llmgw"
         return "not_gateway", (f"the client certificate {name!r} is {what} certificate, not a gateway certificate "
-                               f"(OU=gateways); issue one with `llmgw ctl cert gateway NAME` (a name no other kind holds)")
+                               f"(OU=gateways); issue one with `llmgw ctl cert gateway NAME` "
+                               "(a name no other kind holds)")
     return None
 
 

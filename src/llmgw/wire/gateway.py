@@ -6,7 +6,8 @@ machine dials the fleet port with a gateway certificate. Pure: values in, bytes 
 
     worker → control plane   GatewayHello (once), GatewayStats (its metrics, every second)
     control plane → worker   GatewayConfig (the catalog's routing view, static endpoints, gateway
-                             settings), GatewayEndpoints (ready endpoints and their engine keys)
+                             settings), GatewayEndpoints (ready endpoints and their engine keys),
+                             GatewayProbes (the server's own workers only: its engine probes)
 
 A gateway is sent what routing needs and nothing else (issue 40, finding 2): of each model its
 name, balancer and admission (RouteModel), never its profiles (their `env` holds HF_TOKEN and the
@@ -14,16 +15,19 @@ like, their args and commands), nor its source URL (user:pass@, presigned query 
 
 Each server message carries the whole state it describes, never a delta: a worker that missed
 one (a reconnect) is whole again with the next, and the control plane sends only the latest.
+GatewayProbes is the exception, by nature: results of health checks and scrapes, the latest of
+each engine that this stream was not sent yet (a new stream gets every engine's latest).
 """
 
 from __future__ import annotations
 
 import hashlib
+from typing import Protocol
 
 import msgspec
 
-from llmgw.catalog.schema import BalancerKind, GatewaySettings, Model, StaticEndpoint, TlsPublic
-from llmgw.catalog.units import dec_hook, enc_hook
+from llmgw.gwsettings import BalancerKind, GatewaySettings, StaticEndpoint, TlsPublic
+from llmgw.units import dec_hook, enc_hook
 from llmgw.wire.messages import MessageError, Unknown, _decode
 
 GATEWAY_PATH = "/llmgw.fleet.v1.Fleet/Gateway"
@@ -39,9 +43,13 @@ __all__ = [
     "GATEWAY_PATH",
     "NOT_OWN_WORKER",
     "REPLACED",
+    "EngineHealth",
+    "EngineLoad",
+    "EngineScrape",
     "GatewayConfig",
     "GatewayEndpoints",
     "GatewayHello",
+    "GatewayProbes",
     "GatewayStats",
     "MessageError",
     "RouteAdmission",
@@ -98,7 +106,28 @@ class RouteModel(_Route):
     admission: RouteAdmission = msgspec.field(default_factory=RouteAdmission)
 
 
-def route_model(model: Model | RouteModel) -> RouteModel:
+class _Limits(Protocol):
+    @property
+    def max_in_flight(self) -> int: ...
+    @property
+    def max_queue(self) -> int: ...
+    @property
+    def max_wait(self) -> float: ...
+
+
+class Routed(Protocol):
+    """What route_model reads of a model: a catalog Model (llmgw.catalog.schema) is one, named
+    by its fields rather than imported (wire does not import the catalog, issue 42)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def balancer(self) -> BalancerKind: ...
+    @property
+    def admission(self) -> _Limits: ...
+
+
+def route_model(model: Routed | RouteModel) -> RouteModel:
     """The routing view of a catalog model (a RouteModel is returned as it is)."""
     if isinstance(model, RouteModel):
         return model
@@ -119,6 +148,10 @@ class GatewayConfig(_Base, tag="GatewayConfig", tag_field="type"):
     # to a gateway on another machine.
     public_tls: TlsPublic | None = None
     public_tls_digest: str = ""
+    # A local worker takes the engine probes of its server (GatewayProbes) instead of probing
+    # every engine itself: one process per machine probes each engine, not N + 1 (issue 42).
+    # False (a gateway on another machine; a control plane older than the flag): it probes them.
+    probes: bool = False
 
 
 class GatewayEndpoints(_Base, tag="GatewayEndpoints", tag_field="type"):
@@ -135,8 +168,54 @@ class GatewayEndpoints(_Base, tag="GatewayEndpoints", tag_field="type"):
     settling: bool = False
 
 
+# The load fields an engine's /metrics may show (llmgw.server.gateway.enginemetrics reads them).
+LOAD_FIELDS = ("running", "waiting", "kv_cache_usage")
+
+
+class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """Load of one engine endpoint as its last scrape showed it."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0  # 0..1, the fullest cache in the scrape
+    engine: str = ""  # "vllm", "sglang", or "" when none of the families was found
+    missing: tuple[str, ...] = ()  # fields of LOAD_FIELDS the scrape did not have
+
+    @property
+    def known(self) -> bool:
+        """False when the scrape had none of the families (not an engine we understand)."""
+        return len(self.missing) < len(LOAD_FIELDS)
+
+
+class EngineHealth(_Route):
+    """One active health check of an engine (llmgw.server.gateway.probes)."""
+
+    ok: bool
+    reason: str = ""  # why it failed, bounded (MAX_PROBE_REASON)
+
+
+class EngineScrape(_Route):
+    """One /metrics scrape of an engine: its load (None: no usable answer), whether it answered
+    at all (no answer counts as a failed health check too), and what went wrong."""
+
+    load: EngineLoad | None = None
+    answered: bool = True
+    error: str = ""
+
+
+MAX_PROBE_REASON = 500  # characters of a probe's reason sent on (as GatewayEndpoints.reasons)
+
+
+class GatewayProbes(_Base, tag="GatewayProbes", tag_field="type"):
+    """Engine probes the server made since the last of these on this stream, the latest of each
+    endpoint: a worker feeds them to its balancers as its own checks were (issue 42)."""
+
+    health: dict[str, EngineHealth] = {}
+    scrapes: dict[str, EngineScrape] = {}
+
+
 FromGateway = GatewayHello | GatewayStats
-ToGateway = GatewayConfig | GatewayEndpoints
+ToGateway = GatewayConfig | GatewayEndpoints | GatewayProbes
 
 # The catalog's Duration and ByteSize travel as plain numbers.
 _encoder = msgspec.json.Encoder(enc_hook=enc_hook)

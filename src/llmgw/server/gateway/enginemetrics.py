@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 
-import msgspec
+# EngineLoad travels on the gateway feed too (a server's workers take its scrapes: GatewayProbes).
+from llmgw.wire.gateway import LOAD_FIELDS, EngineLoad
 
 # metric name -> field it feeds. Older vLLM (V0) exports gpu_cache_usage_perc, V1 exports
 # kv_cache_usage_perc (some versions both, same value: the max below makes that harmless).
@@ -36,27 +37,12 @@ _FAMILIES: dict[str, str] = {
     "sglang:token_usage": "kv_cache_usage",
 }
 _PREFIXES = tuple(_FAMILIES)
-FIELDS = ("running", "waiting", "kv_cache_usage")
+FIELDS = LOAD_FIELDS
 
 # Defaults for `violations`: KV cache at 95 % means the engine is about to preempt; a waiting
 # queue this long means the engine's own batch is full and new requests sit behind it.
 KV_CACHE_LIMIT = 0.95
 MAX_WAITING = 32
-
-
-class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
-    """Load of one engine endpoint as its last scrape showed it."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0  # 0..1, the fullest cache in the scrape
-    engine: str = ""  # "vllm", "sglang", or "" when none of the families was found
-    missing: tuple[str, ...] = ()  # fields of FIELDS the scrape did not have
-
-    @property
-    def known(self) -> bool:
-        """False when the scrape had none of the families (not an engine we understand)."""
-        return len(self.missing) < len(FIELDS)
 
 
 def parse_engine_metrics(text: str) -> EngineLoad:

@@ -1,8 +1,11 @@
 """A gateway worker: the /v1 proxy in a process of its own, fed by the control plane.
 
 It follows the control plane's gateway feed (llmgw.wire.gateway) and serves what it was told:
-its own balancer, breakers, health checks and admission (per worker, see `gateway.workers` in
-the config reference), its own keep-alive pools. Two ways to run one:
+its own balancer, breakers, health state and admission (per worker, see `gateway.workers` in
+the config reference), its own keep-alive pools. A server's own worker does not ask the engines
+for their health and metrics itself: its server does, once for all its workers, and sends the
+answers on the feed (GatewayProbes), which the worker feeds to its balancers as its own; while it
+has lost the feed it asks them itself. Two ways to run one:
 
 - `gateway.workers: N` in the server config: the control plane starts N of these (llmgw.server
   .gateway.workers), each accepting on the public port with SO_REUSEPORT, following over a Unix
@@ -30,11 +33,11 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw import __version__, hotpath
-from llmgw.catalog.schema import GatewaySettings, ServerConfig, TlsPublic
+from llmgw.catalog.schema import GatewaySettings, TlsPublic
 from llmgw.errors import UsageError, leaves
 from llmgw.fleet import FleetChannel, dial
-from llmgw.server.auth import Auth
 from llmgw.server.gateway import forwarded
+from llmgw.server.gateway.apikeys import ClientDoor
 from llmgw.server.gateway.fastlane import GatewayLane
 from llmgw.server.gateway.metrics import GatewayMetrics, watch_gateway
 from llmgw.server.gateway.openai_api import openai_error
@@ -52,6 +55,7 @@ from llmgw.wire.gateway import (
     GatewayConfig,
     GatewayEndpoints,
     GatewayHello,
+    GatewayProbes,
     GatewayStats,
     MessageError,
     config_digest,
@@ -102,8 +106,11 @@ class GatewayWorker:
         self.registry = CollectorRegistry()
         self.metrics = GatewayMetrics(self.registry)
         self.hub = RelayHub(coalesce=float(GatewaySettings().stream_coalesce))
-        self.auth = Auth(ServerConfig(), insecure=True, worker_tls=local or public_tls is not None)
-        self.gateway = Gateway(GatewaySettings(), self.metrics, relay_hub=self.hub, client_door=self.auth.client,
+        # The client door alone: the control plane keeps the others and says what it should about
+        # them and its port. A gateway on another machine without TLS on its client port says that
+        # API keys cross it in clear text (a local worker's port is its server's, whose notes say it).
+        self.door = ClientDoor(cleartext=not local and public_tls is None)
+        self.gateway = Gateway(GatewaySettings(), self.metrics, relay_hub=self.hub, client_door=self.door.allows,
                                not_ready_reason=self._not_ready)
         watch_gateway(self.registry, self.gateway)
         self.reactor = Reactor()
@@ -125,6 +132,10 @@ class GatewayWorker:
         self.config_digest = ""  # of the GatewayConfig last applied: reported, so `ctl gateways` says if it is current
         self.reasons: dict[str, str] = {}  # model → why it has no ready replica (GatewayEndpoints.reasons)
         self.following = False
+        # The control plane probes the engines for this worker (GatewayConfig.probes): while it
+        # follows, it asks them nothing itself. `_probing_changed` is set when either changes.
+        self.probed_for_us = False
+        self._probing_changed = trio.Event()
         self.configured = trio.Event()  # the first GatewayConfig came: serving makes sense
         self.api: Upstream | None = None
         self.http: HttpServer | None = None
@@ -152,7 +163,7 @@ class GatewayWorker:
                     # ended with the reason, and said "following ... again" and "lost" on every dial.
                     self._apply(await channel.receive())
                     self.connected.set(1)
-                    self.following = True
+                    self._follows(True)
                     if lost_said:
                         log.info("gateway %s: following the control plane at %s again", self.name, self.follow.where())
                     lost_said = False
@@ -165,7 +176,7 @@ class GatewayWorker:
                 leaf = leaves(exc)[0] if isinstance(exc, BaseExceptionGroup) else exc
                 why = str(leaf) or type(leaf).__name__
             self.connected.set(0)
-            self.following = False
+            self._follows(False)
             if NOT_OWN_WORKER in why:  # another server's socket now: this worker's own server is gone
                 log.error("gateway %s: the control plane at %s refused it: %s; exiting", self.name,
                           self.follow.where(), why)
@@ -188,14 +199,30 @@ class GatewayWorker:
             await trio.sleep(wait * (0.5 + rng.random()))
             wait = min(wait * 2, BACKOFF[1])
 
+    def _follows(self, following: bool, *, probed: bool | None = None) -> None:
+        """Whether it follows now, and (`probed`) whether the control plane probes for it."""
+        probed = self.probed_for_us if probed is None else probed
+        if (following, probed) != (self.following, self.probed_for_us):
+            self.following, self.probed_for_us = following, probed
+            self._probing_changed.set()
+            self._probing_changed = trio.Event()
+
     def _apply(self, payload: bytes) -> None:
         try:
             msg = decode_to_gateway(payload)
         except MessageError as exc:
             raise ValueError(f"the control plane sent a malformed message: {exc}") from None
+        if isinstance(msg, GatewayProbes):  # not counted as an update: several a second
+            probes = self.gateway.probes
+            for endpoint, health in msg.health.items():
+                probes.health_result(endpoint, health.ok, health.reason)
+            for endpoint, scrape in msg.scrapes.items():
+                probes.scrape_result(endpoint, scrape)
+            return
         if isinstance(msg, GatewayConfig):
+            self._follows(self.following, probed=msg.probes)
             self.gateway.configure(msg.models, msg.static, msg.settings)
-            self.auth.configure(ServerConfig(gateway=msg.settings))
+            self.door.configure(msg.settings.api_keys)
             if self.local and msg.api_url and self.api is None:
                 self.api = Upstream("http://control-plane", unix_path=msg.api_url, max_idle=16)
             if self.local and msg.public_tls is not None:
@@ -244,6 +271,21 @@ class GatewayWorker:
         except UsageError as exc:
             log.error("gateway %s: public_tls: %s%s", self.name, exc,
                       "; the running certificate stays" if tls is not None else "; not serving until it can be read")
+
+    async def run_probes(self) -> None:
+        """The engines' health checks and metrics scrapes, made here unless the control plane
+        makes them for this worker and it follows (a server's own worker: one process per
+        machine asks each engine, issue 42); a gateway on another machine always makes its own."""
+        while True:
+            if self.following and self.probed_for_us:
+                await self._probing_changed.wait()
+                continue
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.gateway.run_scraper)
+                nursery.start_soon(self.gateway.run_health_checks)
+                while not (self.following and self.probed_for_us):
+                    await self._probing_changed.wait()
+                nursery.cancel_scope.cancel()
 
     async def _report(self, channel: FleetChannel) -> None:
         while True:
@@ -322,8 +364,7 @@ class GatewayWorker:
             metrics = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in metrics_socks]
             if metrics:
                 await nursery.start(HttpServer(self.metrics_door).serve, metrics)
-            nursery.start_soon(self.gateway.run_scraper)
-            nursery.start_soon(self.gateway.run_health_checks)
+            nursery.start_soon(self.run_probes)
             nursery.start_soon(self.gateway.run_disconnect_watchdog)
             log.info("gateway %s serving (following %s); %s", self.name, self.follow.where(), hotpath.summary())
             task_status.started()
