@@ -18,6 +18,7 @@ COMPILED = (
     "llmgw.server.metrics",
     "llmgw.server.gateway.metrics",
     "llmgw.server.gateway.fastlane",
+    "llmgw.server.gateway.attempt",
     "llmgw.server.gateway.balance",
     "llmgw.server.gateway.admission",
     "llmgw.server.gateway.breaker",

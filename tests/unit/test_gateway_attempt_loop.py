@@ -108,7 +108,7 @@ def test_no_endpoint_left_is_unavailable_with_the_last_error() -> None:
 
 
 def test_a_client_gone_mid_attempt_gives_no_outcome_and_ends_the_loop() -> None:
-    loop, balancer = loop_over(*ENDPOINTS)
+    loop, _ = loop_over(*ENDPOINTS)
     pick = loop.pick(0.0)
     loop.gone()
     assert loop.phase is Phase.GONE and loop.take_release() == (pick, None)
@@ -131,7 +131,7 @@ def test_steps_out_of_order_are_refused() -> None:
 
 def test_the_table_has_every_phase_and_the_ended_phases_lead_nowhere() -> None:
     assert set(NEXT) == set(Phase)
-    assert ENDED == {Phase.UNAVAILABLE, Phase.FAILED, Phase.DONE, Phase.GONE}
+    assert {Phase.UNAVAILABLE, Phase.FAILED, Phase.DONE, Phase.GONE} == ENDED
     for phase, onward in NEXT.items():
         assert onward <= set(Phase), phase
 

@@ -221,3 +221,26 @@ def test_function_level_circles_are_listed() -> None:
     both = {m: graph[m] | lazy[m] for m in graph}
     found = [_describe(c, both) for c in circles(both)]
     print("\n".join(["function-level import circles:", *found]) if found else "no function-level circles")
+
+
+def _private_imports(tree: ast.Module) -> Iterator[tuple[int, str, str]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("llmgw"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    yield node.lineno, node.module or "", alias.name
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A leading underscore says "mine": the fast lane took `_peek`, `_request_id` and `_Attempt`
+    from proxy.py and `_Conn` from web/client.py (issue 42), so neither could change alone."""
+    found = [f"{path.relative_to(SRC.parent)}:{line} imports {name} from {module}"
+             for module_name, path in _modules().items()
+             for line, module, name in _private_imports(ast.parse(path.read_text(encoding="utf-8")))
+             if module != module_name]
+    assert not found, "\n".join(found)
+
+
+def test_a_private_import_is_found() -> None:
+    tree = ast.parse("from llmgw.web.client import Upstream, _Conn\nfrom llmgw.x import __version__\n")
+    assert list(_private_imports(tree)) == [(1, "llmgw.web.client", "_Conn")]

@@ -20,12 +20,12 @@ def _api(ctx: click.Context) -> Any:
     return ctx.obj["api"]()
 
 
-def _when(t: float) -> str:
+def event_time(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _event_rows(events: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    return [(_when(e["time"]), e["kind"], ",".join(e.get("nodes") or []) or e.get("node") or "-", e.get("model") or "-",
+    return [(event_time(e["time"]), e["kind"], ",".join(e.get("nodes") or []) or e.get("node") or "-", e.get("model") or "-",
              e["message"]) for e in events]
 
 

@@ -42,9 +42,9 @@ def _events(client: ApiClient, **query: str) -> list[dict[str, Any]]:
 
 
 def _event_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    from llmgw.cli.day2 import _when
+    from llmgw.cli.day2 import event_time
 
-    return [(_when(e["time"]), e["kind"], e["message"]) for e in events]
+    return [(event_time(e["time"]), e["kind"], e["message"]) for e in events]
 
 
 def node(client: ApiClient, node_id: str, output: str) -> None:

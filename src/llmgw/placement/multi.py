@@ -37,9 +37,9 @@ from llmgw.placement.single import (
     NoFit,
     Placement,
     Request,
-    _free_for,
-    _why_not,
     choose_port,
+    free_for,
+    why_not,
 )
 from llmgw.wire.messages import Gpu
 
@@ -76,7 +76,7 @@ def place_multi(req: Request, count: int, nodes: Sequence[NodeCapacity], port_ra
     `places`: the fabric map's view (where each node's adapters are cabled); None: no map."""
     fits: list[Entry] = []
     for node in nodes:
-        free = _free_for(node, req)
+        free = free_for(node, req)
         if free is not None and node.address:
             fits.append((_key(node, free, req), node, free))
     by_fabric: dict[str, list[Entry]] = {}
@@ -234,7 +234,7 @@ def _reasons(req: Request, count: int, nodes: Sequence[NodeCapacity],
         reasons.append("no two of the nodes that have the GPUs share a usable fabric")
     fitting = {e[1].node_id for e in fits}
     for node in sorted(nodes, key=lambda n: n.node_id):
-        why = _why_not(node, req)
+        why = why_not(node, req)
         if why is not None:
             reasons.append(why)
         elif not node.address:

@@ -60,7 +60,7 @@ class NoFit(msgspec.Struct, frozen=True):
         return "; ".join(self.reasons)
 
 
-def _why_not(node: NodeCapacity, req: Request) -> str | None:
+def why_not(node: NodeCapacity, req: Request) -> str | None:
     """None when the node could host the request; else the reason, for people."""
     if node.state != "ready":
         return f"{node.node_id}: {node.state}"
@@ -108,9 +108,9 @@ def choose_port(replica_id: str, used: set[int], port_range: tuple[int, int]) ->
     return None
 
 
-def _free_for(node: NodeCapacity, req: Request) -> list[Gpu] | None:
+def free_for(node: NodeCapacity, req: Request) -> list[Gpu] | None:
     """The node's free GPUs that suit `req`, or None when the node cannot host it: what
-    `_why_not` decides, in one loop and without the words (1,000 nodes per placement)."""
+    `why_not` decides, in one loop and without the words (1,000 nodes per placement)."""
     if node.state != "ready" or not node.can_start:
         return None
     kind = req.gpu_kind.lower()
@@ -131,7 +131,7 @@ def place(req: Request, nodes: Sequence[NodeCapacity], port_range: tuple[int, in
     """
     candidates: list[tuple[tuple[int, int, str], NodeCapacity, list[Gpu]]] = []
     for node in nodes:
-        free = _free_for(node, req)
+        free = free_for(node, req)
         if free is not None:
             candidates.append(((node.replicas_of_model, len(free) - req.gpus, node.node_id), node, free))
     candidates.sort(key=lambda c: c[0])
@@ -142,5 +142,5 @@ def place(req: Request, nodes: Sequence[NodeCapacity], port_range: tuple[int, in
             port_reasons.append(f"{node.node_id}: no free port in {port_range[0]}-{port_range[1]}")
             continue
         return Placement(node.node_id, choose_gpus(free, req.gpus), port)
-    reasons = [why for node in sorted(nodes, key=lambda n: n.node_id) if (why := _why_not(node, req)) is not None]
+    reasons = [why for node in sorted(nodes, key=lambda n: n.node_id) if (why := why_not(node, req)) is not None]
     return NoFit(tuple(reasons + port_reasons))

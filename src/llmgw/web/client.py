@@ -79,7 +79,7 @@ class Watch:
             trio.lowlevel.notify_closing(self.fd)
 
 
-class _Conn:
+class EngineConn:
     __slots__ = ("buf", "detach", "raw", "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream) -> None:
@@ -118,7 +118,7 @@ class Response:
 
     __slots__ = ("_conn", "_pool", "_released", "chunks", "head")
 
-    def __init__(self, pool: Upstream, conn: _Conn, head: ResponseHead) -> None:
+    def __init__(self, pool: Upstream, conn: EngineConn, head: ResponseHead) -> None:
         self._pool = pool
         self._conn = conn
         self.head = head
@@ -245,7 +245,7 @@ class Upstream:
         # A/B, 20 tokens a stream, issue 17). One an engine closed meanwhile (its keep-alive
         # timeout) costs the next request one reset, retried on a fresh connection (`request`).
         self.max_idle = max_idle
-        self._idle: list[_Conn] = []
+        self._idle: list[EngineConn] = []
         self.closed = False
         self._auth: list[tuple[bytes, bytes]] = []
         self._post_prefix: dict[bytes, bytes] = {}
@@ -258,14 +258,14 @@ class Upstream:
         self._auth = [(b"authorization", b"Bearer " + key.encode())] if key else []
         self._post_prefix.clear()
 
-    def put(self, conn: _Conn, reusable: bool) -> None:
+    def put(self, conn: EngineConn, reusable: bool) -> None:
         if reusable and not self.closed and len(self._idle) < self.max_idle and not conn.buf:
             conn.reused = True
             self._idle.append(conn)
         else:
-            _close_soon(conn)
+            close_soon(conn)
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self) -> EngineConn:
         stream: trio.SocketStream | None = None
         try:
             # move_on_after, not fail_after: trio's fail_after is a generator context manager
@@ -286,7 +286,7 @@ class Upstream:
                 stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-        return _Conn(stream)
+        return EngineConn(stream)
 
     async def request(
         self,
@@ -338,7 +338,7 @@ class Upstream:
         accept_line = b"accept: " + accept + b"\r\n" if accept else b""
         return b"%sx-request-id: %s\r\n%scontent-length: %d\r\n\r\n%s" % (prefix, rid, accept_line, len(body), body)
 
-    def take_idle(self) -> _Conn | None:
+    def take_idle(self) -> EngineConn | None:
         """An idle connection for an exchange that is not `request`'s (the fast lane's), or None."""
         return self._idle.pop() if self._idle else None
 
@@ -347,9 +347,9 @@ class Upstream:
         (LIFO), so they are as stale (an engine restart, its keep-alive timeout)."""
         stale, self._idle = self._idle, []
         for old in stale:
-            _close_soon(old)
+            close_soon(old)
 
-    async def _exchange(self, conn: _Conn, data: bytes, head_timeout: float, watch: Watch | None) -> Response:
+    async def _exchange(self, conn: EngineConn, data: bytes, head_timeout: float, watch: Watch | None) -> Response:
         if watch is None:
             await self._send(conn, data)
             with trio.move_on_after(head_timeout):
@@ -378,13 +378,13 @@ class Upstream:
             return UpstreamError("timeout", f"{self.host}:{self.port} sent no response within {head_timeout:g}s")
         return UpstreamError(watch.why, f"{self.host}:{self.port}: request ended ({watch.why})")
 
-    async def _send(self, conn: _Conn, data: bytes) -> None:
+    async def _send(self, conn: EngineConn, data: bytes) -> None:
         try:
             await conn.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise UpstreamError("reset", f"{self.host}:{self.port} closed the connection") from None
 
-    async def _read_head(self, conn: _Conn, watch: Watch | None) -> Response:
+    async def _read_head(self, conn: EngineConn, watch: Watch | None) -> Response:
         scanned = 0
         while True:
             try:
@@ -452,7 +452,7 @@ def _too_large(limit: int | None, declared: int | None = None) -> UpstreamError:
     return UpstreamError("too_large", f"engine response body over the limit of {limit} bytes{said}")
 
 
-def _close_soon(conn: _Conn) -> None:
+def close_soon(conn: EngineConn) -> None:
     """Close without awaiting (called from sync code): a plain socket close is immediate."""
     conn.forget()
     try:

@@ -7,14 +7,14 @@ body too when it fits `limit`, so `complete_body` returns it) or an UpstreamErro
 whose body must still be read or relayed is handed to a task with `to_task` first.
 
 A pooled connection stays registered with the reactor while it is idle in the pool (no epoll
-change per request); `_Conn.detach` takes it out before a task waits on it or it is closed.
+change per request); `EngineConn.detach` takes it out before a task waits on it or it is closed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmgw.web.client import Response, Upstream, UpstreamError, _close_soon, _Conn
+from llmgw.web.client import EngineConn, Response, Upstream, UpstreamError, close_soon
 from llmgw.web.http1 import HttpError, find_head_end, parse_response_head
 from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor, read_into, write_out
 
@@ -34,7 +34,7 @@ def _ignore(mask: int) -> None:
 class FastCall:
     __slots__ = ("_fd", "_out", "_scanned", "conn", "done", "limit", "pool", "reactor", "response")
 
-    def __init__(self, pool: Upstream, conn: _Conn, reactor: Reactor, limit: int, done: Done) -> None:
+    def __init__(self, pool: Upstream, conn: EngineConn, reactor: Reactor, limit: int, done: Done) -> None:
         self.pool = pool
         self.conn = conn
         self.reactor = reactor
@@ -71,7 +71,7 @@ class FastCall:
             return  # it ended already; the Response owns the connection
         self.done = None
         self.response = None
-        _close_soon(self.conn)
+        close_soon(self.conn)
 
     def _on_event(self, mask: int) -> None:
         if self.done is None or mask & STOPPED:
@@ -132,6 +132,6 @@ class FastCall:
         self.reactor.set(self._fd, _ignore)
         if isinstance(result, UpstreamError):
             self.response = None
-            _close_soon(self.conn)
+            close_soon(self.conn)
         if done is not None:
             done(result)

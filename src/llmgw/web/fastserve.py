@@ -27,7 +27,7 @@ from llmgw.web.reactor import GONE, READ, STOPPED, WRITE, Reactor, read_into, wr
 from llmgw.web.server import HEAD_LATE, Request, Responder
 
 if TYPE_CHECKING:
-    from llmgw.web.server import HttpServer, _Connection
+    from llmgw.web.server import ClientConnection, HttpServer
 
 log = logging.getLogger("llmgw.http")
 Continuation = Callable[[Responder], Awaitable[None]]
@@ -73,7 +73,7 @@ class FastPath:
         self.lane = lane
         self.reactor = lane.reactor
 
-    def serve(self, server: HttpServer, conn: _Connection, first: bool) -> Awaitable[Handoff | None]:
+    def serve(self, server: HttpServer, conn: ClientConnection, first: bool) -> Awaitable[Handoff | None]:
         """Serve `conn` in reactor callbacks until its task must take over (llmgw.web.server)."""
         return FastConnection(server, conn, self.lane, first).serve()
 
@@ -94,7 +94,7 @@ class FastConnection:
     __slots__ = ("_done", "_ended", "_head", "_head_end", "_out", "_paused", "close_after", "conn", "exchange", "fd", "first", "lane", "reactor",
                  "result", "server")
 
-    def __init__(self, server: HttpServer, conn: _Connection, lane: FastLane, first: bool) -> None:
+    def __init__(self, server: HttpServer, conn: ClientConnection, lane: FastLane, first: bool) -> None:
         self.server = server
         self.conn = conn
         self.lane = lane

@@ -119,7 +119,7 @@ class Responder:
 
     __slots__ = ("_conn", "_dechunk", "_framed", "close", "head_only", "http10", "started", "status", "streaming")
 
-    def __init__(self, conn: _Connection, close: bool, *, http10: bool = False, head_only: bool = False) -> None:
+    def __init__(self, conn: ClientConnection, close: bool, *, http10: bool = False, head_only: bool = False) -> None:
         self._conn = conn
         self.close = close
         self.http10 = http10
@@ -211,7 +211,7 @@ Handler = Callable[[Request, Responder], Awaitable[None]]
 HEAD_LATE = HttpError(408, "request head not received in time")
 
 
-class _Connection:
+class ClientConnection:
     __slots__ = ("buf", "deadline", "eof", "expired", "handler_scope", "head_scan", "idle", "io", "late", "nursery", "peer",
                  "stream", "tls", "watch_done", "watch_scope")
 
@@ -306,7 +306,7 @@ class HttpServer:
         self.ssl_context = ssl_context
         self.render_error = render_error
         self.connections = 0
-        self._conns: set[_Connection] = set()  # past the TLS handshake: the expiry task watches them
+        self._conns: set[ClientConnection] = set()  # past the TLS handshake: the expiry task watches them
         self.body_late = HttpError(408, f"request body not received within {self.limits.body_timeout:g}s")
         self.head_bytes_scanned = 0  # work spent finding request heads (bounded by bytes received)
         self.draining = False
@@ -442,7 +442,7 @@ class HttpServer:
                     return
                 stream = tls
             async with trio.open_nursery() as nursery:
-                conn = _Connection(tcp, peer, tls, nursery)
+                conn = ClientConnection(tcp, peer, tls, nursery)
                 self._conns.add(conn)
                 try:
                     await self._serve_http1(conn)
@@ -459,7 +459,7 @@ class HttpServer:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
 
-    async def _read_head(self, conn: _Connection, first: bool) -> RequestHead | None:
+    async def _read_head(self, conn: ClientConnection, first: bool) -> RequestHead | None:
         if not first and self.draining and self.limits.drain_idle <= 0:
             return None  # drain_idle 0: a keep-alive connection ends once its answer is out
         scanned = conn.head_scan.scanned
@@ -484,7 +484,7 @@ class HttpServer:
             conn.deadline = math.inf
             self.head_bytes_scanned += conn.head_scan.scanned - scanned
 
-    async def _read_body(self, conn: _Connection, head: RequestHead) -> bytes:
+    async def _read_body(self, conn: ClientConnection, head: RequestHead) -> bytes:
         max_body = self.limits.max_body
         if head.content_length is not None and head.content_length > max_body:
             raise HttpError(413, f"request body of {head.content_length} bytes is over the limit of {max_body} bytes")
@@ -510,7 +510,7 @@ class HttpServer:
         finally:
             conn.deadline = math.inf
 
-    async def _serve_http1(self, conn: _Connection) -> None:
+    async def _serve_http1(self, conn: ClientConnection) -> None:
         first = True
         lane = self.lane
         while True:
@@ -544,7 +544,7 @@ class HttpServer:
             if not await self._run(conn, request, responder, functools.partial(self.handler, request, responder)):
                 return
 
-    async def _run(self, conn: _Connection, request: Request | None, responder: Responder,
+    async def _run(self, conn: ClientConnection, request: Request | None, responder: Responder,
                    call: Callable[[], Awaitable[None]]) -> bool:
         """Run a handler (or the rest of a request the fast lane began: `request` None); False
         when the connection ends after it."""
@@ -581,12 +581,12 @@ class HttpServer:
         headers, body = self.render_error(HttpError(400, "plain HTTP request on a TLS port; use an https:// URL"))
         await answer_plain_on_tls(tcp, response_head(400, headers, content_length=len(body), close=True) + body)
 
-    async def _error(self, conn: _Connection, exc: HttpError) -> None:
+    async def _error(self, conn: ClientConnection, exc: HttpError) -> None:
         headers, body = self.render_error(exc)
         await _answer_and_linger(conn, response_head(exc.status, headers, content_length=len(body), close=True) + body)
 
 
-async def _answer_and_linger(conn: _Connection, data: bytes) -> None:
+async def _answer_and_linger(conn: ClientConnection, data: bytes) -> None:
     """Send `data` (a whole error response) and prepare to close (a lingering close on plain TCP: drop_unread)."""
     try:
         with trio.move_on_after(5):

@@ -28,7 +28,7 @@ import msgspec
 
 from llmgw.gwsettings import BalancerKind, GatewaySettings, StaticEndpoint, TlsPublic
 from llmgw.units import dec_hook, enc_hook
-from llmgw.wire.messages import MessageError, Unknown, _decode
+from llmgw.wire.messages import MessageError, Unknown, decode_tagged
 
 GATEWAY_PATH = "/llmgw.fleet.v1.Fleet/Gateway"
 # How the control plane ends a gateway certificate's stream when a newer one of the same
@@ -235,8 +235,8 @@ def config_digest(payload: bytes) -> str:
 
 
 def decode_from_gateway(payload: bytes) -> FromGateway | Unknown:
-    return _decode(payload, _from_decoder, FROM_TYPES)
+    return decode_tagged(payload, _from_decoder, FROM_TYPES)
 
 
 def decode_to_gateway(payload: bytes) -> ToGateway | Unknown:
-    return _decode(payload, _to_decoder, TO_TYPES)
+    return decode_tagged(payload, _to_decoder, TO_TYPES)

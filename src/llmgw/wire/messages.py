@@ -540,7 +540,7 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _encoder.encode(msg)
 
 
-def _decode(payload: bytes, decoder: msgspec.json.Decoder, tags: frozenset[str]):
+def decode_tagged(payload: bytes, decoder: msgspec.json.Decoder, tags: frozenset[str]):
     try:
         return decoder.decode(payload)
     except msgspec.DecodeError as exc:
@@ -554,11 +554,11 @@ def _decode(payload: bytes, decoder: msgspec.json.Decoder, tags: frozenset[str])
 
 
 def decode_agent_message(payload: bytes) -> AgentMessage | Unknown:
-    return _decode(payload, _agent_decoder, AGENT_TYPES)
+    return decode_tagged(payload, _agent_decoder, AGENT_TYPES)
 
 
 def decode_server_message(payload: bytes) -> ServerMessage | Unknown:
-    return _decode(payload, _server_decoder, SERVER_TYPES)
+    return decode_tagged(payload, _server_decoder, SERVER_TYPES)
 
 
 def message_type(msg: msgspec.Struct) -> str:

@@ -75,7 +75,7 @@ class Gateway:
         self.engine_up = self.table.engine_up
         self.probes = EngineProbes(self.table, evict=self._evict)
         self.hub = relay_hub
-        # The API key check (llmgw.server.auth): counts and logs its refusals itself.
+        # The API key check (llmgw.server.gateway.apikeys): counts and logs its refusals itself.
         self.authorized = client_door
         self._attempts: dict[str, set[AttemptGuard]] = {}  # upstream attempts in flight, by endpoint
         self._unwatched: dict[Responder, float] = {}  # plain requests in flight with no hang-up watcher yet
