@@ -59,9 +59,11 @@ _WORDS: dict[str, tuple[str, str, str]] = {
              "with what an HCA's link carries against its port"),
     "gpu-modes": ("NVML persistence mode and ECC mode, current and pending, per GPU", "",
                   "persistence mode off, ECC off, or an ECC mode change pending for the next reset"),
-    "fabric-manager": ("NVML GPU fabric info per GPU (nvmlDeviceGetGpuFabricInfo, Hopper NVSwitch boards and later)",
-                       "the NVSwitch fabric not set up (nvidia-fabricmanager not running) or its setup failed: CUDA "
-                       "cannot start on the GPU", "the fabric still being set up"),
+    "fabric-manager": ("NVSwitches on the PCI bus (/sys/bus/pci/devices: NVIDIA, class 0x068000), the nv-fabricmanager "
+                       "process (/proc/*/comm, the nvidia-fabricmanager service) and NVML GPU fabric info per GPU "
+                       "(nvmlDeviceGetGpuFabricInfoV, Hopper NVSwitch boards and later)",
+                       "NVSwitches and no nv-fabricmanager running, or a GPU's NVSwitch fabric not set up or its setup "
+                       "failed: CUDA cannot start on the GPU", "the fabric still being set up"),
     "gpudirect": ("/sys/module/nvidia_peermem (or nv_peer_mem) and /proc/driver/nvidia/version's open-module flavour, "
                   "on nodes with GPUs and RDMA adapters", "",
                   "neither nvidia_peermem loaded nor dma-buf offered: NCCL stages every GPU buffer through host memory"),

@@ -299,6 +299,10 @@ class HostFacts(_Base):
     # offers dma-buf instead; None: not read (an older agent, or no NVIDIA driver to ask).
     gpu_rdma_modules: list[str] | None = None
     nvidia_open: bool | None = None
+    # NVSwitch boards (issue 39): NVSwitch PCI devices (NVIDIA, class 0x068000), and whether an
+    # nv-fabricmanager process runs (/proc); None: not read (an older agent, or no /sys, /proc).
+    nvswitches: int | None = None
+    fabric_manager: bool | None = None
 
 
 class Heartbeat(_Base, tag="Heartbeat", tag_field="type"):
