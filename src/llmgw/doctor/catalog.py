@@ -94,11 +94,12 @@ _WORDS: dict[str, tuple[str, str, str]] = {
     "replicas": ("the reconciler: each model's replicas and their states",
                  "a model with replicas wanted and none ready", "a replica failed, not placeable, or stuck starting/stopping"),
     "driver-versions": ("NVML driver and CUDA driver versions, and the RDMA stack (MLNX_OFED's "
-                        "/sys/module/mlx5_core/version, else the in-box kernel) of ready nodes with the same GPU model",
-                        "", "a node whose version differs from the others' (a collective that works on 7 nodes "
-                        "and hangs on the 8th); the versions seen are named"),
-    "firmware-versions": ("NVML VBIOS of each GPU and /sys/class/infiniband/*/fw_ver of each HCA type, across ready "
-                          "nodes with the same GPU model", "",
+                        "/sys/module/mlx5_core/version, else the in-box kernel) across each catalog model's placement "
+                        "pool (the ready nodes its profiles fit, by GPU model), else nodes with the same GPU model",
+                        "", "a node whose version differs from the rest of its pool's (a collective that works on 7 "
+                        "nodes and hangs on the 8th); the model and the versions seen are named"),
+    "firmware-versions": ("NVML VBIOS of each GPU model and /sys/class/infiniband/*/fw_ver of each HCA type, across "
+                          "each model's placement pool, else ready nodes with the same GPU model", "",
                           "a node whose GPU VBIOS or HCA firmware differs from the others'"),
 }
 
