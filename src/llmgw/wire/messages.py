@@ -73,6 +73,10 @@ class Port(_Base):
     pcie_width: int = 0
     pcie_max_speed_gts: float = 0.0
     pcie_max_width: int = 0
+    # GPU index → how the HCA reaches it on the PCIe tree, in `nvidia-smi topo -m`'s words (PIX,
+    # PXB, PHB, NODE, SYS; agent/gpu_affinity.py): `fabric-test --gpudirect` uses the nearest GPU.
+    # Empty from an agent before issue 39, or where sysfs cannot place the GPUs.
+    gpu_affinity: dict[int, str] = {}
 
 
 class Inventory(_Base):
