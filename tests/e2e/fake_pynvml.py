@@ -135,6 +135,10 @@ def nvmlDeviceGetTemperature(handle: int, sensor: int) -> int:
     return 40
 
 
+def nvmlDeviceGetTemperatureV(handle: int, sensor: int) -> int:
+    return 40
+
+
 def nvmlDeviceGetUtilizationRates(handle: int) -> SimpleNamespace:
     return SimpleNamespace(gpu=0)
 

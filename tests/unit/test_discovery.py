@@ -291,6 +291,7 @@ def fake_nvml(
         nvmlDeviceGetNvLinkState=lambda h, link: 0 if link_entry(h, link)[0] == "none" else 1,
         nvmlDeviceGetNvLinkRemotePciInfo=remote_pci_info,
         nvmlDeviceGetTemperature=lambda h, sensor: 40 + h,
+        nvmlDeviceGetTemperatureV=lambda h, sensor: 40 + h,
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=10 * h),
         nvmlDeviceGetPowerUsage=lambda h: 115_021 + 1000 * h,
     )

@@ -445,3 +445,36 @@ def test_a_driver_without_the_newer_calls_is_read_through_the_older_ones(monkeyp
     h = _real_board(monkeypatch, missing=("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetCurrentClocksEventReasons"))
     assert (h.fabric_state, h.fabric_status) == ("not_started", 0)
     assert h.clock_events == ["hw_slowdown", "hw_thermal"]
+
+
+@pytest.mark.parametrize(("missing", "temperature"), [((), 71), (("nvmlDeviceGetTemperatureV",), 65)])
+def test_the_temperature_is_read_through_the_versioned_call_then_the_old_one(monkeypatch, missing, temperature):
+    """nvml_health through the real wrappers, on a library that answers little else (every other
+    query FunctionNotFound, which the code takes as "not read"): nvmlDeviceGetTemperatureV's
+    c_nvmlTemperature_v1_t.temperature first, the deprecated call's out-parameter on older drivers."""
+    from llmgw.agent import nvml_read
+
+    def count(ref: Any) -> int:
+        _out(ref, 1)
+        return 0
+
+    def versioned(device: Any, ref: Any) -> int:
+        assert ref._obj.version == pynvml.nvmlTemperature_v1 and ref._obj.sensorType == pynvml.NVML_TEMPERATURE_GPU
+        ref._obj.temperature = 71
+        return 0
+
+    def old(device: Any, sensor: Any, ref: Any) -> int:
+        _out(ref, 65)
+        return 0
+
+    answers = {"nvmlDeviceGetCount_v2": count, "nvmlDeviceGetHandleByIndex_v2": lambda index, ref: 0,
+               "nvmlDeviceGetTemperatureV": versioned, "nvmlDeviceGetTemperature": old}
+
+    def lookup(name: str) -> Any:
+        if name in missing or name not in answers:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return answers[name]
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", lookup)
+    [health] = nvml_read.nvml_health(pynvml)
+    assert (health.health, health.temperature_c, health.board_read) == ("ok", temperature, True)

@@ -114,10 +114,9 @@ def nvml_health(nv: ModuleType | Any) -> list[GpuHealth]:
             )
             out.append(health)
             continue
-        try:
-            health.temperature_c = int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
-        except nv.NVMLError:
-            pass
+        temperature = _temperature(nv, handle)
+        if temperature is not None:
+            health.temperature_c = temperature
         try:
             health.utilization_pct = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
         except nv.NVMLError:
@@ -150,6 +149,16 @@ def _ask(nv: ModuleType | Any, query: Callable[[], Any]) -> Any:
         return query()
     except (nv.NVMLError, AttributeError):
         return None
+
+
+def _temperature(nv: ModuleType | Any, handle: Any) -> int | None:
+    """The GPU's temperature, °C. nvidia-ml-py 13 marks nvmlDeviceGetTemperature "DEPRECATED: Use
+    nvmlDeviceGetTemperatureV instead; will be removed in CUDA 14.0"; a driver older than the V
+    call answers FunctionNotFound, and then the old one is asked."""
+    value = _ask(nv, lambda: nv.nvmlDeviceGetTemperatureV(handle, nv.NVML_TEMPERATURE_GPU))
+    if value is None:
+        value = _ask(nv, lambda: nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
+    return None if value is None else int(value)
 
 
 def _positive(value: Any) -> int | None:
