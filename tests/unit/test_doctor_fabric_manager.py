@@ -59,6 +59,8 @@ def test_the_fabric_manager_is_found_by_its_truncated_comm_and_argv0(tmp_path):
     tells the daemon from a tool whose name starts the same."""
     proc = tmp_path / "proc"
     assert fabric_manager_running(str(proc)) is None  # no /proc to list
+    proc_entry(proc, 4242, "llmgw", "/usr/bin/python3\0-m\0llmgw\0agent\0")
+    assert fabric_manager_running(str(proc)) is None  # hidepid=: only our own processes, no PID 1
     proc_entry(proc, 1, "systemd", "/sbin/init\0")
     proc_entry(proc, 812, "nvidia-persiste", "/usr/bin/nvidia-persistenced\0--user\0nvidia-persistenced\0")
     (proc / "self").mkdir()

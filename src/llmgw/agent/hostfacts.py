@@ -112,12 +112,15 @@ def nvswitch_count(sysfs_root: str) -> int | None:
 
 
 def fabric_manager_running(proc_root: str = "/proc") -> bool | None:
-    """Whether an nv-fabricmanager process runs (None: /proc cannot be listed). Reads each
-    process' comm, and its cmdline only where the comm matches: no shelling to systemctl."""
+    """Whether an nv-fabricmanager process runs (None: /proc cannot be listed, or shows only the
+    agent's own processes: mounted hidepid=, where PID 1 is hidden from other users too). Reads
+    each process' comm, and its cmdline only where the comm matches: no shelling to systemctl."""
     try:
         pids = [name for name in os.listdir(proc_root) if name.isdigit()]
     except OSError:
         return None
+    if "1" not in pids:
+        return None  # other users' processes are hidden: a fabric manager would be too
     for pid in pids:
         comm = (_read_text(os.path.join(proc_root, pid, "comm")) or "").strip()
         if comm != FABRIC_MANAGER[:COMM_LEN]:

@@ -148,6 +148,8 @@ def nvswitch_tree() -> tuple[dict[str, str], dict[str, str]]:
         files.update({f"{base}/vendor": hostfacts.NVIDIA_VENDOR + "\n", f"{base}/device": NVSWITCH_DEVICE + "\n",
                       f"{base}/class": hostfacts.BRIDGE_OTHER_CLASS + "\n"})
         links[f"sys/bus/pci/devices/{pci}"] = f"../../../devices/pci0000:00/{pci}"
+    init = f"sys/{hostfacts.SIM_PROC}/1"  # every /proc has PID 1 (the agent takes its absence for hidepid)
+    files[f"{init}/comm"], files[f"{init}/cmdline"] = "systemd\n", "/sbin/init\0"
     proc = f"sys/{hostfacts.SIM_PROC}/{FABRIC_MANAGER_PID}"
     files[f"{proc}/comm"] = hostfacts.FABRIC_MANAGER[:hostfacts.COMM_LEN] + "\n"
     files[f"{proc}/cmdline"] = FABRIC_MANAGER_CMDLINE
@@ -166,7 +168,7 @@ def set_fabric_manager(directory: str, running: bool) -> str:
     proc = os.path.join(sysfs, hostfacts.SIM_PROC, str(FABRIC_MANAGER_PID))
     if running:
         for rel, text in files.items():
-            if rel.startswith(f"sys/{hostfacts.SIM_PROC}/"):
+            if rel.startswith(f"sys/{hostfacts.SIM_PROC}/{FABRIC_MANAGER_PID}/"):
                 _write(os.path.join(root, rel), text)
         return "nv-fabricmanager running"
     for name in ("comm", "cmdline"):
