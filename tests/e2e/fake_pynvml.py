@@ -44,6 +44,13 @@ class c_nvmlGpuFabricInfo_t(ctypes.Structure):
     _fields_ = [("status", ctypes.c_uint), ("state", ctypes.c_uint)]
 
 
+class c_nvmlGpuFabricInfoV_t(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("status", ctypes.c_uint), ("state", ctypes.c_uint)]
+
+    def __init__(self) -> None:
+        super().__init__(version=0x02000024)
+
+
 class NVMLError(Exception):
     pass
 
@@ -125,6 +132,10 @@ def nvmlDeviceGetPciInfo(handle: int) -> SimpleNamespace:
 
 
 def nvmlDeviceGetTemperature(handle: int, sensor: int) -> int:
+    return 40
+
+
+def nvmlDeviceGetTemperatureV(handle: int, sensor: int) -> int:
     return 40
 
 
@@ -220,3 +231,7 @@ def nvmlDeviceGetGpuFabricInfo(device: int, gpuFabricInfo) -> int:
     if info is not None:
         info.state, info.status = state, status
     return 0
+
+
+def nvmlDeviceGetGpuFabricInfoV(device: int, gpuFabricInfo) -> int:
+    return nvmlDeviceGetGpuFabricInfo(device, gpuFabricInfo)

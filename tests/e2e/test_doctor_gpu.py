@@ -1,6 +1,6 @@
 """Issue 39's GPU board checks end to end: a real server, a real agent on a simulated node, faults
-injected at runtime with `llmgw sim node set-gpu`, `set-pcie` (read at registration: the agent
-restarts) and nvidia_peermem unloaded from the fake sysfs (what the agent then reads through
+injected at runtime with `llmgw sim node set-gpu`, `set-fabric-manager`, `set-pcie` (read at
+registration: the agent restarts) and nvidia_peermem unloaded from the fake sysfs (what the agent then reads through
 its real NVML-stand-in and sysfs path), and the real `ctl doctor -o json` naming each one with the
 exit code cron and Nagios read: warnings alone exit 1, a critical one 2, all well again 0.
 """
@@ -50,6 +50,8 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     assert {f["check"] for f in healthy["findings"]} >= BOARD_CHECKS
     pcie_ok = next(f for f in healthy["findings"] if f["check"] == "pcie")
     assert pcie_ok["finding"].startswith("4 GPUs and 1 HCAs at their full PCIe width"), pcie_ok
+    fm_ok = next(f for f in healthy["findings"] if f["check"] == "fabric-manager")
+    assert fm_ok["finding"] == "4 NVSwitches, nv-fabricmanager running; 4 GPUs: NVSwitch fabric set up", fm_ok
 
     def restart(old: Proc, change: Callable[[], None]) -> Proc:
         old.stop()
@@ -84,12 +86,17 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     assert all(f["action"] for f in said.values())
 
     # Critical: a pending row remap, a card at its shutdown temperature, an Xid of a current driver
-    # (140: unrecovered ECC), an NVSwitch fabric the fabric manager has not set up.
+    # (140: unrecovered ECC), an NVSwitch fabric the fabric manager has not set up, and the fabric
+    # manager's process gone from the NVSwitch board.
     sim("set-gpu", node, "3", "--remap-pending", "--temperature", "91", "--xid", "140", "--fabric-state", "not_started")
+    sim("set-fabric-manager", node, "stopped")
     crit = wait_for(2, set(problems(warned)) | {("gpu-01", "row-remap", "crit", "GPU 3"),
                                                  ("gpu-01", "temperature", "crit", "GPU 3"),
                                                  ("gpu-01", "gpu-health", "crit", "GPU 3"),
+                                                 ("gpu-01", "fabric-manager", "crit", ""),
                                                  ("gpu-01", "fabric-manager", "crit", "GPU 3")}, "the critical faults named")
+    fm = next(f for f in crit["findings"] if f["check"] == "fabric-manager" and not f.get("subject"))
+    assert "4 NVSwitches and no nv-fabricmanager process" in fm["finding"] and "nvidia-fabricmanager" in fm["action"], fm
     xid = next(f for f in crit["findings"] if f["check"] == "gpu-health")
     assert xid["finding"] == "GPU 3: Xid 140 (unrecovered ECC error, the driver could not offline or remap the page)", xid
     remap = next(f for f in crit["findings"] if f["check"] == "row-remap")
@@ -101,6 +108,7 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     sim("set-pcie", node, "mlx5_0", "--speed", "32", "--width", "16")
     sim("set-gpu", node, "0", "--persistence", "--ecc-pending", "on")
     sim("set-gpu", node, "3", "--no-remap-pending", "--temperature", "40", "--xid", "0", "--fabric-state", "completed")
+    sim("set-fabric-manager", node, "running")
     peermem.mkdir()
     restart(agent, lambda: None)
     wait_for(0, set(), "the node healthy again")

@@ -51,11 +51,13 @@ def nvml_node(tmp_path: Path, node_id: str, server_url: str = "") -> tuple[Path,
     shutil.copy(Path(__file__).with_name("fake_pynvml.py"), fake / "pynvml.py")
     board = tmp_path / "board.json"
     board.write_text(json.dumps(bridged()))
+    # The stand-in NVML's GPUs are bridged pairs: a board without NVSwitches (no NVSwitch PCI
+    # devices and no fabric manager in the simulated tree).
+    board_args = ("--gpus", "2", "--ib-ports", "0", "--nvlink", "pairs-nv12")
     if server_url:
-        config = make_sim_node(tmp_path, node_id, server_url, FAST_AGENT, "--gpus", "2", "--ib-ports", "0")
+        config = make_sim_node(tmp_path, node_id, server_url, FAST_AGENT, *board_args)
     else:
-        result = run_llmgw("sim", "node", "--dir", str(tmp_path / node_id), "--node-id", node_id, "--gpus", "2",
-                           "--ib-ports", "0")
+        result = run_llmgw("sim", "node", "--dir", str(tmp_path / node_id), "--node-id", node_id, *board_args)
         assert result.returncode == 0, result.stderr
         config = tmp_path / node_id / "agent.yaml"
     text = config.read_text()

@@ -291,6 +291,7 @@ def fake_nvml(
         nvmlDeviceGetNvLinkState=lambda h, link: 0 if link_entry(h, link)[0] == "none" else 1,
         nvmlDeviceGetNvLinkRemotePciInfo=remote_pci_info,
         nvmlDeviceGetTemperature=lambda h, sensor: 40 + h,
+        nvmlDeviceGetTemperatureV=lambda h, sensor: 40 + h,
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=10 * h),
         nvmlDeviceGetPowerUsage=lambda h: 115_021 + 1000 * h,
     )
@@ -449,6 +450,15 @@ class _FabricInfo(ctypes.Structure):
     _fields_ = [("status", ctypes.c_uint), ("state", ctypes.c_uint)]
 
 
+class _FabricInfoV(ctypes.Structure):
+    """c_nvmlGpuFabricInfoV_t's: a version first (its __init__ sets it), then the same fields."""
+
+    _fields_ = [("version", ctypes.c_uint), ("status", ctypes.c_uint), ("state", ctypes.c_uint)]
+
+    def __init__(self) -> None:
+        super().__init__(version=0x02000024)  # nvmlGpuFabricInfo_v2
+
+
 def add_board(nv: SimpleNamespace, boards: dict[int, dict[str, object]] | None = None) -> SimpleNamespace:
     """The fake NVML's answers to issue 39's board queries: H200_BOARD for every GPU, with
     `boards[index]` overriding; a value of None makes that query NotSupported."""
@@ -484,6 +494,8 @@ def add_board(nv: SimpleNamespace, boards: dict[int, dict[str, object]] | None =
         return 0  # NVML_SUCCESS, as pynvml returns it
 
     nv.nvmlDeviceGetGpuFabricInfo = fabric_info
+    nv.c_nvmlGpuFabricInfoV_t = _FabricInfoV
+    nv.nvmlDeviceGetGpuFabricInfoV = fabric_info
     return nv
 
 

@@ -26,7 +26,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "nvidia-sm
 
 def read(boards: dict[int, dict[str, object]] | None = None, temperature: int = 40) -> list[m.GpuHealth]:
     nv = add_board(doctor_nvml([]), boards)
-    nv.nvmlDeviceGetTemperature = lambda h, sensor: temperature
+    nv.nvmlDeviceGetTemperature = nv.nvmlDeviceGetTemperatureV = lambda h, sensor: temperature
     return discovery.nvml_health(nv)
 
 

@@ -103,3 +103,22 @@ async def test_a_thousand_nodes_are_graded_on_the_bounded_path() -> None:
     assert report.summary.nodes == 1000
     assert {f.node for f in report.findings} >= {f"gpu-{i:04d}" for i in range(1000)}
     assert report.exit_code == 0, [f for f in report.findings if f.status != Status.OK][:3]
+
+
+async def test_the_version_checks_see_each_models_placement_pool_through_the_server() -> None:
+    """The catalog's profiles travel into the facts (server/doctor.py), so driver-versions
+    compares each model's pool: the one node on another driver is named with the model."""
+    from llmgw.catalog.schema import Model, Profile
+
+    registry = NodeRegistry(heartbeat_interval=5.0)
+    for i, driver in enumerate(["550.54.15", "550.54.15", "550.90.07", "550.54.15"]):
+        gpus = [m.Gpu(index=g, name="NVIDIA H100 80GB HBM3", memory_mib=81559) for g in range(8)]
+        inventory = m.Inventory(gpus=gpus, gpu_source="nvml", gpu_driver=driver)
+        registry.register(m.Register(node_id=f"gpu-0{i + 1}", version="x", inventory=inventory), now=0.0, session=i + 1)
+    models = [Model(name="llama-70b", profiles=[Profile(gpus=8, gpu_kind="H100", gpu_memory_mib=80000)])]
+    recon = Reconciler(models, Settings(backoff_initial=1, backoff_max=10, port_range=(20000, 20999)))
+    doctor = DoctorService(registry, recon, clock=lambda: 100.0, wall=lambda: 1e9)
+    assert doctor.facts().models[0].profiles[0].gpu_memory_mib == 80000
+    report = await doctor.report(check="driver-versions")
+    [odd] = [f for f in report.findings if f.status != Status.OK]
+    assert odd.subject == "gpu-03" and "placement pool of llama-70b" in odd.finding, report.findings

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.doctor.cluster import CLUSTER_CHECKS
-from llmgw.doctor.facts import CLUSTER, ClusterFacts, NodeFacts
+from llmgw.doctor.facts import CLUSTER, ClusterFacts, Finding, ModelFacts, NodeFacts, ProfileNeeds
 from llmgw.fabric import sysfs
 from llmgw.verdict import Status
 from llmgw.wire import messages as m
@@ -74,6 +74,84 @@ def test_only_nodes_with_the_same_gpu_model_and_ready_are_compared() -> None:
     assert status == OK
     [(status, _, text)] = run("driver-versions", node("a"), other)
     assert status == OK and "nothing to compare" in text
+
+
+# ---- placement pools -----------------------------------------------------------------------------
+
+H100 = "NVIDIA H100 80GB HBM3"  # memory as nvidia-smi -q's FB Memory Usage Total of an H100 SXM: 81559 MiB
+
+
+def box(node_id: str, gpus: int = 8, gpu: str = H100, memory_mib: int = 81559, **versions: str) -> NodeFacts:
+    n = node(node_id, gpu=gpu, **versions)
+    template = n.inventory.gpus[0]
+    board = [msgspec.structs.replace(template, index=i, memory_mib=memory_mib) for i in range(gpus)]
+    n.inventory = msgspec.structs.replace(n.inventory, gpus=board)
+    return n
+
+
+def pooled(models: list[ModelFacts], *nodes: NodeFacts, check: str = "driver-versions") -> list[Finding]:
+    return CLUSTER_CHECKS[check](ClusterFacts(nodes=list(nodes), models=models))
+
+
+LLAMA = ModelFacts(name="llama-70b", replicas=2, profiles=[ProfileNeeds(gpus=8, gpu_kind="H100")])
+
+
+def test_one_node_on_another_driver_in_a_models_pool_is_flagged_alone_and_names_the_model() -> None:
+    nodes = [box("gpu-01"), box("gpu-02"), box("gpu-03", driver="550.90.07"), box("gpu-04")]
+    [odd] = pooled([LLAMA], *nodes)
+    assert (odd.status, odd.subject) == (WARN, "gpu-03")
+    assert odd.finding.startswith("gpu-03 runs NVIDIA driver 550.90.07; the other 3 nodes in the placement pool "
+                                  "of llama-70b run 550.54.15"), odd.finding
+    [ok] = pooled([LLAMA], *nodes[:2], nodes[3])
+    assert ok.status == OK and "3 nodes in the placement pool of llama-70b: NVIDIA driver 550.54.15" in ok.finding
+
+
+def test_a_pool_is_the_nodes_a_profile_fits_not_every_node_with_that_gpu() -> None:
+    """Two 4-GPU H100 nodes on another driver are no part of an 8-GPU model's pool: they are
+    compared with each other (nodes no model can use, by GPU model), not outvoted by the 8-GPU ones."""
+    eights = [box("gpu-01"), box("gpu-02"), box("gpu-03")]
+    fours = [box("small-01", gpus=4, driver="550.90.07"), box("small-02", gpus=4, driver="550.90.07")]
+    [ok] = pooled([LLAMA], *eights, *fours)
+    assert ok.status == OK, ok
+    assert "3 nodes in the placement pool of llama-70b" in ok.finding and f"2 nodes with {H100}: NVIDIA driver 550.90.07" in ok.finding
+    # With no models the same five are one pool by GPU model: the two are the odd ones.
+    odd = pooled([], *eights, *fours)
+    assert sorted(f.subject for f in odd) == ["small-01", "small-02"]
+    # gpu_memory_mib is a floor: an 80 GB profile leaves out the 40 GB A100s.
+    a100 = ModelFacts(name="mixtral", replicas=1, profiles=[ProfileNeeds(gpus=8, gpu_kind="a100", gpu_memory_mib=80000)])
+    big = [box(f"a100-{i}", gpu="NVIDIA A100-SXM4-80GB", memory_mib=81920) for i in range(3)]
+    small = box("a100-40", gpu="NVIDIA A100-SXM4-80GB", memory_mib=40960, driver="535.161.08")
+    [ok] = pooled([a100], *big, small)
+    assert ok.status == OK and "3 nodes in the placement pool of mixtral" in ok.finding, ok
+
+
+def test_models_sharing_a_pool_are_compared_once_and_a_node_is_named_once() -> None:
+    chat = ModelFacts(name="chat", replicas=4, profiles=[ProfileNeeds(gpus=1)])  # any GPU: every node here
+    nodes = [box("gpu-01"), box("gpu-02", driver="550.90.07"), box("gpu-03")]
+    [odd] = pooled([LLAMA, chat], *nodes)
+    assert odd.subject == "gpu-02" and "placement pool of chat, llama-70b" in odd.finding, odd.finding
+    # A pool over two board models is cut by GPU model: the H200s' newer driver is theirs.
+    h200 = [box(f"h200-{i}", gpu="NVIDIA H200", memory_mib=143771, driver="570.124.06") for i in range(2)]
+    found = pooled([LLAMA, chat], *nodes, *h200)
+    assert [f.subject for f in found] == ["gpu-02"]
+    [ok] = pooled([chat], nodes[0], nodes[2], *h200)
+    assert "2 nodes in the placement pool of chat (NVIDIA H200): NVIDIA driver 570.124.06" in ok.finding, ok.finding
+
+
+def test_vbios_is_compared_per_board_model_within_a_pool() -> None:
+    chat = ModelFacts(name="chat", replicas=4, profiles=[ProfileNeeds(gpus=1)])
+    mixed = [box("gpu-01", vbios="96.00.74.00.0D"), box("gpu-02", vbios="96.00.74.00.0D"),
+             box("h200-1", gpu="NVIDIA H200", vbios="96.00.A5.00.1A"),
+             box("h200-2", gpu="NVIDIA H200", vbios="96.00.A5.00.1A")]
+    [ok] = pooled([chat], *mixed, check="firmware-versions")
+    assert ok.status == OK, ok
+
+
+def test_a_profile_without_gpus_or_a_model_without_profiles_has_no_pool() -> None:
+    cpu = ModelFacts(name="embed-cpu", replicas=1, profiles=[ProfileNeeds(gpus=0)])
+    none = ModelFacts(name="later", replicas=0)
+    found = pooled([cpu, none], box("gpu-01"), box("gpu-02", driver="550.90.07"), box("gpu-03"))
+    assert [(f.subject, "with NVIDIA H100" in f.finding) for f in found] == [("gpu-02", True)]
 
 
 # ---- hw_counters -------------------------------------------------------------------------------

@@ -37,7 +37,17 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "llmgw"
 
 
 def _is_nvml_name(name: str) -> bool:
-    return name.startswith(("nvml", "NVML"))
+    """NVML's functions, constants and errors, and the ctypes structs the code fills in
+    (c_nvmlGpuFabricInfo_t: passed by reference to calls that hand them straight to C)."""
+    return name.startswith(("nvml", "NVML", "c_nvml"))
+
+
+def _is_struct_name(name: str) -> bool:
+    return name.startswith("c_nvml")
+
+
+def _struct_fields(cls: type) -> set[str]:
+    return {field[0] for klass in cls.__mro__ for field in getattr(klass, "_fields_", [])}
 
 
 @functools.cache
@@ -133,7 +143,11 @@ def test_each_name_is_the_same_kind_of_thing():
         real = getattr(pynvml, name, None)
         if real is None:
             continue  # test_every_name_the_fake_provides_is_in_the_real_module says so
-        if isinstance(fake, type):
+        if _is_struct_name(name):
+            assert isinstance(real, type) and issubclass(real, ctypes.Structure), name
+            assert _struct_fields(fake) <= _struct_fields(real), \
+                f"{name}: the fake has fields {sorted(_struct_fields(fake) - _struct_fields(real))} the real one lacks"
+        elif isinstance(fake, type):
             assert isinstance(real, type) and issubclass(real, pynvml.NVMLError), name
             assert issubclass(fake, fake_names()["NVMLError"]), name
         elif _is_function(fake):
@@ -150,6 +164,8 @@ def test_each_call_the_code_makes_binds_to_the_real_and_the_fake_signature():
     for name, value in fake_items():
         fakes_of[name].append(value)
     for name, counts in code_uses().items():
+        if _is_struct_name(name):
+            continue  # a ctypes struct, made empty: test_each_name_is_the_same_kind_of_thing
         real = getattr(pynvml, name, None)
         for count in counts:
             assert real is not None and _accepts(real, count), \
@@ -271,7 +287,9 @@ def test_the_end_to_end_fake_module_matches_the_real_one_too():
     for name, fake in names.items():
         real = getattr(pynvml, name, None)
         assert real is not None, f"tests/e2e/fake_pynvml.py defines {name}, nvidia-ml-py {_version()} has no such name"
-        if isinstance(fake, type):
+        if _is_struct_name(name):
+            assert isinstance(real, type) and _struct_fields(fake) <= _struct_fields(real), name
+        elif isinstance(fake, type):
             assert isinstance(real, type) and issubclass(real, pynvml.NVMLError), name
         elif _is_function(fake):
             assert _is_function(real), name
@@ -285,3 +303,178 @@ def test_the_end_to_end_fake_module_matches_the_real_one_too():
     missing = sorted(name for name in code_uses() if name not in names and name.startswith("nvmlDevice")
                      and name not in {"nvmlDeviceRegisterEvents", "nvmlDeviceGetIndex"})
     assert missing == [], f"the agent calls NVML functions the e2e fake lacks: {missing}"
+
+
+# ---- what the code makes of the real answers (issue 39) ----------------------------------------
+
+
+@functools.cache
+def getattr_defaults() -> dict[str, set[Any]]:
+    """`getattr(nv, "NVML_X", default)` in src/: the value the code assumes where a module lacks
+    the name (constants only: a class's or a struct's stand-in is no value)."""
+    found: dict[str, set[Any]] = defaultdict(set)
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                    and len(node.args) == 3 and isinstance(node.args[1], ast.Constant)
+                    and isinstance(node.args[1].value, str) and _is_nvml_name(node.args[1].value)
+                    and isinstance(node.args[2], ast.Constant) and node.args[2].value is not None):
+                found[node.args[1].value].add(node.args[2].value)
+    return dict(found)
+
+
+def test_every_default_the_code_assumes_is_the_real_value():
+    defaults = getattr_defaults()
+    assert {"NVML_FEATURE_ENABLED", "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"} <= set(defaults)
+    for name, values in defaults.items():
+        real = getattr(pynvml, name)
+        for value in values:
+            if name == "NVML_NVLINK_MAX_LINKS":  # Hopper's 18, for bindings older than the constant
+                assert value <= real, name
+            else:
+                assert value == real, f"getattr(nv, {name!r}, {value!r}): nvidia-ml-py {_version()} says {real!r}"
+
+
+def test_the_wire_names_nvmls_own_bits_and_states():
+    """CLOCK_EVENTS and FABRIC_STATES (wire/messages.py) are NVML's values under nvidia-smi's names."""
+    from llmgw.wire import messages as wire
+
+    real_events = {
+        pynvml.nvmlClocksEventReasonGpuIdle: "gpu_idle",
+        pynvml.nvmlClocksEventReasonApplicationsClocksSetting: "applications_clocks",
+        pynvml.nvmlClocksEventReasonSwPowerCap: "sw_power_cap",
+        pynvml.nvmlClocksEventReasonHwSlowdown: "hw_slowdown",
+        pynvml.nvmlClocksEventReasonSyncBoost: "sync_boost",
+        pynvml.nvmlClocksEventReasonSwThermalSlowdown: "sw_thermal",
+        pynvml.nvmlClocksEventReasonHwThermalSlowdown: "hw_thermal",
+        pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown: "hw_power_brake",
+        pynvml.nvmlClocksEventReasonDisplayClockSetting: "display_clocks",
+    }
+    assert real_events == wire.CLOCK_EVENTS
+    # The older names carry the same bits (the agent falls back to them).
+    assert pynvml.nvmlClocksThrottleReasonHwThermalSlowdown == pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    real_states = {
+        pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: "not_supported",
+        pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not_started",
+        pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in_progress",
+        pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
+    }
+    assert real_states == wire.FABRIC_STATES
+
+
+def _out(ref: Any, value: int) -> None:
+    ref._obj.value = value  # ctypes.byref(c_uint()): what the wrapper reads back
+
+
+def _h100_with_faults() -> dict[str, Any]:
+    """The C functions read_board's wrappers call, answering as an H100 SXM with faults would:
+    a row remap pending (2 rows for uncorrectable errors), HW thermal slowdown, Gen4 x8 in a
+    Gen5 x16 slot, ECC on but off after the next reset, the NVSwitch fabric set up."""
+
+    def fabric(state: int, status: int) -> Any:
+        def fill(device: Any, ref: Any) -> int:
+            ref._obj.state, ref._obj.status = state, status
+            return 0
+        return fill
+
+    def rows(device: Any, corr: Any, unc: Any, pending: Any, failed: Any) -> int:
+        _out(corr, 5), _out(unc, 2), _out(pending, 1), _out(failed, 0)
+        return 0
+
+    def threshold(device: Any, kind: Any, ref: Any) -> int:
+        _out(ref, {0: 92, 1: 89}.get(kind.value, 0))  # shutdown, slowdown (nvmlTemperatureThresholds_t)
+        return 0
+
+    def one(value: int) -> Any:
+        def fill(device: Any, ref: Any) -> int:
+            _out(ref, value)
+            return 0
+        return fill
+
+    def ecc(device: Any, current: Any, pending: Any) -> int:
+        _out(current, 1), _out(pending, 0)
+        return 0
+
+    return {
+        "nvmlDeviceGetRemappedRows": rows,
+        "nvmlDeviceGetCurrentClocksEventReasons": one(0x40 | 0x8),
+        "nvmlDeviceGetCurrentClocksThrottleReasons": one(0x40 | 0x8),
+        "nvmlDeviceGetTemperatureThreshold": threshold,
+        "nvmlDeviceGetCurrPcieLinkGeneration": one(4), "nvmlDeviceGetMaxPcieLinkGeneration": one(5),
+        "nvmlDeviceGetCurrPcieLinkWidth": one(8), "nvmlDeviceGetMaxPcieLinkWidth": one(16),
+        "nvmlDeviceGetPersistenceMode": one(1),
+        "nvmlDeviceGetEccMode": ecc,
+        "nvmlDeviceGetGpuFabricInfoV": fabric(3, 0),
+        "nvmlDeviceGetGpuFabricInfo": fabric(1, 0),
+    }
+
+
+def _real_board(monkeypatch, missing: tuple[str, ...] = ()) -> Any:
+    from llmgw.agent import nvml_read
+    from llmgw.wire.messages import GpuHealth
+
+    answers = _h100_with_faults()
+
+    def lookup(name: str) -> Any:
+        if name in missing or name not in answers:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # what an older driver answers
+        return answers[name]
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", lookup)
+    health = GpuHealth(index=0)
+    nvml_read.read_board(pynvml, 0, health)
+    return health
+
+
+def test_the_board_reading_takes_the_real_wrappers_answers_apart(monkeypatch):
+    """read_board through the real nvidia-ml-py wrappers: the argument order each C function
+    gets, and the tuple, list and struct each wrapper returns, taken apart as the code assumes."""
+    h = _real_board(monkeypatch)
+    assert (h.remapped_uncorrectable, h.remap_pending, h.remap_failed) == (2, True, False)
+    assert h.retired_pages is None  # the row remapper answered: no page retirement asked
+    assert h.clock_events == ["hw_slowdown", "hw_thermal"]
+    assert (h.slowdown_c, h.shutdown_c) == (89, 92)
+    assert (h.pcie_gen, h.pcie_gen_max, h.pcie_width, h.pcie_width_max) == (4, 5, 8, 16)
+    assert (h.persistence, h.ecc_enabled, h.ecc_pending) == (True, True, False)
+    assert (h.fabric_state, h.fabric_status) == ("completed", 0)  # the versioned call's struct
+
+
+def test_a_driver_without_the_newer_calls_is_read_through_the_older_ones(monkeypatch):
+    """nvmlDeviceGetGpuFabricInfoV (R550) and nvmlDeviceGetCurrentClocksEventReasons (R535) are
+    missing from older drivers' libnvidia-ml: FunctionNotFound, then the deprecated calls."""
+    h = _real_board(monkeypatch, missing=("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetCurrentClocksEventReasons"))
+    assert (h.fabric_state, h.fabric_status) == ("not_started", 0)
+    assert h.clock_events == ["hw_slowdown", "hw_thermal"]
+
+
+@pytest.mark.parametrize(("missing", "temperature"), [((), 71), (("nvmlDeviceGetTemperatureV",), 65)])
+def test_the_temperature_is_read_through_the_versioned_call_then_the_old_one(monkeypatch, missing, temperature):
+    """nvml_health through the real wrappers, on a library that answers little else (every other
+    query FunctionNotFound, which the code takes as "not read"): nvmlDeviceGetTemperatureV's
+    c_nvmlTemperature_v1_t.temperature first, the deprecated call's out-parameter on older drivers."""
+    from llmgw.agent import nvml_read
+
+    def count(ref: Any) -> int:
+        _out(ref, 1)
+        return 0
+
+    def versioned(device: Any, ref: Any) -> int:
+        assert ref._obj.version == pynvml.nvmlTemperature_v1 and ref._obj.sensorType == pynvml.NVML_TEMPERATURE_GPU
+        ref._obj.temperature = 71
+        return 0
+
+    def old(device: Any, sensor: Any, ref: Any) -> int:
+        _out(ref, 65)
+        return 0
+
+    answers = {"nvmlDeviceGetCount_v2": count, "nvmlDeviceGetHandleByIndex_v2": lambda index, ref: 0,
+               "nvmlDeviceGetTemperatureV": versioned, "nvmlDeviceGetTemperature": old}
+
+    def lookup(name: str) -> Any:
+        if name in missing or name not in answers:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return answers[name]
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", lookup)
+    [health] = nvml_read.nvml_health(pynvml)
+    assert (health.health, health.temperature_c, health.board_read) == ("ok", temperature, True)

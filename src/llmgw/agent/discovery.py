@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from llmgw.agent import netif, versions
+from llmgw.agent import gpu_affinity, netif, versions
 from llmgw.agent.nvml_events import XidWatch, read_kmsg
 from llmgw.agent.nvml_read import nvml_gpus, nvml_health
 from llmgw.catalog.schema import Discovery
@@ -511,7 +511,7 @@ def discover(cfg: Discovery, server: str | None = None, advertise_host: str = ""
             note = f"simulated GPU inventory {cfg.gpus} is missing or invalid"
     mgmt_ip = management_ip(server)
     interface, _, how = netif.management_interface(advertise_host or mgmt_ip)
-    ports = discover_ports(cfg)
+    ports = gpu_affinity.with_gpu_affinity(cfg.sysfs_root, discover_ports(cfg), gpus)
     return Inventory(
         hostname=socket.gethostname(),
         gpus=gpus,

@@ -114,10 +114,9 @@ def nvml_health(nv: ModuleType | Any) -> list[GpuHealth]:
             )
             out.append(health)
             continue
-        try:
-            health.temperature_c = int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
-        except nv.NVMLError:
-            pass
+        temperature = _temperature(nv, handle)
+        if temperature is not None:
+            health.temperature_c = temperature
         try:
             health.utilization_pct = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
         except nv.NVMLError:
@@ -152,6 +151,16 @@ def _ask(nv: ModuleType | Any, query: Callable[[], Any]) -> Any:
         return None
 
 
+def _temperature(nv: ModuleType | Any, handle: Any) -> int | None:
+    """The GPU's temperature, °C. nvidia-ml-py 13 marks nvmlDeviceGetTemperature "DEPRECATED: Use
+    nvmlDeviceGetTemperatureV instead; will be removed in CUDA 14.0"; a driver older than the V
+    call answers FunctionNotFound, and then the old one is asked."""
+    value = _ask(nv, lambda: nv.nvmlDeviceGetTemperatureV(handle, nv.NVML_TEMPERATURE_GPU))
+    if value is None:
+        value = _ask(nv, lambda: nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
+    return None if value is None else int(value)
+
+
 def _positive(value: Any) -> int | None:
     return int(value) if value is not None and int(value) > 0 else None
 
@@ -163,6 +172,9 @@ def read_board(nv: ModuleType | Any, handle: Any, health: GpuHealth) -> None:
     queries per GPU, from the heartbeat's worker thread like the rest."""
     health.board_read = True
     enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+    # nvidia-ml-py returns (corrRows, uncRows, isPending, failureOccurred); NVML's reference: a
+    # pending remap needs a GPU reset to take effect, failureOccurred is set if one ever failed
+    # (Ampere and later; NotSupported on a MIG GPU with active instances: then retired pages).
     rows = _ask(nv, lambda: nv.nvmlDeviceGetRemappedRows(handle))
     if rows is not None:
         _, uncorrectable, pending, failed = rows
@@ -188,10 +200,14 @@ def read_board(nv: ModuleType | Any, handle: Any, health: GpuHealth) -> None:
     # 0 or less: no such threshold on this board (or a driver that answers in T.Limit terms).
     health.slowdown_c = _positive(_ask(nv, lambda: nv.nvmlDeviceGetTemperatureThreshold(handle, slowdown)))
     health.shutdown_c = _positive(_ask(nv, lambda: nv.nvmlDeviceGetTemperatureThreshold(handle, shutdown)))
+    # "Max" is what this device can train at in this system ("a generation 2 PCIe device attached
+    # to a generation 1 PCIe bus ... reports generation 1", NVML's Device Queries); the card's own
+    # maximum is nvmlDeviceGetGpuMaxPcieLinkGeneration. Current drops at idle to save power.
     health.pcie_gen = _positive(_ask(nv, lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(handle)))
     health.pcie_gen_max = _positive(_ask(nv, lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(handle)))
     health.pcie_width = _positive(_ask(nv, lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(handle)))
     health.pcie_width_max = _positive(_ask(nv, lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(handle)))
+    # Both return nvmlEnableState_t values; nvmlDeviceGetEccMode returns [current, pending].
     persistence = _ask(nv, lambda: nv.nvmlDeviceGetPersistenceMode(handle))
     if persistence is not None:
         health.persistence = persistence == enabled
@@ -204,13 +220,29 @@ def read_board(nv: ModuleType | Any, handle: Any, health: GpuHealth) -> None:
 def _read_fabric(nv: ModuleType | Any, handle: Any, health: GpuHealth) -> None:
     """The NVSwitch fabric's state for this GPU: the fabric manager sets it up at boot, and until
     it has (or when it failed) CUDA cannot start on the GPU. The caller passes the struct NVML
-    fills in (pynvml's nvmlDeviceGetGpuFabricInfo hands its argument straight to C)."""
-    try:
-        info = nv.c_nvmlGpuFabricInfo_t()
-    except (AttributeError, TypeError):
-        return  # nvidia-ml-py older than GPU fabric info
-    if _ask(nv, lambda: nv.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))) is None:
-        return
+    fills in (pynvml's nvmlDeviceGetGpuFabricInfo[V] hands its argument straight to C, so it goes
+    by reference).
+
+    The versioned call first: nvidia-ml-py 13 marks nvmlDeviceGetGpuFabricInfo "DEPRECATED: Use
+    nvmlDeviceGetGpuFabricInfoV instead; will be removed in CUDA 14.0", and its
+    c_nvmlGpuFabricInfoV_t (nvmlGpuFabricInfo_v2_t) sets its own `version` field in __init__. A
+    driver older than the V call (R550) answers FunctionNotFound, an NVMLError: then the first one.
+    Both structs have `state` (NVML_GPU_FABRIC_STATE_*) and `status`, which NVML's API reference
+    (nvmlGpuFabricInfo_t, docs.nvidia.com/deploy/nvml-api/structnvmlGpuFabricInfo__t.html) says
+    "must be checked only if state returns complete" (doctor's fabric-manager check does so)."""
+    info: Any = None
+    versioned = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
+    if versioned is not None:
+        info = versioned()
+        if _ask(nv, lambda: nv.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))) is None:
+            info = None
+    if info is None:
+        try:
+            info = nv.c_nvmlGpuFabricInfo_t()
+        except (AttributeError, TypeError):
+            return  # nvidia-ml-py older than GPU fabric info
+        if _ask(nv, lambda: nv.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))) is None:
+            return
     state = FABRIC_STATES.get(int(info.state))
     if state is not None and state != "not_supported":
         health.fabric_state, health.fabric_status = state, int(info.status)

@@ -122,7 +122,8 @@ def render(report: dict[str, Any], quiet: bool = False) -> None:
 @click.option("--iterations", type=click.IntRange(1, 10_000_000), default=5000, show_default=True,
               help="Iterations (-n), with --duration 0.")
 @click.option("--gpudirect", is_flag=True,
-              help="Put both sides' buffers in GPU memory (ib_write_bw --use_cuda=N, GPU n for the nth rail): tests "
+              help="Put both sides' buffers in GPU memory (ib_write_bw --use_cuda=N, N the GPU nearest each rail's HCA "
+                   "on the PCIe tree): tests "
                    "GPUDirect RDMA, the path NCCL takes. Refused where a node has no GPU.")
 @click.option("-q", "--quiet", is_flag=True,
               help="Print the status line and the rails that are not ok (no progress, no table).")

@@ -310,3 +310,18 @@ def set_counter_command(directory: str, device: str, port: int, name: str, value
 
     path = set_counter(directory, device, port, name, value)
     say(f"{device}/{port} {name} = {value} ({path})")
+
+
+@node.command("set-fabric-manager")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("state", type=click.Choice(["running", "stopped"]))
+def set_fabric_manager_command(directory: str, state: str) -> None:
+    """Start or stop a simulated NVSwitch node's fabric manager (nv-fabricmanager); the running
+    agent reports it on its next heartbeat, and doctor's fabric-manager check grades it.
+
+    \b
+    llmgw sim node set-fabric-manager /tmp/node-1 stopped
+    """
+    from llmgw.sim.node_faults import set_fabric_manager
+
+    say(f"{directory}: {set_fabric_manager(directory, state == 'running')}")

@@ -59,9 +59,11 @@ _WORDS: dict[str, tuple[str, str, str]] = {
              "with what an HCA's link carries against its port"),
     "gpu-modes": ("NVML persistence mode and ECC mode, current and pending, per GPU", "",
                   "persistence mode off, ECC off, or an ECC mode change pending for the next reset"),
-    "fabric-manager": ("NVML GPU fabric info per GPU (nvmlDeviceGetGpuFabricInfo, Hopper NVSwitch boards and later)",
-                       "the NVSwitch fabric not set up (nvidia-fabricmanager not running) or its setup failed: CUDA "
-                       "cannot start on the GPU", "the fabric still being set up"),
+    "fabric-manager": ("NVSwitches on the PCI bus (/sys/bus/pci/devices: NVIDIA, class 0x068000), the nv-fabricmanager "
+                       "process (/proc/*/comm, the nvidia-fabricmanager service) and NVML GPU fabric info per GPU "
+                       "(nvmlDeviceGetGpuFabricInfoV, Hopper NVSwitch boards and later)",
+                       "NVSwitches and no nv-fabricmanager running, or a GPU's NVSwitch fabric not set up or its setup "
+                       "failed: CUDA cannot start on the GPU", "the fabric still being set up"),
     "gpudirect": ("/sys/module/nvidia_peermem (or nv_peer_mem) and /proc/driver/nvidia/version's open-module flavour, "
                   "on nodes with GPUs and RDMA adapters", "",
                   "neither nvidia_peermem loaded nor dma-buf offered: NCCL stages every GPU buffer through host memory"),
@@ -92,11 +94,12 @@ _WORDS: dict[str, tuple[str, str, str]] = {
     "replicas": ("the reconciler: each model's replicas and their states",
                  "a model with replicas wanted and none ready", "a replica failed, not placeable, or stuck starting/stopping"),
     "driver-versions": ("NVML driver and CUDA driver versions, and the RDMA stack (MLNX_OFED's "
-                        "/sys/module/mlx5_core/version, else the in-box kernel) of ready nodes with the same GPU model",
-                        "", "a node whose version differs from the others' (a collective that works on 7 nodes "
-                        "and hangs on the 8th); the versions seen are named"),
-    "firmware-versions": ("NVML VBIOS of each GPU and /sys/class/infiniband/*/fw_ver of each HCA type, across ready "
-                          "nodes with the same GPU model", "",
+                        "/sys/module/mlx5_core/version, else the in-box kernel) across each catalog model's placement "
+                        "pool (the ready nodes its profiles fit, by GPU model), else nodes with the same GPU model",
+                        "", "a node whose version differs from the rest of its pool's (a collective that works on 7 "
+                        "nodes and hangs on the 8th); the model and the versions seen are named"),
+    "firmware-versions": ("NVML VBIOS of each GPU model and /sys/class/infiniband/*/fw_ver of each HCA type, across "
+                          "each model's placement pool, else ready nodes with the same GPU model", "",
                           "a node whose GPU VBIOS or HCA firmware differs from the others'"),
 }
 

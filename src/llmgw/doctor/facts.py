@@ -57,9 +57,19 @@ class ReplicaFacts(msgspec.Struct, kw_only=True):
     nodes: list[str] = []
 
 
+class ProfileNeeds(msgspec.Struct, kw_only=True, frozen=True):
+    """What one of a model's profiles asks of a node (the catalog Profile's gpus per node,
+    gpu_kind, gpu_memory_mib): the nodes that could host it are the model's placement pool."""
+
+    gpus: int = 1
+    gpu_kind: str = ""
+    gpu_memory_mib: int = 0
+
+
 class ModelFacts(msgspec.Struct, kw_only=True):
     name: str
     replicas: int  # desired
+    profiles: list[ProfileNeeds] = []  # empty: no profile, never placed (no pool)
 
 
 class FabricProblemFact(msgspec.Struct, kw_only=True):

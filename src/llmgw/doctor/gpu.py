@@ -254,33 +254,50 @@ def check_gpu_modes(n: NodeFacts, ctx: object) -> list[Finding]:
 
 
 def check_fabric_manager(n: NodeFacts, ctx: object) -> list[Finding]:
-    """The NVSwitch fabric per GPU (NVML's GPU fabric info, Hopper and later). CRIT: not set up
-    (the fabric manager is not running) or its setup failed: CUDA cannot start on the GPU. WARN:
-    still being set up."""
-    empty = no_gpu_readings(n, "fabric-manager") or old_agent(n, "fabric-manager", "the NVSwitch fabric's state")
-    if empty is not None:
-        return empty
+    """The NVSwitch fabric. Where the node has NVSwitches (the agent counts them on the PCI bus),
+    the fabric manager (nv-fabricmanager, the nvidia-fabricmanager service) must run: it programs
+    the switches at boot, and until it has CUDA cannot start on the GPUs. Per GPU, NVML's GPU
+    fabric info (Hopper and later) says whether the GPU's part is set up. CRIT: NVSwitches and no
+    fabric manager running; a GPU's fabric not set up, or its setup failed. WARN: still being set
+    up (while the fabric manager runs)."""
     action = ("systemctl status nvidia-fabricmanager; journalctl -u nvidia-fabricmanager (its version must be "
               "the driver's); then restart it, or reboot the node")
+    host = n.host
+    switches = host.nvswitches if host is not None else None
+    manager = host.fabric_manager if host is not None else None
     out: list[Finding] = []
+    if switches and manager is False:
+        out.append(_f(n, "fabric-manager", CRIT, f"{switches} NVSwitches and no nv-fabricmanager process: the "
+                      "NVSwitch fabric is not set up, so CUDA cannot start on the GPUs", action))
+    empty = no_gpu_readings(n, "fabric-manager") or old_agent(n, "fabric-manager", "the NVSwitch fabric's state")
+    if empty is not None:
+        return out + empty if out else empty
     switched = [h for h in _gpus(n) if h.fabric_state is not None]
     for h in switched:
         subject = f"GPU {h.index}"
         if h.fabric_state == "not_started":
             out.append(_f(n, "fabric-manager", CRIT, f"{subject}: the NVSwitch fabric is not set up (is "
                           "nvidia-fabricmanager running?): CUDA cannot start on this GPU", action, subject))
-        elif h.fabric_state == "in_progress":
+        elif h.fabric_state == "in_progress" and manager is not False:
             out.append(_f(n, "fabric-manager", WARN, f"{subject}: the NVSwitch fabric is still being set up",
                           "check again in a minute; if it stays, " + action, subject))
-        elif h.fabric_status:
+        elif h.fabric_state == "completed" and h.fabric_status:
+            # NVML: the status "must be checked only if state returns complete".
             out.append(_f(n, "fabric-manager", CRIT, f"{subject}: the fabric manager failed to set up the NVSwitch "
                           f"fabric (NVML status {h.fabric_status}): CUDA cannot start on this GPU", action, subject))
     if out:
         return out
+    done = f"{len(switched)} GPUs: NVSwitch fabric set up" if switched else ""
+    if switches and manager:
+        return [_f(n, "fabric-manager", OK, f"{switches} NVSwitches, nv-fabricmanager running" + (f"; {done}" if done else ""))]
+    if switches and not switched:
+        return [_f(n, "fabric-manager", UNKNOWN, f"{switches} NVSwitches; cannot tell whether nv-fabricmanager runs "
+                   "(/proc not readable by the agent) and NVML reports no GPU fabric state",
+                   "systemctl status nvidia-fabricmanager")]
     if not switched:
         return [_f(n, "fabric-manager", OK, "no NVSwitch fabric reported (PCIe or bridged GPUs, or a driver "
                    "without GPU fabric info)")]
-    return [_f(n, "fabric-manager", OK, f"{len(switched)} GPUs: NVSwitch fabric set up")]
+    return [_f(n, "fabric-manager", OK, done)]
 
 
 def check_gpudirect(n: NodeFacts, ctx: object) -> list[Finding]:

@@ -28,6 +28,7 @@ from llmgw.doctor.facts import (
     Finding,
     ModelFacts,
     NodeFacts,
+    ProfileNeeds,
     ReplicaFacts,
     Report,
     report,
@@ -111,7 +112,10 @@ class DoctorService:
         if node is not None:
             return facts
         facts.fabric_discovery = any(m.FEATURE_DISCOVER in n.features for n in nodes.values() if n.connected)
-        facts.models = [ModelFacts(name=model.name, replicas=model.replicas) for model in self.reconciler.models.values()]
+        facts.models = [ModelFacts(name=model.name, replicas=model.replicas,
+                                   profiles=[ProfileNeeds(gpus=p.gpus, gpu_kind=p.gpu_kind, gpu_memory_mib=p.gpu_memory_mib)
+                                             for p in model.profiles])
+                        for model in self.reconciler.models.values()]
         facts.replicas = [
             ReplicaFacts(id=r.id, model=r.model, state=str(r.state), reason=r.reason, state_age=now - r.state_since,
                          failures=r.failures, nodes=sorted({s.node for s in r.shards}),

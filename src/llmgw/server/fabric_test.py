@@ -17,9 +17,11 @@ so two runs never share a link:
 
 Each run lasts `duration` seconds (ib_write_bw -D; 5 s by default, as perftest's own DEF_DURATION)
 where both agents list FEATURE_FABRIC_TEST_DURATION, else the old 64 KiB × `iterations`, said in
-the notes. `gpudirect` runs both sides with `--use_cuda=N`, N the rail's position in its fabric on
-that node modulo its GPU count (rail-optimised boards pair NIC n with GPU n); it is refused at
-once when a node lists no GPU (FEATURE_FABRIC_TEST_GPUDIRECT is offered only where there is one).
+the notes. `gpudirect` runs both sides with `--use_cuda=N`, N the GPU nearest the rail's HCA on
+that node's PCIe tree (Port.gpu_affinity: one switch, then one host bridge, then one NUMA node),
+or, from an agent that cannot place its GPUs, the rail's position in its fabric modulo the GPU
+count; it is refused at once when a node lists no GPU (FEATURE_FABRIC_TEST_GPUDIRECT is offered
+only where there is one).
 
 A test is refused at once, before anything is sent, when a node is unknown, not connected, or its
 agent does not list `fabric-test` in Register.features (an agent too old to answer would only
@@ -48,6 +50,7 @@ from typing import Any
 import msgspec
 import trio
 
+from llmgw.fabric.gputopo import nearest_gpus
 from llmgw.fabric.linkrate import Capacity, capacity
 from llmgw.fabric.perftest import parse
 from llmgw.fabric.railtest import (
@@ -371,18 +374,36 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _cuda_devices(registry: NodeRegistry, a: str, b: str, rails: list[Rail]) -> dict[tuple[str, int], int]:
-    """Each rail's GPU on each side: its position in its fabric modulo the node's GPUs (NIC n ↔ GPU n)."""
+    """Each rail's GPU on each side: the GPU nearest the rail's HCA on the node's PCIe tree (one
+    switch, then one host bridge, then one NUMA node: the path GPUDirect RDMA takes; the agent's
+    Port.gpu_affinity, fabric/gputopo.nearest_gpus), else, from an agent that cannot place its GPUs,
+    its position in its fabric modulo the node's GPUs (NIC n ↔ GPU n)."""
     out: dict[tuple[str, int], int] = {}
     seen: dict[str, int] = {}
+    nearest: dict[str, dict[str, int]] = {}
+    for node_id, side in ((a, 0), (b, 1)):
+        node = registry.get(node_id)
+        if node is not None:
+            order = [_device(rail.a if side == 0 else rail.b) for rail in rails]
+            affinity = {p.device: p.gpu_affinity for p in node.inventory.ports if p.gpu_affinity}
+            nearest[node_id] = nearest_gpus(affinity, [d for d in order if d])
     for rail in rails:
         position = seen.get(rail.fabric, 0)
         seen[rail.fabric] = position + 1
-        for node_id in (a, b):
+        for node_id, end in ((a, rail.a), (b, rail.b)):
             node = registry.get(node_id)
             gpus = sorted(g.index for g in node.inventory.gpus) if node else []
-            if gpus:
+            near = nearest.get(node_id, {}).get(_device(end))
+            if near is not None and near in gpus:
+                out[(node_id, rail.index)] = near
+            elif gpus:
                 out[(node_id, rail.index)] = gpus[position % len(gpus)]
     return out
+
+
+def _device(end: str) -> str:
+    """A rail's end, "mlx5_0:1", → its HCA, "mlx5_0"."""
+    return end.rpartition(":")[0] if ":" in end else end
 
 
 def _rates(node: Any) -> dict[str, float | Capacity]:

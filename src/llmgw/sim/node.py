@@ -38,7 +38,7 @@ from llmgw.sim.identity import (
     port_lid,
     sysfs_guid,
 )
-from llmgw.sim.node_faults import SIM_CUDA_VERSION, SIM_VBIOS, hw_counter_files
+from llmgw.sim.node_faults import SIM_CUDA_VERSION, SIM_VBIOS, hw_counter_files, nvswitch_tree
 from llmgw.sim.pcie import pcie_files
 
 SM_LID = 1
@@ -362,6 +362,10 @@ def plan_node(spec: NodeSpec) -> NodePlan:
     # A real /sys has no such file: it tells the agent these adapters pin no memory (memlock).
     files[f"sys/{SIM_MARKER}"] = f"{spec.node_id}\n"
     files["sys/module/nvidia_peermem/initstate"] = "live\n"  # GPUDirect RDMA, as a DGX loads it
+    if spec.nvlink.startswith("nv"):  # nv<N>: an NVSwitch baseboard, its fabric manager running
+        switch_files, switch_links = nvswitch_tree()
+        files.update(switch_files)
+        links.update(switch_links)
     plan.gpu_file = SimGpuFile(
         node_id=spec.node_id,
         driver_version=SIM_DRIVER_VERSION, cuda_version=SIM_CUDA_VERSION,

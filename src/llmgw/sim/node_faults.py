@@ -1,5 +1,6 @@
-"""What a simulated node reports for doctor's version and hw_counters checks (issue 39), and the
-commands that change it under a running agent: `llmgw sim node set-versions` and `set-counter`.
+"""What a simulated node reports for doctor's version, hw_counters and fabric-manager checks (issue
+39), and the commands that change it under a running agent: `llmgw sim node set-versions`,
+`set-counter` and `set-fabric-manager`.
 
 The hw_counters names are those of real mlx5 ports: an InfiniBand ConnectX (prometheus/procfs's
 fixture, tests/fixtures/real/sysfs/procfs-fixtures-hfi1-mlx4-mlx5.txt) and, on Ethernet, RoCE's
@@ -19,6 +20,7 @@ import os
 
 import msgspec
 
+from llmgw.agent import hostfacts
 from llmgw.agent.discovery import SimGpuFile
 from llmgw.errors import UsageError
 from llmgw.fsutil import atomic_write
@@ -118,3 +120,64 @@ def _read(path: str) -> str:
             return fh.read().strip()
     except OSError:
         return ""
+
+
+# ---- NVSwitch boards: the switches on the PCI bus and the fabric manager's process ---------------
+
+# An HGX H100 8-GPU baseboard carries four third-generation NVSwitches (NVIDIA's Fabric Manager
+# user guide, "NVSwitch-Based Systems"); `lspci -Dnn` on one lists them as "0000:07:00.0 Bridge
+# [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3]" through 0000:0a:00.0. The sysfs
+# files print as the kernel's pci-sysfs.c does: vendor/device "0x%04x", class "0x%06x".
+NVSWITCH_BUSES = (0x07, 0x08, 0x09, 0x0A)
+NVSWITCH_DEVICE = "0x22a3"
+# The process the nvidia-fabricmanager service runs (its unit's ExecStart), as /proc shows it:
+# comm cut to 15 characters, cmdline NUL-separated. The pid is the one in a real `systemctl
+# status nvidia-fabricmanager` ("Main PID: 2939 (nv-fabricmanager)").
+FABRIC_MANAGER_PID = 2939
+FABRIC_MANAGER_CMDLINE = "/usr/bin/nv-fabricmanager\0-c\0/usr/share/nvidia/nvswitch/fabricmanager.cfg\0"
+
+
+def nvswitch_tree() -> tuple[dict[str, str], dict[str, str]]:
+    """(files, symlinks) under the node's sys/: the NVSwitch PCI functions, and the fabric
+    manager's /proc entry (sys/proc/, where agent/hostfacts.py looks on a simulated node)."""
+    files: dict[str, str] = {}
+    links: dict[str, str] = {}
+    for bus in NVSWITCH_BUSES:
+        pci = f"0000:{bus:02x}:00.0"
+        base = f"sys/devices/pci0000:00/{pci}"
+        files.update({f"{base}/vendor": hostfacts.NVIDIA_VENDOR + "\n", f"{base}/device": NVSWITCH_DEVICE + "\n",
+                      f"{base}/class": hostfacts.BRIDGE_OTHER_CLASS + "\n"})
+        links[f"sys/bus/pci/devices/{pci}"] = f"../../../devices/pci0000:00/{pci}"
+    init = f"sys/{hostfacts.SIM_PROC}/1"  # every /proc has PID 1 (the agent takes its absence for hidepid)
+    files[f"{init}/comm"], files[f"{init}/cmdline"] = "systemd\n", "/sbin/init\0"
+    proc = f"sys/{hostfacts.SIM_PROC}/{FABRIC_MANAGER_PID}"
+    files[f"{proc}/comm"] = hostfacts.FABRIC_MANAGER[:hostfacts.COMM_LEN] + "\n"
+    files[f"{proc}/cmdline"] = FABRIC_MANAGER_CMDLINE
+    return files, links
+
+
+def set_fabric_manager(directory: str, running: bool) -> str:
+    """Start or stop the simulated node's fabric manager (its /proc entry comes or goes); the
+    running agent reports it on its next heartbeat. Returns what the node runs now."""
+    root = _root(directory)
+    sysfs = os.path.join(root, "sys")
+    if not hostfacts.nvswitch_count(sysfs):
+        raise UsageError(f"the simulated node in {directory} has no NVSwitches (it was made with --nvlink "
+                         "'none' or 'pairs-nv<N>'): there is no fabric manager to start or stop")
+    files, _links = nvswitch_tree()
+    proc = os.path.join(sysfs, hostfacts.SIM_PROC, str(FABRIC_MANAGER_PID))
+    if running:
+        for rel, text in files.items():
+            if rel.startswith(f"sys/{hostfacts.SIM_PROC}/{FABRIC_MANAGER_PID}/"):
+                _write(os.path.join(root, rel), text)
+        return "nv-fabricmanager running"
+    for name in ("comm", "cmdline"):
+        try:
+            os.unlink(os.path.join(proc, name))
+        except FileNotFoundError:
+            pass
+    try:
+        os.rmdir(proc)
+    except OSError:
+        pass
+    return "nv-fabricmanager stopped"

@@ -73,6 +73,10 @@ class Port(_Base):
     pcie_width: int = 0
     pcie_max_speed_gts: float = 0.0
     pcie_max_width: int = 0
+    # GPU index → how the HCA reaches it on the PCIe tree, in `nvidia-smi topo -m`'s words (PIX,
+    # PXB, PHB, NODE, SYS; agent/gpu_affinity.py): `fabric-test --gpudirect` uses the nearest GPU.
+    # Empty from an agent before issue 39, or where sysfs cannot place the GPUs.
+    gpu_affinity: dict[int, str] = {}
 
 
 class Inventory(_Base):
@@ -299,6 +303,10 @@ class HostFacts(_Base):
     # offers dma-buf instead; None: not read (an older agent, or no NVIDIA driver to ask).
     gpu_rdma_modules: list[str] | None = None
     nvidia_open: bool | None = None
+    # NVSwitch boards (issue 39): NVSwitch PCI devices (NVIDIA, class 0x068000), and whether an
+    # nv-fabricmanager process runs (/proc); None: not read (an older agent, or no /sys, /proc).
+    nvswitches: int | None = None
+    fabric_manager: bool | None = None
 
 
 class Heartbeat(_Base, tag="Heartbeat", tag_field="type"):
