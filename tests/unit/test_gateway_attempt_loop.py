@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.server.gateway.attempt import ENDED, NEXT, AttemptLoop, IllegalStep, Phase
+from llmgw.server.gateway.attempt import AttemptLoop
 from llmgw.server.gateway.balance import Balancer
+from llmgw.server.gateway.phases import ENDED, NEXT, IllegalStep, Phase
 from llmgw.server.gateway.retry import RetryBudget
 
 ENDPOINTS = ("http://a:8000", "http://b:8000", "http://c:8000")

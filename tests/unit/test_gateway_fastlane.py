@@ -20,9 +20,10 @@ import trio.testing
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.catalog.units import Duration
 from llmgw.server.gateway import fastlane
-from llmgw.server.gateway.attempt import AttemptLoop, Phase
+from llmgw.server.gateway.attempt import AttemptLoop
 from llmgw.server.gateway.fastlane import GatewayLane
 from llmgw.server.gateway.metrics import GatewayMetrics
+from llmgw.server.gateway.phases import Phase
 from llmgw.server.gateway.proxy import Gateway
 from llmgw.server.metrics import ServerMetrics
 from llmgw.web import http1

@@ -93,6 +93,7 @@ PURE = [
     "llmgw.server.gateway.openai_api",
     "llmgw.server.gateway.retry",
     "llmgw.server.gateway.attempt",
+    "llmgw.server.gateway.phases",
     "llmgw.web.http1",
     "llmgw.web.assets",
     "llmgw.server.admin.traffic",

@@ -13,43 +13,19 @@ the client), the logging and the metrics it is told to.
                               └─fail─▶ FAILED
     any live phase ──gone──▶ GONE
 
-Time is a parameter; the balancer and the retry budget are the pure policies it consults.
+Time is a parameter; the balancer and the retry budget are the pure policies it consults. The
+phases and their table are llmgw.server.gateway.phases (this module is compiled with the fast lane,
+and mypyc builds no exception class).
 """
 
 from __future__ import annotations
 
-import enum
-
 from llmgw.server.gateway.balance import Balancer, Pick
+from llmgw.server.gateway.phases import ENDED, NEXT, IllegalStep, Phase
 from llmgw.server.gateway.retry import FailureKind, RetryBudget, should_retry
-
-
-class Phase(enum.Enum):
-    PICK = "pick"  # an endpoint is to be chosen
-    ATTEMPT = "attempt"  # the request is on its way to `pick`; no head yet
-    ANSWER = "answer"  # the engine's head came: its answer goes (or is going) to the client
-    UNAVAILABLE = "unavailable"  # no endpoint left to try: 503
-    FAILED = "failed"  # the engine's failure is the answer: `status` (502/504)
-    DONE = "done"  # answered
-    GONE = "gone"  # the client went away, or the request was cancelled
-
-
-NEXT: dict[Phase, frozenset[Phase]] = {
-    Phase.PICK: frozenset({Phase.ATTEMPT, Phase.UNAVAILABLE, Phase.GONE}),
-    Phase.ATTEMPT: frozenset({Phase.PICK, Phase.ANSWER, Phase.FAILED, Phase.GONE}),
-    Phase.ANSWER: frozenset({Phase.PICK, Phase.DONE, Phase.GONE}),
-    Phase.UNAVAILABLE: frozenset(),
-    Phase.FAILED: frozenset(),
-    Phase.DONE: frozenset(),
-    Phase.GONE: frozenset(),
-}
-ENDED = frozenset(phase for phase, onward in NEXT.items() if not onward)
 
 _FAILURES: dict[str, FailureKind] = {"connect": "connect", "reset": "reset", "timeout": "timeout"}
 
-
-class IllegalStep(RuntimeError):
-    """A driver asked for a step its phase does not allow: a bug in the driver."""
 
 
 class AttemptLoop:

@@ -25,8 +25,9 @@ import math
 import trio
 
 from llmgw.server.gateway.admission import Ticket
-from llmgw.server.gateway.attempt import AttemptLoop, Phase
+from llmgw.server.gateway.attempt import AttemptLoop
 from llmgw.server.gateway.inflight import AttemptGuard, Resumed
+from llmgw.server.gateway.phases import Phase
 from llmgw.server.gateway.proxy import Gateway, relay_headers, unauthorized
 from llmgw.server.gateway.reqbody import JSON_REFUSED, ROUTES, peek, request_id
 from llmgw.server.gateway.routes import Route

@@ -21,11 +21,12 @@ import trio
 from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
 from llmgw.server.gateway.admission import Ticket
 from llmgw.server.gateway.admission_gate import AdmissionRejected
-from llmgw.server.gateway.attempt import AttemptLoop, Phase
+from llmgw.server.gateway.attempt import AttemptLoop
 from llmgw.server.gateway.balance import Pick
 from llmgw.server.gateway.inflight import AttemptGuard, Resumed
 from llmgw.server.gateway.metrics import GatewayMetrics
 from llmgw.server.gateway.openai_api import is_models_path, models_answer, openai_error
+from llmgw.server.gateway.phases import Phase
 from llmgw.server.gateway.probes import EngineProbes
 from llmgw.server.gateway.reqbody import JSON_REFUSED, ROUTES, affinity_key, peek, request_id
 from llmgw.server.gateway.routes import Route, RouteTable, log_breaker
