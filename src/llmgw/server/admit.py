@@ -8,7 +8,8 @@ the stream with its reason and message (`StreamRefused`, counted as
 `llmgw_fleet_refused_total{reason=...}`), or registers the admitted Register.
 
 The checks, in the order they run (the first that fails refuses):
-  too_big      more GPUs, NVLink peers, ports, shards or fabrics than fleet.max_* allow (issue 9)
+  too_big      more GPUs, NVLink peers, ports, shards or fabrics than fleet.max_* allow (issue 9);
+               GPUs, ports and shards are counted before the message is decoded (`refuse_by_count`)
   bad_node_id  a node id that is no host-name-like word (1-253 of [A-Za-z0-9-_.], alnum first)
   identity     with tls.require_identity, a certificate whose name is not the node id
   address      an advertise_host that is no IP or host name, or (fleet.endpoint_host: peer)
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from llmgw.wire import messages as m
-from llmgw.wire.caps import Caps, register_problem
+from llmgw.wire.caps import Caps, register_census, register_problem
 from llmgw.wire.ids import quote, spec_problems
 
 
@@ -64,13 +65,28 @@ class Admitted:
     dropped: tuple[list[str], ...] = ()
 
 
+def refuse_by_count(payload: bytes, *, peer: str, rules: AdmitRules) -> Refusal | None:
+    """The too_big verdict on a node's first message, from a census of its GPUs, ports and shards
+    before it is decoded (wire/caps.py: a Register of 100,000 GPUs is never built); None: decode
+    it and ask `admit_register`."""
+    census = register_census(payload, rules.caps)
+    if census is None:
+        return None
+    node_id, too_big = census
+    return _too_big(peer, node_id, too_big)
+
+
+def _too_big(peer: str, node_id: str, too_big: str) -> Refusal:
+    return Refusal("too_big", too_big, "fleet stream from %s (node %s) refused: %s", (peer, quote(node_id), too_big),
+                   throttled=True)
+
+
 def admit_register(msg: m.Register, *, peer: str, identity: str | None, rules: AdmitRules) -> Admitted | Refusal:
     """The verdict on a node's first message. `peer`: the stream's `host:port`; `identity`: the
     common name of its client certificate (None without TLS)."""
     too_big = register_problem(msg, rules.caps)
     if too_big is not None:
-        return Refusal("too_big", too_big, "fleet stream from %s (node %s) refused: %s", (peer, quote(msg.node_id), too_big),
-                       throttled=True)
+        return _too_big(peer, msg.node_id, too_big)
     node_id = msg.node_id
     if not valid_node_id(node_id):
         return Refusal("bad_node_id", f"invalid node id {node_id!r}", "fleet stream from %s: invalid node id %r; closing",
