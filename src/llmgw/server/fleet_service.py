@@ -21,6 +21,7 @@ from llmgw.fleet.limits import (
 )
 from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
 from llmgw.fleet.outbox import Outbox
+from llmgw.server import heap
 from llmgw.server.admit import (
     AdmitRules,
     Refusal,
@@ -182,10 +183,11 @@ class FleetService:
         except ChannelClosed as exc:
             log.warning("fleet stream from %s closed before Register: %s", peer, exc.reason)
             return
+        size = len(payload)
         counted = refuse_by_count(payload, peer=peer, rules=self.rules)
         if counted is not None:  # over the GPU, port or shard caps: refused from a census, never built
             del payload
-            self._refuse_register(peer, counted)
+            self._refuse_register(peer, counted, size)
         try:
             first = m.decode_agent_message(payload)
         except m.MessageError as exc:
@@ -201,7 +203,7 @@ class FleetService:
             # What the peer sent goes before the refusal's bookkeeping is made (wire/caps.py, the
             # census, says why: nothing lasting may be allocated among a big message's objects).
             del first, payload
-            self._refuse_register(peer, verdict)
+            self._refuse_register(peer, verdict, size)
         self.metrics.count_message("Register")
         node_id, host = first.node_id, verdict.endpoint_host
         for problems in verdict.dropped:  # shard reports with bad ids: left out, the node is fine
@@ -273,7 +275,8 @@ class FleetService:
         if session.outbox.overflow.is_set():
             raise StreamRefused("slow_consumer", session.outbox.reason)
 
-    def _refuse_register(self, peer: str, verdict: Refusal) -> NoReturn:
+    def _refuse_register(self, peer: str, verdict: Refusal, size: int) -> NoReturn:
+        heap.give_back(size)  # a big refused Register's buffers, freed: back to the OS (server/heap.py)
         self.metrics.count_message("Register")
         if verdict.throttled:
             self.refusals.warning(self.clock(), verdict.reason, peer_host(peer), verdict.log_fmt, *verdict.log_args)
