@@ -86,6 +86,16 @@ def test_a_node_id_that_is_no_host_name_word_is_bad_node_id(node_id: str) -> Non
     assert r.log_fmt % r.log_args == f"fleet stream from {PEER}: invalid node id {node_id!r}; closing"
 
 
+def test_a_peer_value_is_repeated_at_most_300_characters_long() -> None:
+    """A 3.4 MB node id or advertise_host was repeated whole in the answer and the log line (issue 41)."""
+    for msg in (register("x" * 3_400_000), register(advertise_host="x" * 3_400_000),
+                register("x\n" * 1_700_000, inventory=m.Inventory(gpus=[m.Gpu(index=i) for i in range(300)]))):
+        r = refused(msg)
+        line = r.log_fmt % r.log_args
+        assert "… (3,400,000 characters)" in r.message + line and len(r.message) < 600 and len(line) < 900, line[:2000]
+        assert "\n" not in line
+
+
 def test_a_certificate_for_another_node_is_identity_when_required() -> None:
     rules = AdmitRules(require_identity=True)
     r = refused(register("gpu-01"), identity="gpu-02", rules=rules)
