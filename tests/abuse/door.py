@@ -218,3 +218,11 @@ def metric(server_url: str, name: str, labels: str = "") -> float:
         if line.startswith(prefix + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (VmRSS in /proc/PID/status), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise LookupError(f"no VmRSS for process {pid}")

@@ -326,6 +326,56 @@ async def test_a_register_with_100000_gpus_is_refused(tmp_path: Path, procs: lis
     report("Register with 100,000 GPUs", f"refused: {liar.closed}", served)
 
 
+async def test_refused_big_registers_give_their_memory_back(tmp_path: Path, procs: list[Proc]) -> None:
+    """A refused 3.76 MB Register kept ~45 MB of the server's RSS (issue 41): the exception held the
+    decoded Register in a cycle; refused in a row, the 400,000 objects of each pinned pymalloc arenas
+    and glibc kept their buffers; a 3.4 MB advertise_host was repeated whole in the answer and the
+    log. Ten of the first and five of the second in a row, over real mutual TLS, now leave the server
+    where it was, and the last ten add nothing the first five did not (RSS growing per attempt is
+    the DoS)."""
+    from llmgw import __version__
+    from llmgw.wire import messages as m
+    from tests.abuse.door import metric, rss_mb
+
+    certs = make_ca(tmp_path / "ca")
+    server = Server(tmp_path, BIG_MESSAGES + certs.server_tls_yaml(), insecure=False)
+    procs.append(await trio.to_thread.run_sync(server.start))
+    pid = server.proc.pid
+    big = m.Register(node_id="liar-01", version=__version__, features=[m.FEATURE_START],
+                     inventory=m.Inventory(gpus=[m.Gpu(index=i, memory_mib=81559) for i in range(100_000)]))
+    wordy = m.Register(node_id="liar-02", version=__version__, advertise_host="x" * 3_400_000)
+    size = len(m.encode(big))
+    assert 3_000_000 < size < 4 << 20, size  # within fleet.max_message: read whole, then refused
+    # The baseline is a server that has served a stream (TLS, HTTP/2, a Register) once.
+    stop = trio.Event()
+    good = Agent(server.fleet_url, certs, "good-01")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(good.run, stop)
+        await wait_until_async(lambda: server.nodes().get("good-01", {}).get("state") == "ready", "good-01 ready",
+                               procs=[server.proc])
+        stop.set()
+    baseline = rss_mb(pid)
+    after: list[float] = []
+    for register, said in [(big, "100,000 GPUs (fleet.max_gpus is 256)")] * 10 + [(wordy, "… (3,400,000 characters)")] * 5:
+        liar = Agent(server.fleet_url, certs, register.node_id, register)
+        with trio.fail_after(30):
+            await liar.run(trio.Event())
+        assert liar.closed is not None and said in liar.closed and len(liar.closed) < 1000, (liar.closed or "")[:2000]
+        after.append(rss_mb(pid))
+    assert metric(server.url, "llmgw_fleet_refused_total", 'reason="too_big"') == 10
+    assert metric(server.url, "llmgw_fleet_refused_total", 'reason="address"') == 5
+    assert len(server.proc.log()) < 200_000  # the advertise_host was logged whole: 51 MB for 15
+    bound = 12.0  # MB over the baseline; unfixed: +26 MB after the first refusal, +37 after six, +5 per wordy one
+    settled = await wait_until_async(lambda: (lambda r: r if r - baseline < bound else None)(rss_mb(pid)),
+                                     f"the server's RSS back within {bound:g} MB of its {baseline:.1f} MB "
+                                     f"(MB after each refusal: {', '.join(f'{r:.1f}' for r in after)})",
+                                     deadline=10, procs=[server.proc])
+    assert after[-1] - after[4] < 4.0, after  # unfixed: ~1 MB more per refusal, every refusal
+    report("ten refused 3.5 MB Registers (100,000 GPUs), then five with a 3.4 MB advertise_host, in a row",
+           f"server RSS {baseline:.1f} MB before, {after[0]:.1f} after the first, {after[9]:.1f} after the tenth, "
+           f"{settled:.1f} after the fifteenth (bound +{bound:g} MB)", f"{size:,} bytes each")
+
+
 async def test_a_heartbeat_flood_is_cut_off(tmp_path: Path, procs: list[Proc]) -> None:
     """One node heartbeating 6,169 times a second took 60 % of a core."""
     from llmgw import __version__

@@ -14,6 +14,7 @@ from llmgw.server.admit import (
     admit_register,
     decide_endpoint_host,
     peer_host,
+    refuse_by_count,
 )
 from llmgw.wire import messages as m
 from llmgw.wire.caps import Caps
@@ -54,6 +55,24 @@ def test_over_the_caps_is_too_big_and_its_line_is_throttled() -> None:
     assert "3 ports (fleet.max_ports is 2)" in refused(ports, rules=AdmitRules(caps=Caps(ports=2))).message
 
 
+def test_the_census_refuses_over_the_counted_caps_as_admit_register_would_without_decoding() -> None:
+    """A Register over the GPU, port or shard caps is refused from its bytes, before its entries
+    are built (issue 41: 100,000 decoded GPUs kept the server's memory), with the same verdict."""
+    rules = AdmitRules(caps=Caps(gpus=4, ports=2, shards=2))
+    for msg in (
+        register(inventory=m.Inventory(gpus=[m.Gpu(index=i, nvlink={1: 2}) for i in range(5)])),
+        register(inventory=m.Inventory(ports=[m.Port(device="mlx5_0", port=i) for i in range(3)])),
+        register("bad\nid", shards=[m.ShardReport(spec=spec(f"s-{i}.1")) for i in range(3)],
+                 inventory=m.Inventory(gpus=[m.Gpu(index=i) for i in range(9)])),
+    ):
+        assert refuse_by_count(m.encode(msg), peer=PEER, rules=rules) == refused(msg, rules=rules)
+    # Within those caps, not a Register, or not even JSON of that shape: the full decode judges.
+    nvlink = register(inventory=m.Inventory(gpus=[m.Gpu(index=0, nvlink={i: 1 for i in range(5)})]))
+    assert "NVLink peers" in refused(nvlink, rules=rules).message
+    for payload in (m.encode(nvlink), m.encode(m.Heartbeat(seq=1)), b"{", b'{"type": "Register", "inventory": {"gpus": [1]}}'):
+        assert refuse_by_count(payload, peer=PEER, rules=rules) is None
+
+
 def test_the_size_check_comes_first_and_quotes_an_id_not_yet_checked() -> None:
     r = refused(register("bad\nid", inventory=m.Inventory(gpus=[m.Gpu(index=i) for i in range(3)])),
                 rules=AdmitRules(caps=Caps(gpus=2), require_identity=True))
@@ -65,6 +84,16 @@ def test_a_node_id_that_is_no_host_name_word_is_bad_node_id(node_id: str) -> Non
     r = refused(register(node_id))
     assert (r.reason, r.message, r.throttled) == ("bad_node_id", f"invalid node id {node_id!r}", False)
     assert r.log_fmt % r.log_args == f"fleet stream from {PEER}: invalid node id {node_id!r}; closing"
+
+
+def test_a_peer_value_is_repeated_at_most_300_characters_long() -> None:
+    """A 3.4 MB node id or advertise_host was repeated whole in the answer and the log line (issue 41)."""
+    for msg in (register("x" * 3_400_000), register(advertise_host="x" * 3_400_000),
+                register("x\n" * 1_700_000, inventory=m.Inventory(gpus=[m.Gpu(index=i) for i in range(300)]))):
+        r = refused(msg)
+        line = r.log_fmt % r.log_args
+        assert "… (3,400,000 characters)" in r.message + line and len(r.message) < 600 and len(line) < 900, line[:2000]
+        assert "\n" not in line
 
 
 def test_a_certificate_for_another_node_is_identity_when_required() -> None:

@@ -8,7 +8,8 @@ the stream with its reason and message (`StreamRefused`, counted as
 `llmgw_fleet_refused_total{reason=...}`), or registers the admitted Register.
 
 The checks, in the order they run (the first that fails refuses):
-  too_big      more GPUs, NVLink peers, ports, shards or fabrics than fleet.max_* allow (issue 9)
+  too_big      more GPUs, NVLink peers, ports, shards or fabrics than fleet.max_* allow (issue 9);
+               GPUs, ports and shards are counted before the message is decoded (`refuse_by_count`)
   bad_node_id  a node id that is no host-name-like word (1-253 of [A-Za-z0-9-_.], alnum first)
   identity     with tls.require_identity, a certificate whose name is not the node id
   address      an advertise_host that is no IP or host name, or (fleet.endpoint_host: peer)
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from llmgw.wire import messages as m
-from llmgw.wire.caps import Caps, register_problem
+from llmgw.wire.caps import Caps, register_census, register_problem
 from llmgw.wire.ids import quote, spec_problems
 
 
@@ -64,17 +65,32 @@ class Admitted:
     dropped: tuple[list[str], ...] = ()
 
 
+def refuse_by_count(payload: bytes, *, peer: str, rules: AdmitRules) -> Refusal | None:
+    """The too_big verdict on a node's first message, from a census of its GPUs, ports and shards
+    before it is decoded (wire/caps.py: a Register of 100,000 GPUs is never built); None: decode
+    it and ask `admit_register`."""
+    census = register_census(payload, rules.caps)
+    if census is None:
+        return None
+    node_id, too_big = census
+    return _too_big(peer, node_id, too_big)
+
+
+def _too_big(peer: str, node_id: str, too_big: str) -> Refusal:
+    return Refusal("too_big", too_big, "fleet stream from %s (node %s) refused: %s", (peer, shown(node_id), too_big),
+                   throttled=True)
+
+
 def admit_register(msg: m.Register, *, peer: str, identity: str | None, rules: AdmitRules) -> Admitted | Refusal:
     """The verdict on a node's first message. `peer`: the stream's `host:port`; `identity`: the
     common name of its client certificate (None without TLS)."""
     too_big = register_problem(msg, rules.caps)
     if too_big is not None:
-        return Refusal("too_big", too_big, "fleet stream from %s (node %s) refused: %s", (peer, quote(msg.node_id), too_big),
-                       throttled=True)
+        return _too_big(peer, msg.node_id, too_big)
     node_id = msg.node_id
     if not valid_node_id(node_id):
-        return Refusal("bad_node_id", f"invalid node id {node_id!r}", "fleet stream from %s: invalid node id %r; closing",
-                       (peer, node_id))
+        return Refusal("bad_node_id", f"invalid node id {shown(node_id)}", "fleet stream from %s: invalid node id %s; closing",
+                       (peer, shown(node_id)))
     if rules.require_identity and identity != node_id:
         return Refusal("identity", f"client certificate is for {identity!r} but the agent registered as {node_id!r}",
                        "fleet stream from %s refused: certificate common name %r does not match node id %r",
@@ -99,6 +115,18 @@ def split_reports(reports: list[m.ShardReport]) -> tuple[list[m.ShardReport], li
     return good, dropped
 
 
+SHOWN = 300  # characters of a peer's unchecked value a refusal repeats (a node id is at most 253)
+
+
+def shown(value: str) -> str:
+    """A value the peer sent, not yet checked, for a refusal's message and log line: quoted and
+    cut at SHOWN characters. A 3.4 MB advertise_host was repeated whole, in the agent's answer and
+    a log line each time (51 MB of log for 15 refusals, and 5 MB of RSS each, issue 41)."""
+    if len(value) <= SHOWN:
+        return quote(value)
+    return f"{quote(value[:SHOWN])}… ({len(value):,} characters)"
+
+
 def peer_host(peer: str) -> str:
     """The address part of a `host:port` peer name (IPv6 without its brackets)."""
     host, sep, _ = peer.rpartition(":")
@@ -114,7 +142,7 @@ def decide_endpoint_host(mode: str, advertised: str, peer_host: str) -> tuple[st
     """
     advertised = advertised.strip()
     if advertised and not _valid_host(advertised):
-        return "", f"advertise_host {quote(advertised)} is not an IP address or host name"
+        return "", f"advertise_host {shown(advertised)} is not an IP address or host name"
     if mode == "peer":
         if advertised and advertised != peer_host:
             return "", (f"the node advertises {advertised} for its engines but connects from {peer_host}, and "

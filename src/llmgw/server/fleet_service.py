@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import msgspec
 import trio
@@ -21,7 +21,15 @@ from llmgw.fleet.limits import (
 )
 from llmgw.fleet.outbox import CAPACITY as OUTBOX_CAPACITY
 from llmgw.fleet.outbox import Outbox
-from llmgw.server.admit import AdmitRules, Refusal, admit_register, peer_host, split_reports
+from llmgw.server import heap
+from llmgw.server.admit import (
+    AdmitRules,
+    Refusal,
+    admit_register,
+    peer_host,
+    refuse_by_count,
+    split_reports,
+)
 from llmgw.server.links import FleetLinks
 from llmgw.server.logs import LogHub
 from llmgw.server.metrics import ServerMetrics
@@ -175,6 +183,11 @@ class FleetService:
         except ChannelClosed as exc:
             log.warning("fleet stream from %s closed before Register: %s", peer, exc.reason)
             return
+        size = len(payload)
+        counted = refuse_by_count(payload, peer=peer, rules=self.rules)
+        if counted is not None:  # over the GPU, port or shard caps: refused from a census, never built
+            del payload
+            self._refuse_register(peer, counted, size)
         try:
             first = m.decode_agent_message(payload)
         except m.MessageError as exc:
@@ -184,15 +197,14 @@ class FleetService:
             kind = m.message_type(first)
             log.warning("fleet stream from %s: first message was %s, not Register; closing", peer, kind)
             raise StreamRefused("protocol", f"the first message must be Register, got {kind}")
-        self.metrics.count_message("Register")
         identity = channel.tls_identity
         verdict = admit_register(first, peer=peer, identity=identity, rules=self.rules)
         if isinstance(verdict, Refusal):
-            if verdict.throttled:
-                self.refusals.warning(self.clock(), verdict.reason, peer_host(peer), verdict.log_fmt, *verdict.log_args)
-            else:
-                log.warning(verdict.log_fmt, *verdict.log_args)
-            raise StreamRefused(verdict.reason, verdict.message)
+            # What the peer sent goes before the refusal's bookkeeping is made (wire/caps.py, the
+            # census, says why: nothing lasting may be allocated among a big message's objects).
+            del first, payload
+            self._refuse_register(peer, verdict, size)
+        self.metrics.count_message("Register")
         node_id, host = first.node_id, verdict.endpoint_host
         for problems in verdict.dropped:  # shard reports with bad ids: left out, the node is fine
             self._refuse_ids(node_id, "Register", problems)
@@ -262,6 +274,15 @@ class FleetService:
             raise StreamRefused("replaced", f"replaced by a newer stream for {node_id} from {session.replaced_by}")
         if session.outbox.overflow.is_set():
             raise StreamRefused("slow_consumer", session.outbox.reason)
+
+    def _refuse_register(self, peer: str, verdict: Refusal, size: int) -> NoReturn:
+        heap.give_back(size)  # a big refused Register's buffers, freed: back to the OS (server/heap.py)
+        self.metrics.count_message("Register")
+        if verdict.throttled:
+            self.refusals.warning(self.clock(), verdict.reason, peer_host(peer), verdict.log_fmt, *verdict.log_args)
+        else:
+            log.warning(verdict.log_fmt, *verdict.log_args)
+        raise StreamRefused(verdict.reason, verdict.message)
 
     def _heartbeat_allowed(self, session: Session, msg: m.Heartbeat, now: float) -> bool:
         """Over-sized heartbeats end the stream; over-frequent ones are dropped and counted,
