@@ -45,7 +45,7 @@ async def test_garbage_oversized_and_half_open_close_only_their_connection(tmp_p
 
         # 2. An envelope that declares more than max_message (256 KiB) on a valid stream.
         async with dial(server.fleet_url, ssl_context=None, insecure=True, max_message=1 << 20) as ch:
-            await ch._send_bytes(struct.pack(">BI", 0, 50 * 1024 * 1024) + b"{" * 100)
+            await ch.send_raw(struct.pack(">BI", 0, 50 * 1024 * 1024) + b"{" * 100)
             with trio.fail_after(10):
                 try:
                     while True:

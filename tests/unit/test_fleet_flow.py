@@ -212,7 +212,7 @@ async def test_oversized_envelope_on_the_wire_closes_the_connection_and_the_serv
     fleet = FleetService(NodeRegistry(1.0), ServerMetrics(lambda: {}), register_timeout=DEADLINE, require_identity=False)
     async with fleet_port(fleet.handle) as (_, url), dial(url, ssl_context=None, insecure=True, max_message=MAX) as client:
         # Past the sender's own check, as a buggy or hostile agent would.
-        await client._send_bytes(encode_envelope(message(2, MAX + 1)))
+        await client.send_raw(encode_envelope(message(2, MAX + 1)))
         with trio.fail_after(DEADLINE), pytest.raises(ChannelClosed) as info:
             await client.receive()
     assert info.value.error
@@ -235,7 +235,7 @@ async def test_oversized_envelope_from_the_server_closes_the_agents_stream_and_t
         register = m.decode_agent_message(await channel.receive())
         assert isinstance(register, m.Register)
         await channel.send(m.encode(m.Welcome(server_version=__version__, heartbeat_interval=60)))
-        await channel._send_bytes(encode_envelope(b"{" * (MAX + 1)))
+        await channel.send_raw(encode_envelope(b"{" * (MAX + 1)))
         try:
             while True:
                 await channel.receive()

@@ -108,7 +108,8 @@ async def dial(
                 raise DialError(f"{host}:{port} closed the connection: {exc.reason}") from None
             status = conn.response_headers.get(":status", "")
             if status != "200":
-                raise DialError(f"{host}:{port} answered HTTP {status} to the Connect request; is this an llmgw fleet port?")
+                raise DialError(
+                    f"{host}:{port} answered HTTP {status} to the Connect request; is this an llmgw fleet port?")
             try:
                 yield channel
             finally:

@@ -151,10 +151,12 @@ class FleetChannel:
     async def send(self, payload: bytes) -> None:
         """Send one message; waits for flow-control window, never buffers without bound."""
         if len(payload) > self._conn.max_message:
-            raise ValueError(f"message of {len(payload)} bytes exceeds the limit of {self._conn.max_message} (max_message)")
-        await self._send_bytes(encode_envelope(payload))
+            raise ValueError(
+                f"message of {len(payload)} bytes exceeds the limit of {self._conn.max_message} (max_message)")
+        await self.send_raw(encode_envelope(payload))
 
-    async def _send_bytes(self, data: bytes, end_stream: bool = False) -> None:
+    async def send_raw(self, data: bytes, end_stream: bool = False) -> None:
+        """Bytes as they are, no envelope (a refusal's plain text), under flow control."""
         h2c = self._conn.h2
         async with self._send_lock:
             view = memoryview(data)
@@ -300,7 +302,8 @@ class H2Connection:
         target = self._queued
         while self._written < target and not self._writer_done:
             await self._wrote_event.wait()
-        if self._writer_done and self._outbuf and not (self._writer_sending or self._writer_broken or self._late_sending):
+        idle = not (self._writer_sending or self._writer_broken or self._late_sending)
+        if self._writer_done and self._outbuf and idle:
             # The writer is gone but left the byte stream whole: it was cancelled while idle
             # (the agent stopping). Nothing else writes now; say goodbye from here.
             data = bytes(self._outbuf)
@@ -485,9 +488,9 @@ class H2Connection:
         with trio.move_on_after(2):
             try:
                 if not self.client_side:
-                    await channel._send_bytes(encode_envelope(payload, FLAG_END_STREAM), end_stream=True)
+                    await channel.send_raw(encode_envelope(payload, FLAG_END_STREAM), end_stream=True)
                 else:
-                    await channel._send_bytes(b"", end_stream=True)
+                    await channel.send_raw(b"", end_stream=True)
             except ChannelClosed:
                 pass
 
@@ -511,6 +514,7 @@ def _text_headers(headers: Iterable[tuple[bytes | str, bytes | str]] | None) -> 
     """Headers as text. The connection decodes them (header_encoding="utf-8"), so they arrive as
     str; h2's types allow bytes too, which are decoded here the same way."""
     return {
-        (k if isinstance(k, str) else k.decode("utf-8", "replace")): (v if isinstance(v, str) else v.decode("utf-8", "replace"))
+        (k if isinstance(k, str) else k.decode("utf-8", "replace")):
+            (v if isinstance(v, str) else v.decode("utf-8", "replace"))
         for k, v in headers or ()
     }

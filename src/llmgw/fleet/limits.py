@@ -23,8 +23,8 @@ from llmgw.wire.caps import (
     register_problem,
 )
 
-__all__ = ["MAX_PORT_COUNTERS", "Caps", "HeartbeatRate", "RefusalLog", "Verdict", "fabrics_problem", "heartbeat_problem",
-           "register_problem"]
+__all__ = ["MAX_PORT_COUNTERS", "Caps", "HeartbeatRate", "RefusalLog", "Verdict", "fabrics_problem",
+           "heartbeat_problem", "register_problem"]
 
 
 class Verdict(msgspec.Struct, frozen=True):

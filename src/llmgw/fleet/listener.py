@@ -103,7 +103,8 @@ class FleetListener:
 
     def _refuse(self, peer: str, reason: str, detail: str) -> None:
         host = peer.rsplit(":", 1)[0]
-        self.refusal_log.warning(trio.current_time(), reason, host, "fleet connection from %s refused: %s", peer, detail)
+        self.refusal_log.warning(trio.current_time(), reason, host, "fleet connection from %s refused: %s",
+                                 peer, detail)
         self.on_refused(reason)
 
     async def _serve_one(self, tcp: trio.SocketStream) -> None:
@@ -170,7 +171,8 @@ class FleetListener:
                 with trio.fail_after(self.handshake_timeout):
                     channel, headers = await conn.accept()
             except trio.TooSlowError:
-                self._refuse(peer, "timeout", f"no Connect request within {self.handshake_timeout:g}s (half-open connection?)")
+                self._refuse(peer, "timeout",
+                             f"no Connect request within {self.handshake_timeout:g}s (half-open connection?)")
                 conn.fail("no request in time", h2.errors.ErrorCodes.CANCEL)
                 with trio.move_on_after(2):  # a peer that reads nothing must not hold us here
                     await conn.flushed()
@@ -193,7 +195,7 @@ class FleetListener:
                 self._refuse(peer, "bad_request", detail)
                 try:
                     conn.respond(channel, status, [("content-type", "text/plain")], end=False)
-                    await channel._send_bytes(detail.encode() + b"\n", end_stream=True)
+                    await channel.send_raw(detail.encode() + b"\n", end_stream=True)
                 except (ChannelClosed, h2.exceptions.H2Error):
                     pass  # the peer is already gone; it was refused either way
                 await conn.goaway(detail)

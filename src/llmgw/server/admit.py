@@ -89,8 +89,8 @@ def admit_register(msg: m.Register, *, peer: str, identity: str | None, rules: A
         return _too_big(peer, msg.node_id, too_big)
     node_id = msg.node_id
     if not valid_node_id(node_id):
-        return Refusal("bad_node_id", f"invalid node id {shown(node_id)}", "fleet stream from %s: invalid node id %s; closing",
-                       (peer, shown(node_id)))
+        return Refusal("bad_node_id", f"invalid node id {shown(node_id)}",
+                       "fleet stream from %s: invalid node id %s; closing", (peer, shown(node_id)))
     if rules.require_identity and identity != node_id:
         return Refusal("identity", f"client certificate is for {identity!r} but the agent registered as {node_id!r}",
                        "fleet stream from %s refused: certificate common name %r does not match node id %r",
@@ -159,7 +159,8 @@ def _valid_host(host: str) -> bool:
         pass
     labels = host.rstrip(".").split(".")
     return len(host) <= 253 and all(
-        0 < len(label) <= 63 and label[0].isalnum() and label[-1].isalnum() and all(c.isascii() and (c.isalnum() or c == "-") for c in label)
+        0 < len(label) <= 63 and label[0].isalnum() and label[-1].isalnum()
+        and all(c.isascii() and (c.isalnum() or c == "-") for c in label)
         for label in labels
     )
 

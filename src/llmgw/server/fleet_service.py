@@ -191,7 +191,8 @@ class FleetService:
         try:
             first = m.decode_agent_message(payload)
         except m.MessageError as exc:
-            self.refusals.warning(self.clock(), "malformed", peer_host(peer), "fleet stream from %s: %s; closing", peer, exc)
+            self.refusals.warning(self.clock(), "malformed", peer_host(peer), "fleet stream from %s: %s; closing",
+                                  peer, exc)
             raise StreamRefused("malformed", str(exc)) from None
         if not isinstance(first, m.Register):
             kind = m.message_type(first)
@@ -302,8 +303,8 @@ class FleetService:
         if verdict.flood:
             detail = (f"heartbeats far over the limit of {limiter.rate:g}/s (fleet.max_heartbeat_rate): "
                       f"{limiter.dropped} in a row dropped")
-            self.refusals.warning(now, "heartbeat_rate", peer_host(session.channel.peer), "node %s: %s; closing the stream",
-                                  session.node_id, detail)
+            self.refusals.warning(now, "heartbeat_rate", peer_host(session.channel.peer),
+                                  "node %s: %s; closing the stream", session.node_id, detail)
             raise StreamRefused("heartbeat_rate", detail)
         self.refusals.warning(now, "heartbeat_dropped", peer_host(session.channel.peer),
                               "node %s: heartbeats over the limit of %g/s (fleet.max_heartbeat_rate) are dropped",
@@ -368,7 +369,8 @@ class FleetService:
                     before, after = change
                     left = [f"{s.name} ({'; '.join(s.problems)})" for s in msg.fabric_status if not s.usable]
                     log.warning("node %s: usable fabrics now %s (were %s)%s", node_id, ", ".join(after) or "none",
-                                ", ".join(before) or "none", f"; not usable: {printable(', '.join(left))}" if left else "")
+                                ", ".join(before) or "none",
+                                f"; not usable: {printable(', '.join(left))}" if left else "")
                     if self.observer is not None:
                         self.observer.fabrics_changed(node_id)  # placement and running replicas, now
                     self.changed.set()
@@ -395,7 +397,8 @@ class FleetService:
                         log.warning("node %s: over %d unknown message types seen; no longer logging new ones",
                                     node_id, MAX_UNKNOWN_LOGGED)
                     else:
-                        log.info("node %s sent a message of unknown type %r (newer agent?); skipping", node_id, msg.type)
+                        log.info("node %s sent a message of unknown type %r (newer agent?); skipping",
+                                 node_id, msg.type)
 
 
     def _bad_ids(self, node_id: str, msg: msgspec.Struct) -> bool:
