@@ -133,7 +133,8 @@ class Agent:
             # Start over small only after a stream that registered and then stayed up a while;
             # time spent dialing (a connect timeout against a dead server) is no sign of health.
             up_since = self._registered_at
-            if up_since is not None and trio.current_time() - up_since > 4 * self.heartbeat_interval + self.cfg.backoff.max:
+            if (up_since is not None
+                    and trio.current_time() - up_since > 4 * self.heartbeat_interval + self.cfg.backoff.max):
                 self.backoff.reset()
             delay = self.backoff.next()
             log.info("reconnecting in %.1fs", delay)

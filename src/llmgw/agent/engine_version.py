@@ -65,7 +65,8 @@ def probe(engine: str, argv: Sequence[str]) -> tuple[list[str], str, str]:
     """(command, the file it depends on, how it reads) for an engine's version; ([], "", "")
     for an engine that has no version to check."""
     if engine == "sim":
-        return [sys.executable, "-m", "llmgw", "sim", "engine", "--version"], sys.executable, "llmgw sim engine --version"
+        return ([sys.executable, "-m", "llmgw", "sim", "engine", "--version"], sys.executable,
+                "llmgw sim engine --version")
     if engine == "vllm":
         exe = shutil.which("vllm") or ""
         if not exe:

@@ -30,11 +30,11 @@ so the HCA reads and writes the GPU over PCIe peer to peer instead of host RAM. 
 NCCL takes, and it proves what a host-memory run cannot: that nvidia-peermem (or dma-buf) lets
 the HCA register GPU memory, and that the GPU and HCA share a PCIe switch (not the CPU's root
 complex, where peer traffic crawls or is blocked by ACS). A node without GPUs refuses it; a
-perftest built without CUDA answers ` Unsupported memory type`, said so in the error. On RoCE the agent passes `-x` with the RoCE v2 GID index that
-holds the port's IPv4-mapped address (sysfs gid_attrs/types, read by discovery: the same index
-launch_env.py gives NCCL as NCCL_IB_GID_INDEX); without one the run is refused with that reason,
-since GID 0 (RoCE v1 link-local) does not route. A run past its timeout, or cancelled, is killed
-with its process group (fabric_tools.run_tool).
+perftest built without CUDA answers ` Unsupported memory type`, said so in the error. On RoCE the
+agent passes `-x` with the RoCE v2 GID index that holds the port's IPv4-mapped address (sysfs
+gid_attrs/types, read by discovery: the same index launch_env.py gives NCCL as NCCL_IB_GID_INDEX);
+without one the run is refused with that reason, since GID 0 (RoCE v1 link-local) does not route. A
+run past its timeout, or cancelled, is killed with its process group (fabric_tools.run_tool).
 
 `ib_write_bw` is looked for in `discovery.tools_dir`, then PATH. Missing, and `fabric_test.install`
 on, the first test installs perftest with the package manager /etc/os-release names (apt-get on
@@ -202,7 +202,8 @@ class FabricTester:
                          TOOL, tools_dir, PACKAGE, os.path.basename(self.installer[0]))
             else:
                 log.info("%s not found (discovery.tools_dir %r, then PATH) and no way to install %s here "
-                         "(fabric_test.install, apt-get or dnf): this node cannot run fabric tests", TOOL, tools_dir, PACKAGE)
+                         "(fabric_test.install, apt-get or dnf): this node cannot run fabric tests",
+                         TOOL, tools_dir, PACKAGE)
 
     @property
     def features(self) -> list[str]:
@@ -298,7 +299,8 @@ class FabricTester:
                       f"({', '.join(map(str, taken))}): each was taken before it bound")
 
     async def _serve(self, req: m.FabricTest, send: Callable[[msgspec.Struct], None], done: m.FabricTestResult,
-                     tcp_port: int, gid: int, limit: float) -> tuple[tuple[bytes, bytes, int | None, bool, bool] | None, bool]:
+                     tcp_port: int, gid: int,
+                     limit: float) -> tuple[tuple[bytes, bytes, int | None, bool, bool] | None, bool]:
         """One server-side run on `tcp_port`: (what run_tool returned, or None if it was killed
         before it listened; whether "ready" was sent)."""
         argv = self._argv(req, tcp_port, gid)
@@ -342,7 +344,8 @@ class FabricTester:
             return "a client run needs the server side's host and TCP port"
         if req.role == "client" and (req.server_host.startswith("-") or any(c.isspace() for c in req.server_host)):
             return f"server host {req.server_host!r} is not a host name or address"
-        if req.role == "client" and req.server_port not in TCP_PORTS:  # the server checks it too (railtest.client_target)
+        # the server checks it too (railtest.client_target)
+        if req.role == "client" and req.server_port not in TCP_PORTS:
             return f"server port {req.server_port} is outside {TCP_PORTS.start}-{TCP_PORTS.stop - 1}: not dialled"
         if not 1 <= req.size <= 1 << 30 or not 1 <= req.iterations <= 10_000_000:
             return "size and iterations out of range"
@@ -389,7 +392,8 @@ class FabricTester:
                 done.error += (f" ({TOOL} here was built without CUDA, as distribution perftest packages are: "
                                "GPUDirect needs perftest built with CUDA_H_PATH)")
 
-    async def _install(self, req: m.FabricTest, send: Callable[[msgspec.Struct], None], done: m.FabricTestResult) -> bool:
+    async def _install(self, req: m.FabricTest, send: Callable[[msgspec.Struct], None],
+                       done: m.FabricTestResult) -> bool:
         if not self.installer:
             done.error = f"{TOOL} is not installed on this node (install {PACKAGE}, or set fabric_test.install)"
             return False

@@ -128,7 +128,8 @@ class FabricTools:
         if len(data) > self.data_cap:
             result.truncated = True
             why = f": {self.cap_note}" if self.cap_note else ""
-            result.error = result.error or (f"{COMMANDS[req.tool]} printed {len(text):,} bytes ({len(data):,} compressed); "
+            result.error = result.error or (f"{COMMANDS[req.tool]} printed {len(text):,} bytes "
+                                            f"({len(data):,} compressed); "
                                             f"more than one message to the server carries ({self.data_cap:,}{why})")
             data = b""
         result.data = data

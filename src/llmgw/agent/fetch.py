@@ -331,7 +331,9 @@ def _download(client: httpx.Client, url: str, display: str, target: Path, sha256
     try:
         for hop in range(MAX_REDIRECTS + 1):
             # User info goes with a hop to the source's own origin only (as httpx and curl do).
-            auth = source_auth if hop and current.netloc == source_url.netloc and current.scheme == source_url.scheme else None
+            auth = (source_auth
+                    if hop and current.netloc == source_url.netloc and current.scheme == source_url.scheme
+                    else None)
             with client.stream("GET", current, headers=headers, follow_redirects=False,
                                auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT) as response:
                 location = response.headers.get("location")
@@ -463,7 +465,8 @@ def _receive(response: httpx.Response, url: str, display: str, target: Path, par
             os.close(fd)
     if digest is not None and digest.hexdigest() != sha256.lower():
         _discard(entry, partial, meta)
-        raise FetchError(Reason.CHECKSUM, f"{display}: sha256 is {digest.hexdigest()}, the profile says {sha256.lower()}; "
+        raise FetchError(Reason.CHECKSUM,
+                         f"{display}: sha256 is {digest.hexdigest()}, the profile says {sha256.lower()}; "
                          "removed the download")
     entry.publish(partial.name, target.name)
     entry.unlink(meta.name)

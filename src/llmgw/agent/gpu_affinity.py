@@ -56,6 +56,7 @@ def with_gpu_affinity(sysfs_root: str, ports: list[Port], gpus: list[Gpu]) -> li
         if where is None:
             out.append(port)
             continue
-        affinity = {index: pcie_affinity(where[0], where[1], path, numa) for index, (path, numa) in sorted(placed.items())}
+        affinity = {index: pcie_affinity(where[0], where[1], path, numa)
+                    for index, (path, numa) in sorted(placed.items())}
         out.append(msgspec.structs.replace(port, gpu_affinity=affinity))
     return out

@@ -103,7 +103,8 @@ def derive(fabric: FabricStatus | None, ports: Sequence[Port], mgmt_interface: s
             index = port.roce_v2_ipv4_gid_index if port is not None else -1
             if index < 0:
                 raise LaunchError(f"fabric {fabric.name}: {name} has no RoCE v2 GID with an IPv4 address "
-                                  "(no IPv4 address on its interface?); NCCL would pick a GID the other nodes cannot reach")
+                                  "(no IPv4 address on its interface?); NCCL would pick a GID the other nodes "
+                                  "cannot reach")
             indexes.setdefault(index, []).append(name)
         if len(indexes) > 1:
             # NCCL >= 2.21 picks the GID per device when NCCL_IB_GID_INDEX is unset (-1), taking a
@@ -128,7 +129,8 @@ def node_env(engine: str, facts: LaunchFacts) -> dict[str, str]:
 
 
 def _where(facts: LaunchFacts) -> str:
-    held = "; ".join(f"{name} {', '.join(addresses)}" for name, addresses in sorted(facts.interfaces.items()) if addresses)
+    held = "; ".join(f"{name} {', '.join(addresses)}"
+                     for name, addresses in sorted(facts.interfaces.items()) if addresses)
     return held or "none readable"
 
 
@@ -157,9 +159,9 @@ def check_address(spec: ShardSpec, facts: LaunchFacts) -> None:
                           "agent after changing it)")
     ours, theirs = is_loopback(facts.address), is_loopback(master)
     if ours and not theirs:
-        raise LaunchError(f"this node's advertise_host {host} is a loopback address ({facts.interface}), but rank 0 is at "
-                          f"{master}: NCCL and Gloo would bootstrap on {facts.interface} and never reach it; set "
-                          "advertise_host to this node's address on the network the nodes share")
+        raise LaunchError(f"this node's advertise_host {host} is a loopback address ({facts.interface}), but "
+                          f"rank 0 is at {master}: NCCL and Gloo would bootstrap on {facts.interface} and never "
+                          "reach it; set advertise_host to this node's address on the network the nodes share")
     if theirs and not ours:
         raise LaunchError(f"rank 0's node advertises a loopback address ({master}) as the master address, which "
                           f"this node ({facts.address}) cannot reach; set advertise_host on rank 0's node to its "

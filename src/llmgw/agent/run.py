@@ -38,7 +38,8 @@ def agent_ssl_context(cfg: AgentConfig) -> tuple[ssl.SSLContext | None, float]:
     if bool(cfg.tls.cert) != bool(cfg.tls.key):
         raise UsageError("tls: set both tls.cert and tls.key (the node certificate and its key), or neither")
     if not cfg.tls.ca:
-        raise UsageError("tls.ca: set the CA certificate that signed the server's certificate (ca.crt from `llmgw ctl cert init`)")
+        raise UsageError("tls.ca: set the CA certificate that signed the server's certificate "
+                         "(ca.crt from `llmgw ctl cert init`)")
     ctx = client_context(cfg.tls.ca, cfg.tls.cert or None, cfg.tls.key or None, alpn=("h2",))
     not_after = cert_not_after(cfg.tls.cert) if cfg.tls.cert else 0.0
     return ctx, not_after
@@ -54,9 +55,11 @@ async def run_agent(cfg: AgentConfig, *, insecure: bool = False, stop_engines_on
     if not_after:
         days = (not_after - time.time()) / 86400
         if days < 0:
-            log.error("the node certificate %s expired %.0f days ago; the server will refuse it", cfg.tls.cert, -days)  # type: ignore[union-attr]
+            log.error("the node certificate %s expired %.0f days ago; the server will refuse it",
+                      cfg.tls.cert, -days)  # type: ignore[union-attr]
         elif days < EXPIRY_WARNING_DAYS:
-            log.warning("the node certificate %s expires in %.0f days; reissue it with `llmgw ctl cert node`", cfg.tls.cert, days)  # type: ignore[union-attr]
+            log.warning("the node certificate %s expires in %.0f days; reissue it with `llmgw ctl cert node`",
+                        cfg.tls.cert, days)  # type: ignore[union-attr]
     hardware = DiscoveredHardware(cfg.discovery, server_host=host, work_dir=cfg.work_dir, model_cache=cfg.model_cache,
                                   advertise_host=cfg.advertise_host)
     bind_host = cfg.bind_host or cfg.advertise_host

@@ -79,7 +79,8 @@ class ShardFiles:
             mode = directory.stat().st_mode & 0o777
             if mode & 0o077:
                 os.chmod(directory, 0o700)
-                log.warning("%s was open to other users (mode %o); now 0700 (shard state holds engine env)", directory, mode)
+                log.warning("%s was open to other users (mode %o); now 0700 (shard state holds engine env)",
+                            directory, mode)
         for path in self.state_files():
             if path.stat().st_mode & 0o077:
                 os.chmod(path, 0o600)

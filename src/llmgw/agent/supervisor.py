@@ -96,7 +96,8 @@ class Supervisor:
         if run is None:
             return None
         key = run.spec.api_key
-        return LogSource(path=run.log_path, redact=lambda line: redact(line, key), alive=lambda: run.state not in TERMINAL)
+        return LogSource(path=run.log_path, redact=lambda line: redact(line, key),
+                         alive=lambda: run.state not in TERMINAL)
 
     def snapshot(self) -> list[m.ShardReport]:
         return [run.report() for run in self.runs.values()]
@@ -231,7 +232,8 @@ class Supervisor:
             return
         with out:
             shown = redact(subprocess.list2cmdline(argv), spec.api_key)
-            out.write(f"=== llmgw: starting {spec.shard_id} ({spec.model}/{spec.profile}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shown}\n".encode())
+            out.write(f"=== llmgw: starting {spec.shard_id} ({spec.model}/{spec.profile}) at "
+                      f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shown}\n".encode())
             out.flush()
             try:
                 process = await trio.lowlevel.open_process(
@@ -502,7 +504,8 @@ class Supervisor:
             state.spec.shard_id, state.pid, format_duration(time.time() - state.started_at), state.log_path,
         )
         with open(run.log_path, "ab") as out:
-            out.write(f"=== llmgw: agent restarted; adopted this engine (pid {run.pid}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
+            out.write(f"=== llmgw: agent restarted; adopted this engine (pid {run.pid}) at "
+                      f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
         assert self._nursery is not None
         self._nursery.start_soon(self._watch_adopted, run)
 

@@ -11,7 +11,8 @@ cache, and report the download while the shard waits on it.
   row without a byte of progress the shard fails with the last reason. A 403, 404, a sha256
   mismatch or a full disk fail at once.
 - **Progress** goes out on its own message (m.Progress), at most once a second per source
-  (and once more when the download ends: its last bytes, or why it failed), one per waiting shard: never as a state change, which would reset the server's view of how
+  (and once more when the download ends: its last bytes, or why it failed), one per waiting
+  shard: never as a state change, which would reset the server's view of how
   long the shard has been starting. Its `total_bytes` is None when the server sent no length.
 - **start_timeout** bounds the download too: a shard still downloading when it runs out
   fails, however many bytes keep arriving.
@@ -157,12 +158,13 @@ class Weights:
             problem = allowed_host_problem(host)
             if problem:
                 raise LaunchError(problem)
-        return WeightsPlan(kind=kind, engine_source=str(target), url=source, target=str(target), sha256=spec.sha256.lower(),
-                           allow_redirect_hosts=tuple(spec.allow_redirect_hosts))
+        return WeightsPlan(kind=kind, engine_source=str(target), url=source, target=str(target),
+                           sha256=spec.sha256.lower(), allow_redirect_hosts=tuple(spec.allow_redirect_hosts))
 
     # -- the wait (async, before the launch) ---------------------------------------------------------
 
-    async def ensure(self, shard_id: str, plan: WeightsPlan, deadline: float, nursery: trio.Nursery, send: Send) -> None:
+    async def ensure(self, shard_id: str, plan: WeightsPlan, deadline: float, nursery: trio.Nursery,
+                     send: Send) -> None:
         """Return once `plan.target` holds the whole file (at once if it does already); raise
         LaunchError when the download fails or is still running at `deadline` (trio time)."""
         job: _Job | None = None
@@ -186,7 +188,8 @@ class Weights:
         assert job is not None
         t = job.transfer
         send(self._progress(job, shard_id, failure=Reason.TIMEOUT))
-        raise LaunchError(f"weights {job.display} not fetched within the start_timeout ({_amount(t.done, t.total)} so far); "
+        raise LaunchError(f"weights {job.display} not fetched within the start_timeout "
+                          f"({_amount(t.done, t.total)} so far); "
                           "a larger start_timeout or a closer mirror would let it finish")
 
     async def _join(self, plan: WeightsPlan, nursery: trio.Nursery, send: Send) -> _Job | None:

@@ -25,8 +25,8 @@ def event_time(t: float) -> str:
 
 
 def _event_rows(events: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    return [(event_time(e["time"]), e["kind"], ",".join(e.get("nodes") or []) or e.get("node") or "-", e.get("model") or "-",
-             e["message"]) for e in events]
+    return [(event_time(e["time"]), e["kind"], ",".join(e.get("nodes") or []) or e.get("node") or "-",
+             e.get("model") or "-", e["message"]) for e in events]
 
 
 def _print_details(events: list[dict[str, Any]]) -> None:

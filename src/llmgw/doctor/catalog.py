@@ -66,7 +66,8 @@ _WORDS: dict[str, tuple[str, str, str]] = {
                        "failed: CUDA cannot start on the GPU", "the fabric still being set up"),
     "gpudirect": ("/sys/module/nvidia_peermem (or nv_peer_mem) and /proc/driver/nvidia/version's open-module flavour, "
                   "on nodes with GPUs and RDMA adapters", "",
-                  "neither nvidia_peermem loaded nor dma-buf offered: NCCL stages every GPU buffer through host memory"),
+                  "neither nvidia_peermem loaded nor dma-buf offered: NCCL stages every GPU buffer through "
+                  "host memory"),
     "adapters": ("the agent's declared fabrics against /sys/class/infiniband/*",
                  "a declared RDMA adapter missing (dead HCA, driver not loaded)", ""),
     "ports": ("/sys/class/infiniband/<dev>/ports/<n>/state and phys_state (NHC check_hw_ib)",
@@ -87,12 +88,14 @@ _WORDS: dict[str, tuple[str, str, str]] = {
              "under 14 days left"),
     "clock": ("the agent's wall clock in heartbeats against the server's", "60 s or more apart",
               "2 s or more apart (event times stop lining up)"),
-    "nodes": ("the registry: every node's state", "no node ready", "some nodes not ready (each one's agent check says why)"),
+    "nodes": ("the registry: every node's state", "no node ready",
+              "some nodes not ready (each one's agent check says why)"),
     "fabrics": ("subnet managers (saquery SMIR / sminfo) and ibnetdiscover maps of each fabric",
                 "no subnet manager, or two masters", "no standby SM, a failover, a degraded cable, a rail "
                 "violation, a dump that disagrees with a node"),
     "replicas": ("the reconciler: each model's replicas and their states",
-                 "a model with replicas wanted and none ready", "a replica failed, not placeable, or stuck starting/stopping"),
+                 "a model with replicas wanted and none ready",
+                 "a replica failed, not placeable, or stuck starting/stopping"),
     "driver-versions": ("NVML driver and CUDA driver versions, and the RDMA stack (MLNX_OFED's "
                         "/sys/module/mlx5_core/version, else the in-box kernel) across each catalog model's placement "
                         "pool (the ready nodes its profiles fit, by GPU model), else nodes with the same GPU model",

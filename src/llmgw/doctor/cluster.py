@@ -100,7 +100,8 @@ def _replica_problem(r: ReplicaFacts) -> tuple[str, str] | None:
         return (f"{r.id} starting for {r.state_age / 60:.0f} min{nodes}" + (f": {r.reason}" if r.reason else ""),
                 f"`llmgw ctl logs {r.id}`; a download or an engine that never answers /health")
     if r.state == "stopping" and r.state_age >= STUCK_STOPPING:
-        return (f"{r.id} stopping for {r.state_age / 60:.0f} min{nodes}", "the node's agent may be gone: see its agent check")
+        return (f"{r.id} stopping for {r.state_age / 60:.0f} min{nodes}",
+                "the node's agent may be gone: see its agent check")
     return None
 
 

@@ -90,10 +90,11 @@ def check_row_remap(n: NodeFacts, ctx: object) -> list[Finding]:
         read += h.remap_pending is not None or h.retired_pages is not None
         if h.remap_failed:
             out.append(_f(n, "row-remap", CRIT, f"{subject}: row remapping failed (a memory bank has no spare row "
-                          "left)", f"move work off {n.id}; the card needs an RMA (nvidia-smi -q -d ROW_REMAPPER for the "
-                          "ticket)", subject))
+                          "left)", f"move work off {n.id}; the card needs an RMA "
+                          "(nvidia-smi -q -d ROW_REMAPPER for the ticket)", subject))
         elif h.remap_pending:
-            rows = f" ({h.remapped_uncorrectable} rows remapped for uncorrectable errors)" if h.remapped_uncorrectable else ""
+            rows = (f" ({h.remapped_uncorrectable} rows remapped for uncorrectable errors)"
+                    if h.remapped_uncorrectable else "")
             out.append(_f(n, "row-remap", CRIT, f"{subject}: a row remap is pending{rows}: the faulty row is only "
                           "replaced at the next GPU reset", f"move work off {n.id}, then reset the GPU "
                           f"(nvidia-smi -r -i {h.index}); if it fails again, RMA", subject))
@@ -161,7 +162,8 @@ def check_temperature(n: NodeFacts, ctx: object) -> list[Finding]:
     if not read:
         return [_f(n, "temperature", OK, "GPU temperatures not reported")]
     hot = max(read, key=lambda h: h.temperature_c)
-    limits = [f"slowdown {hot.slowdown_c} °C" if hot.slowdown_c else "", f"shutdown {hot.shutdown_c} °C" if hot.shutdown_c else ""]
+    limits = [f"slowdown {hot.slowdown_c} °C" if hot.slowdown_c else "",
+              f"shutdown {hot.shutdown_c} °C" if hot.shutdown_c else ""]
     limit = ", ".join(x for x in limits if x) or "the card reports no thresholds"
     return [_f(n, "temperature", OK, f"hottest GPU {hot.index} at {hot.temperature_c} °C ({limit})")]
 
@@ -214,7 +216,8 @@ def check_pcie(n: NodeFacts, ctx: object) -> list[Finding]:
         older = old_agent(n, "pcie", "PCIe links") if n.inventory.gpus and n.gpus is not None else None
         if older is not None:
             return older
-        return [_f(n, "pcie", OK, "PCIe links not reported" if n.inventory.gpus or n.inventory.ports else "no GPUs or HCAs")]
+        return [_f(n, "pcie", OK,
+                   "PCIe links not reported" if n.inventory.gpus or n.inventory.ports else "no GPUs or HCAs")]
     parts = [f"{len(read_gpus)} GPUs" if read_gpus else "", f"{len(seen)} HCAs" if seen else ""]
     return [_f(n, "pcie", OK, f"{' and '.join(x for x in parts if x)} at their full PCIe width"
                + ("; idle GPUs may run a lower speed to save power" if read_gpus else ""))]
@@ -289,7 +292,8 @@ def check_fabric_manager(n: NodeFacts, ctx: object) -> list[Finding]:
         return out
     done = f"{len(switched)} GPUs: NVSwitch fabric set up" if switched else ""
     if switches and manager:
-        return [_f(n, "fabric-manager", OK, f"{switches} NVSwitches, nv-fabricmanager running" + (f"; {done}" if done else ""))]
+        return [_f(n, "fabric-manager", OK,
+                   f"{switches} NVSwitches, nv-fabricmanager running" + (f"; {done}" if done else ""))]
     if switches and not switched:
         return [_f(n, "fabric-manager", UNKNOWN, f"{switches} NVSwitches; cannot tell whether nv-fabricmanager runs "
                    "(/proc not readable by the agent) and NVML reports no GPU fabric state",

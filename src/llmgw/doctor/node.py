@@ -124,7 +124,8 @@ def check_gpu_health(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
         if h.health != "ok":
             out.append(_f(n, "gpu-health", CRIT, f"{subject} {h.health}", drain, subject))
         if h.ecc_uncorrected:
-            out.append(_f(n, "gpu-health", CRIT, f"{subject}: {h.ecc_uncorrected} uncorrected ECC errors", drain, subject))
+            out.append(_f(n, "gpu-health", CRIT, f"{subject}: {h.ecc_uncorrected} uncorrected ECC errors", drain,
+                          subject))
         if h.xid:
             xid = explain_xid(h.xid)
             out.append(_f(n, "gpu-health", xid.status, f"{subject}: Xid {h.xid} ({xid.meaning})", xid.action, subject))
@@ -153,13 +154,15 @@ def check_nvlink(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
         h = readings.get(g.index)
         if h is not None and h.nvlink_down:
             out.append(_f(n, "nvlink", CRIT, f"GPU {g.index}: {h.nvlink_down} NVLink links down",
-                          "nvidia-smi nvlink --status; drain the node and reset the GPUs (nvidia-smi -r) or the NVSwitch fabric",
+                          "nvidia-smi nvlink --status; drain the node and reset the GPUs (nvidia-smi -r) "
+                          "or the NVSwitch fabric",
                           f"GPU {g.index}"))
     totals = {g.index: sum(g.nvlink.values()) for g in linked}
     most = max(totals.values())
     for index, total in sorted(totals.items()):
         if total < most:
-            out.append(_f(n, "nvlink", WARN, f"GPU {index} reaches its peers over {total} NVLinks, the others over {most}",
+            out.append(_f(n, "nvlink", WARN,
+                          f"GPU {index} reaches its peers over {total} NVLinks, the others over {most}",
                           "nvidia-smi topo -m; a link trained down at boot: reboot, then the board's service",
                           f"GPU {index}"))
     return out or [_f(n, "nvlink", OK, f"{len(linked)} GPUs, all NVLinks up")]
@@ -213,8 +216,8 @@ def check_ports(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
                           "its LLDP neighbour, and PFC/ECN on the lossless priority (`mlnx_qos -i <netdev>`)", key))
         elif state == "INIT":
             out.append(_f(n, "ports", CRIT, f"{key} {why} ({where})",
-                          "start a subnet manager on this fabric (opensm on a switch or node; `sminfo` through the port "
-                          "says whether one answers)", key))
+                          "start a subnet manager on this fabric (opensm on a switch or node; `sminfo` "
+                          "through the port says whether one answers)", key))
         elif state == "ARMED":
             out.append(_f(n, "ports", WARN, f"{key} {why} ({where})", "the subnet manager is mid-sweep: check again in "
                           "a minute, else its log", key))
@@ -249,7 +252,8 @@ def check_port_rate(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
         for key, rate in ports:
             status = grade_ratio(rate, expected)
             if status != OK:
-                out.append(_f(n, "port-rate", status, f"{key} runs at {rate:g} Gb/s; fabric {fabric} runs at {expected:g}",
+                out.append(_f(n, "port-rate", status,
+                              f"{key} runs at {rate:g} Gb/s; fabric {fabric} runs at {expected:g}",
                               f"ibstat {key.split('/')[0]} shows its width and speed: reseat or replace the cable or "
                               f"transceiver (mlxlink -d {key.split('/')[0]} -c for the link's own view)", key))
     summary = ", ".join(f"{fabric} {max(r for _, r in ports):g} Gb/s" for fabric, ports in sorted(rates.items()))
@@ -297,7 +301,8 @@ def check_counters(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
                           "; ".join(a for a in (cable if rises else "", hw.action) if a), key))
     if out:
         return out
-    note = f"; earlier errors, not rising: {', '.join(old[:4])}" + (f" and {len(old) - 4} more" if len(old) > 4 else "") if old else ""
+    note = (f"; earlier errors, not rising: {', '.join(old[:4])}"
+            + (f" and {len(old) - 4} more" if len(old) > 4 else "") if old else "")
     return [_f(n, "counters", OK, f"no error counter rising over {n.window:.0f}s{note}")]
 
 
@@ -309,7 +314,8 @@ def check_memlock(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
     if h is None:
         return _old_agent(n, "memlock", "its memlock limit")
     if h.memlock_bytes is None:
-        return [_f(n, "memlock", UNKNOWN, "the agent could not read its memlock limit", "ulimit -l as the agent's user")]
+        return [_f(n, "memlock", UNKNOWN, "the agent could not read its memlock limit",
+                   "ulimit -l as the agent's user")]
     if h.memlock_bytes == m.MEMLOCK_UNLIMITED:
         return [_f(n, "memlock", OK, "memlock unlimited")]
     limit = _size(h.memlock_bytes)
@@ -347,7 +353,8 @@ def check_cert(n: NodeFacts, ctx: NodeContext) -> list[Finding]:
     action = (f"`llmgw ctl cert node {n.id}` where the CA is, copy the certificate and key to the node, "
               "restart the agent")
     if days < 0:
-        return [_f(n, "cert", CRIT, f"certificate expired {-days:.1f} days ago: the server refuses it at the next connect", action)]
+        return [_f(n, "cert", CRIT,
+                   f"certificate expired {-days:.1f} days ago: the server refuses it at the next connect", action)]
     if days < CERT_CRIT_DAYS:
         return [_f(n, "cert", CRIT, f"certificate expires in {days:.1f} days", action)]
     if days < CERT_WARN_DAYS:

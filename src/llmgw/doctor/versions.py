@@ -115,7 +115,8 @@ def _compare(check: str, pool: str, nodes: list[NodeFacts], what: str, get: Gett
                            for version, _ in counts)
         return [Finding(node=CLUSTER, check=check, status=Status.WARN, subject=_subject(pool),
                         finding=f"{what} differs across the {len(versions)} nodes {pool}, no majority: {spread}",
-                        action=f"bring them to one {what}: drain the nodes on the older one, upgrade, reboot")], "", silent
+                        action=f"bring them to one {what}: drain the nodes on the older one, upgrade, "
+                               "reboot")], "", silent
     top = counts[0][0]
     odd = [Finding(node=CLUSTER, check=check, status=Status.WARN, subject=node,
                    finding=f"{node} runs {what} {version}; the other {counts[0][1]} nodes {pool} run {top} "
@@ -126,7 +127,8 @@ def _compare(check: str, pool: str, nodes: list[NodeFacts], what: str, get: Gett
 
 
 def _grade(check: str, facts: ClusterFacts,
-           parts: Callable[[list[NodeFacts]], list[tuple[str, Getter, str, Callable[[NodeFacts], bool]]]]) -> list[Finding]:
+           parts: Callable[[list[NodeFacts]], list[tuple[str, Getter, str, Callable[[NodeFacts], bool]]]]
+           ) -> list[Finding]:
     pools = _pools(facts)
     out: list[Finding] = []
     same: list[str] = []
@@ -154,7 +156,8 @@ def _grade(check: str, facts: ClusterFacts,
         return out
     if not compared:
         return [Finding(node=CLUSTER, check=check, status=Status.OK,
-                        finding="no two ready nodes in one placement pool or with the same GPU model: nothing to compare")]
+                        finding="no two ready nodes in one placement pool or with the same GPU model: "
+                                "nothing to compare")]
     note = "".join(f"; {what} not reported by {', '.join(sorted(nodes))}" for what, nodes in silent.items())
     note += " (agents older than this server?)" if silent else ""
     return [Finding(node=CLUSTER, check=check, status=Status.OK,

@@ -18,7 +18,8 @@ json_encoder = msgspec.json.Encoder(enc_hook=enc_hook)
 JSON = (b"content-type", b"application/json")
 
 
-async def send_json(responder: Responder, status: int, body: object, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_json(responder: Responder, status: int, body: object,
+                    headers: list[tuple[bytes, bytes]] | None = None) -> None:
     await responder.respond(status, [JSON, *(headers or [])], json_encoder.encode(body))
 
 

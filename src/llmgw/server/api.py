@@ -71,8 +71,9 @@ class PublicHandler:
 
     def __init__(self, *, reads: ReadModel, actions: Actions, auth: Auth, gateway: Clients,
                  render_metrics: Callable[[], bytes], clients: bool = True, admin: bool = True,
-                 events: EventLog | None = None, engine_logs: EngineLogs | None = None, model_logs: ModelLogs | None = None,
-                 pages: Handler | None = None, fabric_tests: FabricTests | None = None,
+                 events: EventLog | None = None, engine_logs: EngineLogs | None = None,
+                 model_logs: ModelLogs | None = None, pages: Handler | None = None,
+                 fabric_tests: FabricTests | None = None,
                  doctor: Doctor | None = None, prepare_metrics: Callable[[], Awaitable[None]] | None = None) -> None:
         self.reads = reads
         self.prepare_metrics = prepare_metrics  # parses the gateway workers' reports in steps (gwfeed.py)
@@ -102,7 +103,8 @@ class PublicHandler:
                 return
             if self.prepare_metrics is not None:
                 await self.prepare_metrics()
-            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], self.render_metrics())
+            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+                                    self.render_metrics())
             return
         if path.startswith("/api/v1/") and self.admin:
             await self.api(path[len("/api/v1/"):].rstrip("/"), request, responder)
@@ -121,7 +123,8 @@ class PublicHandler:
         verdict = self.auth.check(door, request)
         if verdict.ok:
             return verdict.who
-        headers = [(b"www-authenticate", f'Bearer realm="llmgw {door.value}"'.encode())] if verdict.status == 401 else []
+        headers = ([(b"www-authenticate", f'Bearer realm="llmgw {door.value}"'.encode())] if verdict.status == 401
+                   else [])
         await send_error(responder, verdict.status, verdict.message,
                          "unauthorized" if verdict.status == 401 else "forbidden", headers)
         return None
@@ -139,7 +142,8 @@ class PublicHandler:
             return
         if found is None:
             if any(r.match(route) is not None for r in API_ROUTES):
-                await send_error(responder, 405, f"method {method} not allowed on /api/v1/{route}", "method_not_allowed")
+                await send_error(responder, 405, f"method {method} not allowed on /api/v1/{route}",
+                                 "method_not_allowed")
             else:
                 await send_error(responder, 404, f"no API route {method} /api/v1/{route}", "not_found")
             return

@@ -118,7 +118,8 @@ class ControlPlane:
         # again on reload.
         public_tls = cfg.public_tls
         try:
-            self.public_tls = ServerTls(public_tls.cert, public_tls.key, public_tls.ca) if public_tls and public_tls.cert else None
+            self.public_tls = (ServerTls(public_tls.cert, public_tls.key, public_tls.ca)
+                               if public_tls and public_tls.cert else None)
         except UsageError as exc:
             raise UsageError(f"public_tls: {exc}") from None  # which key of the config names the file
         fleet = cfg.fleet
@@ -127,7 +128,8 @@ class ControlPlane:
         self.revocations = Revocations(cfg.tls.deny_list if cfg.tls else "")
         self.registry = NodeRegistry(fleet.heartbeat_interval, fleet.unreachable_after, fleet.lost_after)
         self.metrics = ServerMetrics(self.registry.counts, nodes=lambda: self.registry.nodes.values())
-        self.auth = Auth(cfg, insecure=insecure, count=self.metrics.count_auth_failure, revoked=self.revocations.refuses)
+        self.auth = Auth(cfg, insecure=insecure, count=self.metrics.count_auth_failure,
+                         revoked=self.revocations.refuses)
         # The reconciler and what the gateway learns from it.
         self.known_nodes = KnownNodes(cfg.state_dir)
         # What happened, kept across restarts (its writer task starts first in run()).
@@ -259,9 +261,11 @@ class ControlPlane:
         self.model_logs = ModelLogs(self.log_hub, reconciler)  # `ctl logs MODEL`, following it across moves
         self.admin_pages = AdminPages(reads=self.reads, auth=self.auth, assets=package_assets(), events=self.events,
                                       tls=self.public_tls is not None)
-        self.doctor = DoctorService(self.registry, reconciler, self.fabrics, results=results)  # GET /api/v1/doctor (issue 14)
+        # GET /api/v1/doctor (issue 14)
+        self.doctor = DoctorService(self.registry, reconciler, self.fabrics, results=results)
         # What alerts are written on: replicas wanted and ready, certificate expiry, the last checks.
-        own = [("server", port, cert_not_after(tls.cert)) for port, tls in (("fleet-port", cfg.tls), ("public-port", public_tls))
+        own = [("server", port, cert_not_after(tls.cert))
+               for port, tls in (("fleet-port", cfg.tls), ("public-port", public_tls))
                if tls is not None and tls.cert]  # read once: a new file takes a restart, as the listeners do
         self.metrics.registry.register(AlertCollector(
             lambda: {name: model.replicas for name, model in reconciler.models.items()}, reconciler.replicas.values,
@@ -273,8 +277,8 @@ class ControlPlane:
         """One listener's routes (the public port; the admin listener serves no clients)."""
         return PublicHandler(reads=self.reads, actions=self.operator, auth=self.auth, gateway=self.gateway,
                              render_metrics=self.metrics.render, clients=clients, admin=admin,
-                             events=self.events, engine_logs=self.engine_logs, model_logs=self.model_logs, pages=self.admin_pages,
-                             fabric_tests=self.fabric_tests, doctor=self.doctor,
+                             events=self.events, engine_logs=self.engine_logs, model_logs=self.model_logs,
+                             pages=self.admin_pages, fabric_tests=self.fabric_tests, doctor=self.doctor,
                              prepare_metrics=self.worker_metrics.parse_reports)
 
     async def run(
@@ -308,8 +312,9 @@ class ControlPlane:
                 # verified) on a Unix socket, and feeds them on another.
                 await nursery.start(functools.partial(self._serve_public, unix_socket(self.api_socket),
                                                       trusting_forwarded_peers(self.handler(clients=False)), tls=False))
-                await nursery.start(self.feed_listener.serve,
-                                    [trio.SocketListener(trio.socket.from_stdlib_socket(unix_socket(self.feed_socket)))])
+                await nursery.start(
+                    self.feed_listener.serve,
+                    [trio.SocketListener(trio.socket.from_stdlib_socket(unix_socket(self.feed_socket)))])
                 host, port = public_sock.getsockname()[:2]
                 self.worker_pool = WorkerPool(self.workers, listen=hostport(host, port), feed_socket=self.feed_socket,
                                               key=self.followers.worker_key,
@@ -317,8 +322,8 @@ class ControlPlane:
                                               debug=log.isEnabledFor(logging.DEBUG))
                 await nursery.start(self.worker_pool.run)
             else:
-                await nursery.start(functools.partial(self._serve_public, public_sock, self.handler(admin=admin_sock is None),
-                                                      lane=self.lane))
+                await nursery.start(functools.partial(self._serve_public, public_sock,
+                                                      self.handler(admin=admin_sock is None), lane=self.lane))
             if admin_sock is not None:
                 await nursery.start(self._serve_public, admin_sock, self.handler(clients=False))
             # This process probes the engines for its workers too (they take the results on the feed).
@@ -347,7 +352,8 @@ class ControlPlane:
                 if self.worker_pool is not None:
                     draining.start_soon(self.worker_pool.drain, grace)
             if left := sum(h.active_requests for h in self.http_servers):
-                log.warning("shutting down: %d request(s) still in flight after %gs (shutdown_grace) are cut", left, grace)
+                log.warning("shutting down: %d request(s) still in flight after %gs (shutdown_grace) are cut",
+                            left, grace)
             log.info("shutting down: closing %d fleet streams", len(self.fleet.links))
             with trio.move_on_after(3):
                 await self.fleet.shutdown()
@@ -368,8 +374,8 @@ class ControlPlane:
             self.public_tls.attach(http)
         return http
 
-    async def _serve_public(self, sock: socket.socket, handler: Handler, *, tls: bool = True, lane: GatewayLane | None = None,
-                            task_status: trio.TaskStatus[None]) -> None:
+    async def _serve_public(self, sock: socket.socket, handler: Handler, *, tls: bool = True,
+                            lane: GatewayLane | None = None, task_status: trio.TaskStatus[None]) -> None:
         http = self._http_server(handler, tls=tls, lane=lane)
         self.http_servers.append(http)
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))

@@ -338,9 +338,9 @@ class Auth:
     def _operator_hint(self, ident: Identity, request: Request) -> str:
         creds = self.creds
         if not creds.operator_tokens and not creds.client_certs:
-            return ("no operator credential is configured on this server: put a token's sha256 (`llmgw ctl hash-secret`) "
-                    "in api.operator_tokens and pass the token with --token or LLMGW_TOKEN, or set public_tls "
-                    "(cert, key, ca) and use an operator certificate")
+            return ("no operator credential is configured on this server: put a token's sha256 "
+                    "(`llmgw ctl hash-secret`) in api.operator_tokens and pass the token with --token or "
+                    "LLMGW_TOKEN, or set public_tls (cert, key, ca) and use an operator certificate")
         if ident.role is Role.CLIENT:
             return "a gateway API key opens only /v1: this call needs an operator credential"
         if ident.presented == "token":

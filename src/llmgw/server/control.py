@@ -156,7 +156,8 @@ class Controller:
             self.known.add(node_id)
         node = self.registry.get(node_id)
         host = node.endpoint_host if node is not None else ""
-        self._refused(self.reconciler.on_register(node_id, msg.shards, trio.current_time(), time.time(), endpoint_host=host))
+        self._refused(self.reconciler.on_register(node_id, msg.shards, trio.current_time(), time.time(),
+                                                  endpoint_host=host))
         self.wake()
 
     def fabrics_changed(self, node_id: str) -> None:

@@ -80,12 +80,14 @@ def fabric_facts(service: FabricService) -> list[FabricFacts]:
     for fabric_id in service.fabric_ids():
         fabric = by_id.get(fabric_id)
         topology = service.topologies.get(fabric_id)
-        problems = [FabricProblemFact(kind=p.kind.value, message=p.message) for p in (fabric.problems if fabric else [])]
+        problems = [FabricProblemFact(kind=p.kind.value, message=p.message)
+                    for p in (fabric.problems if fabric else [])]
         if topology is not None:
             problems += [FabricProblemFact(kind=p.kind.value, message=p.message) for p in topology.map.problems]
         if fabric_id in service.errors:
             problems.append(FabricProblemFact(kind="tool_failed", message=service.errors[fabric_id]))
-        out.append(FabricFacts(id=fabric_id, problems=problems, master=fabric.master.guid if fabric and fabric.master else "",
+        out.append(FabricFacts(id=fabric_id, problems=problems,
+                               master=fabric.master.guid if fabric and fabric.master else "",
                                standbys=len(fabric.standbys) if fabric else 0, discovered=topology is not None))
     return out
 
@@ -113,7 +115,8 @@ class DoctorService:
             return facts
         facts.fabric_discovery = any(m.FEATURE_DISCOVER in n.features for n in nodes.values() if n.connected)
         facts.models = [ModelFacts(name=model.name, replicas=model.replicas,
-                                   profiles=[ProfileNeeds(gpus=p.gpus, gpu_kind=p.gpu_kind, gpu_memory_mib=p.gpu_memory_mib)
+                                   profiles=[ProfileNeeds(gpus=p.gpus, gpu_kind=p.gpu_kind,
+                                                          gpu_memory_mib=p.gpu_memory_mib)
                                              for p in model.profiles])
                         for model in self.reconciler.models.values()]
         facts.replicas = [

@@ -109,7 +109,8 @@ class EventLog:
                detail: Iterable[str] = (), nodes: Iterable[str] = ()) -> None:
         lines = [printable(line) for line in list(detail)[-TAIL_LINES:]]
         every = sorted({*nodes, *([node] if node else [])})
-        event = Event(time=self.clock(), kind=kind, message=printable(message), node=node or (every[0] if every else ""),
+        event = Event(time=self.clock(), kind=kind, message=printable(message),
+                      node=node or (every[0] if every else ""),
                       nodes=every if len(every) > 1 else [], model=model, replica=replica, detail=lines)
         if len(self._pending) >= MAX_PENDING:
             self._pending.popleft()
@@ -210,7 +211,8 @@ class EventLog:
             with self.db:
                 self.db.execute("BEGIN")
                 self.db.executemany(
-                    "INSERT INTO events (time, kind, node, model, replica, message, detail, nodes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO events (time, kind, node, model, replica, message, detail, nodes) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [(e.time, e.kind, e.node, e.model, e.replica, e.message, "\n".join(e.detail),
                       f",{','.join(e.nodes)}," if e.nodes else "") for e in batch],
                 )
@@ -235,8 +237,8 @@ class EventLog:
         if q.model:
             where.append("model = ?")
             args.append(q.model)
-        sql = (f"SELECT id, time, kind, node, model, replica, message, detail, nodes FROM events WHERE {' AND '.join(where)} "
-               "ORDER BY id DESC LIMIT ?")
+        sql = ("SELECT id, time, kind, node, model, replica, message, detail, nodes FROM events "
+               f"WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?")
         try:
             rows = self.db.execute(sql, (*args, q.limit or -1)).fetchall()
         except sqlite3.Error as exc:
@@ -299,11 +301,12 @@ def replica_events(seen: dict[str, _ReplicaSeen], replicas: Iterable[Any], event
             continue
         where = "; ".join(f"{s.node} GPUs {list(s.gpus)} port {s.port}" for s in r.shards)
         if before is None and r.adopted:
-            events.record("replica", f"adopted {r.id} ({r.model}, {state}) running on {where}", node=node, nodes=nodes, model=r.model,
-                          replica=r.id)
+            events.record("replica", f"adopted {r.id} ({r.model}, {state}) running on {where}", node=node, nodes=nodes,
+                          model=r.model, replica=r.id)
             continue
         if state == "starting" and (before is None or before.shards != shards):
-            why = "new replica" if before is None or not before.shards else f"replacing {', '.join(before.shards)} ({before.state})"
+            why = ("new replica" if before is None or not before.shards
+                   else f"replacing {', '.join(before.shards)} ({before.state})")
             why += "".join(f"; {note}" for note in getattr(r, "placement", ()))  # the fabric map's say
             events.record("placement", f"placed {r.id} ({r.model}/{r.profile}) on {where}: {why}",
                           node=node, nodes=nodes, model=r.model, replica=r.id)
@@ -339,8 +342,8 @@ def breaker_events(seen: dict[tuple[str, str], str], endpoints: Iterable[dict[st
         seen[key] = state
         if state != before:
             why = f": {e['breaker_reason']}" if e.get("breaker_reason") and state == "open" else ""
-            events.record("breaker", f"breaker of {e['endpoint']} ({e['model']}) {'opened' if state == 'open' else 'closed'}{why}",
-                          model=e["model"])
+            events.record("breaker", f"breaker of {e['endpoint']} ({e['model']}) "
+                          f"{'opened' if state == 'open' else 'closed'}{why}", model=e["model"])
     for key in set(seen) - current:
         del seen[key]
 
@@ -373,8 +376,8 @@ class RecordingObserver:
 
     def transitions(self, items: list[Any]) -> None:
         for t in items:
-            self.events.record("node", f"node {t.node_id}: {t.old or 'new'} → {t.new}" + (f" ({t.reason})" if t.reason else ""),
-                               node=t.node_id)
+            self.events.record("node", f"node {t.node_id}: {t.old or 'new'} → {t.new}"
+                               + (f" ({t.reason})" if t.reason else ""), node=t.node_id)
         self.inner.transitions(items)
 
 
@@ -394,7 +397,8 @@ class EventFeeds:
 
     def after_pass(self) -> None:
         for n in self.notes():
-            self.events.record(n.kind, n.message, node=n.node, nodes=n.nodes, model=n.model, replica=n.replica, detail=n.detail)
+            self.events.record(n.kind, n.message, node=n.node, nodes=n.nodes, model=n.model, replica=n.replica,
+                               detail=n.detail)
         replica_events(self._replicas_seen, self.replicas(), self.events)
 
     def fleet_refusal(self, refusal: tuple[str, str] | None) -> tuple[str, str] | None:

@@ -128,7 +128,8 @@ class FabricService:
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._process_results)
-            period = max(min(TICK, float(self.settings.sm_interval) / 2, float(self.settings.discover_interval) / 2), 0.05)
+            period = max(min(TICK, float(self.settings.sm_interval) / 2, float(self.settings.discover_interval) / 2),
+                         0.05)
             while True:
                 self.tick()
                 await trio.sleep(period)
@@ -203,7 +204,8 @@ class FabricService:
         self._requests += 1
         request_id = f"fab-{self._requests}"
         timeout = float(self.settings.tool_timeout)
-        self.pending[request_id] = Pending(node=node, tool=tool, port=port, fabric=fabric, deadline=now + timeout + GRACE)
+        self.pending[request_id] = Pending(node=node, tool=tool, port=port, fabric=fabric,
+                                           deadline=now + timeout + GRACE)
         link = self.links.get(node)
         assert link is not None  # asked only of nodes connected this tick (no await since)
         link.send(m.Discover(request_id=request_id, tool=tool, device=device, port=int(number or 1), timeout=timeout))
@@ -247,7 +249,8 @@ class FabricService:
         fabric_map, located = await trio.to_thread.run_sync(lambda: _analysed(text, known, fabric, own, where))
         if not fabric:
             return
-        self.topologies[fabric] = TopologyState(map=fabric_map, at=self.wall(), by=where, size=len(text), places=located)
+        self.topologies[fabric] = TopologyState(map=fabric_map, at=self.wall(), by=where, size=len(text),
+                                                places=located)
         every = {fid: t.places for fid, t in self.topologies.items()}
         self.places = await trio.to_thread.run_sync(merge, every)
         self.errors.pop(fabric, None)
@@ -319,7 +322,8 @@ class FabricService:
         fabric = self.port_fabric.get(key, "")
         previous = self.port_master.get(key, "")
         if master and previous and master != previous and fabric:
-            change = MasterChange(fabric=fabric, at=now, old=previous, new=master, reported_by=f"{pending.node}/{pending.port}")
+            change = MasterChange(fabric=fabric, at=now, old=previous, new=master,
+                                  reported_by=f"{pending.node}/{pending.port}")
             log.warning("fabric %s: master subnet manager changed from %s to %s (reported by %s)",
                         fabric, previous, master, change.reported_by)
             self.store.add_changes([change], now)
@@ -412,7 +416,8 @@ class FabricService:
         out["subnet_manager_list"] = msgspec.to_builtins(fabric.subnet_managers) if fabric else []
         out["port_list"] = fabric.ports if fabric else []
         out["master_changes"] = msgspec.to_builtins(self.store.changes(self.wall() - DAY, fabric_id))
-        out["degraded_links"] = msgspec.to_builtins([link for link in topology.map.links if link.degraded]) if topology else []
+        out["degraded_links"] = (msgspec.to_builtins([link for link in topology.map.links if link.degraded])
+                                 if topology else [])
         out["rail_violations"] = msgspec.to_builtins(topology.map.rail_violations) if topology else []
         return out
 

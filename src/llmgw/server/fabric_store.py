@@ -33,7 +33,8 @@ class FabricStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS master_changes "
-                        "(fabric TEXT NOT NULL, at REAL NOT NULL, old TEXT NOT NULL, new TEXT NOT NULL, reported_by TEXT NOT NULL)")
+                        "(fabric TEXT NOT NULL, at REAL NOT NULL, old TEXT NOT NULL, new TEXT NOT NULL, "
+                        "reported_by TEXT NOT NULL)")
         self.db.execute("CREATE INDEX IF NOT EXISTS master_changes_at ON master_changes (fabric, at)")
         self.db.execute("CREATE TABLE IF NOT EXISTS sm_guids (guid TEXT PRIMARY KEY, fabric TEXT NOT NULL)")
 

@@ -120,7 +120,8 @@ class FabricTests:
         try:
             route.channel.send_nowait(msg)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            log.warning("node %s: more fabric test results than expected for %s; dropped one", node_id, quote(msg.request_id[:40]))
+            log.warning("node %s: more fabric test results than expected for %s; dropped one", node_id,
+                        quote(msg.request_id[:40]))
 
     def node_gone(self, node_id: str) -> None:
         """The node's stream ended: whatever waits on it ends now, not at its deadline."""
@@ -146,12 +147,13 @@ class FabricTests:
                 raise Refused(404, f"no node {node_id!r} has registered with this server")
             session = self.links.get(node_id)
             if session is None or node.state != "ready":
-                raise Refused(503, f"node {node_id} is not connected ({node.state}{': ' + node.reason if node.reason else ''});"
+                raise Refused(503, f"node {node_id} is not connected "
+                                   f"({node.state}{': ' + node.reason if node.reason else ''});"
                                    " its agent must be up to run its side of the test")
             if not session.supports(m.FEATURE_FABRIC_TEST):
                 raise Refused(409, f"the agent on {node_id} (version {node.version or 'unknown'}) does not run fabric "
-                                   "tests: it has no RDMA port, no ib_write_bw and no way to install perftest, or is too "
-                                   "old; see its log")
+                                   "tests: it has no RDMA port, no ib_write_bw and no way to install perftest, or is "
+                                   "too old; see its log")
         node_a, node_b = self.registry.get(a), self.registry.get(b)
         assert node_a is not None and node_b is not None
         if gpudirect:
@@ -212,7 +214,8 @@ class FabricTests:
         return done
 
     @asynccontextmanager
-    async def _holding(self, nodes: tuple[str, ...], emit: Callable[[dict[str, Any]], Awaitable[None]]) -> AsyncIterator[None]:
+    async def _holding(self, nodes: tuple[str, ...],
+                       emit: Callable[[dict[str, Any]], Awaitable[None]]) -> AsyncIterator[None]:
         """Both nodes' locks, taken in name order (lock_order); the caller hears whom it waits for."""
         order = lock_order(*nodes)
         busy = [n for n in order if n in self._locks and self._locks[n].locked()]

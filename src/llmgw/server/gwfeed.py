@@ -191,7 +191,8 @@ class GatewayFeedService:
     """Sends the latest gateway state to every follower; keeps what they report."""
 
     def __init__(self, *, local_workers: int = 0, api_socket: str = "",
-                 not_ready_reason: Callable[[str], str] = lambda model: "", public_tls: ServerTls | None = None) -> None:
+                 not_ready_reason: Callable[[str], str] = lambda model: "",
+                 public_tls: ServerTls | None = None) -> None:
         self.not_ready_reason = not_ready_reason  # what the one-process gateway logs with its 503
         self._models: list[str] = []  # the catalog's model names, for their reasons
         self._catalog: tuple[list[RouteModel], list[StaticEndpoint], GatewaySettings] | None = None  # as last published
@@ -398,7 +399,8 @@ class GatewayFeedService:
                     if (wait := sent_probes_at + PROBES_EVERY - trio.current_time()) > 0:
                         await trio.sleep(wait)  # more results of the round come meanwhile
                         continue
-                    probes, sent_probes, sent_probes_at = self.probes.since(sent_probes), self.probes.count, trio.current_time()
+                    probes, sent_probes, sent_probes_at = (self.probes.since(sent_probes), self.probes.count,
+                                                           trio.current_time())
                     if probes is not None:
                         await channel.send(encode(probes))
                 await changed.wait()
@@ -535,7 +537,9 @@ class WorkerMetrics(Collector):
         yield refused
 
 
-PARSE_STEP = 2000  # lines of a report parsed between two checkpoints: the loop waits at most ~60 ms (a 39,000-line report took 0.65 s in one piece)
+# lines of a report parsed between two checkpoints: the loop waits at most ~60 ms (a 39,000-line
+# report took 0.65 s in one piece)
+PARSE_STEP = 2000
 
 
 async def parse_in_steps(text: str, step: int = PARSE_STEP) -> list[Metric]:

@@ -58,8 +58,9 @@ class HardwareCollector(Collector):
                                  labels=["node", "device", "port", "counter"])
         peers = GaugeMetricFamily("llmgw_gpu_nvlink_peers", "GPUs this GPU reaches over NVLink (0 is 'none' only where "
                                   "llmgw_node_nvml_available is 1).", labels=["node", "gpu"])
-        nvml = GaugeMetricFamily("llmgw_node_nvml_available", "1 when the node's GPUs and NVLink topology came from NVML "
-                                 "(or the simulated inventory standing in for it); 0: topology unknown.", labels=["node"])
+        nvml = GaugeMetricFamily("llmgw_node_nvml_available", "1 when the node's GPUs and NVLink topology came from "
+                                 "NVML (or the simulated inventory standing in for it); 0: topology unknown.",
+                                 labels=["node"])
         for node in sorted(self._nodes(), key=lambda n: n.id):
             if node.state == "lost":
                 continue
@@ -73,7 +74,8 @@ class HardwareCollector(Collector):
                 rate.add_metric(labels, reading.rate_gbps)
                 for name, value in sorted(reading.counters.items()):
                     if value is not None and _COUNTER_NAME.match(name):
-                        family = data if name.endswith(("_data", "_data_64")) else packets if "packets" in name else errors
+                        family = (data if name.endswith(("_data", "_data_64"))
+                                  else packets if "packets" in name else errors)
                         family.add_metric([*labels, name], float(value))
                 for name, value in sorted(reading.hw_counters.items()):
                     if value is not None and _COUNTER_NAME.match(name):

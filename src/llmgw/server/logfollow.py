@@ -153,8 +153,8 @@ class ModelLogs:
             elif found is not None:
                 move, successor = found
                 if successor is not None and successor.shards:
-                    nxt, why = successor, (f"{old.id} retired by a {move.kind} ({move.reason}); following its successor "
-                                           f"{successor.id} ({_where(successor)})")
+                    nxt, why = successor, (f"{old.id} retired by a {move.kind} ({move.reason}); following its "
+                                           f"successor {successor.id} ({_where(successor)})")
                 elif not said.startswith("waiting for"):
                     said = f"waiting for {move.successor}, the successor of {old.id} ({move.kind}), to be placed"
                     await out.note(said)

@@ -108,8 +108,9 @@ class LogHub:
                 route.channel.close()
                 del self.routes[request_id]
 
-    async def stream(self, targets: list[Target], *, tail: int, follow: bool, write: Callable[[bytes], Any] | None = None,
-                     prefix: bool = False, emit: Emit | None = None, note: Note | None = None) -> None:
+    async def stream(self, targets: list[Target], *, tail: int, follow: bool,
+                     write: Callable[[bytes], Any] | None = None, prefix: bool = False, emit: Emit | None = None,
+                     note: Note | None = None) -> None:
         """Ask every target's node for its log and hand the lines on as they come, until every
         log ends (or, with `follow`, until the reader goes away and the caller is cancelled):
         to `emit(target, lines)` and `note(target, words)`, or as text to `write` (with
@@ -129,7 +130,8 @@ class LogHub:
         for t in targets:
             session = self.links.get(t.node_id)
             if session is None:
-                raise LogProblem(503, f"node {t.node_id} is not connected, so the log of {t.shard_id} cannot be read now")
+                raise LogProblem(503, f"node {t.node_id} is not connected, so the log of {t.shard_id} cannot be "
+                                      "read now")
             if not session.supports(m.FEATURE_LOGS):
                 raise LogProblem(409, f"the agent on {t.node_id} is too old to send engine logs; upgrade it")
             sessions[t.node_id] = session
@@ -140,7 +142,8 @@ class LogHub:
         request_id = f"logs-{next(self._ids)}-{secrets.token_hex(4)}"
         send, receive = trio.open_memory_channel[m.LogChunk](CREDIT)
         self.routes[request_id] = _Route(target.node_id, send)
-        session.send(m.LogTail(request_id=request_id, shard_id=target.shard_id, tail=tail, follow=follow, credit=CREDIT))
+        session.send(m.LogTail(request_id=request_id, shard_id=target.shard_id, tail=tail, follow=follow,
+                               credit=CREDIT))
         ended = False
         try:
             async with receive:
@@ -234,7 +237,8 @@ class EngineLogs:
 
         responder.watch_disconnect()  # a reader that hangs up ends the request (and the node's reading)
         try:
-            await self.hub.stream(targets, tail=tail, follow=follow, write=write, prefix=len(replica.shards) > 1 and shard is None)
+            await self.hub.stream(targets, tail=tail, follow=follow, write=write,
+                                  prefix=len(replica.shards) > 1 and shard is None)
         except LogProblem as exc:
             if not started:
                 await send_error(responder, exc.status, str(exc), "unavailable" if exc.status == 503 else "conflict")

@@ -116,7 +116,8 @@ class Keeper(Mover):
                     keep.failures += 1
                     delay = min(self.settings.backoff_max, self.settings.backoff_initial * 2 ** (keep.failures - 1))
                     keep.not_before = now + delay
-                    self.log.append(f"replica {rid}: its successor failed; the next in {delay:g}s, it serves on meanwhile")
+                    self.log.append(f"replica {rid}: its successor failed; the next in {delay:g}s, "
+                                    "it serves on meanwhile")
                 keep.move = 0
             if now < keep.not_before:
                 continue
@@ -136,7 +137,8 @@ class Keeper(Mover):
                 and successor.state not in LEAVING and successor.state != ReplicaState.READY):
             if old.state in (ReplicaState.FAILED, ReplicaState.PENDING):
                 successor.replaces = ""
-                self._move_to(move, MoveState.DONE, now, f"{old.id} failed ({old.reason}); {successor.id} takes its place")
+                self._move_to(move, MoveState.DONE, now,
+                              f"{old.id} failed ({old.reason}); {successor.id} takes its place")
                 return
             if old.state == ReplicaState.READY and not any(s.state == ShardState.LOST for s in old.shards):
                 why = f"not needed: {old.id} is whole again"

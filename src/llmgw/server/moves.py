@@ -104,7 +104,8 @@ class Mover(Observer):
         nodes = list(dict.fromkeys(s.node for s in sorted(replica.shards, key=lambda s: s.rank)))
         node = node or (nodes[0] if nodes else "")
         move = Move(id=self._move_ids, replica=replica_id, model=replica.model, node=node, nodes=nodes, kind=kind,
-                    reason=reason, avoid=sorted(set(avoid)), no_room=no_room, alone=alone, created_at=now, state_since=now)
+                    reason=reason, avoid=sorted(set(avoid)), no_room=no_room, alone=alone, created_at=now,
+                    state_since=now)
         self.moves[move.id] = move
         self.generation += 1
         self._note(move, f"move of {replica_id} ({replica.model}) asked: {reason}")
@@ -225,8 +226,10 @@ class Mover(Observer):
                               f"({successor.reason.removeprefix('no placement: ')}); it serves on")
             else:
                 successor.replaces = ""
-                self._retire(old, now, f"retired before its successor {successor.id} ({move.reason}): no room for a surge")
-                self._move_to(move, MoveState.BELOW, now, f"no room for a surge ({successor.reason.removeprefix('no placement: ')}); "
+                self._retire(old, now,
+                             f"retired before its successor {successor.id} ({move.reason}): no room for a surge")
+                self._move_to(move, MoveState.BELOW, now,
+                              f"no room for a surge ({successor.reason.removeprefix('no placement: ')}); "
                               f"{old.id} retires first, one below desired until {successor.id} is ready")
 
     def _retire(self, replica: Replica, now: float, reason: str) -> None:
@@ -245,7 +248,8 @@ class Mover(Observer):
 
     def _move_to(self, move: Move, new: MoveState, now: float, note: str) -> None:
         if not move_may(move.state, new):
-            raise AssertionError(f"move {move.id}: {move.state} → {new} is not in MOVE_TRANSITIONS")  # a bug here, not a peer's
+            # a bug here, not a peer's
+            raise AssertionError(f"move {move.id}: {move.state} → {new} is not in MOVE_TRANSITIONS")
         if new != move.state:
             move.state = new
             move.state_since = now
@@ -254,11 +258,12 @@ class Mover(Observer):
         if successor is not None:
             successor.avoid = []  # the constraint was the move's: a cordon, not this, keeps it off a node after
         move.note = note
-        self._note(move, f"move of {move.replica} {new}: {note}", detail=tuple(move.tail) if new == MoveState.FAILED else ())
+        self._note(move, f"move of {move.replica} {new}: {note}",
+                   detail=tuple(move.tail) if new == MoveState.FAILED else ())
 
     def _note(self, move: Move, message: str, detail: tuple[str, ...] = ()) -> None:
-        self.notes.append(Note(move.kind, message, node=move.node, model=move.model, replica=move.replica, detail=detail,
-                               nodes=tuple(move.nodes)))
+        self.notes.append(Note(move.kind, message, node=move.node, model=move.model, replica=move.replica,
+                               detail=detail, nodes=tuple(move.nodes)))
 
     def _forget_ended(self) -> None:
         ended = [mid for mid, mv in self.moves.items() if mv.state in MOVE_ENDED]

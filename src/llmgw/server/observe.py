@@ -57,8 +57,8 @@ class Observer(ReplicaBook):
         expected = self.endpoint_for(node_id, port)
         if reported and reported != expected:
             return Refusal(node_id, kind, shard_id, REFUSED_ENDPOINT,
-                           f"{node_id} sent {kind} for shard {shard_id} with endpoint {reported!r}, but its engines are "
-                           f"reached at {expected or 'an address not known yet'!r}; refused")
+                           f"{node_id} sent {kind} for shard {shard_id} with endpoint {reported!r}, but its engines "
+                           f"are reached at {expected or 'an address not known yet'!r}; refused")
         return None
 
     # -- Register and resync -------------------------------------------------------------------------
@@ -125,8 +125,9 @@ class Observer(ReplicaBook):
                     continue
                 if report.state != shard.state:
                     before = shard.state
-                    self._apply_shard_state(replica, shard, report.state, now, reason=report.reason, tail=list(report.tail),
-                                            exit_code=report.exit_code, cause=f"{kind} from {node_id}")
+                    self._apply_shard_state(replica, shard, report.state, now, reason=report.reason,
+                                            tail=list(report.tail), exit_code=report.exit_code,
+                                            cause=f"{kind} from {node_id}")
                     changed = changed or shard.state != before
                 continue
             reported.add(spec.shard_id)
@@ -170,7 +171,8 @@ class Observer(ReplicaBook):
                 elif not shard.acked and shard.state == ShardState.STARTING:
                     # The Start never reached the agent (the stream broke): try again, no penalty.
                     self._shard_to(shard, ShardState.LOST, f"Register from {node_id} without it")
-                    self._fail(replica, now, f"{node_id} never received the start of {shard.shard_id}; retrying", [], penalty=False)
+                    self._fail(replica, now, f"{node_id} never received the start of {shard.shard_id}; retrying", [],
+                               penalty=False)
                 else:
                     self._shard_to(shard, ShardState.LOST, f"{kind} from {node_id} without it")
                     why = ("the engine went away while the agent was disconnected" if register
@@ -187,7 +189,8 @@ class Observer(ReplicaBook):
         if existing is not None and existing.adopted and _same_attempt(existing, spec):
             # Another rank of a multi-node replica adopted from another node: one replica again.
             self._set_shards(existing, [*existing.shards, self._adopted_shard(node_id, report, started, seen_at)])
-            self.log.append(f"adopted {spec.shard_id} (rank {spec.rank} of {spec.world}) running on {node_id} into replica {rid}")
+            self.log.append(f"adopted {spec.shard_id} (rank {spec.rank} of {spec.world}) running on {node_id} "
+                            f"into replica {rid}")
             self._derive(existing, now)
             return
         if existing is not None:
@@ -308,8 +311,10 @@ class Observer(ReplicaBook):
         if replica.state == ReplicaState.STOPPING:
             self._maybe_forget(replica)
             return
-        if replica.state == ReplicaState.PENDING or (previous == ShardState.LOST and replica.state == ReplicaState.FAILED):
-            return  # given up already: the end of a rank lost meanwhile fails nothing twice (no illegal pending → failed)
+        if (replica.state == ReplicaState.PENDING
+                or (previous == ShardState.LOST and replica.state == ReplicaState.FAILED)):
+            # given up already: the end of a rank lost meanwhile fails nothing twice (no illegal pending → failed)
+            return
         if previous == ShardState.LOST and replica.state == ReplicaState.READY and shard.state in HOLDING:
             self.log.append(f"replica {replica.id}: {shard.shard_id} back on {shard.node}")
         new = shard_state(state)

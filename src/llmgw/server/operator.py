@@ -152,7 +152,8 @@ class Operator:
         workers_note = workers_refusal(old, new)
         if workers_note:
             log.warning("reload: %s; the rest of the config is reloaded", workers_note)
-            cfg = msgspec.structs.replace(cfg, gateway=msgspec.structs.replace(cfg.gateway, workers=self.cfg.gateway.workers))
+            cfg = msgspec.structs.replace(
+                cfg, gateway=msgspec.structs.replace(cfg.gateway, workers=self.cfg.gateway.workers))
         elif new != old:
             log.info("reload: gateway workers %d → %d", old, new)
             # The feed first: the catalog below goes out with admission divided by the new count.

@@ -227,7 +227,8 @@ class Reconciler(Roller):
             model = self.models.get(replica.model)
             if model is None:
                 self.stop_replica(replica, now, f"model {replica.model} left the catalog")
-            elif replica.profile and replica.state != ReplicaState.PENDING and replica.profile not in self._profiles[model.name]:
+            elif (replica.profile and replica.state != ReplicaState.PENDING
+                  and replica.profile not in self._profiles[model.name]):
                 self.stop_replica(replica, now, f"profile {replica.profile} left model {replica.model}")
         # Counts: add missing replicas, stop surplus ones (a step every 100 models).
         for i, model in enumerate(list(self.models.values())):
@@ -252,10 +253,12 @@ class Reconciler(Roller):
                         self.stop_replica(replica, now, f"surplus: {model.name} wants {model.replicas}")
         self._multinode_checks(by_id, now)
         # Place pending replicas, oldest first; one step each.
-        pending = sorted((r for r in self.replicas.values() if r.state == ReplicaState.PENDING), key=lambda r: (r.created_at, r.id))
+        pending = sorted((r for r in self.replicas.values() if r.state == ReplicaState.PENDING),
+                         key=lambda r: (r.created_at, r.id))
         usage: _Usage | None = None
         for replica in pending:
-            if replica.state != ReplicaState.PENDING or self.replicas.get(replica.id) is not replica or replica.model not in self.models:
+            if (replica.state != ReplicaState.PENDING or self.replicas.get(replica.id) is not replica
+                    or replica.model not in self.models):
                 continue  # changed while the pass let others run
             if not replica.gone():
                 continue  # a rank back from a lost node after it was given up: placed again once that one has stopped
@@ -307,7 +310,8 @@ class Reconciler(Roller):
             ids = self._of_model.get(model.name, ())
             if model.replicas < 2 or len(ids) < 2:
                 continue
-            held = [r.shards[0].node for r in map(replicas.__getitem__, ids) if r.state in holding_states and len(r.shards) == 1]
+            held = [r.shards[0].node for r in map(replicas.__getitem__, ids)
+                    if r.state in holding_states and len(r.shards) == 1]
             if domain:
                 held = [domain.get(node, node) for node in held]
             if len(set(held)) == len(held):
@@ -318,7 +322,8 @@ class Reconciler(Roller):
             if model.name in busy or (last is not None and now - last < cooldown):
                 continue
             holding = tuple(
-                SpreadReplica(id=r.id, nodes=tuple(sorted({s.node for s in r.shards})), ready=r.state == ReplicaState.READY)
+                SpreadReplica(id=r.id, nodes=tuple(sorted({s.node for s in r.shards})),
+                              ready=r.state == ReplicaState.READY)
                 for r in map(self.replicas.__getitem__, ids)
                 if r.state in (ReplicaState.STARTING, ReplicaState.READY) and not r.replaces and r.shards)
             models.append(SpreadModel(name=model.name, desired=model.replicas, replicas=holding, last_move_at=last))
@@ -329,7 +334,8 @@ class Reconciler(Roller):
         # What a no-room answer depends on: the replicas (generation) and each node's readiness,
         # cordon and leaves (a node the fabric map moves to another leaf may become a target).
         picture = (self.generation, hash(tuple((n.node_id, n.ready, n.cordoned, n.leaves) for n in fleet)))
-        names = [name for name in crowded(models, fleet, mode, now, cooldown) if self._spread_no_room.get(name) != picture]
+        names = [name for name in crowded(models, fleet, mode, now, cooldown)
+                 if self._spread_no_room.get(name) != picture]
         if not names:
             return
         usage = _Usage(nodes, self.replicas.values(), self.generation)
@@ -389,7 +395,8 @@ class Reconciler(Roller):
             for shard in replica.shards:
                 fabric = shard.spec.fabric if shard.spec is not None else ""
                 node = by_id.get(shard.node)
-                if fabric and node is not None and node.connected and node.state == "ready" and fabric not in node.fabrics:
+                if (fabric and node is not None and node.connected and node.state == "ready"
+                        and fabric not in node.fabrics):
                     key = (replica.id, shard.node)
                     since = self._rail_down_since[key] = down_before.get(key, now)
                     grace = qp_retry_window(shard.spec.env if shard.spec is not None else {})
@@ -397,7 +404,8 @@ class Reconciler(Roller):
                         continue
                     why = node.fabric_notes.get(fabric, "no longer advertised")
                     self._fail(replica, now, f"{shard.node}: fabric {fabric} is no longer usable ({why}) for "
-                                             f"{now - since:.0f}s, past NCCL's {grace:.0f}s retry window", [], penalty=False)
+                                             f"{now - since:.0f}s, past NCCL's {grace:.0f}s retry window",
+                               [], penalty=False)
                     break
 
     def _place(self, replica: Replica, usage: _Usage, now: float) -> list[StartShard]:
@@ -407,7 +415,8 @@ class Reconciler(Roller):
             return []
         capacities = usage.for_model(model.name)
         if replica.avoid:
-            capacities = [msgspec.structs.replace(c, state=AVOIDED) if c.node_id in replica.avoid and c.state == "ready" else c
+            capacities = [msgspec.structs.replace(c, state=AVOIDED)
+                          if c.node_id in replica.avoid and c.state == "ready" else c
                           for c in capacities]  # a lost node avoided says "lost"
         replaced = self.replicas.get(replica.replaces) if replica.replaces else None
         if replaced is not None:
@@ -415,14 +424,15 @@ class Reconciler(Roller):
             # is ready): a rollout keeps its replicas spread instead of stacking successors on
             # the fullest node, which spreading would then have to undo with a move of its own.
             leaving = {s.node for s in replaced.shards}
-            capacities = [msgspec.structs.replace(c, replicas_of_model=c.replicas_of_model - 1) if c.node_id in leaving else c
+            capacities = [msgspec.structs.replace(c, replicas_of_model=c.replicas_of_model - 1)
+                          if c.node_id in leaving else c
                           for c in capacities]
         reasons: list[str] = []
         attempt = replica.attempt + 1
         for profile in model.profiles:
             if profile.nodes > 1:
-                multi = place_multi(Request(replica_id=f"{replica.id}.{attempt}", gpus=profile.gpus, gpu_kind=profile.gpu_kind,
-                                            gpu_memory_mib=profile.gpu_memory_mib),
+                multi = place_multi(Request(replica_id=f"{replica.id}.{attempt}", gpus=profile.gpus,
+                                            gpu_kind=profile.gpu_kind, gpu_memory_mib=profile.gpu_memory_mib),
                                     profile.nodes, capacities, self.settings.port_range, self.places)
                 if isinstance(multi, NoFit):
                     prefix = f"profile {profile.name}: " if len(model.profiles) > 1 else ""
@@ -431,7 +441,8 @@ class Reconciler(Roller):
                 return self._placed_multi(replica, model, profile, multi, attempt, usage, now)
             shard_id = f"{replica.id}.{attempt}"
             result = place(
-                Request(replica_id=shard_id, gpus=profile.gpus, gpu_kind=profile.gpu_kind, gpu_memory_mib=profile.gpu_memory_mib),
+                Request(replica_id=shard_id, gpus=profile.gpus, gpu_kind=profile.gpu_kind,
+                        gpu_memory_mib=profile.gpu_memory_mib),
                 capacities,
                 self.settings.port_range,
             )
@@ -458,12 +469,14 @@ class Reconciler(Roller):
             ])
             usage.hold(model.name, result.node_id, result.gpus, result.port)
             self._replica_to(replica, ReplicaState.STARTING, now, "", "placed")
-            self.log.append(f"placed {shard_id} ({model.name}/{profile.name}) on {result.node_id} GPUs {list(result.gpus)} port {result.port}")
+            self.log.append(f"placed {shard_id} ({model.name}/{profile.name}) on {result.node_id} "
+                            f"GPUs {list(result.gpus)} port {result.port}")
             return [StartShard(result.node_id, spec)]
         waiting = "; ".join(reasons)
         if replica.failures and replica.reason and not replica.reason.startswith("no placement"):
             waiting = f"{waiting} (last failure: {replica.reason})" if waiting else replica.reason
-        self._replica_to(replica, ReplicaState.PENDING, now, f"no placement: {waiting}" if reasons else waiting, "no placement")
+        self._replica_to(replica, ReplicaState.PENDING, now, f"no placement: {waiting}" if reasons else waiting,
+                         "no placement")
         return []
 
     def _remember_past(self, replica: Replica) -> None:
@@ -481,11 +494,11 @@ class Reconciler(Roller):
             shard_id = f"{replica.id}.{attempt}.{rank}"
             spec = msgspec.structs.replace(
                 shard_spec(model, profile, replica.id, shard_id, list(placed.gpus), placed.port, self.new_key()),
-                rank=rank, world=world, master_addr=multi.master_addr, master_port=multi.master_port, fabric=multi.fabric,
-                engine_mode="ray" if profile.engine_mode == "ray" else "",
+                rank=rank, world=world, master_addr=multi.master_addr, master_port=multi.master_port,
+                fabric=multi.fabric, engine_mode="ray" if profile.engine_mode == "ray" else "",
             )
-            shards.append(Shard(shard_id=shard_id, node=placed.node_id, rank=rank, gpus=list(placed.gpus), port=placed.port,
-                                started_at=now, seen_at=now, spec=spec))
+            shards.append(Shard(shard_id=shard_id, node=placed.node_id, rank=rank, gpus=list(placed.gpus),
+                                port=placed.port, started_at=now, seen_at=now, spec=spec))
             usage.hold(model.name, placed.node_id, placed.gpus, placed.port)
         usage.hold_port(multi.ranks[0].node_id, multi.master_port)
         replica.attempt = attempt
@@ -496,8 +509,9 @@ class Reconciler(Roller):
         self._set_shards(replica, shards)
         self._replica_to(replica, ReplicaState.STARTING, now, "", "placed")
         where = ", ".join(f"rank {s.rank} {s.node} GPUs {s.gpus} port {s.port}" for s in shards)
-        self.log.append(f"placed {replica.id}.{attempt} ({model.name}/{profile.name}) on fabric {multi.fabric}: {where}; "
-                        f"master {multi.master_addr}:{multi.master_port}" + "".join(f"; {note}" for note in multi.notes))
+        self.log.append(f"placed {replica.id}.{attempt} ({model.name}/{profile.name}) on fabric {multi.fabric}: "
+                        f"{where}; master {multi.master_addr}:{multi.master_port}"
+                        + "".join(f"; {note}" for note in multi.notes))
         return [StartShard(s.node, s.spec) for s in shards if s.spec is not None]
 
     def next_deadline(self) -> float | None:

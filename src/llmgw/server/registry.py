@@ -154,7 +154,8 @@ class NodeRegistry:
         reason = "registered" if old is None else f"registered again (was {old})"
         return Transition(msg.node_id, old, "ready", reason), replaced
 
-    def heartbeat(self, node_id: str, session: int, msg: Heartbeat, now: float, wall: float | None = None) -> Transition | None:
+    def heartbeat(self, node_id: str, session: int, msg: Heartbeat, now: float,
+                  wall: float | None = None) -> Transition | None:
         node = self.nodes.get(node_id)
         if node is None or node.session != session:
             return None
@@ -175,7 +176,8 @@ class NodeRegistry:
             return Transition(node_id, old, "ready", "heartbeat received")
         return None
 
-    def fabrics_changed(self, node_id: str, session: int, msg: Fabrics, now: float) -> tuple[list[str], list[str]] | None:
+    def fabrics_changed(self, node_id: str, session: int, msg: Fabrics,
+                        now: float) -> tuple[list[str], list[str]] | None:
         """The node's usable fabrics changed: replace them. Returns (before, after) names, or
         None when the message is from a replaced stream."""
         node = self.nodes.get(node_id)

@@ -152,7 +152,8 @@ class RemedyService:
             elif isinstance(action, Report):
                 self.record("remedy", f"node {action.node}: {action.reason}: not cordoned: {action.why}", action.node)
             elif isinstance(action, GpuOut):
-                self.record("remedy", f"node {action.node} GPU {action.gpu} not placeable: {action.reason}", action.node)
+                self.record("remedy", f"node {action.node} GPU {action.gpu} not placeable: {action.reason}",
+                            action.node)
                 changed = True
             elif isinstance(action, GpuBack):
                 self.record("remedy", f"node {action.node} GPU {action.gpu} placeable again: {action.reason}",

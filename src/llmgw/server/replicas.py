@@ -276,19 +276,21 @@ class ReplicaBook:
             return
         states = {s.state for s in replica.shards}
         # A ready replica with a shard on a lost node serves on (lost.py): lost is not known dead.
-        kept = replica.state == ReplicaState.READY and ShardState.LOST in states and states - {ShardState.LOST} <= SERVING
+        kept = (replica.state == ReplicaState.READY and ShardState.LOST in states
+                and states - {ShardState.LOST} <= SERVING)
         if kept or (states <= SERVING and replica.complete()):
             if replica.state != ReplicaState.READY:
                 self.log.append(f"replica {replica.id} ready")
             # An unhealthy shard's reason (since when) shows on the replica (`ctl replicas`), and a lost one's.
-            reason = next((f"{s.node}: {s.reason}" for s in replica.shards if s.state == ShardState.UNHEALTHY), "") or next(
-                (lost_note(s.node) for s in replica.shards if s.state == ShardState.LOST), "")
+            reason = (next((f"{s.node}: {s.reason}" for s in replica.shards if s.state == ShardState.UNHEALTHY), "")
+                      or next((lost_note(s.node) for s in replica.shards if s.state == ShardState.LOST), ""))
             if self._replica_to(replica, ReplicaState.READY, now, reason, "every shard serving"):
                 replica.failures = 0
                 replica.tail = []
         else:
             self._replica_to(replica, ReplicaState.STARTING, now,
-                             replica.reason if replica.state == ReplicaState.STARTING else "", "a shard not serving yet")
+                             replica.reason if replica.state == ReplicaState.STARTING else "",
+                             "a shard not serving yet")
 
     def _fail(self, replica: Replica, now: float, reason: str, tail: list[str], *, penalty: bool) -> None:
         if replica.state in (ReplicaState.STOPPING, ReplicaState.PENDING):

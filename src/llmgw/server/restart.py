@@ -56,10 +56,12 @@ def restart(mover: Mover, replica_id: str, who: str, now: float, *, force: bool)
     if replica.state not in LEAVING and replica.state != ReplicaState.READY and mover.move_of(replica_id) is None:
         mover.stop_replica(replica, now, reason)
         return RestartResult(restarting=replica_id,
-                             message=f"{replica_id} was {replica.state} (serving nothing): stopped; a new replica is placed")
+                             message=f"{replica_id} was {replica.state} (serving nothing): stopped; "
+                                     "a new replica is placed")
     asked = mover.request_move(replica_id, now, reason=reason + (" (--force)" if force else ""), kind="restart",
                                no_room=NoRoom.BELOW if force else NoRoom.FAIL)
     if isinstance(asked, str):
         return 409, f"cannot restart {replica_id}: {asked}"
     return RestartResult(restarting=replica_id, move=move_outcome(asked, mover),
-                         message=f"restarting {replica_id}: a successor is placed first; {replica_id} serves until it is ready")
+                         message=f"restarting {replica_id}: a successor is placed first; {replica_id} serves "
+                                 "until it is ready")

@@ -134,7 +134,8 @@ class Roller(Keeper):
             del self.rollouts[name]
         for model in models.values():
             ro = self.rollouts.get(model.name)
-            if (ro is None or ro.state != RolloutState.ROLLING) and self._current.get(model.name) == self._fingerprint(model):
+            if ((ro is None or ro.state != RolloutState.ROLLING)
+                    and self._current.get(model.name) == self._fingerprint(model)):
                 continue
             self._roll_model(model, now)
 

@@ -10,8 +10,9 @@ stays ended, and a new attempt gets a new shard id. "lost" is this server's verd
 away, or stopped reporting the shard), and it means unknown, not dead: a ready replica with a lost
 shard stays ready and serves on until it is replaced (lost.py). The node's own later report of the
 same shard is the truth again (the fleet is the source of truth, DESIGN.md), so a lost shard may
-become anything an agent reports, and one the node no longer reports when it is back has exited. States arriving from agents are text (`ShardStatus.state`, `ShardReport.state`): an
-unknown one is refused like an illegal transition.
+become anything an agent reports, and one the node no longer reports when it is back has exited.
+States arriving from agents are text (`ShardStatus.state`, `ShardReport.state`): an unknown one is
+refused like an illegal transition.
 """
 
 from __future__ import annotations

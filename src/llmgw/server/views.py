@@ -249,7 +249,8 @@ def replica_view(r: Replica, now: float, weights: WeightsBoard | None = None, mo
         state_since=_wall(now, r.state_since),
         attempt=r.attempt,
         failures=r.failures,
-        retry_in=round(r.next_attempt_at - now, 3) if r.state == ReplicaState.FAILED and r.next_attempt_at > now else None,
+        retry_in=(round(r.next_attempt_at - now, 3) if r.state == ReplicaState.FAILED and r.next_attempt_at > now
+                  else None),
         adopted=r.adopted,
         endpoint=rank0.endpoint if rank0 is not None and r.state == ReplicaState.READY else "",
         shards=shards,
@@ -337,7 +338,8 @@ class FleetReads:
 
     def replica(self, replica_id: str, now: float) -> ReplicaView | None:
         replica = self.reconciler.replicas.get(replica_id)
-        return None if replica is None else replica_view(replica, now, self.weights, self.reconciler.move_of(replica_id))
+        return (None if replica is None
+                else replica_view(replica, now, self.weights, self.reconciler.move_of(replica_id)))
 
     def models(self, now: float = 0.0) -> list[ModelView]:
         reconciler = self.reconciler

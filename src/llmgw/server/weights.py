@@ -101,8 +101,8 @@ class WeightsBoard(Collector):
                                       labels=["node"])
         for node, value in sorted(self.bytes_total.items()):
             fetched.add_metric([node], value)
-        failures = CounterMetricFamily("llmgw_weights_fetch_failures", "Weight downloads that failed, by node and reason.",
-                                       labels=["node", "reason"])
+        failures = CounterMetricFamily("llmgw_weights_fetch_failures",
+                                       "Weight downloads that failed, by node and reason.", labels=["node", "reason"])
         for (node, reason), value in sorted(self.failures.items()):
             failures.add_metric([node, reason], value)
         yield fetched

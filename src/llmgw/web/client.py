@@ -48,11 +48,12 @@ class Watch:
 
     Two cancel scopes per proxied request (the head timeout's move_on_after and the eviction
     guard) were ~11 % of the gateway's samples (py-spy, wrk -c32, issue 17); without them, same-run
-    A/B of 3 rounds: 119 -> 100 µs of CPU per request, 6,550 -> 8,300 requests/s. With a Watch the owner keeps the due time in a table that one
-    task checks (llmgw.server.gateway.proxy), and `fire` wakes the waiting task through
-    trio.lowlevel.notify_closing on the connection's fd: its wait_readable (or wait_writable)
-    raises ClosedResourceError at once and the request fails with UpstreamError(`why`). The
-    connection is closed then, which is right after a timeout or an eviction anyway.
+    A/B of 3 rounds: 119 -> 100 µs of CPU per request, 6,550 -> 8,300 requests/s. With a Watch the
+    owner keeps the due time in a table that one task checks (llmgw.server.gateway.proxy), and
+    `fire` wakes the waiting task through trio.lowlevel.notify_closing on the connection's fd: its
+    wait_readable (or wait_writable) raises ClosedResourceError at once and the request fails with
+    UpstreamError(`why`). The connection is closed then, which is right after a timeout or an
+    eviction anyway.
 
     `why` is checked before every wait too, so a fire while the task was not waiting (runnable,
     or still connecting: a new connection is bounded by connect_timeout) is seen at its next
@@ -141,7 +142,8 @@ class Response:
         None when it must be read (`read`)."""
         conn, head = self._conn, self.head
         need = head.content_length
-        if need is None or head.chunked or not head.has_body or len(conn.buf) < need or (limit is not None and need > limit):
+        if (need is None or head.chunked or not head.has_body or len(conn.buf) < need
+                or (limit is not None and need > limit)):
             return None
         body = bytes(conn.buf[:need])
         del conn.buf[:need]
@@ -278,7 +280,8 @@ class Upstream:
                 else:
                     stream = await trio.open_tcp_stream(self.host, self.port)
         except OSError as exc:
-            raise UpstreamError("connect", f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
+            raise UpstreamError("connect",
+                                f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
         if stream is None:
             raise UpstreamError("connect", f"connect to {self.host}:{self.port} timed out")
         if self._family is None:  # trio.SocketStream sets TCP_NODELAY itself; a Unix socket has none

@@ -91,8 +91,8 @@ class Handoff:
 
 
 class FastConnection:
-    __slots__ = ("_done", "_ended", "_head", "_head_end", "_out", "_paused", "close_after", "conn", "exchange", "fd", "first", "lane", "reactor",
-                 "result", "server")
+    __slots__ = ("_done", "_ended", "_head", "_head_end", "_out", "_paused", "close_after", "conn", "exchange", "fd",
+                 "first", "lane", "reactor", "result", "server")
 
     def __init__(self, server: HttpServer, conn: ClientConnection, lane: FastLane, first: bool) -> None:
         self.server = server
@@ -238,7 +238,8 @@ class FastConnection:
         try:
             taken = self.lane.offer(request, exchange)
         except Exception:
-            log.exception("fast lane failed on %s %s from %s; the task serves it", request.method, request.path, conn.peer)
+            log.exception("fast lane failed on %s %s from %s; the task serves it", request.method, request.path,
+                          conn.peer)
         if not taken:
             self._release(exchange)
             self._to_task()

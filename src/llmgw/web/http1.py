@@ -284,7 +284,8 @@ def parse_request_head(raw: bytes | bytearray) -> RequestHead:
     if m is None:
         line = raw[: raw.find(b"\r\n")]
         parts = line.split(b" ")
-        if len(parts) == 3 and re.fullmatch(rb"HTTP/\d(\.\d)?", parts[2]) and parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+        if (len(parts) == 3 and re.fullmatch(rb"HTTP/\d(\.\d)?", parts[2])
+                and parts[2] not in (b"HTTP/1.1", b"HTTP/1.0")):
             raise HttpError(505, "HTTP version not supported")
         raise HttpError(400, "malformed request line")
     method, target, minor = m.groups()

@@ -212,7 +212,8 @@ class RelayHub:
                     await stream.done.wait()
                 if not stream.done.is_set() and trio.current_time() - stream.last >= idle_timeout:
                     if stream.pending:
-                        raise RelayError("client", f"client read nothing for {idle_timeout:g}s mid-stream", timeout=True)
+                        raise RelayError("client", f"client read nothing for {idle_timeout:g}s mid-stream",
+                                         timeout=True)
                     raise RelayError("upstream", f"engine sent nothing for {idle_timeout:g}s mid-stream", timeout=True)
             if stream.error is not None:
                 raise stream.error

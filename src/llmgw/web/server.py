@@ -1,15 +1,13 @@
-"""The public port's HTTP/1.1 server on trio: keep-alive, streaming responses, TLS with
-client certificates, and a cancel when the client goes away mid-stream.
+"""The public port's HTTP/1.1 server on trio: keep-alive, streaming responses, TLS with client certificates, and a
+cancel when the client goes away mid-stream.
 
-One task per connection reads requests and runs the handler; a streaming handler may ask
-for a watcher that notices the client hanging up and cancels the handler, so an engine
-request whose client left is cancelled at once instead of running to the end.
+One task per connection reads requests and runs the handler; a streaming handler may ask for a watcher that notices the
+client hanging up and cancels the handler, so an engine request whose client left is cancelled at once instead of
+running to the end.
 
-The simulated engine (llmgw.sim.engine) runs on this server too, through small hooks:
-`render_error` (how a protocol error is answered: vLLM's error shape there), `drain`,
-`respond_prepared` (a canned response) and the first and last bytes of a stream sent with
-its head and its end.
-"""
+The simulated engine (llmgw.sim.engine) runs on this server too, through small hooks: `render_error` (how a protocol
+error is answered: vLLM's error shape there), `drain`, `respond_prepared` (a canned response) and the first and last
+bytes of a stream sent with its head and its end."""
 
 from __future__ import annotations
 
@@ -113,9 +111,8 @@ class Request:
 class Responder:
     """How a handler answers one request on an HTTP/1.1 connection.
 
-    Streamed answers use chunked coding; an HTTP/1.0 client gets the body undelimited
-    instead (it cannot read chunked coding) and the connection closes at its end. A HEAD
-    request gets the head alone."""
+    Streamed answers use chunked coding; an HTTP/1.0 client gets the body undelimited instead (it cannot read chunked
+    coding) and the connection closes at its end. A HEAD request gets the head alone."""
 
     __slots__ = ("_conn", "_dechunk", "_framed", "close", "head_only", "http10", "started", "status", "streaming")
 
@@ -137,9 +134,8 @@ class Responder:
         await self._conn.send(data if self.head_only else data + body)
 
     async def respond_prepared(self, status: int, data: bytes) -> None:
-        """A whole response already framed, head and body (a canned answer). Only for a
-        keep-alive HTTP/1.1 exchange that is not HEAD: the caller checks `close`, `http10`
-        and `head_only` first."""
+        """A whole response already framed, head and body (a canned answer). Only for a keep-alive HTTP/1.1 exchange
+        that is not HEAD: the caller checks `close`, `http10` and `head_only` first."""
         self.started = True
         self.status = status
         await self._conn.send(data)
@@ -212,8 +208,8 @@ HEAD_LATE = HttpError(408, "request head not received in time")
 
 
 class ClientConnection:
-    __slots__ = ("buf", "deadline", "eof", "expired", "handler_scope", "head_scan", "idle", "io", "late", "nursery", "peer",
-                 "stream", "tls", "watch_done", "watch_scope")
+    __slots__ = ("buf", "deadline", "eof", "expired", "handler_scope", "head_scan", "idle", "io", "late", "nursery",
+                 "peer", "stream", "tls", "watch_done", "watch_scope")
 
     def __init__(self, tcp: trio.SocketStream, peer: str, tls: trio.SSLStream | None, nursery: trio.Nursery) -> None:
         self.stream: trio.abc.Stream = tcp if tls is None else tls
@@ -224,7 +220,7 @@ class ClientConnection:
         self.buf = bytearray()
         self.head_scan = HeadScanner()
         self.eof = False
-        self.idle = False  # between two requests, nothing read of the next: drain() gives it drain_idle (a new one: not)
+        self.idle = False  # between requests, nothing read of the next: drain() gives it drain_idle (a new one: not)
         # While a head or body is awaited: when it is due (trio time), and the answer if it is late.
         self.deadline = math.inf
         self.late = HEAD_LATE
@@ -279,9 +275,8 @@ class ClientConnection:
             done.set()
 
     async def stop_watch(self) -> None:
-        """Stop the watcher and wait until it has: a cancelled watcher that was already
-        woken still reads once more, and two tasks waiting on one fd is an error in trio
-        (BusyResourceError, which closed pipelined connections)."""
+        """Stop the watcher and wait until it has: a cancelled watcher that was already woken still reads once more, and
+        two tasks waiting on one fd is an error in trio (BusyResourceError, which closed pipelined connections)."""
         if self.watch_scope is not None:
             self.watch_scope.cancel()
             self.watch_scope = None
@@ -293,8 +288,8 @@ ErrorRenderer = Callable[[HttpError], tuple[Headers, bytes]]
 
 def json_error(exc: HttpError) -> tuple[Headers, bytes]:
     """The public port's answer to a protocol error: the OpenAI error shape."""
-    body = msgspec.json.encode({"error": {"message": str(exc), "type": "invalid_request_error" if exc.status < 500 else "server_error",
-                                          "code": exc.status}})
+    body = msgspec.json.encode({"error": {"message": str(exc), "type": "invalid_request_error" if exc.status < 500
+                                          else "server_error", "code": exc.status}})
     return [(b"content-type", b"application/json")], body
 
 
@@ -324,13 +319,15 @@ class HttpServer:
     def head_timeout(self, first: bool) -> float:
         """How long the next request head may take (a keep-alive one: drain_idle at most once draining)."""
         lim = self.limits
-        return lim.header_timeout if first else min(lim.keepalive_timeout, lim.drain_idle if self.draining else math.inf)
+        return lim.header_timeout if first else min(lim.keepalive_timeout,
+                                                    lim.drain_idle if self.draining else math.inf)
 
     @property
     def active_requests(self) -> int:
         return len(self._active) + self.fast_active
 
-    async def serve(self, listeners: list[trio.SocketListener], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, listeners: list[trio.SocketListener], *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Accept on every listener until `drain` (or a cancel); returns when the connections
         it accepted have ended too."""
         async with trio.open_nursery() as connections:
@@ -347,7 +344,7 @@ class HttpServer:
             finally:
                 with trio.CancelScope(shield=True):
                     for listener in listeners:
-                        for queued in accept_queued(listener) if self.draining else ():  # served, not reset by the close
+                        for queued in accept_queued(listener) if self.draining else ():  # served, not reset by aclose
                             self.connections += 1
                             connections.start_soon(self._serve_one, trio.SocketStream(queued))
                         await listener.aclose()
@@ -366,7 +363,8 @@ class HttpServer:
             while True:
                 now = trio.current_time()
                 # A deadline set from now on is at least this far off (drain() wakes this loop).
-                wake = now + (max(min(longest, lim.drain_idle), 0.05) if self.draining and lim.drain_idle > 0 else longest)
+                wake = now + (max(min(longest, lim.drain_idle), 0.05) if self.draining and lim.drain_idle > 0
+                              else longest)
                 for conn in list(self._conns):
                     if conn.deadline <= now:
                         conn.expire()
@@ -391,7 +389,8 @@ class HttpServer:
                     raise
                 self._throttle_accept(logging.WARNING, "public port: accept failed with %s (%d connections open): "
                                       "pausing accepts; raise the file descriptor limit (LimitNOFILE) or lower "
-                                      "max_connections", errno.errorcode.get(exc.errno or 0, str(exc)), self.connections)
+                                      "max_connections", errno.errorcode.get(exc.errno or 0, str(exc)),
+                                      self.connections)
                 await trio.sleep(ACCEPT_RETRY)
                 continue
             self.connections += 1
@@ -530,7 +529,8 @@ class HttpServer:
                 if head is None:
                     return
                 need = head.content_length or 0  # the whole body came with the head: no wait to set up
-                if len(conn.buf) >= need and not head.chunked and not head.expect_continue and need <= self.limits.max_body:
+                if (len(conn.buf) >= need and not head.chunked and not head.expect_continue
+                        and need <= self.limits.max_body):
                     body = bytes(conn.buf[:need])
                     del conn.buf[:need]
                 else:
@@ -540,7 +540,8 @@ class HttpServer:
                 return
             first = False
             request = Request(head, body, conn.peer, conn.tls)
-            responder = Responder(conn, close=head.close or self.draining, http10=head.http10, head_only=head.method == b"HEAD")
+            responder = Responder(conn, close=head.close or self.draining, http10=head.http10,
+                                  head_only=head.method == b"HEAD")
             if not await self._run(conn, request, responder, functools.partial(self.handler, request, responder)):
                 return
 

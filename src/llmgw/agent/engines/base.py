@@ -40,7 +40,9 @@ class Adapter:
         The profile's own mistakes first: a tensor size that contradicts the GPU count is
         wrong on every node, a missing binary only on this one.
         """
-        if spec.api_key and self.key_flag and any(a == self.key_flag or a.startswith(self.key_flag + "=") for a in spec.args):
+        if spec.api_key and self.key_flag and any(
+            a == self.key_flag or a.startswith(self.key_flag + "=") for a in spec.args
+        ):
             raise LaunchError(
                 f"{self.name}: profile args set {self.key_flag}, but the agent gives every engine its own key "
                 "(the one the gateway sends); drop the flag"
@@ -52,7 +54,8 @@ class Adapter:
                 where = f"the replica has {want} GPU(s) on {spec.world} nodes" if want != len(spec.gpus) else \
                     f"the shard has {len(spec.gpus)} GPU(s) {spec.gpus}"
                 raise LaunchError(
-                    f"{self.name}: profile args set tensor parallel size {tp} but {where}; drop the flag or set gpus: {tp}"
+                    f"{self.name}: profile args set tensor parallel size {tp} but {where}; "
+                    f"drop the flag or set gpus: {tp}"
                 )
         for exe in self.executables(spec, self.argv(spec, "127.0.0.1", spec.port or 1)):
             if not _runnable(exe):

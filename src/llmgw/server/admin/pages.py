@@ -206,7 +206,8 @@ class AdminPages:
     async def logout(self, request: Request, responder: Responder) -> None:
         secure = "; Secure" if self.tls else ""
         await responder.respond(303, [(b"location", b"/admin/login"), NO_STORE,
-                                      (b"set-cookie", f"{COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict{secure}".encode())],
+                                      (b"set-cookie",
+                                       f"{COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict{secure}".encode())],
                                 b"")
 
 

@@ -16,8 +16,9 @@ Two policies, chosen per model:
 
 For both: endpoints whose breaker does not allow traffic, endpoints out of rotation for failing
 their active health checks (`health()`: N failures in a row take one out, one pass puts it
-back) and endpoints in `exclude` (already tried for this request) are skipped; endpoints with violations (KV cache nearly full, long
-waiting queue, from the scrape) are taken only when no other endpoint can take the request.
+back) and endpoints in `exclude` (already tried for this request) are skipped; endpoints with
+violations (KV cache nearly full, long waiting queue, from the scrape) are taken only when no
+other endpoint can take the request.
 
 Usage by the proxy::
 

@@ -182,7 +182,8 @@ class _Request:
         self._untrack()
         call.abandon()
         timeout = float(self.gw.settings.upstream_timeout)
-        self._resume(upstream.fired_error(guard, timeout) if guard.why == "timeout" else UpstreamError("evicted", guard.reason))
+        self._resume(upstream.fired_error(guard, timeout) if guard.why == "timeout"
+                     else UpstreamError("evicted", guard.reason))
 
     def _gone(self) -> None:
         """The client hung up (or the server stops) before the answer."""
@@ -199,8 +200,8 @@ class _Request:
         self.gw.metrics.left_fast_lane(self.model, "resumed")
         assert self.loop is not None
         resumed = Resumed(self.loop, replay)
-        self.exchange.resume(lambda responder: self.gw.resume(self.route, self.model, self.request, self.rid, self.started,
-                                                              self.ticket, resumed, responder))
+        self.exchange.resume(lambda responder: self.gw.resume(self.route, self.model, self.request, self.rid,
+                                                              self.started, self.ticket, resumed, responder))
 
     def _untrack(self) -> None:
         guard = self.guard

@@ -34,9 +34,12 @@ class _GatewayState(Collector):
         )
         healthy = GaugeMetricFamily("llmgw_endpoint_healthy", "1 while the endpoint passes its active health checks "
                                     "(0: out of rotation).", labels=["model", "endpoint"])
-        up = GaugeMetricFamily("llmgw_engine_up", "1 when the engine's /metrics answered on the last scrape.", labels=["model", "endpoint"])
-        depth = GaugeMetricFamily("llmgw_admission_queue_depth", "Requests waiting for an admission slot.", labels=["model"])
-        in_flight = GaugeMetricFamily("llmgw_requests_in_flight", "Requests admitted and not finished.", labels=["model"])
+        up = GaugeMetricFamily("llmgw_engine_up", "1 when the engine's /metrics answered on the last scrape.",
+                               labels=["model", "endpoint"])
+        depth = GaugeMetricFamily("llmgw_admission_queue_depth", "Requests waiting for an admission slot.",
+                                  labels=["model"])
+        in_flight = GaugeMetricFamily("llmgw_requests_in_flight", "Requests admitted and not finished.",
+                                      labels=["model"])
         if gw is not None:
             for name, route in gw.routes.items():
                 depth.add_metric([name], route.gate.queued)
@@ -95,7 +98,8 @@ class _Histogram(Collector):
         self.name, self.documentation, self.labels = name, documentation, labels
         self.bounds = tuple(float(b) for b in buckets)
         self._le = [floatToGoString(b) for b in (*self.bounds, math.inf)]
-        self.cells: dict[tuple[str, ...], list[float]] = {}  # per label set: a count per bucket (+Inf last), then the sum
+        # per label set: a count per bucket (+Inf last), then the sum
+        self.cells: dict[tuple[str, ...], list[float]] = {}
 
     def observe(self, key: tuple[str, ...], value: float) -> None:
         cell = self.cells.get(key)
@@ -123,16 +127,19 @@ class GatewayMetrics:
         if gateway is not None:
             registry.register(_GatewayState(gateway))
         self.requests = _Counts("llmgw_requests", "Gateway requests by model and HTTP status.", ["model", "code"])
-        self.duration = _Histogram("llmgw_request_duration_seconds", "Gateway request duration.", ["model"], LATENCY_BUCKETS)
-        self.ttft = _Histogram("llmgw_time_to_first_token_seconds", "Time to the first streamed token through the gateway.",
-                               ["model"], LATENCY_BUCKETS)
-        self.retries = _Counts("llmgw_upstream_retries", "Requests retried on another endpoint, by reason.", ["model", "reason"])
-        self.admission_wait = _Histogram("llmgw_admission_wait_seconds", "Time a request waited for an admission slot.", ["model"],
-                                         LATENCY_BUCKETS)
+        self.duration = _Histogram("llmgw_request_duration_seconds", "Gateway request duration.", ["model"],
+                                   LATENCY_BUCKETS)
+        self.ttft = _Histogram("llmgw_time_to_first_token_seconds",
+                               "Time to the first streamed token through the gateway.", ["model"], LATENCY_BUCKETS)
+        self.retries = _Counts("llmgw_upstream_retries", "Requests retried on another endpoint, by reason.",
+                               ["model", "reason"])
+        self.admission_wait = _Histogram("llmgw_admission_wait_seconds", "Time a request waited for an admission slot.",
+                                         ["model"], LATENCY_BUCKETS)
         self.rejected = _Counts("llmgw_admission_rejected", "Requests answered 429, by reason.", ["model", "reason"])
         self.fast_lane = _Counts("llmgw_gateway_fast_lane_requests",
-                                 "Plain requests the gateway's fast lane began, by how they left it: answered there, resumed "
-                                 "by a task (a retry, a new engine connection, a body to relay), or gone (the client hung up).",
+                                 "Plain requests the gateway's fast lane began, by how they left it: answered there, "
+                                 "resumed by a task (a retry, a new engine connection, a body to relay), or gone "
+                                 "(the client hung up).",
                                  ["model", "outcome"])
         for collector in (self.requests, self.duration, self.ttft, self.retries, self.admission_wait, self.rejected,
                           self.fast_lane):

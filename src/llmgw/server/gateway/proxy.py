@@ -45,9 +45,11 @@ PASS_RESPONSE_HEADERS = {b"content-type", b"cache-control", b"x-accel-buffering"
 class Followers(Protocol):
     """Where the gateway's configuration goes on to (llmgw.server.gwfeed.GatewayFeedService)."""
 
-    def publish_config(self, models: Sequence[RouteModel], static: Sequence[StaticEndpoint], settings: GatewaySettings) -> None: ...
+    def publish_config(self, models: Sequence[RouteModel], static: Sequence[StaticEndpoint],
+                       settings: GatewaySettings) -> None: ...
 
-    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str], *, settling: bool = False) -> None: ...
+    def publish_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str], *,
+                          settling: bool = False) -> None: ...
 
 
 class Gateway:
@@ -97,17 +99,20 @@ class Gateway:
     def settings(self) -> GatewaySettings:
         return self.table.settings
 
-    def configure(self, models: Sequence[Model | RouteModel], static: Sequence[StaticEndpoint], settings: GatewaySettings | None = None) -> None:
+    def configure(self, models: Sequence[Model | RouteModel], static: Sequence[StaticEndpoint],
+                  settings: GatewaySettings | None = None) -> None:
         """Models kept, and passed on, as their routing view only (issue 40, finding 2)."""
         routing = [route_model(m) for m in models]
         self.table.configure(routing, static, settings)
         if self.followers is not None:
             self.followers.publish_config(routing, static, self.table.settings)
 
-    def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None, *, settling: bool = False) -> None:
+    def set_endpoints(self, ready: Mapping[str, Iterable[str]], keys: Mapping[str, str] | None = None, *,
+                      settling: bool = False) -> None:
         """`settling` (server/settling.py): what a restarted control plane names joins the set in
         rotation (health checks drop the dead) until the settled set replaces it (issue 41)."""
-        merged = {name: set(ready.get(name, ())) | route.dynamic for name, route in self.routes.items()} if settling else ready
+        merged = ({name: set(ready.get(name, ())) | route.dynamic for name, route in self.routes.items()}
+                  if settling else ready)
         self.table.set_endpoints(merged, keys)
         if self.followers is not None:
             self.followers.publish_endpoints(ready, keys or {}, settling=settling)
@@ -141,7 +146,8 @@ class Gateway:
         extra = [(b"x-request-id", rid)]
         if is_models_path(path):
             if request.method != "GET":
-                await responder.respond(405, [JSON, *extra], openai_error(f"use GET {request.path}", "invalid_request_error"))
+                await responder.respond(405, [JSON, *extra],
+                                        openai_error(f"use GET {request.path}", "invalid_request_error"))
                 return
             if not self.authorized(request):
                 await self._unauthorized(responder, extra)
@@ -150,10 +156,12 @@ class Gateway:
             await responder.respond(status, [JSON, *extra], body)
             return
         if path not in ROUTES:
-            await responder.respond(404, [JSON, *extra], openai_error(f"unknown route {request.path}", "invalid_request_error", "not_found"))
+            await responder.respond(404, [JSON, *extra],
+                                    openai_error(f"unknown route {request.path}", "invalid_request_error", "not_found"))
             return
         if request.method != "POST":
-            await responder.respond(405, [JSON, *extra], openai_error(f"use POST {request.path}", "invalid_request_error"))
+            await responder.respond(405, [JSON, *extra],
+                                    openai_error(f"use POST {request.path}", "invalid_request_error"))
             return
         if not self.authorized(request):
             await self._unauthorized(responder, extra)
@@ -241,8 +249,8 @@ class Gateway:
             self.metrics.retried(route.name, loop.retried)
             loop.retried = None
 
-    async def _forward(self, route: Route, request: Request, responder: Responder, rid: bytes, streaming: bool, started: float,
-                       resumed: Resumed | None = None) -> int:
+    async def _forward(self, route: Route, request: Request, responder: Responder, rid: bytes, streaming: bool,
+                       started: float, resumed: Resumed | None = None) -> int:
         """The task path's driver of the attempt loop: each attempt's I/O, and its end told to the loop."""
         settings = self.settings
         replay: Response | UpstreamError | None = None
@@ -308,7 +316,8 @@ class Gateway:
                 if response is not None and loop.head(response.status, trio.current_time()) is Phase.PICK:
                     await response.aclose()  # a 502/503, retried elsewhere
                     continue
-                answered = None if response is None else await self._answer(route, endpoint, response, responder, rid, guard, started)
+                answered = (None if response is None
+                            else await self._answer(route, endpoint, response, responder, rid, guard, started))
                 if answered is None:
                     # Its endpoint failed its health checks while we waited (for the head, or for a
                     # plain answer's body): nothing went to the client, so another endpoint.
@@ -322,7 +331,8 @@ class Gateway:
                 loop.finish(None if exc.kind == "too_large" else False)
                 if not responder.started:
                     if exc.kind == "too_large":
-                        return await _too_large(responder, rid, route.name, int(settings.max_response), f"{endpoint}: {exc}")
+                        return await _too_large(responder, rid, route.name, int(settings.max_response),
+                                                f"{endpoint}: {exc}")
                     return await _engine_failed(responder, rid, 502, route.name, f"{endpoint}: {exc}")
                 responder.close = True
                 return 502
@@ -348,7 +358,8 @@ class Gateway:
             if not waiting:
                 del self._attempts[endpoint]
 
-    def release_pick(self, route: Route, pick: Pick, outcome: bool | None, reason: str, now: float | None = None) -> None:
+    def release_pick(self, route: Route, pick: Pick, outcome: bool | None, reason: str,
+                     now: float | None = None) -> None:
         """An attempt's outcome, to the balancer and its endpoint's breaker (a change is logged)."""
         balancer = route.balancer
         breaker = pick.breaker if pick.endpoint in balancer else None
@@ -387,7 +398,8 @@ class Gateway:
             responder.close = True
             return status, False
         if guard.evicted:
-            log.warning("model %s: %s went out of rotation mid-stream (%s): stream cut", route.name, endpoint, guard.reason)
+            log.warning("model %s: %s went out of rotation mid-stream (%s): stream cut", route.name, endpoint,
+                        guard.reason)
             responder.close = True
             return status, False
         return status, True

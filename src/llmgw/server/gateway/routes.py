@@ -25,7 +25,8 @@ log = logging.getLogger("llmgw.gateway")
 class Route:
     """One model's balancing, retry budget and admission."""
 
-    def __init__(self, name: str, settings: GatewaySettings, policy: str, rng: random.Random, metrics: GatewayMetrics) -> None:
+    def __init__(self, name: str, settings: GatewaySettings, policy: str, rng: random.Random,
+                 metrics: GatewayMetrics) -> None:
         self.name = name
         self.balancer = Balancer(
             policy,  # type: ignore[arg-type]

@@ -53,8 +53,8 @@ async def run_gateway(*, control_plane: str | None, listen: str, cert: str | Non
         ssl_context = None
         if not control_plane.startswith("http://"):
             if not (cert and key and ca):
-                raise UsageError("following over TLS needs --cert, --key (from `llmgw ctl cert gateway NAME`) and --ca; "
-                                 "or an http:// URL with --insecure in a lab")
+                raise UsageError("following over TLS needs --cert, --key (from `llmgw ctl cert gateway NAME`) "
+                                 "and --ca; or an http:// URL with --insecure in a lab")
             from llmgw.tls import client_context
 
             ssl_context = client_context(ca, cert, key, alpn=("h2",))
@@ -63,7 +63,8 @@ async def run_gateway(*, control_plane: str | None, listen: str, cert: str | Non
         parse_fleet_url(control_plane, insecure)  # a bad URL is one line now, not a retry loop
         tls = client_port_tls(*public_tls)
         sock = bind_socket(listen, "gateway port", "--listen", listen=False)  # listens once it can serve
-        gw = GatewayWorker(name or certificate_name(cert) or socket.gethostname(), Follow(url=control_plane, ssl_context=ssl_context, insecure=insecure),
+        gw = GatewayWorker(name or certificate_name(cert) or socket.gethostname(),
+                           Follow(url=control_plane, ssl_context=ssl_context, insecure=insecure),
                            local=False, public_tls=tls)
     metrics_socks = [bind_socket(metrics_listen, "metrics listener", "--metrics-listen")] if metrics_listen else []
     settle_garbage_collector()
@@ -165,5 +166,6 @@ async def reload_tls(gw: GatewayWorker) -> None:
     except UsageError as exc:
         log.error("gateway %s: SIGHUP: %s; the running certificate stays", gw.name, exc)
         return
-    log.info("gateway %s: SIGHUP: %s", gw.name, f"client port certificate re-read from {tls.cert} (new handshakes use it)"
+    log.info("gateway %s: SIGHUP: %s", gw.name,
+             f"client port certificate re-read from {tls.cert} (new handshakes use it)"
              if changed else "the client port's certificate files are unchanged")

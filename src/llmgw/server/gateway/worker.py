@@ -121,7 +121,8 @@ class GatewayWorker:
         self.updates = Counter("llmgw_gateway_control_plane_updates", "Updates received from the control plane.",
                                registry=self.registry)
         self.last_update = Gauge("llmgw_gateway_control_plane_last_update_timestamp_seconds",
-                                 "When the last update from the control plane came (unix time).", registry=self.registry)
+                                 "When the last update from the control plane came (unix time).",
+                                 registry=self.registry)
         Gauge("llmgw_gateway_worker_pid", "This gateway process's id (a restarted worker has a new one).",
               registry=self.registry).set(os.getpid())
         self.settling_gauge = Gauge("llmgw_gateway_control_plane_settling",
@@ -248,7 +249,8 @@ class GatewayWorker:
         self.settling_gauge.set(1 if settling else 0)
         if settling:
             log.warning("gateway %s: the control plane is settling (it restarted and waits for its nodes); keeping "
-                        "the last endpoint set (%d endpoint(s)) until it has", self.name, len(self.gateway.table.upstreams))
+                        "the last endpoint set (%d endpoint(s)) until it has", self.name,
+                        len(self.gateway.table.upstreams))
         else:
             log.info("gateway %s: the control plane has settled; following its endpoint set", self.name)
 
@@ -315,9 +317,11 @@ class GatewayWorker:
         name engine addresses, which never reach the client port (the control plane's /metrics
         shows them too, behind its viewer door)."""
         if request.path == "/metrics":
-            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4")], generate_latest(self.registry))
+            await responder.respond(200, [(b"content-type", b"text/plain; version=0.0.4")],
+                                    generate_latest(self.registry))
         elif request.path == "/healthz":  # this listener may say more than ok: "following", "settling", "lost"
-            await responder.respond(200, [JSON], b'{"status":"ok","control_plane":"%s"}' % self.control_plane().encode())
+            await responder.respond(200, [JSON],
+                                    b'{"status":"ok","control_plane":"%s"}' % self.control_plane().encode())
         else:
             await responder.respond(404, [JSON], openai_error("this listener serves /metrics and /healthz",
                                                              "invalid_request_error", "not_found"))
@@ -329,7 +333,8 @@ class GatewayWorker:
             response = await api.request(request.head.method, request.head.target, headers, request.body,
                                          head_timeout=FORWARD_TIMEOUT)
         except UpstreamError as exc:
-            await responder.respond(502, [JSON], openai_error(f"the control plane did not answer: {exc}", "server_error"))
+            await responder.respond(502, [JSON],
+                                    openai_error(f"the control plane did not answer: {exc}", "server_error"))
             return
         relay = [(k, v) for k, v in response.head.headers if k not in HOP_BY_HOP]
         if not response.head.chunked:
@@ -350,7 +355,8 @@ class GatewayWorker:
             settings = self.gateway.settings
             self.http = HttpServer(self, limits=Limits(
                 max_body=int(settings.max_body), body_timeout=float(settings.body_timeout),
-                header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)), lane=FastPath(self.lane))
+                header_timeout=float(settings.header_timeout), max_connections=int(settings.max_connections)),
+                lane=FastPath(self.lane))
             if self.public_tls is not None:
                 self.public_tls.attach(self.http)
             # Listening only now: the kernel hands a listening socket its share of the port's new
