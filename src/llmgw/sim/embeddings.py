@@ -81,10 +81,7 @@ def embeddings_response(
             norm = sum(v * v for v in vec) ** 0.5 or 1.0
             vec = [v / norm for v in vec]
         emb: list[float] | str
-        if req.encoding_format == "base64":
-            emb = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
-        else:
-            emb = vec
+        emb = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode() if req.encoding_format == "base64" else vec
         data.append({"index": i, "object": "embedding", "embedding": emb})
     prompt_tokens = sum(t for _, t in inputs)
     body = {
