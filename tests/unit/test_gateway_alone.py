@@ -24,11 +24,16 @@ ENTRY = ("llmgw.cli.gateway", "llmgw.server.gateway.run")
 # server/gateway/apikeys.py: a worker built a whole Auth to get it).
 CONTROL_PLANE = ("llmgw.server.control", "llmgw.server.reconcile", "llmgw.server.app", "llmgw.server.registry",
                  "llmgw.server.auth")
+# The gateway's own modules load no catalog either: it is told its models and settings on the feed,
+# whose types (llmgw.gwsettings, wire) sit below the catalog. (`llmgw`'s click group still loads
+# every command module, the agent's config among them, so the whole command is held to
+# CONTROL_PLANE only.)
+NOT_A_GATEWAY = (*CONTROL_PLANE, "llmgw.catalog.schema")
 
 
 @pytest.mark.parametrize("entry", ENTRY)
 def test_importing_the_gateway_loads_no_control_plane(entry: str) -> None:
-    code = (f"import {entry}, sys; loaded = [m for m in {CONTROL_PLANE!r} if m in sys.modules]; "
+    code = (f"import {entry}, sys; loaded = [m for m in {NOT_A_GATEWAY!r} if m in sys.modules]; "
             "assert not loaded, loaded")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -70,5 +75,5 @@ def test_no_call_in_the_gateway_imports_the_control_plane() -> None:
     top, lazy = import_graph(), import_graph(in_functions=True)
     graph = {m: top[m] | lazy[m] for m in top}
     via = _reach(graph, "llmgw.server.gateway.run")
-    wrong = [_path(via, m) for m in CONTROL_PLANE if m in via]
+    wrong = [_path(via, m) for m in NOT_A_GATEWAY if m in via]
     assert not wrong, "the gateway reaches the control plane:\n" + "\n".join(wrong)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import trio
 
-from llmgw.catalog.schema import GatewaySettings, Model, StaticEndpoint
+from llmgw.gwsettings import GatewaySettings, StaticEndpoint
 from llmgw.server.gateway.admission import Ticket
 from llmgw.server.gateway.admission_gate import AdmissionRejected
 from llmgw.server.gateway.attempt import AttemptLoop
@@ -33,7 +33,7 @@ from llmgw.server.gateway.routes import Route, RouteTable, log_breaker
 from llmgw.web.client import Response, Upstream, UpstreamError
 from llmgw.web.relay import RelayHub, relay_body
 from llmgw.web.server import ClientGone, Request, Responder
-from llmgw.wire.gateway import RouteModel, route_model
+from llmgw.wire.gateway import Routed, RouteModel, route_model
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -99,7 +99,7 @@ class Gateway:
     def settings(self) -> GatewaySettings:
         return self.table.settings
 
-    def configure(self, models: Sequence[Model | RouteModel], static: Sequence[StaticEndpoint],
+    def configure(self, models: Sequence[Routed | RouteModel], static: Sequence[StaticEndpoint],
                   settings: GatewaySettings | None = None) -> None:
         """Models kept, and passed on, as their routing view only (issue 40, finding 2)."""
         routing = [route_model(m) for m in models]

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import trio
 
-from llmgw.catalog.schema import GatewaySettings, StaticEndpoint
+from llmgw.gwsettings import GatewaySettings, StaticEndpoint
 from llmgw.server.gateway.admission_gate import AdmissionGate
 from llmgw.server.gateway.balance import Balancer
 from llmgw.server.gateway.breaker import Breaker, BreakerState

@@ -33,9 +33,9 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw import __version__, hotpath
-from llmgw.catalog.schema import GatewaySettings, TlsPublic
 from llmgw.errors import UsageError, leaves
 from llmgw.fleet import FleetChannel, dial
+from llmgw.gwsettings import GatewaySettings, TlsPublic
 from llmgw.server.gateway import forwarded
 from llmgw.server.gateway.apikeys import ClientDoor
 from llmgw.server.gateway.fastlane import GatewayLane
