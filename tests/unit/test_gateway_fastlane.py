@@ -240,3 +240,25 @@ async def test_one_attempt_loop_carries_a_request_from_the_lane_into_the_task_pa
         loop = made[0]
         assert loop.phase is Phase.DONE and loop.attempt == 2 and loop.tried == set(urls)
         assert lane(gw, "resumed") >= 1
+
+
+async def test_a_bug_after_the_answer_gives_the_slot_back_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The answer went out, then the lane failed: nothing is redone, nothing given back twice."""
+    async with gateway([engine("ok")]) as (gw, _, port):
+        before = dict(gw.metrics.requests.values)
+        left = gw.metrics.left_fast_lane
+
+        def broken(model: str, outcome: str) -> None:
+            left(model, outcome)
+            if outcome == "answered":
+                raise RuntimeError("a bug after the answer")
+
+        gw.metrics.left_fast_lane = broken  # type: ignore[method-assign]
+        with caplog.at_level(logging.ERROR):
+            assert await exchange(port) == (200, b'{"n":2}')
+        assert "fast lane failed" in caplog.text
+        gate = gw.routes["chat"].gate
+        assert gate.in_flight == 0 and gate.core.in_flight == 0
+        after = {k: v - before.get(k, 0) for k, v in gw.metrics.requests.values.items() if v != before.get(k, 0)}
+        assert after == {("chat", "200"): 1}
+        assert all(s.outstanding == 0 for s in gw.routes["chat"].balancer.status())

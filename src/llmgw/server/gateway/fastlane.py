@@ -79,8 +79,8 @@ class _Request:
     """A plain request driving its attempt loop (llmgw.server.gateway.attempt) in callbacks, as
     far as it can without awaiting; the loop goes on in the task path where it stops."""
 
-    __slots__ = ("call", "endpoint", "exchange", "guard", "gw", "lane", "loop", "model", "request", "rid", "route",
-                 "started", "ticket", "upstream")
+    __slots__ = ("call", "endpoint", "exchange", "guard", "gw", "lane", "loop", "model", "over", "request", "rid",
+                 "route", "started", "ticket", "upstream")
 
     def __init__(self, lane: GatewayLane, gw: Gateway, route: Route, model: str, request: Request, exchange: Exchange,
                  rid: bytes, started: float, ticket: Ticket) -> None:
@@ -94,6 +94,7 @@ class _Request:
         self.started = started
         self.ticket = ticket
         self.loop: AttemptLoop | None = None
+        self.over = False  # _end ran: slot, engine and count given back
         self.endpoint = ""
         self.upstream: Upstream | None = None
         self.call: FastCall | None = None
@@ -111,8 +112,12 @@ class _Request:
             loop = self.loop = self.gw.attempts(self.route, self.request.body, trio.current_time(), False)
         if loop.phase in (Phase.PICK, Phase.ATTEMPT, Phase.UNAVAILABLE):
             self._resume(None)
-        else:  # past the answer: nothing the task path could add
-            self._end(500)
+            return
+        # Past the answer (the lane tells the loop only once the answer is out): nothing for the
+        # task path to add; what `_end` has not given back yet is given back now, once.
+        if loop.phase is Phase.ANSWER:
+            loop.finish(True)
+        self._end(500)
 
     def start(self) -> None:
         try:
@@ -212,6 +217,10 @@ class _Request:
             self.gw.untrack(self.endpoint, guard)
 
     def _end(self, status: int, now: float | None = None) -> None:
+        """The request is over in the lane: its slot, its engine and its count given back, once."""
+        if self.over:
+            return
+        self.over = True
         gw, route = self.gw, self.route
         if now is None:
             now = trio.current_time()
