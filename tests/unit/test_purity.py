@@ -58,6 +58,7 @@ PURE = [
     "llmgw.agent.decide",
     "llmgw.sim.profiles",
     "llmgw.sim.identity",
+    "llmgw.sim.pcitree",
     "llmgw.fabric.topology",
     "llmgw.fabric.locality",
     "llmgw.fabric.ibnetdiscover",

@@ -40,6 +40,7 @@ from llmgw.sim.identity import (
 )
 from llmgw.sim.node_faults import SIM_CUDA_VERSION, SIM_VBIOS, hw_counter_files, nvswitch_tree
 from llmgw.sim.pcie import pcie_files
+from llmgw.sim.pcitree import gpu_files, layout
 
 SM_LID = 1
 SIM_DRIVER_VERSION = "550.54.15"  # what NVML reports on a DGX H100 of the samples' time
@@ -283,6 +284,10 @@ def plan_node(spec: NodeSpec) -> NodePlan:
     roce_rate = _check_rate(spec.roce_rate, "--roce-rate")
     first_degraded = spec.ib_ports - spec.degraded
 
+    gpu_slots, adapter_slots = layout(spec.gpus, spec.ib_ports + spec.roce_ports)
+    slot_files, slot_links = gpu_files(gpu_slots)
+    files.update(slot_files)
+    links.update(slot_links)
     for d in range(spec.ib_ports + spec.roce_ports):
         roce = d >= spec.ib_ports
         device = f"mlx5_{d}"
@@ -295,8 +300,8 @@ def plan_node(spec: NodeSpec) -> NodePlan:
         guid = node_guid(spec.node_id, d)
         lid = 0 if roce else port_lid(spec.node_id, d)
         mac = _mac(spec.node_id, d)
-        pci = f"0000:{0x0C + d * 7:02x}:00.0"
-        pci_dir = f"sys/devices/pci0000:00/{pci}"
+        slot = adapter_slots[d]
+        pci_dir = slot.path
         hca_type, fw_ver, board_id = HCA_BY_SPEED.get(rate.speed, DEFAULT_HCA)
 
         dev_dir = f"sys/class/infiniband/{device}"
@@ -307,7 +312,8 @@ def plan_node(spec: NodeSpec) -> NodePlan:
         files[f"{dev_dir}/board_id"] = board_id + "\n"
         files[f"{dev_dir}/node_type"] = "1: CA\n"
         files[f"{dev_dir}/node_desc"] = f"{spec.node_id} {device}\n"
-        links[f"{dev_dir}/device"] = f"../../../devices/pci0000:00/{pci}"
+        links[f"{dev_dir}/device"] = "../../../" + pci_dir.removeprefix("sys/")
+        files[f"{pci_dir}/numa_node"] = f"{slot.numa}\n"
         files.update(pcie_files(pci_dir, data_gbps(rate.gbps, rate.speed, "Ethernet" if roce else "InfiniBand")))
 
         port_dir = f"{dev_dir}/ports/1"
@@ -343,8 +349,8 @@ def plan_node(spec: NodeSpec) -> NodePlan:
         files[f"{net_dir}/address"] = (mac if roce else _ipoib_address(guid)) + "\n"
         files[f"{net_dir}/operstate"] = "up\n"
         files[f"{net_dir}/type"] = ("1" if roce else "32") + "\n"
-        links[f"{net_dir}/device"] = "../../../" + pci
-        links[f"sys/class/net/{netdev}"] = f"../../devices/pci0000:00/{pci}/net/{netdev}"
+        links[f"{net_dir}/device"] = "../../../" + slot.bdf
+        links[f"sys/class/net/{netdev}"] = "../../" + net_dir.removeprefix("sys/")
 
         plan.ports.append(
             WrittenPort(
