@@ -101,7 +101,8 @@ def main() -> None:
 
     for start in starts:
         rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id,
-                                                      state="ready", endpoint=f"http://{start.node}:{start.spec.port}"), 1.0)
+                                                      state="ready", endpoint=f"http://{start.node}:{start.spec.port}"),
+                            1.0)
     rec.drain_log()
 
     # The steady pass against the baseline loop, best of five each.
