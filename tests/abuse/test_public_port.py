@@ -34,7 +34,8 @@ class Site:
         self.procs: list[Proc] = []
         engine, url = start_sim_engine(tmp, "engine", "--served-model-name", MODEL, "--ttft-ms", "1", "--itl-ms", "1")
         self.procs.append(engine)
-        self.server = Server(tmp, FAST_FLEET + PUBLIC.format(cap=cap, header_timeout=header_timeout) + f"endpoints:\n  - model: {MODEL}\n    url: {url}\n")
+        self.server = Server(tmp, FAST_FLEET + PUBLIC.format(cap=cap, header_timeout=header_timeout)
+                             + f"endpoints:\n  - model: {MODEL}\n    url: {url}\n")
         if fd_limit:
             # The server's own process with a low fd limit: the public port hits EMFILE first.
             self.server.start = _start_limited(self.server, fd_limit)  # type: ignore[method-assign]
@@ -214,7 +215,8 @@ def test_a_64k_head_a_byte_at_a_time_costs_little_cpu(site: Site) -> None:
 
 def test_slowloris_and_huge_heads_and_smuggling_get_one_line_each(site: Site) -> None:
     cases = {
-        "slowloris (a header byte every 0.1 s)": (b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 200, 200, 0.1),
+        "slowloris (a header byte every 0.1 s)": (b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 200, 200,
+                                                  0.1),
         "100 KB header": (b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 100_000 + b"\r\n\r\n", 1, 0.0),
         "1,000 headers": (b"GET /healthz HTTP/1.1\r\nhost: x\r\n" + b"x-h: y\r\n" * 1000 + b"\r\n", 1, 0.0),
         "CL and TE": (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n"
@@ -253,11 +255,13 @@ def test_at_the_connection_cap_accept_pauses_with_one_line_a_second(site: Site) 
         time.sleep(1.5)  # ok: the flood holds the cap a while (the log line must not repeat more than once a second)
         for s in flood:  # the flood gives up; accept resumes
             s.close()
-        wait_until(lambda: get_json(f"{site.server.url}/healthz")["status"] == "ok", "a new connection served", deadline=10)
+        wait_until(lambda: get_json(f"{site.server.url}/healthz")["status"] == "ok", "a new connection served",
+                   deadline=10)
         took = time.monotonic() - t0
     lines = site.log().count("at its cap of 64 connections")
     assert 1 <= lines <= took + 1, (lines, took)
-    good.say("100 idle connections over a cap of 64", f"accept paused at the cap, {lines} log line(s) in {took:.1f}s; new "
+    good.say("100 idle connections over a cap of 64",
+             f"accept paused at the cap, {lines} log line(s) in {took:.1f}s; new "
              "connections served once the flood closed")
 
 

@@ -123,7 +123,8 @@ fabric:
             return fabrics[0]["id"] if len(fabrics) == 1 and fabrics[0]["topology"] else None
 
         fabric_id = wait_until(found, "the fabric discovered over the TLS fleet port", procs=procs)
-        wait_until(lambda: [n for n in server.get("/api/v1/nodes") if n["state"] == "ready"], f"{NODE} ready", procs=procs)
+        wait_until(lambda: [n for n in server.get("/api/v1/nodes") if n["state"] == "ready"], f"{NODE} ready",
+                   procs=procs)
         yield Cluster(server, cadir, fabric_id)
     finally:
         for p in reversed(procs):

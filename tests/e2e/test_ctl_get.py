@@ -84,7 +84,8 @@ def test_one_node_its_gpus_ports_replicas_and_events(fleet: tuple[Server, dict])
     doc = yaml.safe_load(ok(server, "nodes", "gpu-01", "-o", "yaml"))
     volatile = {"last_heartbeat_age", "heartbeats", "gpu_health", "port_readings", "port_states", "state_since"}
     as_json = json.loads(ok(server, "nodes", "gpu-01", "-o", "json"))
-    assert {k: v for k, v in doc.items() if k not in volatile} == {k: v for k, v in as_json.items() if k not in volatile}
+    assert {k: v for k, v in doc.items() if k not in volatile} == {k: v for k, v in as_json.items()
+                                                                   if k not in volatile}
     assert doc["id"] == "gpu-01" and len(doc["gpu_health"]) == 2
     assert ok(server, "nodes", "gpu-01", "-o", "name") == "node/gpu-01\n"
     missing = ctl(server.url, "nodes", "gpu-09")
@@ -116,8 +117,10 @@ def test_listings_print_yaml_wide_and_names(fleet: tuple[Server, dict]) -> None:
 
 def test_watch_json_prints_a_replica_a_line_when_it_changes(fleet: tuple[Server, dict]) -> None:
     server, replica = fleet
-    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "replicas", "--watch", "-o", "json",
-                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=llmgw_env())
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "replicas", "--watch", "-o",
+                             "json",
+                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=llmgw_env())
     try:
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())
@@ -137,8 +140,10 @@ def test_every_listing_watches_as_json_a_line_per_change(fleet: tuple[Server, di
     """Issue 46: `--watch -o json` on every listing, not only events and replicas; a heartbeat's
     ticking age is not a change."""
     server, _ = fleet
-    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, listing, "--watch", "-o", "json",
-                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=llmgw_env())
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, listing, "--watch", "-o",
+                             "json",
+                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=llmgw_env())
     try:
         assert proc.stdout is not None
         assert json.loads(proc.stdout.readline())[key] == name

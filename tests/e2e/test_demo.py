@@ -40,7 +40,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
     port, fleet_port = free_port(), free_port()
     log = tmp_path / "demo.out"
     with open(log, "wb") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "llmgw", "demo", "--port", str(port), "--fleet-port", str(fleet_port)],
+        demo = subprocess.Popen([sys.executable, "-m", "llmgw", "demo", "--port", str(port), "--fleet-port",
+                                 str(fleet_port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=llmgw_env(), start_new_session=True)
     try:
         wait_until(lambda: "Ready." in log.read_text() or demo.poll() is not None, "the ready banner", deadline=120)
@@ -77,7 +78,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         as_operator = {"LLMGW_TOKEN": token}
         listed = run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator)
         assert {r["state"] for r in json.loads(listed.stdout)} == {"ready"}, listed.stderr
-        small_nodes = [r["shards"][0]["node"] for r in json.loads(listed.stdout) if r["model"] == "llama-3.1-8b-instruct"]
+        small_nodes = [r["shards"][0]["node"] for r in json.loads(listed.stdout)
+                       if r["model"] == "llama-3.1-8b-instruct"]
         assert sorted(small_nodes) == ["gpu-01", "gpu-02"], small_nodes
         # The demo has a simulated fabric, mapped; the printed fabric page serves it, and its
         # traffic moves (the counters' deltas between two readings: the page's particles).
@@ -113,7 +115,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert drained.returncode == 0, (drained.stdout, drained.stderr)
         assert "DOWN (--force): " in drained.stdout and "llama-3.1-70b-instruct" in drained.stdout, drained.stdout
         after = json.loads(run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator).stdout)
-        small_nodes = [r["shards"][0]["node"] for r in after if r["model"] == "llama-3.1-8b-instruct" and r["state"] == "ready"]
+        small_nodes = [r["shards"][0]["node"] for r in after if r["model"] == "llama-3.1-8b-instruct"
+                       and r["state"] == "ready"]
         assert small_nodes == ["gpu-01", "gpu-01"], after
         uncordon_line = next(line.strip() for line in text.splitlines() if " uncordon " in line)
         uncordon_args = shlex.split(uncordon_line)
@@ -153,7 +156,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
             result = run_llmgw(*doctor_args, "--quiet", env=as_operator)
             return result if result.returncode == 2 else None
 
-        status, *lines = wait_until(doctor_exits_2, "doctor to find the INIT port", deadline=60, interval=0.5).stdout.splitlines()
+        status, *lines = wait_until(doctor_exits_2, "doctor to find the INIT port", deadline=60,
+                                    interval=0.5).stdout.splitlines()
         assert status.startswith("LLMGW DOCTOR CRITICAL - "), status
         assert any(line.startswith("CRIT gpu-01 ports: mlx5_1/1 INIT") for line in lines), lines
         assert all(line.split()[0] in ("WARN", "CRIT") for line in lines), lines

@@ -190,7 +190,8 @@ def test_ctl_logs_follows_a_running_engine_and_an_adopted_one(tmp_path: Path, pr
     live.append(start_agent(tmp_path, "gpu-01", cfg))
     procs.append(live[-1])
     wait_until(lambda: "adopted this engine" in path.read_text(), "the new agent to adopt the engine", procs=live)
-    wait_until(lambda: (r := ready_replica(server)) and r["id"] == replica["id"], "the adopted replica ready", procs=live)
+    wait_until(lambda: (r := ready_replica(server)) and r["id"] == replica["id"], "the adopted replica ready",
+               procs=live)
     adopted = Lines(server, replica["id"], "-f", "--tail", "3")
     try:
         adopted.wait_for("adopted this engine", 15)
