@@ -96,7 +96,8 @@ def rail_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
 async def test_a_forged_port_is_refused_and_progress_forever_is_cut_at_the_phase_deadline(
         tmp_path: Path, procs: list[Proc]) -> None:
     certs = make_ca(tmp_path / "ca")
-    config = FAST_FLEET + certs.server_tls_yaml() + operator_yaml() + "fabric:\n  test_install_wait: 3s\n  test_grace: 2s\n"
+    config = (FAST_FLEET + certs.server_tls_yaml() + operator_yaml()
+              + "fabric:\n  test_install_wait: 3s\n  test_grace: 2s\n")
     server = Server(tmp_path, config, insecure=False, token=OPERATOR["LLMGW_TOKEN"])
     procs.append(await trio.to_thread.run_sync(server.start))
     a, b = rdma_node(server, certs, "gpu-01"), rdma_node(server, certs, "gpu-02")
@@ -122,7 +123,8 @@ async def test_a_forged_port_is_refused_and_progress_forever_is_cut_at_the_phase
         # 6. Port 22: refused with one line, A's agent is never sent a client run, B's server is stopped.
         result, took = await trio.to_thread.run_sync(fabric_test, server, "gpu-01", "gpu-02")
         assert result.returncode == 2, (result.stdout, result.stderr)
-        why = "gpu-02 answered TCP port 22 for its ib_write_bw server: outside 1024-65535, so it is not passed to the client; refused"
+        why = ("gpu-02 answered TCP port 22 for its ib_write_bw server: outside 1024-65535, so it is not passed to the "
+               "client; refused")
         assert rail_lines(result) == [f"rail 0: - of 400 Gb/s: crit ({why})"], result.stderr
         assert not sent(a, "client")
         await wait_until_async(lambda: any(isinstance(x, m.FabricTestCancel) for x in b.received),

@@ -113,7 +113,8 @@ class Client:
         assert self.errors == [], self.errors[:3]
         assert self.latencies, "the well-behaved client was not served during the abuse"
         worst = max(self.latencies)
-        assert worst <= self.bar, f"well-behaved client took {worst:.3f}s (normal {self.normal:.3f}s, bar {self.bar:.2f}s)"
+        assert worst <= self.bar, (f"well-behaved client took {worst:.3f}s (normal {self.normal:.3f}s, bar "
+                                   f"{self.bar:.2f}s)")
 
     def say(self, case: str, outcome: str) -> None:
         worst = max(self.latencies, default=0.0)

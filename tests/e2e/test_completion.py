@@ -271,7 +271,8 @@ def test_no_server_a_wrong_token_or_a_hung_server_offer_nothing_quickly(fleet: F
             assert local == ["drain"], local
             offered, took = complete(words, env, cache=tmp_path / "cache")
             assert offered == [], (what, words, offered)
-            assert took - baseline < BUDGET, f"{what}: `{words}<TAB>` took {took:.2f}s, a local completion {baseline:.2f}s"
+            assert took - baseline < BUDGET, (f"{what}: `{words}<TAB>` took {took:.2f}s, a local completion "
+                                              f"{baseline:.2f}s")
     # A wrong token's empty answer is kept for that token only: the right one still gets the names.
     assert names(fleet, "ctl drain g", cache=tmp_path / "cache") == ["gpu-01", "gpu-02", "gpu-03"]
 
@@ -287,7 +288,8 @@ class OneAnswer:
         self.clients: list[str] = []
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.listener.getsockname()[1]}"
         data = json.dumps(body).encode()
-        self.answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data)
+        self.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                       b"%d\r\n\r\n%s" % (len(data), data))
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:

@@ -76,7 +76,8 @@ def test_one_node_its_gpus_ports_replicas_and_events(fleet: tuple[Server, dict])
     for heading in ("GPUs (latest heartbeat)", "Ports", "Fabrics", "Replicas", "Events"):
         assert heading in shown, shown
     gpu_rows = [line.split() for line in shown.splitlines() if line.split()[:1] in (["0"], ["1"])]
-    assert len(gpu_rows) == 2 and "79" in gpu_rows[1] and "°C" in shown, shown  # the Xid of GPU 1, read from its heartbeat
+    # the Xid of GPU 1, read from its heartbeat
+    assert len(gpu_rows) == 2 and "79" in gpu_rows[1] and "°C" in shown, shown
     assert "72 W" in shown and "POWER" in shown, shown  # the board's power draw from the heartbeat
     assert replica["id"] in shown and "mlx5_0/1" in shown
     assert "placement" in shown  # an event of the node's own history

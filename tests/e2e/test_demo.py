@@ -48,7 +48,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         text = log.read_text()
         assert demo.poll() is None, text
         assert "✓ certificates" in text and text.count("✓ node") == 2 and "3 of 3 ready" in text
-        assert "llama-3.1-70b-instruct on gpu-0" in text and "(2-node replica)" in text, text  # one model spans both nodes
+        # one model spans both nodes
+        assert "llama-3.1-70b-instruct on gpu-0" in text and "(2-node replica)" in text, text
         # The printed replicas of every model with several are on different nodes (issue 18: the
         # second agent registered after the settle period and both went to gpu-01).
         printed = next(line for line in text.splitlines() if "✓ replicas:" in line)
@@ -139,7 +140,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert len(rails) == 4 and all(" ok " in line for line in rails), tested.stdout
         assert tested.stdout.startswith("LLMGW FABRIC-TEST OK - gpu-01 → gpu-02: 4 rails: 0 crit, 0 warn, 0 unknown, 4 ok"), tested.stdout
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
-        assert len(processes_under(work)) >= 8  # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
+        # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
+        assert len(processes_under(work)) >= 8
         # `ctl doctor` as a Nagios plugin against the demo (issues 14, 46): all ok, exit 0, the status line alone; a port
         # set to INIT makes it exit 2 with one line per problem, the port's among them.
         doctor_args = shlex.split(next(line for line in text.splitlines() if line.rstrip().endswith(" doctor")))
@@ -147,7 +149,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         printed = run_llmgw(*doctor_args, env=as_operator)
         assert printed.returncode == 0 and printed.stdout.startswith("LLMGW DOCTOR OK - 2 nodes"), printed.stdout
         quiet = run_llmgw(*doctor_args, "--quiet", env=as_operator)
-        assert quiet.returncode == 0 and quiet.stdout.startswith("LLMGW DOCTOR OK - 2 nodes"), quiet.stdout + quiet.stderr
+        assert (quiet.returncode == 0
+                and quiet.stdout.startswith("LLMGW DOCTOR OK - 2 nodes")), quiet.stdout + quiet.stderr
         assert len(quiet.stdout.splitlines()) == 1, quiet.stdout  # the status line alone
         node_dir = str(work / "nodes" / "gpu-01")
         assert run_llmgw("sim", "node", "set-port", node_dir, "mlx5_1", "1", "init").returncode == 0

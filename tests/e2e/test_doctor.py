@@ -88,7 +88,8 @@ def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_pa
     table = ctl(server.url, "doctor")
     first = table.stdout.splitlines()[0]
     n = len(healthy["findings"])
-    assert table.returncode == 0 and first.startswith(f"LLMGW DOCTOR OK - 2 nodes, {n} findings: 0 crit, 0 warn"), table.stdout
+    assert (table.returncode == 0
+            and first.startswith(f"LLMGW DOCTOR OK - 2 nodes, {n} findings: 0 crit, 0 warn")), table.stdout
     assert re.search(rf" \| crit=0 warn=0 unknown=0 ok={n} nodes=2 took=\d+\.\d{{3}}s$", first), first
     assert table.stdout.splitlines()[1].split()[:2] == ["NODE", "CHECK"]
     quiet = ctl(server.url, "doctor", "--quiet")
@@ -207,7 +208,8 @@ def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[
                         env=viewer)
     assert problems(two) == [("gpu-02", "cert", "crit", "")]
     whole = ctl(server.url, "doctor", "--quiet", env=viewer)
-    assert whole.returncode == 2 and len(whole.stdout.strip().splitlines()) == 3, whole.stdout  # the status line, 2 findings
+    # the status line, 2 findings
+    assert whole.returncode == 2 and len(whole.stdout.strip().splitlines()) == 3, whole.stdout
 
     # What alerts are written on (issue 46, item 8): each certificate's expiry as a timestamp, and
     # the last full doctor run's verdict and counts (the --node runs above leave it alone).
@@ -215,7 +217,8 @@ def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[
     expiry = {labels["identity"]: value for labels, value in samples["llmgw_certificate_expiry_timestamp_seconds"]
               if labels["kind"] == "node"}
     assert expiry.keys() == {"gpu-01", "gpu-02"}
-    assert abs(expiry["gpu-01"] - time.time() - 5 * 86400) < 3600 and abs(expiry["gpu-02"] - time.time() - 2 * 86400) < 3600
+    assert (abs(expiry["gpu-01"] - time.time() - 5 * 86400) < 3600
+            and abs(expiry["gpu-02"] - time.time() - 2 * 86400) < 3600)
     assert any(labels == {"kind": "server", "identity": "fleet-port"}
                for labels, _ in samples["llmgw_certificate_expiry_timestamp_seconds"])
     assert samples["llmgw_doctor_status"] == [({}, 2.0)]

@@ -76,7 +76,8 @@ def test_the_one_node_on_another_driver_is_flagged_and_only_it(tmp_path: Path, p
     assert "driver-versions" not in {f["check"] for f in rest["findings"]}
     assert {"firmware-versions", "counters", "ports"} <= {f["check"] for f in rest["findings"]}
     quiet = ctl(server.url, "doctor", "--quiet", "--only", "driver-versions")
-    assert quiet.returncode == 1 and quiet.stdout.splitlines()[1].startswith("WARN (cluster) driver-versions: node-3 runs")
+    assert (quiet.returncode == 1
+            and quiet.stdout.splitlines()[1].startswith("WARN (cluster) driver-versions: node-3 runs"))
 
     # A RoCE port whose peers' packets go missing: packet_seq_err rising, graded as a rate.
     roce = "mlx5_1"

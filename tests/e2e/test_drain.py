@@ -148,7 +148,8 @@ def test_drain_with_nowhere_to_go_stops_nothing_then_force_stops_and_marks_survi
     result = ctl(server, "drain", "gpu-01", "--timeout", "60", timeout=90)
     assert result.returncode == 1, result.stdout + result.stderr
     line = one_error_line(result)
-    assert "drain of gpu-01 incomplete" in line and on_01 in line and "no room" in line and "gpu-02: cordoned" in line, line
+    assert ("drain of gpu-01 incomplete" in line and on_01 in line and "no room" in line
+            and "gpu-02: cordoned" in line), line
     assert "--force" in line
     # Nothing stopped: the same engines serve.
     assert ready_on(server, 2) is not None and pids(server) == before

@@ -312,7 +312,8 @@ def test_qdr_is_graded_after_8b10b_a_narrow_slot_is_the_reason_and_gpudirect_nee
 
     refused = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--gpudirect")
     assert refused.returncode == 3, (refused.stdout, refused.stderr)
-    assert "--gpudirect: qdr-02 has no GPU" in refused.stderr and "run without --gpudirect" in refused.stderr, refused.stderr
+    assert ("--gpudirect: qdr-02 has no GPU" in refused.stderr
+            and "run without --gpudirect" in refused.stderr), refused.stderr
     too_long = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--duration", "10",
                          "--rail-timeout", "12")
     assert too_long.returncode == 3 and "does not fit in the 12 s rail timeout" in too_long.stderr, too_long.stderr

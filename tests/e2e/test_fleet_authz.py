@@ -210,9 +210,11 @@ async def test_a_node_cannot_take_another_nodes_traffic(tmp_path: Path, procs: l
         assert reached == [], "requests reached the forged endpoint"
         assert await trio.to_thread.run_sync(endpoints, server) == legit_endpoints
         log = server.proc.log()
-        assert log.count(f"gpu-03 sent ShardStatus for shard {shard['shard_id']}, which runs on gpu-01") == 1  # once per node
+        # once per node
+        assert log.count(f"gpu-03 sent ShardStatus for shard {shard['shard_id']}, which runs on gpu-01") == 1
         now = await trio.to_thread.run_sync(alpha_ready)
-        assert now is not None and now["shards"][0]["pid"] == shard["pid"] and now["shards"][0]["endpoint"] == shard["endpoint"]
+        assert (now is not None and now["shards"][0]["pid"] == shard["pid"]
+                and now["shards"][0]["endpoint"] == shard["endpoint"])
 
         # 2. Its own shard, reported ready with an endpoint on another host: refused.
         own = start.spec

@@ -156,7 +156,8 @@ def test_api_keys_and_openai_error_shapes(fleet: Server) -> None:
     assert info.value.body["code"] == "model_not_found"
     with pytest.raises(openai.NotFoundError) as info:
         client(fleet).models.retrieve("meta-llama/nope")
-    assert info.value.body["code"] == "model_not_found" and "`meta-llama/nope` does not exist" in info.value.body["message"]
+    assert (info.value.body["code"] == "model_not_found"
+            and "`meta-llama/nope` does not exist" in info.value.body["message"])
     with pytest.raises(openai.AuthenticationError):
         client(fleet, key="wrong").models.retrieve("chat")
     auth = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}

@@ -244,7 +244,8 @@ def test_a_reload_resizes_the_workers_under_load_with_no_failed_request(tmp_path
     server.config.write_text(resized_config(1, urls))
     result = ctl(server.url, "reload")
     assert result.returncode == 0, result.stderr
-    assert "gateway.workers 2 → 1 needs a restart of the server" in result.stdout and "2 kept" in result.stdout, result.stdout
+    assert ("gateway.workers 2 → 1 needs a restart of the server" in result.stdout
+            and "2 kept" in result.stdout), result.stdout
     assert re.search(r"WARNING llmgw.server: reload: gateway.workers 2 → 1 needs a restart", server_proc.log())
     assert set(scrape(server)) == {"worker-0", "worker-1"} and "gateway: 2 → 1" not in server_proc.log()
     print(f"\n{fresh.ok} new-connection and {kept.ok} keep-alive (retrying) requests, none failed; {load.successes()} "

@@ -93,8 +93,10 @@ async def test_an_engine_answer_over_the_cap_is_a_502_and_is_not_read_past_it(tm
                                              json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
                 assert response.status_code == 502, response.text
                 error = response.json()["error"]
-                assert error["code"] == "response_too_large" and "1048576 bytes, gateway.max_response" in error["message"], error
-                assert f"127.0.0.1:{ports[0]}" not in error["message"] and f"127.0.0.1:{ports[1]}" not in error["message"]
+                assert (error["code"] == "response_too_large"
+                        and "1048576 bytes, gateway.max_response" in error["message"]), error
+                assert (f"127.0.0.1:{ports[0]}" not in error["message"]
+                        and f"127.0.0.1:{ports[1]}" not in error["message"])
                 with trio.fail_after(30):
                     await engine.hung_up.wait()
                 # What the engine got out is what the gateway read plus what sat in the two
@@ -143,7 +145,8 @@ async def test_unknown_fleet_message_types_do_not_grow_metrics(tmp_path: Path, p
     for args in (("init", "--name", "test CA"), ("server", "--host", "localhost", "--ip", "127.0.0.1"),
                  ("node", "gpu-01")):
         await trio.to_thread.run_sync(_cert, *args, "--dir", str(cadir))
-    config = FAST_FLEET + f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / 'server.crt'}\n  key: {cadir / 'server.key'}\n"
+    config = (FAST_FLEET
+              + f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / 'server.crt'}\n  key: {cadir / 'server.key'}\n")
     server = Server(tmp_path, config, insecure=False)
     proc = await trio.to_thread.run_sync(server.start)
     procs.append(proc)

@@ -114,7 +114,8 @@ async def test_the_engine_process_gets_the_argv_and_gpus_of_its_shard(tmp_path: 
         assert os.getpgid(pid) == pid and os.getsid(pid) == pid  # its own session: it outlives the agent
         assert ready.endpoint == f"http://127.0.0.1:{s.port}"
         state = json.loads((tmp_path / "work" / "shards" / f"{s.shard_id}.json").read_text())
-        assert state["pid"] == pid and state["start_ticks"] == procs.start_ticks(pid) and state["spec"]["gpus"] == [1, 3]
+        assert (state["pid"] == pid and state["start_ticks"] == procs.start_ticks(pid)
+                and state["spec"]["gpus"] == [1, 3])
         assert "=== llmgw: starting echo.1" in (tmp_path / "work" / "logs" / f"{s.shard_id}.log").read_text()
 
         n.supervisor.stop(s.shard_id, 5.0, "test")

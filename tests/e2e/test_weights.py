@@ -215,7 +215,8 @@ models:
     assert counts == sorted(counts) and counts[-1] > counts[0]
     assert any(s["progress"]["rate"] > 0 for s in samples)
     api = next(r for r in replicas(server) if r["id"] == samples[0]["id"])
-    assert api["progress"] is None or api["progress"]["source"] == f"{url}/model.safetensors"  # GET /api/v1/replicas too
+    # GET /api/v1/replicas too
+    assert api["progress"] is None or api["progress"]["source"] == f"{url}/model.safetensors"
     # The catalog's own view (GET /api/v1/models, `ctl models`) shows the source without them too.
     models = ctl_json(server.url, "models")
     assert models[0]["source"] == f"{url}/model.safetensors", models
