@@ -632,7 +632,8 @@ def main() -> None:
             added_ttft = added("through llmgw")
             added_bare = added("through a bare trio relay")
             print()
-            print(f"  streaming: {args.streams} concurrent streams × {args.chunks} chunks (engine token spacing 20 ms), "
+            print(f"  streaming: {args.streams} concurrent streams × {args.chunks} chunks (engine token "
+                  "spacing 20 ms), "
                   f"{args.rounds} rounds interleaved; TTFT: median over rounds (the added TTFT below: "
                   f"{args.ttft_rounds} "
                   f"rounds of {TTFT_TOKENS}-token bursts, each after one straight to the engine)")

@@ -95,7 +95,8 @@ def main() -> None:
     rec.drain_log()
     ordered = sorted(steps)
     longest = ordered[int(len(ordered) * 0.99)]
-    print(f"  placing pass: {len(starts):,} placements in {placing:.2f} s ({placing / max(len(starts), 1) * 1000:.2f} ms each); "
+    print(f"  placing pass: {len(starts):,} placements in {placing:.2f} s "
+          f"({placing / max(len(starts), 1) * 1000:.2f} ms each); "
           f"steps: p99 {longest * 1000:.1f} ms (bar {STEP_BAR * 1000:.0f} ms), longest {ordered[-1] * 1000:.1f} ms "
           "(the first includes the pass's setup)")
 

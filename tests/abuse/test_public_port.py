@@ -118,7 +118,8 @@ class Client:
 
     def say(self, case: str, outcome: str) -> None:
         worst = max(self.latencies, default=0.0)
-        print(f"ABUSE {case}: {outcome}; well-behaved client: {len(self.latencies)} served, worst {worst * 1000:.0f} ms "
+        print(f"ABUSE {case}: {outcome}; well-behaved client: {len(self.latencies)} served, worst "
+              f"{worst * 1000:.0f} ms "
               f"(normal {self.normal * 1000:.0f} ms)")
 
 
@@ -209,7 +210,8 @@ def test_a_64k_head_a_byte_at_a_time_costs_little_cpu(site: Site) -> None:
         large = three_heads(63 * 1024)
     ratio = large / max(small, 0.05)  # CPU time is read in ticks of 0.01 s: a floor keeps one tick from deciding
     good.say("64 KiB head a byte at a time (3 clients at once)",
-             f"answered; server CPU {large:.2f}s, against {small:.2f}s for 16 KiB heads: {ratio:.1f}x (bar 7x, linear 4x)")
+             f"answered; server CPU {large:.2f}s, against {small:.2f}s for 16 KiB heads: {ratio:.1f}x "
+             "(bar 7x, linear 4x)")
     # Cheap is cheap: under 1 s for all three the growth cannot matter (the bug cost 2.0 s a head).
     assert large < 1.0 or ratio <= 7.0, (large, small, ratio)
 

@@ -138,7 +138,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert tested.returncode == 0, (tested.stdout, tested.stderr)
         rails = [line for line in tested.stdout.splitlines() if line.startswith("ib#")]
         assert len(rails) == 4 and all(" ok " in line for line in rails), tested.stdout
-        assert tested.stdout.startswith("LLMGW FABRIC-TEST OK - gpu-01 → gpu-02: 4 rails: 0 crit, 0 warn, 0 unknown, 4 ok"), tested.stdout
+        assert tested.stdout.startswith("LLMGW FABRIC-TEST OK - gpu-01 → gpu-02: 4 rails: 0 crit, 0 warn, "
+                                        "0 unknown, 4 ok"), tested.stdout
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
         # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
         assert len(processes_under(work)) >= 8

@@ -101,7 +101,8 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     assert ("4 NVSwitches and no nv-fabricmanager process" in fm["finding"]
             and "nvidia-fabricmanager" in fm["action"]), fm
     xid = next(f for f in crit["findings"] if f["check"] == "gpu-health")
-    assert xid["finding"] == "GPU 3: Xid 140 (unrecovered ECC error, the driver could not offline or remap the page)", xid
+    assert (xid["finding"] == "GPU 3: Xid 140 (unrecovered ECC error, the driver could not offline or "
+            "remap the page)"), xid
     remap = next(f for f in crit["findings"] if f["check"] == "row-remap")
     assert "nvidia-smi -r -i 3" in remap["action"], remap
 

@@ -303,7 +303,8 @@ def test_qdr_is_graded_after_8b10b_a_narrow_slot_is_the_reason_and_gpudirect_nee
     assert (healthy["expected_gbps"], healthy["measured_gbps"], healthy["detail"]) == (100.0, 96.0, "")
     assert (narrow["status"], narrow["expected_gbps"], narrow["measured_gbps"]) == ("ok", 57.6, 55.3), narrow
     assert narrow["limited_by"].startswith("PCIe gen3 x8 on B") and healthy["limited_by"] == ""
-    assert narrow["detail"].startswith("limited by PCIe gen3 x8 on B (57.6 Gb/s of payload; the card can do gen3 x16"), narrow
+    assert narrow["detail"].startswith("limited by PCIe gen3 x8 on B (57.6 Gb/s of payload; the card "
+                                       "can do gen3 x16"), narrow
     assert "GPUDirect: buffers in GPU 1 of edr-01 and GPU 1 of edr-02 (--use_cuda)" in narrow["notes"], narrow
     assert "buffers in GPU memory (GPUDirect RDMA)" in result.stderr
     table = run_llmgw("ctl", "--server", server.url, "fabric-test", "edr-01", "edr-02", "--duration", "1",

@@ -199,7 +199,8 @@ models:
     assert after["attempt"] == before["attempt"] + 1 and not after["adopted"]
     assert pid_alive(after["shards"][0]["pid"])
     log = server.proc.log()
-    assert f"replica {before['id']} failed: gpu-01: the engine exited while the agent was not running" in log, log[-3000:]
+    assert (f"replica {before['id']} failed: gpu-01: the engine exited while the agent "
+            "was not running" in log), log[-3000:]
 
 
 def test_a_state_file_nobody_can_read_naming_a_live_process_stops_it(tmp_path: Path, procs: list[Proc]) -> None:

@@ -159,7 +159,8 @@ async def test_shards_refused_before_anything_is_launched(tmp_path: Path, monkey
                 assert failed is not None, name
                 assert failed.reason.startswith(reason), (name, failed.reason)
                 assert failed.pid == 0 and failed.replica_id == s.replica_id
-                assert not (tmp_path / "work" / "logs" / f"{s.shard_id}.log").exists(), f"{name}: something was launched"
+                assert not (tmp_path / "work" / "logs" / f"{s.shard_id}.log").exists(), (f"{name}: "
+                                                                                         "something was launched")
                 assert not (tmp_path / "work" / "shards" / f"{s.shard_id}.json").exists()
                 # Told at once, and kept (finished) for the next Register, which repeats it once.
                 assert n.supervisor.runs[s.shard_id].state == "failed"
@@ -180,7 +181,8 @@ async def test_the_agents_allowlist_refuses_before_anything_is_launched(tmp_path
                 "not started: engine 'command' is not allowed on this node (its agent config's allow.engines: vllm, "
                 "sglang, sim)"),
         "preload": (EngineAllow(), spec("preload", env={"LD_PRELOAD": str(tmp_path / "evil.so"), "HF_HOME": "/models"}),
-                    "not started: profile env sets LD_PRELOAD, which this node refuses (allow.refuse_env: PATH, LD_*, PYTHON*"),
+                    "not started: profile env sets LD_PRELOAD, which this node refuses (allow.refuse_env: "
+                    "PATH, LD_*, PYTHON*"),
         "path": (EngineAllow(),
                  spec("path", env={"PATH": str(tmp_path), "PYTHONPATH": str(tmp_path), "PYTHONUNBUFFERED": "1"}),
                  "not started: profile env sets PATH, PYTHONPATH, which this node refuses"),

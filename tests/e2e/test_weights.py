@@ -111,7 +111,8 @@ models:
         return seen.keys() >= {"nopath", "gone"}
 
     wait_until(failed, "both replicas failed", procs=procs, deadline=60)
-    assert f"not started: source {tmp_path}/no-such-model: no such file or directory on this node" in seen["nopath"]["reason"]
+    assert (f"not started: source {tmp_path}/no-such-model: no such file or "
+            "directory on this node" in seen["nopath"]["reason"])
     assert f"not started: weights {url}/gone/model.safetensors: HTTP 404 Not Found" in seen["gone"]["reason"]
     logs = tmp_path / "gpu-01" / "work" / "logs"
     assert not list(logs.glob("*.log"))  # nothing was launched

@@ -63,7 +63,8 @@ def test_workers_end_with_a_killed_server_and_the_next_has_only_its_own(tmp_path
     after = [o for o in failures if o.started > listening]
     load.report("server with 2 local workers, kill -9 of the server alone, restart",
                 f"workers exited {exited:.1f}s after the kill, port free {free:.1f}s after; {len(after)} failed after "
-                f"the new server listened ({len(failures)} while none listened); the new server lists only its 2 workers")
+                f"the new server listened ({len(failures)} while none listened); the new server lists "
+                "only its 2 workers")
     assert not after, after[:3]
     for pid in old:
         assert f"(pid {pid}) refused" not in server.proc.log()  # they were gone, not refused

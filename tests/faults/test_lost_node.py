@@ -157,7 +157,8 @@ def test_a_lost_node_with_no_room_elsewhere_keeps_its_2node_replicas_serving(tmp
     failures = load.failures()
     log = procs[0].log()
     load.report(f"rank-{rank} node's agent {how} past lost_after, no room elsewhere ({len(shards)} 2-node replicas)",
-                f"{victim} lost after {lost:.1f}s and away {away_for:.1f}s; the replicas served on, fewest endpoints in "
+                f"{victim} lost after {lost:.1f}s and away {away_for:.1f}s; the replicas served on, "
+                "fewest endpoints in "
                 f"rotation {sampled.fewest} of 2; re-adopted {settled:.1f}s after the agent returned")
     assert failures == [], failures[:5]
     assert sampled.fewest == 2
@@ -198,7 +199,8 @@ def test_a_lost_single_node_replica_serves_until_its_successor_is_ready(tmp_path
     failures = load.failures()
     log = procs[0].log()
     load.report("single-node replica's agent SIGSTOP past lost_after, room elsewhere (the only replica)",
-                f"{victim} lost after {lost:.1f}s; successor in rotation {replaced:.1f}s after the fault, the old one in "
+                f"{victim} lost after {lost:.1f}s; successor in rotation {replaced:.1f}s after the fault, "
+                "the old one in "
                 f"rotation until then (fewest endpoints {sampled.fewest}); its engine stopped {settled:.1f}s after the "
                 "agent returned")
     assert failures == [], failures[:5]

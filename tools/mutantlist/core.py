@@ -158,7 +158,8 @@ CORE: tuple[Mutant, ...] = (
     Mutant(
         "breaker-probe-failure-no-backoff",
         "src/llmgw/server/gateway/breaker.py",
-        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, f\"probe failed",
+        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, "
+        "f\"probe failed",
         "self._cooldown = min(self._cooldown, self.max_cooldown)\n            self._open(now, f\"probe failed",
         BREAKER,
     ),
