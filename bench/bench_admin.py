@@ -52,7 +52,8 @@ MEASURE = """async ([kind, frames]) => {
   for (let k = 0; k < frames; k++) {
     if (kind === 'pan') {
       const a = k / 15;
-      canvas.dispatchEvent(new PointerEvent('pointermove', {clientX: cx + 60 * Math.sin(a), clientY: cy + 30 * Math.cos(a), bubbles: true}));
+      canvas.dispatchEvent(new PointerEvent('pointermove', {clientX: cx + 60 * Math.sin(a),
+                                                            clientY: cy + 30 * Math.cos(a), bubbles: true}));
     } else if (kind === 'full') {
       llmgwFabric.invalidate();  // the whole scene drawn again, as once a gesture rests
     } else if (kind === 'repaint') {
@@ -61,7 +62,9 @@ MEASURE = """async ([kind, frames]) => {
       c.fillStyle = k % 2 ? '#0f1419' : '#10151a';
       c.fillRect(0, 0, canvas.width, canvas.height);
     } else if (kind === 'zoom') {
-      canvas.dispatchEvent(new WheelEvent('wheel', {clientX: cx, clientY: cy, deltaY: (Math.floor(k / 20) % 2 ? 40 : -40), bubbles: true, cancelable: true}));
+      canvas.dispatchEvent(new WheelEvent('wheel', {clientX: cx, clientY: cy,
+                                                    deltaY: (Math.floor(k / 20) % 2 ? 40 : -40),
+                                                    bubbles: true, cancelable: true}));
     }
     await next();
   }

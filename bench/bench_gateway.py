@@ -5,8 +5,9 @@ else `llmgw sim engine --fixed`), with wrk as the load generator (a small built-
 wrk is absent), in one run: straight to the upstream (the baseline), through `llmgw server`
 (a router-only config with a static endpoint), through nginx as a reverse proxy when
 nginx is there, and through a minimal trio proxy (MIN_PROXY: reads and writes, no HTTP parsing;
-the floor for any trio process, printed beside nginx as llmgw ÷ floor, a figure, not a bar). For each: requests/s at 32 connections, p50/p99 latency at 1 and 32
-connections; for llmgw its CPU time per request, read from /proc.
+the floor for any trio process, printed beside nginx as llmgw ÷ floor, a figure, not a bar).
+For each: requests/s at 32 connections, p50/p99 latency at 1 and 32 connections; for llmgw its
+CPU time per request, read from /proc.
 
 Streaming: 200 concurrent streams of 200 chunks each from `llmgw sim engine` (tokens spaced
 by its latency model, so every chunk is its own write, as with a real engine): straight to
@@ -149,8 +150,8 @@ http {{
 # preemption; 0.01 a request) the ratio read 1.26 against 1.28 without. Two workers keep both
 # cores busy (idle 0-1 %) where one leaves about a quarter idle, and this VM charges the same
 # Python work ~15 % more CPU time with both of its cores busy than with one (a JSON loop on both
-# cores at once ÷ on one: 1.14-1.17 that morning); nginx as the proxy reads 1.00-1.01 two workers ÷ one here, since its 10 µs
-# a request never fills the second core.
+# cores at once ÷ on one: 1.14-1.17 that morning); nginx as the proxy reads 1.00-1.01 two
+# workers ÷ one here, since its 10 µs a request never fills the second core.
 #
 # So the bar's baseline puts the same load on the machine: two one-worker gateways side by side,
 # 32 connections each from their own wrk, at the same time; the two workers get the same two
@@ -191,7 +192,8 @@ import json, socket, selectors, time, sys
 host, port = {url.split('//')[1].split('/')[0]!r}.split(':')
 path = '/' + {url!r}.split('//')[1].split('/', 1)[1]
 body = {BODY!r}.encode()
-req = f'POST {{path}} HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\nContent-Length: {{len(body)}}\\r\\n\\r\\n'.encode() + body
+req = (f'POST {{path}} HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\n'
+       f'Content-Length: {{len(body)}}\\r\\n\\r\\n').encode() + body
 sel = selectors.DefaultSelector(); lat = []; errors = 0
 conns = []
 for _ in range({connections}):
@@ -209,9 +211,11 @@ while time.perf_counter() < end:
             head = st['buf'][:i].decode('latin-1'); n = int(head.lower().split('content-length:')[1].split('\\r\\n')[0])
             if len(st['buf']) < i + 4 + n: break
             if not head.startswith('HTTP/1.1 200'): errors += 1
-            st['buf'] = st['buf'][i + 4 + n:]; now = time.perf_counter(); lat.append(now - st['t']); st['t'] = now; st['s'].send(req)
+            st['buf'] = st['buf'][i + 4 + n:]; now = time.perf_counter(); lat.append(now - st['t'])
+            st['t'] = now; st['s'].send(req)
 lat.sort()
-print(json.dumps({{'rps': len(lat) / {seconds}, 'p50': lat[len(lat)//2], 'p99': lat[int(len(lat)*0.99)], 'errors': errors, 'requests': len(lat)}}))
+print(json.dumps({{'rps': len(lat) / {seconds}, 'p50': lat[len(lat)//2], 'p99': lat[int(len(lat)*0.99)],
+                  'errors': errors, 'requests': len(lat)}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return json.loads(out)
@@ -226,8 +230,10 @@ import json, sys, time, trio
 host, streams, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 sys.path.insert(0, sys.argv[4])
 from llmgw.web.http1 import ChunkedScanner
-body = json.dumps({"model": "bench-stream", "stream": True, "max_tokens": tokens, "messages": [{"role": "user", "content": "go"}]}).encode()
-req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+body = json.dumps({"model": "bench-stream", "stream": True, "max_tokens": tokens,
+                   "messages": [{"role": "user", "content": "go"}]}).encode()
+req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+       f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 async def one(port, ttft, chunks, errors):
     s = await trio.open_tcp_stream(host, port)
     t0 = trio.current_time(); await s.send_all(req)
@@ -255,7 +261,8 @@ async def burst(port):
     wall = time.monotonic() - t
     ttft = sorted(x for x in ttft if x is not None)
     return {"streams": len(chunks), "chunks": sum(chunks), "ttft_p50": ttft[len(ttft)//2] if ttft else None,
-            "ttft_p99": ttft[int(len(ttft)*0.99)] if ttft else None, "errors": errors[:3], "n_errors": len(errors), "wall": wall}
+            "ttft_p99": ttft[int(len(ttft)*0.99)] if ttft else None, "errors": errors[:3], "n_errors": len(errors),
+            "wall": wall}
 async def main():
     results = []
     for port in sys.argv[5:]:
@@ -358,7 +365,8 @@ PROFILE_NOTE = """\
   5,470 -> 7,380 req/s (load ~2 on the 2 cores). 200-stream bursts (no hang-up watcher task per
   stream, ~9 % of a burst's samples before: the relay hub watches EPOLLRDHUP; 256 idle engine
   connections kept, not 64), 5 rounds of 20 tokens a stream: CPU per stream 940 -> 760 µs, added
-  TTFT p50 31.6 -> 19.3 ms (the bare relay's 7.5 ms; single rounds ranged -29 to 46 ms). Earlier cuts (uuid4 request ids, trio.open_tcp_stream
+  TTFT p50 31.6 -> 19.3 ms (the bare relay's 7.5 ms; single rounds ranged -29 to 46 ms). \
+Earlier cuts (uuid4 request ids, trio.open_tcp_stream
   for IP literals, fail_after): CPU/request 145 -> 108 µs. What is left is spread thin: no item
   of the gateway's own above 3 % but the parsing its strictness needs.
   The fast lane (2 Dec; server/gateway/fastlane.py on web/reactor.py): plain requests served by

@@ -361,7 +361,8 @@ def test_fabric_refresh_keeps_the_view(cluster: Cluster, browser_page: Watched, 
     assert run_llmgw("sim", "node", "set-port", str(cluster.tmp / "node-4"), "mlx5_1", "1", "up",
                      "--rate", "100 Gb/sec (1X NDR)").returncode == 0
     make_fabric(cluster.tmp / "fabric", "node-2", "node-4")
-    wait_until(lambda: cluster.server.get(f"/api/v1/fabrics/{cluster.fabric_id}/topology")["summary"]["degraded_links"] == 2,
+    wait_until(lambda: (cluster.server.get(f"/api/v1/fabrics/{cluster.fabric_id}/topology")["summary"]
+                        ["degraded_links"] == 2),
                "the second degraded cable discovered")
     page.evaluate("llmgwFabric.refresh()")
     page.wait_for_function("() => llmgwFabric.markers().length === 2")

@@ -223,8 +223,9 @@ def test_node_and_gateway_certificates_are_refused(cluster: Cluster) -> None:
                 assert f"'{common}' is neither a viewer nor an operator certificate (a {kind} certificate)" in \
                     answer.json()["error"]["message"], answer.text
             denied = client.post("/api/v1/reload")
-            assert denied.status_code == 401 and f"'{common}' is not an operator certificate (a {kind} certificate)" in \
-                denied.json()["error"]["message"], denied.text
+            assert (denied.status_code == 401
+                    and f"'{common}' is not an operator certificate (a {kind} certificate)"
+                    in denied.json()["error"]["message"]), denied.text
 
 
 def test_a_revoked_viewer_certificate_is_refused(cluster: Cluster) -> None:

@@ -103,7 +103,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
                               env=llmgw_env(as_operator)) as follow:
             assert follow.stdout is not None
             first: list[str] = []
-            reader = threading.Thread(target=lambda: first.append(follow.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+            reader = threading.Thread(target=lambda: first.append(follow.stdout.readline()),  # type: ignore[union-attr]
+                                      daemon=True)
             reader.start()
             reader.join(timeout=30)
             follow.send_signal(signal.SIGINT)
@@ -143,8 +144,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
         # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
         assert len(processes_under(work)) >= 8
-        # `ctl doctor` as a Nagios plugin against the demo (issues 14, 46): all ok, exit 0, the status line alone; a port
-        # set to INIT makes it exit 2 with one line per problem, the port's among them.
+        # `ctl doctor` as a Nagios plugin against the demo (issues 14, 46): all ok, exit 0, the status line
+        # alone; a port set to INIT makes it exit 2 with one line per problem, the port's among them.
         doctor_args = shlex.split(next(line for line in text.splitlines() if line.rstrip().endswith(" doctor")))
         doctor_args = doctor_args[doctor_args.index("ctl"):]  # as printed (path aside)
         printed = run_llmgw(*doctor_args, env=as_operator)

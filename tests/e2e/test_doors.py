@@ -105,7 +105,8 @@ def test_every_route_stands_behind_its_door(tmp_path: Path, procs: list[Proc]) -
                 r = http.request(method, path, headers=bearer(token))
                 # No move has happened yet: past the door, the route itself says so.
                 assert r.status_code == (404 if "/moves/" in path else 200), (method, path, r.status_code, r.text)
-        # The client door (before the changes below restart the replica): /v1/models with an API key, not without; no fleet credential opens it.
+        # The client door (before the changes below restart the replica): /v1/models with an API key, not
+        # without; no fleet credential opens it.
         assert http.get("/v1/models", headers=bearer(KEY)).json()["data"][0]["id"] == "chat"
         for headers in ({}, bearer(OPERATOR), bearer(VIEWER)):
             r = http.get("/v1/models", headers=headers)

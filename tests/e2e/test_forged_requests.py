@@ -126,7 +126,8 @@ def test_a_cross_site_form_changes_nothing_and_ctl_still_does(tmp_path: Path, pr
 
 
 EVIL_PAGE = """<!doctype html><title>cute cats</title>
-<form id="f" method="post" enctype="text/plain" action="{action}"><input type="hidden" name='{{"force": true, "x": "' value='"}}'></form>
+<form id="f" method="post" enctype="text/plain" action="{action}">\
+<input type="hidden" name='{{"force": true, "x": "' value='"}}'></form>
 <script>document.getElementById("f").submit()</script>"""
 
 

@@ -173,7 +173,8 @@ def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, pro
     # The remote gateway stops: it leaves the list.
     gw_proc.stop()
     wait_until(lambda: [r["name"] for r in json.loads(ctl(server.url, "gateways", "-o", "json",
-                                                          env={"LLMGW_TOKEN": viewer}).stdout)] == ["worker-0", "worker-1"],
+                                                          env={"LLMGW_TOKEN": viewer}).stdout)]
+               == ["worker-0", "worker-1"],
                "the stopped gateway to leave the list", procs=procs[:2])
 
 
