@@ -170,8 +170,8 @@ SCALE_ROUNDS = 3
 def run_wrk(url: str, connections: int, seconds: float, tmp: Path) -> dict[str, float]:
     script = tmp / "post.lua"
     script.write_text(f"wrk.method = 'POST'\nwrk.body = [[{BODY}]]\nwrk.headers['Content-Type'] = 'application/json'\n")
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s",
-                          str(script), url],
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
+                          "-s", str(script), url],
                          capture_output=True, text=True, check=True).stdout
     def latency(label: str) -> float:
         m = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
@@ -472,10 +472,10 @@ def main() -> None:
                 upstream_kind = "llmgw sim engine --fixed"
             procs.start("engine-stream", [sys.executable, "-m", "llmgw", "sim", "engine", "--port", str(stream_port),
                                           "--model", "bench-stream",
-                                          "--ttft-ms", "20", "--itl-ms", "20", "--jitter", "0.1", "--load-slowdown",
-                                          "0",
-                                          "--output-tokens", str(args.chunks), "--max-concurrency",
-                                          str(args.streams + 56),
+                                          "--ttft-ms", "20", "--itl-ms", "20", "--jitter", "0.1",
+                                          "--load-slowdown", "0",
+                                          "--output-tokens", str(args.chunks),
+                                          "--max-concurrency", str(args.streams + 56),
                                           "--log-stats-interval", "0"])
             def start_gateway(name: str, port: int, fleet: int, extra: str = "") -> subprocess.Popen[bytes]:
                 cfg = tmp / f"{name}.yaml"
@@ -483,8 +483,8 @@ def main() -> None:
                                f"  - model: bench\n    url: http://127.0.0.1:{up_port}\n"
                                f"  - model: bench-stream\n    url: http://127.0.0.1:{stream_port}\n")
                 return procs.start(name, [sys.executable, "-m", "llmgw", "server", "--config", str(cfg), "--insecure",
-                                          "--log-level", "warning", "--listen", f"127.0.0.1:{port}", "--fleet-listen",
-                                          f"127.0.0.1:{fleet}"])
+                                          "--log-level", "warning", "--listen", f"127.0.0.1:{port}",
+                                          "--fleet-listen", f"127.0.0.1:{fleet}"])
 
             gateway = start_gateway("llmgw", gw_port, fleet_port)
             gw0_port, relay_port = free_port(), free_port()

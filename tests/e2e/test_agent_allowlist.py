@@ -54,8 +54,8 @@ models:
 
     def check() -> bool:
         for r in ctl_json(server.url, "replicas"):
-            if r["model"] in expected and r["state"] in ("failed",
-                                                         "pending") and r["reason"].startswith(expected[r["model"]]):
+            if (r["model"] in expected and r["state"] in ("failed", "pending")
+                    and r["reason"].startswith(expected[r["model"]])):
                 seen[r["model"]] = r["reason"]
             if r["model"] == "fine" and r["state"] == "ready":
                 seen["fine"] = "ready"

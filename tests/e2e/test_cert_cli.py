@@ -68,8 +68,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA with a server, a node and an operator certificate, all made by the CLI."""
     ca = tmp_path_factory.mktemp("cli") / "ca"
     ok("init", "--dir", str(ca), "--name", "test cluster CA")
-    ok("server", "--dir", str(ca), "--host", "ctrl", "--host", "ctrl.example.com", "--ip", "127.0.0.1", "--ip",
-       "10.0.0.5")
+    ok("server", "--dir", str(ca), "--host", "ctrl", "--host", "ctrl.example.com", "--ip", "127.0.0.1",
+       "--ip", "10.0.0.5")
     ok("node", "gpu-01", "--dir", str(ca))
     ok("operator", "alice", "--dir", str(ca))
     return ca

@@ -118,8 +118,8 @@ def test_listings_print_yaml_wide_and_names(fleet: tuple[Server, dict]) -> None:
 
 def test_watch_json_prints_a_replica_a_line_when_it_changes(fleet: tuple[Server, dict]) -> None:
     server, replica = fleet
-    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "replicas", "--watch", "-o",
-                             "json",
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "replicas", "--watch",
+                             "-o", "json",
                              "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=llmgw_env())
     try:
@@ -141,8 +141,8 @@ def test_every_listing_watches_as_json_a_line_per_change(fleet: tuple[Server, di
     """Issue 46: `--watch -o json` on every listing, not only events and replicas; a heartbeat's
     ticking age is not a change."""
     server, _ = fleet
-    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, listing, "--watch", "-o",
-                             "json",
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, listing, "--watch",
+                             "-o", "json",
                              "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=llmgw_env())
     try:

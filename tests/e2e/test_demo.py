@@ -40,8 +40,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
     port, fleet_port = free_port(), free_port()
     log = tmp_path / "demo.out"
     with open(log, "wb") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "llmgw", "demo", "--port", str(port), "--fleet-port",
-                                 str(fleet_port)],
+        demo = subprocess.Popen([sys.executable, "-m", "llmgw", "demo", "--port", str(port),
+                                 "--fleet-port", str(fleet_port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=llmgw_env(), start_new_session=True)
     try:
         wait_until(lambda: "Ready." in log.read_text() or demo.poll() is not None, "the ready banner", deadline=120)

@@ -82,8 +82,8 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     said = {(f["check"], f.get("subject", "")): f for f in warned["findings"] if f["status"] != "ok"}
     assert said[("clocks", "GPU 1")]["finding"] == "GPU 1: clocks held down: HW thermal slowdown"
     assert "x8 of x16 lanes" in said[("pcie", "GPU 2")]["finding"]
-    assert said[("pcie",
-                 "mlx5_0")]["finding"].startswith("mlx5_0: PCIe gen4 x8, the card allows gen5 x16; it carries"), said
+    assert said[("pcie", "mlx5_0")]["finding"].startswith(
+        "mlx5_0: PCIe gen4 x8, the card allows gen5 x16; it carries"), said
     assert all(f["action"] for f in said.values())
 
     # Critical: a pending row remap, a card at its shutdown temperature, an Xid of a current driver

@@ -48,8 +48,8 @@ def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: li
     procs += [start_agent(tmp_path, "gpu-01", a), start_agent(tmp_path, "gpu-02", b)]
     wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready with a heartbeat", procs=procs)
 
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1", "-o",
-                       "json",
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1",
+                       "-o", "json",
                        timeout=120)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)  # a crit rail: Nagios critical
     report = json.loads(result.stdout)
@@ -86,8 +86,8 @@ def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: li
     assert [line.split()[:3] for line in bad] == [["WARN", "rail", "ib#1"], ["CRIT", "rail", "ib#2"]], bad
 
     # The same pair the other way round: the slow adapter is now on the client side, and still found.
-    reverse = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", "--duration", "0", "-o",
-                        "json",
+    reverse = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", "--duration", "0",
+                        "-o", "json",
                         timeout=120)
     assert [r["status"] for r in json.loads(reverse.stdout)["rails"]] == ["ok", "warn", "crit", "ok"]
 
@@ -99,8 +99,8 @@ def test_all_ok_exits_0_and_roce_picks_its_gid_index(tmp_path: Path, procs: list
     procs += [start_agent(tmp_path, n, make_sim_node(tmp_path, n, server.fleet_url, FAST_AGENT, *args))
               for n in ("gpu-01", "gpu-02")]
     wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1", "-o",
-                       "json",
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1",
+                       "-o", "json",
                        timeout=120)
     assert result.returncode == 0, (result.stdout, result.stderr)
     report = json.loads(result.stdout)
@@ -175,8 +175,8 @@ def test_a_hung_client_is_killed_at_the_rail_timeout_and_the_server_side_with_it
                     f"300' {marker} &\nwait\n")
     procs += [start_agent(tmp_path, "gpu-01", a), start_agent(tmp_path, "gpu-02", b)]
     wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--rail-timeout", "2", "-o",
-                       "json",
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--rail-timeout", "2",
+                       "-o", "json",
                        timeout=120)
     assert result.returncode == 2, (result.stdout, result.stderr)
     rails = json.loads(result.stdout)["rails"]
@@ -286,8 +286,8 @@ def test_qdr_is_graded_after_8b10b_a_narrow_slot_is_the_reason_and_gpudirect_nee
     port = server.get("/api/v1/nodes/edr-02")["inventory"]["ports"][1]
     assert (port["pcie_speed_gts"], port["pcie_width"], port["pcie_max_width"]) == (8.0, 8, 16), port
 
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--duration", "1", "-o",
-                       "json",
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--duration", "1",
+                       "-o", "json",
                        timeout=120)
     assert result.returncode == 0, (result.stdout, result.stderr)
     [rail] = json.loads(result.stdout)["rails"]

@@ -39,8 +39,8 @@ def metric(server: Server, name: str, **labels: str) -> float:
 def test_a_stream_without_its_head_in_time_goes_to_another_engine(tmp_path: Path, procs: list[Proc]) -> None:
     """Active health off, so only stream_head_timeout can save a stream sent to the hung engine:
     no stream waits longer than about that before it is served elsewhere."""
-    good_proc, good = start_sim_engine(tmp_path, "good", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms",
-                                       "1")
+    good_proc, good = start_sim_engine(tmp_path, "good", "--served-model-name", "chat", "--ttft-ms", "1",
+                                       "--itl-ms", "1")
     procs.append(good_proc)
     hung = hung_engine(tmp_path, procs)
     config = FAST_FLEET + """\

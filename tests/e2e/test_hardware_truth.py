@@ -52,8 +52,8 @@ def metric(server: Server, name: str, **labels: str) -> float | None:
 def test_declared_adapter_missing_is_not_advertised(tmp_path: Path, procs: list[Proc]) -> None:
     server = Server(tmp_path, HALF_SECOND_FLEET)
     procs.append(server.start())
-    config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--ib-ports", "2", "--absent-adapter",
-                           "mlx5_7")
+    config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--ib-ports", "2",
+                           "--absent-adapter", "mlx5_7")
     good = make_sim_node(tmp_path, "gpu-02", server.fleet_url, FAST_AGENT, "--ib-ports", "2")
     agent = start_agent(tmp_path, "gpu-01", config)
     procs += [agent, start_agent(tmp_path, "gpu-02", good)]

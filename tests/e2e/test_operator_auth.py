@@ -109,8 +109,8 @@ def test_operator_credentials_on_the_tls_public_port(tmp_path: Path, procs: list
     other = tmp_path / "other-ca"
     llmgw_ok("ctl", "cert", "init", "--dir", str(other))
     llmgw_ok("ctl", "cert", "operator", "mallory", "--dir", str(other))
-    result = ctl(url, "--ca", ca, "--cert", str(other / "operator-mallory.crt"), "--key",
-                 str(other / "operator-mallory.key"), "reload")
+    result = ctl(url, "--ca", ca, "--cert", str(other / "operator-mallory.crt"),
+                 "--key", str(other / "operator-mallory.key"), "reload")
     assert result.returncode == 1 and "refused our client certificate" in one_error_line(result)
 
     # Reads of the fleet need a credential too (one is configured); an operator's works, a node's does not.

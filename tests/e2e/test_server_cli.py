@@ -42,8 +42,8 @@ def test_port_in_use_is_one_clear_line() -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        result = run_llmgw("server", "--insecure", "--listen", f"127.0.0.1:{port}", "--fleet-listen",
-                           f"127.0.0.1:{free_port()}")
+        result = run_llmgw("server", "--insecure", "--listen", f"127.0.0.1:{port}",
+                           "--fleet-listen", f"127.0.0.1:{free_port()}")
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port} for the public port" in result.stderr
     assert "--listen" in result.stderr and "Traceback" not in result.stderr

@@ -33,8 +33,8 @@ from tests.e2e.harness import DEFAULT_DEADLINE, free_port, pid_alive
 ALLOW_ALL = EngineAllow(engines=["vllm", "sglang", "command", "sim"],
                         executables=["vllm", "python3", "llmgw-no-such-engine", "/*"])
 
-SIM_AS_COMMAND = [sys.executable, "-m", "llmgw", "sim", "engine", "--host", "{host}", "--port", "{port}", "--model",
-                  "{model}"]
+SIM_AS_COMMAND = [sys.executable, "-m", "llmgw", "sim", "engine", "--host", "{host}", "--port", "{port}",
+                  "--model", "{model}"]
 
 
 def spec(shard: str, engine: str = "sim", **kw: Any) -> m.ShardSpec:

@@ -290,8 +290,8 @@ def test_a_redirect_into_the_node_is_refused_and_a_same_host_redirect_still_fetc
     meta, meta_url = start_fileserver(tmp_path, tmp_path / "meta", name="metadata")
     procs.append(meta)
     sparse_file(tmp_path / "files" / "store" / "good.safetensors", 2_000_000)
-    files, url = start_fileserver(tmp_path, tmp_path / "files", "--redirect",
-                                  f"/model.safetensors={meta_url}/latest/meta-data/iam",
+    files, url = start_fileserver(tmp_path, tmp_path / "files",
+                                  "--redirect", f"/model.safetensors={meta_url}/latest/meta-data/iam",
                                   "--redirect", "/good.safetensors=/store/good.safetensors")
     procs.append(files)
     catalog = f"""\

@@ -107,8 +107,8 @@ class Fleet:
         return self.server.url
 
     def add_node(self, node: str, gpus: int = 1) -> Proc:
-        self.agent_configs[node] = make_sim_node(self.tmp, node, self.server.fleet_url, FAULT_AGENT, "--gpus",
-                                                 str(gpus))
+        self.agent_configs[node] = make_sim_node(self.tmp, node, self.server.fleet_url, FAULT_AGENT,
+                                                 "--gpus", str(gpus))
         return self.start_agent(node)
 
     def start_agent(self, node: str) -> Proc:

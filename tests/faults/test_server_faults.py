@@ -62,8 +62,8 @@ def test_server_killed_and_restarted(tmp_path: Path, procs: list[Proc]) -> None:
 
 
 def test_sigterm_finishes_requests_in_flight_then_exits_0(tmp_path: Path, procs: list[Proc]) -> None:
-    engine, url = start_sim_engine(tmp_path, "engine", "--served-model-name", MODEL, "--ttft-ms", "10", "--itl-ms",
-                                   "100")
+    engine, url = start_sim_engine(tmp_path, "engine", "--served-model-name", MODEL, "--ttft-ms", "10",
+                                   "--itl-ms", "100")
     procs.append(engine)
     server = Server(tmp_path, FAST_FLEET + "gateway:\n  shutdown_grace: 20s\n"
                     + f"endpoints:\n  - model: {MODEL}\n    url: {url}\n")
