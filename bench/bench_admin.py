@@ -52,7 +52,8 @@ MEASURE = """async ([kind, frames]) => {
   for (let k = 0; k < frames; k++) {
     if (kind === 'pan') {
       const a = k / 15;
-      canvas.dispatchEvent(new PointerEvent('pointermove', {clientX: cx + 60 * Math.sin(a), clientY: cy + 30 * Math.cos(a), bubbles: true}));
+      canvas.dispatchEvent(new PointerEvent('pointermove', {clientX: cx + 60 * Math.sin(a),
+                                                            clientY: cy + 30 * Math.cos(a), bubbles: true}));
     } else if (kind === 'full') {
       llmgwFabric.invalidate();  // the whole scene drawn again, as once a gesture rests
     } else if (kind === 'repaint') {
@@ -61,7 +62,9 @@ MEASURE = """async ([kind, frames]) => {
       c.fillStyle = k % 2 ? '#0f1419' : '#10151a';
       c.fillRect(0, 0, canvas.width, canvas.height);
     } else if (kind === 'zoom') {
-      canvas.dispatchEvent(new WheelEvent('wheel', {clientX: cx, clientY: cy, deltaY: (Math.floor(k / 20) % 2 ? 40 : -40), bubbles: true, cancelable: true}));
+      canvas.dispatchEvent(new WheelEvent('wheel', {clientX: cx, clientY: cy,
+                                                    deltaY: (Math.floor(k / 20) % 2 ? 40 : -40),
+                                                    bubbles: true, cancelable: true}));
     }
     await next();
   }
@@ -81,7 +84,8 @@ def serve(tmp: Path, label: str, text: str | None, sim_args: list[str]) -> tuple
         (fabric_dir / "ibnetdiscover.txt").write_text(text)
     server = Server(tmp, CONFIG, name=f"server-{label}")
     procs = [server.start()]
-    config = make_sim_node(tmp, "node-1", server.fleet_url, "", "--ib-ports", "2", "--fabric", str(fabric_dir), "--force")
+    config = make_sim_node(tmp, "node-1", server.fleet_url, "", "--ib-ports", "2", "--fabric", str(fabric_dir),
+                           "--force")
     procs.append(start_agent(tmp, f"node-1-{label}", config))
 
     def found() -> str | None:
@@ -98,7 +102,8 @@ def measure(browser: object, url: str, frames: int) -> dict[str, float]:
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(url)
     page.wait_for_function("() => window.llmgwFabric && window.llmgwFabric.ready", timeout=120_000)
-    counts = page.evaluate("({switches: llmgwFabric.switches, adapters: llmgwFabric.adapters, cables: llmgwFabric.cables})")
+    counts = page.evaluate("({switches: llmgwFabric.switches, adapters: llmgwFabric.adapters, cables: "
+                           "llmgwFabric.cables})")
     page.evaluate(MEASURE, ["idle", 30])  # warm up: first frames compile and lay out
     out = {**counts}
     for kind in ("idle", "repaint", "pan", "zoom", "full"):
@@ -156,7 +161,8 @@ def main() -> int:
                       f"{result['idle']:.1f}; ratio {fps / base:.2f}; bar ≥ {BAR_FPS:.0f} fps) "
                       f"{'ok' if passed else 'BELOW THE BAR'}"
                       f"  [{result[f'{kind}_drawn']} frames drawn; ms per frame in {result[f'{kind}_ms']}]")
-            print(f"  full {result['full']:6.1f} fps  ({full_ms:.0f} ms a frame drawn whole; JS ms in {result['full_ms']})")
+            print(f"  full {result['full']:6.1f} fps  ({full_ms:.0f} ms a frame drawn whole; JS ms in "
+                  f"{result['full_ms']})")
         browser.close()
     print(json.dumps(results))
     print("(full: one frame drawn whole, as once a gesture rests; no bar: it happens once per gesture)")

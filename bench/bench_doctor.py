@@ -35,10 +35,12 @@ def fleet(nodes: int, gpus: int = 8, ports: int = 8) -> NodeRegistry:
     for i in range(nodes):
         node_id = f"gpu-{i:04d}"
         inventory = m.Inventory(
-            gpus=[m.Gpu(index=g, name="NVIDIA H100 80GB HBM3", nvlink={p: 18 for p in range(gpus) if p != g}) for g in range(gpus)],
+            gpus=[m.Gpu(index=g, name="NVIDIA H100 80GB HBM3", nvlink={p: 18 for p in range(gpus) if p != g})
+                  for g in range(gpus)],
             ports=[m.Port(device=d, port=1, state="ACTIVE", rate_gbps=400.0, sm_lid=1) for d in devices],
             gpu_source="nvml", gpu_driver="550.54.15")
-        status = m.FabricStatus(name="ib", devices=devices, usable=True, ports=[f"{d}:1" for d in devices], rate_gbps=400.0)
+        status = m.FabricStatus(name="ib", devices=devices, usable=True, ports=[f"{d}:1" for d in devices],
+                                rate_gbps=400.0)
         registry.register(m.Register(node_id=node_id, version="bench", inventory=inventory, fabric_status=[status],
                                      cert_not_after=1e9 + 90 * 86400), now=0.0, session=i + 1)
         for beat in (1, 2):
@@ -48,7 +50,8 @@ def fleet(nodes: int, gpus: int = 8, ports: int = 8) -> NodeRegistry:
             health = [m.GpuHealth(index=g, ecc_uncorrected=0, nvlink_down=0, xid=0) for g in range(gpus)]
             host = m.HostFacts(memlock_bytes=m.MEMLOCK_UNLIMITED, model_cache="/models", cache_free_bytes=500 << 30,
                                cache_total_bytes=1000 << 30)
-            registry.heartbeat(node_id, i + 1, m.Heartbeat(sent_at=1e9 + beat * 20.0, ports=readings, gpus=health, host=host),
+            registry.heartbeat(node_id, i + 1,
+                               m.Heartbeat(sent_at=1e9 + beat * 20.0, ports=readings, gpus=health, host=host),
                                now=beat * 20.0, wall=1e9 + beat * 20.0)
     return registry
 
@@ -68,7 +71,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     registry = fleet(args.nodes)
-    service = DoctorService(registry, Reconciler([], Settings(backoff_initial=1, backoff_max=10, port_range=(20000, 20999))),
+    service = DoctorService(registry,
+                            Reconciler([], Settings(backoff_initial=1, backoff_max=10, port_range=(20000, 20999))),
                             clock=lambda: 40.0, wall=lambda: 1e9 + 40.0)
     baseline = best(lambda: [node_view(n, 40.0) for n in registry.nodes.values()], args.repeat)
     snapshot = best(service.facts, args.repeat)
@@ -86,10 +90,12 @@ def main() -> None:
     print(f"doctor over {args.nodes} nodes: {len(findings)} findings ({len(bad)} not ok)")
     print(f"baseline: GET /api/v1/nodes views  {baseline * 1000:8.1f} ms")
     ratio = snapshot / baseline
-    print(f"snapshot (event loop)              {snapshot * 1000:8.1f} ms  {ratio:5.2f}× baseline  bar ≤ {SNAPSHOT_RATIO_BAR:g}×  "
+    print(f"snapshot (event loop)              {snapshot * 1000:8.1f} ms  {ratio:5.2f}× baseline  bar ≤ "
+          f"{SNAPSHOT_RATIO_BAR:g}×  "
           f"{'ok' if ratio <= SNAPSHOT_RATIO_BAR else 'OVER'}")
     ratio = checks / baseline
-    print(f"checks (worker thread)             {checks * 1000:8.1f} ms  {ratio:5.2f}× baseline  bar ≤ {CHECKS_RATIO_BAR:g}×  "
+    print(f"checks (worker thread)             {checks * 1000:8.1f} ms  {ratio:5.2f}× baseline  bar ≤ "
+          f"{CHECKS_RATIO_BAR:g}×  "
           f"{'ok' if ratio <= CHECKS_RATIO_BAR else 'OVER'}")
     print(f"whole report through trio          {total * 1000:8.1f} ms  (deadline {DEADLINE:g} s)")
     if bad:

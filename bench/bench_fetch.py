@@ -119,7 +119,8 @@ def main() -> None:
         server, base = start_server(Path(src))
         url = f"{base}/model.safetensors"
         try:
-            print(f"bench-fetch: {args.size / 1e9:.2f} GB sparse file from {base} into {dest}, {args.rounds} rounds each")
+            print(f"bench-fetch: {args.size / 1e9:.2f} GB sparse file from {base} into {dest}, "
+                  f"{args.rounds} rounds each")
             run_fetcher(url, dest)  # warm up: imports, the page cache of the source file
             rss_before = _status_kib("VmRSS") * 1024
             peak_reset = _reset_peak()

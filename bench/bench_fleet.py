@@ -70,7 +70,8 @@ class Stats:
         self.errors: list[str] = []
 
 
-async def one_node(url: str, i: int, stats: Stats, start_beating: trio.Event, stop: trio.Event, rng: random.Random) -> None:
+async def one_node(url: str, i: int, stats: Stats, start_beating: trio.Event, stop: trio.Event,
+                   rng: random.Random) -> None:
     try:
         async with dial(url, ssl_context=None, insecure=True, max_message=4 << 20, connect_timeout=30) as ch:
             await ch.send(m.encode(m.Register(node_id=f"bench-{i:05d}", version=__version__, inventory=inventory(i))))
@@ -118,7 +119,8 @@ async def run(n: int, seconds: float, server_pid: int, public: str, fleet: str) 
             if time.monotonic() > deadline or stats.errors:
                 stop.set()
                 start_beating.set()
-                raise SystemExit(f"only {ready} of {n} ready ({stats.registered} registered); errors: {stats.errors[:3]}")
+                raise SystemExit(f"only {ready} of {n} ready ({stats.registered} registered); errors: "
+                                 f"{stats.errors[:3]}")
             await trio.sleep(0.1)
         t_ready = time.monotonic() - t0
         cpu_register = cpu_seconds(server_pid) - cpu_server0
@@ -166,7 +168,8 @@ def main() -> None:
                     break
                 except httpx.HTTPError:
                     time.sleep(0.05)
-            print(f"bench-fleet: {args.nodes} agent streams, heartbeats 1/s for {args.seconds:g}s, server pid {server.pid}")
+            print(f"bench-fleet: {args.nodes} agent streams, heartbeats 1/s for {args.seconds:g}s, server pid "
+                  f"{server.pid}")
             print(f"  {build()}")
             r = trio.run(run, args.nodes, args.seconds, server.pid, public, f"http://127.0.0.1:{fleet_port}")
         finally:

@@ -5,8 +5,9 @@ else `llmgw sim engine --fixed`), with wrk as the load generator (a small built-
 wrk is absent), in one run: straight to the upstream (the baseline), through `llmgw server`
 (a router-only config with a static endpoint), through nginx as a reverse proxy when
 nginx is there, and through a minimal trio proxy (MIN_PROXY: reads and writes, no HTTP parsing;
-the floor for any trio process, printed beside nginx as llmgw ÷ floor, a figure, not a bar). For each: requests/s at 32 connections, p50/p99 latency at 1 and 32
-connections; for llmgw its CPU time per request, read from /proc.
+the floor for any trio process, printed beside nginx as llmgw ÷ floor, a figure, not a bar).
+For each: requests/s at 32 connections, p50/p99 latency at 1 and 32 connections; for llmgw its
+CPU time per request, read from /proc.
 
 Streaming: 200 concurrent streams of 200 chunks each from `llmgw sim engine` (tokens spaced
 by its latency model, so every chunk is its own write, as with a real engine): straight to
@@ -149,8 +150,8 @@ http {{
 # preemption; 0.01 a request) the ratio read 1.26 against 1.28 without. Two workers keep both
 # cores busy (idle 0-1 %) where one leaves about a quarter idle, and this VM charges the same
 # Python work ~15 % more CPU time with both of its cores busy than with one (a JSON loop on both
-# cores at once ÷ on one: 1.14-1.17 that morning); nginx as the proxy reads 1.00-1.01 two workers ÷ one here, since its 10 µs
-# a request never fills the second core.
+# cores at once ÷ on one: 1.14-1.17 that morning); nginx as the proxy reads 1.00-1.01 two
+# workers ÷ one here, since its 10 µs a request never fills the second core.
 #
 # So the bar's baseline puts the same load on the machine: two one-worker gateways side by side,
 # 32 connections each from their own wrk, at the same time; the two workers get the same two
@@ -169,7 +170,8 @@ SCALE_ROUNDS = 3
 def run_wrk(url: str, connections: int, seconds: float, tmp: Path) -> dict[str, float]:
     script = tmp / "post.lua"
     script.write_text(f"wrk.method = 'POST'\nwrk.body = [[{BODY}]]\nwrk.headers['Content-Type'] = 'application/json'\n")
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
+                          "-s", str(script), url],
                          capture_output=True, text=True, check=True).stdout
     def latency(label: str) -> float:
         m = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
@@ -190,7 +192,8 @@ import json, socket, selectors, time, sys
 host, port = {url.split('//')[1].split('/')[0]!r}.split(':')
 path = '/' + {url!r}.split('//')[1].split('/', 1)[1]
 body = {BODY!r}.encode()
-req = f'POST {{path}} HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\nContent-Length: {{len(body)}}\\r\\n\\r\\n'.encode() + body
+req = (f'POST {{path}} HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\n'
+       f'Content-Length: {{len(body)}}\\r\\n\\r\\n').encode() + body
 sel = selectors.DefaultSelector(); lat = []; errors = 0
 conns = []
 for _ in range({connections}):
@@ -208,9 +211,11 @@ while time.perf_counter() < end:
             head = st['buf'][:i].decode('latin-1'); n = int(head.lower().split('content-length:')[1].split('\\r\\n')[0])
             if len(st['buf']) < i + 4 + n: break
             if not head.startswith('HTTP/1.1 200'): errors += 1
-            st['buf'] = st['buf'][i + 4 + n:]; now = time.perf_counter(); lat.append(now - st['t']); st['t'] = now; st['s'].send(req)
+            st['buf'] = st['buf'][i + 4 + n:]; now = time.perf_counter(); lat.append(now - st['t'])
+            st['t'] = now; st['s'].send(req)
 lat.sort()
-print(json.dumps({{'rps': len(lat) / {seconds}, 'p50': lat[len(lat)//2], 'p99': lat[int(len(lat)*0.99)], 'errors': errors, 'requests': len(lat)}}))
+print(json.dumps({{'rps': len(lat) / {seconds}, 'p50': lat[len(lat)//2], 'p99': lat[int(len(lat)*0.99)],
+                  'errors': errors, 'requests': len(lat)}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return json.loads(out)
@@ -225,8 +230,10 @@ import json, sys, time, trio
 host, streams, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 sys.path.insert(0, sys.argv[4])
 from llmgw.web.http1 import ChunkedScanner
-body = json.dumps({"model": "bench-stream", "stream": True, "max_tokens": tokens, "messages": [{"role": "user", "content": "go"}]}).encode()
-req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+body = json.dumps({"model": "bench-stream", "stream": True, "max_tokens": tokens,
+                   "messages": [{"role": "user", "content": "go"}]}).encode()
+req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+       f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 async def one(port, ttft, chunks, errors):
     s = await trio.open_tcp_stream(host, port)
     t0 = trio.current_time(); await s.send_all(req)
@@ -254,7 +261,8 @@ async def burst(port):
     wall = time.monotonic() - t
     ttft = sorted(x for x in ttft if x is not None)
     return {"streams": len(chunks), "chunks": sum(chunks), "ttft_p50": ttft[len(ttft)//2] if ttft else None,
-            "ttft_p99": ttft[int(len(ttft)*0.99)] if ttft else None, "errors": errors[:3], "n_errors": len(errors), "wall": wall}
+            "ttft_p99": ttft[int(len(ttft)*0.99)] if ttft else None, "errors": errors[:3], "n_errors": len(errors),
+            "wall": wall}
 async def main():
     results = []
     for port in sys.argv[5:]:
@@ -329,7 +337,8 @@ trio.run(trio.serve_tcp, handle, int(sys.argv[1]))
 
 def run_bursts(ports: list[int], streams: int, tokens: int) -> list[dict[str, Any]]:
     """One STREAM_CLIENT process bursting each port of `ports` in turn: one result a burst."""
-    out = subprocess.run([sys.executable, "-c", STREAM_CLIENT, "127.0.0.1", str(streams), str(tokens), str(ROOT / "src"),
+    out = subprocess.run([sys.executable, "-c", STREAM_CLIENT, "127.0.0.1", str(streams), str(tokens),
+                          str(ROOT / "src"),
                           *map(str, ports)], capture_output=True, text=True, check=True).stdout
     return json.loads(out)
 
@@ -356,7 +365,8 @@ PROFILE_NOTE = """\
   5,470 -> 7,380 req/s (load ~2 on the 2 cores). 200-stream bursts (no hang-up watcher task per
   stream, ~9 % of a burst's samples before: the relay hub watches EPOLLRDHUP; 256 idle engine
   connections kept, not 64), 5 rounds of 20 tokens a stream: CPU per stream 940 -> 760 µs, added
-  TTFT p50 31.6 -> 19.3 ms (the bare relay's 7.5 ms; single rounds ranged -29 to 46 ms). Earlier cuts (uuid4 request ids, trio.open_tcp_stream
+  TTFT p50 31.6 -> 19.3 ms (the bare relay's 7.5 ms; single rounds ranged -29 to 46 ms). \
+Earlier cuts (uuid4 request ids, trio.open_tcp_stream
   for IP literals, fail_after): CPU/request 145 -> 108 µs. What is left is spread thin: no item
   of the gateway's own above 3 % but the parsing its strictness needs.
   The fast lane (2 Dec; server/gateway/fastlane.py on web/reactor.py): plain requests served by
@@ -375,8 +385,10 @@ def start_profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes
         print("  --profile: py-spy is not installed (`.venv/bin/pip install -e '.[bench]'`); no profile")
         return None
     # --nonblocking: py-spy otherwise stops the process for every sample, slowing what it measures.
-    proc = subprocess.Popen([spy, "record", "--nonblocking", "--rate", "250", "--duration", str(max(1, round(seconds))), "--format", "raw",
-                             "--output", str(out), "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([spy, "record", "--nonblocking", "--rate", "250", "--duration", str(max(1, round(seconds))),
+                             "--format", "raw",
+                             "--output", str(out), "--pid", str(pid)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     time.sleep(0.5)  # attached before the load starts
     return proc
 
@@ -433,10 +445,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", 8)))
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--chunks", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3, help="bursts of --chunks tokens per streaming target (CPU per chunk)")
-    parser.add_argument("--ttft-rounds", type=int, default=9, help=f"bursts of {TTFT_TOKENS} tokens per streaming target "
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="bursts of --chunks tokens per streaming target (CPU per chunk)")
+    parser.add_argument("--ttft-rounds", type=int, default=9,
+                        help=f"bursts of {TTFT_TOKENS} tokens per streaming target "
                         "(the added TTFT is the median)")
-    parser.add_argument("--profile", action="store_true", help="sample the gateway with py-spy during its @32 run and print "
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the gateway with py-spy during its @32 run and print "
                         "the top frames (pip install -e '.[bench]')")
     args = parser.parse_args()
     wrk = shutil.which("wrk")
@@ -446,16 +461,21 @@ def main() -> None:
         tmp = Path(tmp_name)
         procs = Procs(tmp)
         try:
-            up_port, gw_port, fleet_port, proxy_port, stream_port, gw2_port, floor_port = (free_port() for _ in range(7))
+            up_port, gw_port, fleet_port, proxy_port, stream_port, gw2_port, floor_port = (free_port()
+                                                                                           for _ in range(7))
             if nginx:
                 procs.start("upstream", [str(nginx), "-c", str(nginx_conf(tmp, up_port, None)), "-p", str(tmp)])
                 upstream_kind = "nginx `return 200` (fixed JSON)"
             else:
-                procs.start("upstream", [sys.executable, "-m", "llmgw", "sim", "engine", "--port", str(up_port), "--model", "bench", "--fixed"])
+                procs.start("upstream", [sys.executable, "-m", "llmgw", "sim", "engine", "--port", str(up_port),
+                                         "--model", "bench", "--fixed"])
                 upstream_kind = "llmgw sim engine --fixed"
-            procs.start("engine-stream", [sys.executable, "-m", "llmgw", "sim", "engine", "--port", str(stream_port), "--model", "bench-stream",
-                                          "--ttft-ms", "20", "--itl-ms", "20", "--jitter", "0.1", "--load-slowdown", "0",
-                                          "--output-tokens", str(args.chunks), "--max-concurrency", str(args.streams + 56),
+            procs.start("engine-stream", [sys.executable, "-m", "llmgw", "sim", "engine", "--port", str(stream_port),
+                                          "--model", "bench-stream",
+                                          "--ttft-ms", "20", "--itl-ms", "20", "--jitter", "0.1",
+                                          "--load-slowdown", "0",
+                                          "--output-tokens", str(args.chunks),
+                                          "--max-concurrency", str(args.streams + 56),
                                           "--log-stats-interval", "0"])
             def start_gateway(name: str, port: int, fleet: int, extra: str = "") -> subprocess.Popen[bytes]:
                 cfg = tmp / f"{name}.yaml"
@@ -463,7 +483,8 @@ def main() -> None:
                                f"  - model: bench\n    url: http://127.0.0.1:{up_port}\n"
                                f"  - model: bench-stream\n    url: http://127.0.0.1:{stream_port}\n")
                 return procs.start(name, [sys.executable, "-m", "llmgw", "server", "--config", str(cfg), "--insecure",
-                                          "--log-level", "warning", "--listen", f"127.0.0.1:{port}", "--fleet-listen", f"127.0.0.1:{fleet}"])
+                                          "--log-level", "warning", "--listen", f"127.0.0.1:{port}",
+                                          "--fleet-listen", f"127.0.0.1:{fleet}"])
 
             gateway = start_gateway("llmgw", gw_port, fleet_port)
             gw0_port, relay_port = free_port(), free_port()
@@ -476,11 +497,14 @@ def main() -> None:
             nginx_proxy = None
             if nginx:
                 # Its own instance, apart from the upstream's, so /proc gives each one's CPU.
-                nginx_proxy = procs.start("nginx-proxy", [str(nginx), "-c", str(nginx_conf(tmp, proxy_port, up_port)), "-p", str(tmp)])
-            for port in [up_port, gw_port, gw0_port, gw2_port, twin_port, stream_port, floor_port] + ([proxy_port] if nginx else []):
+                nginx_proxy = procs.start("nginx-proxy",
+                                          [str(nginx), "-c", str(nginx_conf(tmp, proxy_port, up_port)), "-p", str(tmp)])
+            for port in [up_port, gw_port, gw0_port, gw2_port, twin_port, stream_port,
+                         floor_port] + ([proxy_port] if nginx else []):
                 wait_http(f"http://127.0.0.1:{port}/health" if port == stream_port else f"http://127.0.0.1:{port}/")
             time.sleep(0.5)
-            print(f"bench-gateway: upstream {upstream_kind}; load generator {'wrk' if wrk else 'built-in (wrk not installed)'}; "
+            print(f"bench-gateway: upstream {upstream_kind}; load generator "
+                  f"{'wrk' if wrk else 'built-in (wrk not installed)'}; "
                   f"{args.seconds:g}s per run; {os.cpu_count()} CPUs")
             print(f"  {build()}")
             targets: list[tuple[str, int, subprocess.Popen[bytes] | None]] = [
@@ -498,7 +522,8 @@ def main() -> None:
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                 load(url, 8, 1.0, tmp)  # warm up connections and pools
                 shares0 = settled_shares(port, "bench") if proc is gateway2 else {}
-                spy = start_profile(proc.pid, args.seconds, tmp / "profile.txt") if args.profile and proc is gateway else None
+                spy = start_profile(proc.pid, args.seconds,
+                                    tmp / "profile.txt") if args.profile and proc is gateway else None
                 cpu0 = cpu_tree(proc.pid) if proc else 0.0
                 t0 = time.monotonic()
                 r32 = load(url, 32, args.seconds, tmp)
@@ -529,7 +554,8 @@ def main() -> None:
                 for _ in range(SCALE_ROUNDS):
                     for name, ports, trees in shapes:
                         before = sum(cpu_tree(proc.pid) for proc in trees)
-                        runs = list(pool.map(lambda port: load(f"http://127.0.0.1:{port}/v1/chat/completions", PER_WORKER,
+                        runs = list(pool.map(lambda port: load(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                                               PER_WORKER,
                                                                 seconds, tmp), ports))
                         total = scaling.setdefault(name, {"cpu": 0.0, "requests": 0.0, "rps": 0.0, "errors": 0.0})
                         total["cpu"] += sum(cpu_tree(proc.pid) for proc in trees) - before
@@ -541,7 +567,8 @@ def main() -> None:
                 return f"{x * 1e6:,.0f} µs" if x == x else "n/a"
 
             print()
-            print(f"  {'':28} {'req/s @32':>10} {'p50 @1':>10} {'p99 @1':>10} {'p50 @32':>10} {'p99 @32':>10} {'errors':>7} {'CPU/req':>10} {'cores':>6}")
+            print(f"  {'':28} {'req/s @32':>10} {'p50 @1':>10} {'p99 @1':>10} {'p50 @32':>10} {'p99 @32':>10} "
+                  f"{'errors':>7} {'CPU/req':>10} {'cores':>6}")
             for name, r in results.items():
                 per_req = f"{r['cpu_us']:.0f} µs" if r["cpu_us"] is not None else ""
                 cores = f"{r['cores']:.2f}" if r["cores"] is not None else ""
@@ -551,7 +578,8 @@ def main() -> None:
             gw, gw2 = results["through llmgw"], results["through llmgw, 2 workers"]
             shares = gw2["shares"]
             served = sum(shares.values()) or float("nan")
-            print(f"  2 workers: requests served per worker {', '.join(f'{w} {n:,.0f}' for w, n in sorted(shares.items()))}")
+            print("  2 workers: requests served per worker "
+                  f"{', '.join(f'{w} {n:,.0f}' for w, n in sorted(shares.items()))}")
             one, two, pair = scaling["1 worker"], scaling["2 workers"], scaling["2 one-worker gateways"]
             for label, t in ((f"1 worker @{PER_WORKER}", one), (f"2 workers @{2 * PER_WORKER}", two),
                              (f"2 one-worker gateways @{PER_WORKER} each", pair)):
@@ -561,8 +589,10 @@ def main() -> None:
             # Streaming, CPU per relayed chunk: `--rounds` bursts of `--chunks` tokens a stream per
             # target, the targets interleaved within a round and the engine alone measured in each.
             streaming = (("through a bare trio relay", relay_port, relay), ("through llmgw", gw_port, gateway),
-                         ("through llmgw, coalesce 0", gw0_port, gateway0), ("through llmgw, 2 workers", gw2_port, gateway2))
-            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in ["direct to engine", *(n for n, _, _ in streaming)]}
+                         ("through llmgw, coalesce 0", gw0_port, gateway0),
+                         ("through llmgw, 2 workers", gw2_port, gateway2))
+            rounds: dict[str, list[dict[str, Any]]] = {name: []
+                                                       for name in ["direct to engine", *(n for n, _, _ in streaming)]}
             cpu_used = {name: 0.0 for name, _, _ in streaming}
             for _ in range(args.rounds):
                 rounds["direct to engine"].append(run_streams(stream_port, args.streams, args.chunks))
@@ -579,8 +609,10 @@ def main() -> None:
             # straight to the engine, the targets' order rotated each round; one client process
             # for all, a quarter of a second between bursts for the last one's hang-ups.
             # Added TTFT = the median over rounds of (target p50 - the burst before it).
-            turns = [streaming[(i + k) % len(streaming)][:2] for i in range(args.ttft_rounds) for k in range(len(streaming))]
-            bursts = run_bursts([port for _, target in turns for port in (stream_port, target)], args.streams, TTFT_TOKENS)
+            turns = [streaming[(i + k) % len(streaming)][:2] for i in range(args.ttft_rounds)
+                     for k in range(len(streaming))]
+            bursts = run_bursts([port for _, target in turns for port in (stream_port, target)], args.streams,
+                                TTFT_TOKENS)
             ttft_added: dict[str, list[float]] = {name: [] for name, _, _ in streaming}
             ttft_errors = sum(b["n_errors"] for b in bursts)
             for (name, _), d, t in zip(turns, bursts[0::2], bursts[1::2], strict=True):
@@ -608,29 +640,36 @@ def main() -> None:
             added_ttft = added("through llmgw")
             added_bare = added("through a bare trio relay")
             print()
-            print(f"  streaming: {args.streams} concurrent streams × {args.chunks} chunks (engine token spacing 20 ms), "
-                  f"{args.rounds} rounds interleaved; TTFT: median over rounds (the added TTFT below: {args.ttft_rounds} "
+            print(f"  streaming: {args.streams} concurrent streams × {args.chunks} chunks (engine token "
+                  "spacing 20 ms), "
+                  f"{args.rounds} rounds interleaved; TTFT: median over rounds (the added TTFT below: "
+                  f"{args.ttft_rounds} "
                   f"rounds of {TTFT_TOKENS}-token bursts, each after one straight to the engine)")
-            print(f"  {'':28} {'chunks':>8} {'TTFT p50':>10} {'TTFT p99':>10} {'errors':>7} {'CPU/chunk':>10} {'vs relay':>9}")
+            print(f"  {'':28} {'chunks':>8} {'TTFT p50':>10} {'TTFT p99':>10} {'errors':>7} {'CPU/chunk':>10} "
+                  f"{'vs relay':>9}")
             rows = [("direct to engine", direct, None), *((n, r, c) for n, (r, c) in measured.items())]
             for name, r, c in rows:
                 per_chunk_text = f"{c:.1f} µs" if c is not None else ""
                 vs_relay = f"{c / floor:.2f}×" if c is not None and floor else ""
-                print(f"  {name:28} {r['chunks']:>8,} {us(r['ttft_p50'] or float('nan')):>10} {us(r['ttft_p99'] or float('nan')):>10} "
+                print(f"  {name:28} {r['chunks']:>8,} {us(r['ttft_p50'] or float('nan')):>10} "
+                      f"{us(r['ttft_p99'] or float('nan')):>10} "
                       f"{r['n_errors']:>7} {per_chunk_text:>10} {vs_relay:>9}")
             print(f"  added TTFT p50 per round, ms, in order ({args.streams} streams × {TTFT_TOKENS} tokens a burst):")
             for name, values in ttft_added.items():
                 print(f"  {name:28} {' '.join(f'{x * 1e3:.0f}' for x in values)}  (median {added(name) * 1e3:.1f})")
             print()
-            failed = int(sum(r["r32"]["errors"] + r["r1"]["errors"] for r in results.values()) + one["errors"] + two["errors"] + pair["errors"]
+            failed = int(sum(r["r32"]["errors"] + r["r1"]["errors"] for r in results.values()) + one["errors"]
+                         + two["errors"] + pair["errors"]
                          + sum(r["n_errors"] for r, _ in measured.values()) + direct["n_errors"] + ttft_errors)
             # Every bar is a ratio to a baseline measured in this run (issue 17): the machines
             # differ 2-3x from day to day, the ratios hold.
             bars: list[tuple[str, str, str, float, str, bool | None]] = []
             if nginx:
                 ng = results["through nginx proxy"]
-                bars.append(("requests/s @32, llmgw ÷ nginx proxy", f"{gw['r32']['rps']:,.0f}", f"{ng['r32']['rps']:,.0f}",
-                             gw["r32"]["rps"] / ng["r32"]["rps"], ">= 0.20", gw["r32"]["rps"] / ng["r32"]["rps"] >= 0.2))
+                bars.append(("requests/s @32, llmgw ÷ nginx proxy", f"{gw['r32']['rps']:,.0f}",
+                             f"{ng['r32']['rps']:,.0f}",
+                             gw["r32"]["rps"] / ng["r32"]["rps"], ">= 0.20",
+                             gw["r32"]["rps"] / ng["r32"]["rps"] >= 0.2))
                 # How much of a core the one-process gateway got while it was measured: below ~0.9
                 # it was waiting for a CPU (other processes on a shared machine), not for work, and
                 # the throughput ratio above reads low by about that share; CPU/request does not.
@@ -659,13 +698,16 @@ def main() -> None:
             bars.append(("2 workers: smallest share served", f"{low:.0%}", "50%", low / 0.5, ">= 30%", low >= 0.3))
             cpu_one, cpu_two = one["cpu"] / one["requests"] * 1e6, two["cpu"] / two["requests"] * 1e6
             cpu_pair = pair["cpu"] / pair["requests"] * 1e6
-            bars.append((f"CPU/request, 2 workers ÷ 2 gateways @{PER_WORKER}", f"{cpu_two:.0f} µs", f"{cpu_pair:.0f} µs",
+            bars.append((f"CPU/request, 2 workers ÷ 2 gateways @{PER_WORKER}", f"{cpu_two:.0f} µs",
+                         f"{cpu_pair:.0f} µs",
                          cpu_two / cpu_pair, "<= 1.10", cpu_two / cpu_pair <= 1.1))
-            bars.append((f"CPU/request, 2 workers @{2 * PER_WORKER} ÷ 1 @{PER_WORKER}", f"{cpu_two:.0f} µs", f"{cpu_one:.0f} µs",
+            bars.append((f"CPU/request, 2 workers @{2 * PER_WORKER} ÷ 1 @{PER_WORKER}", f"{cpu_two:.0f} µs",
+                         f"{cpu_one:.0f} µs",
                          cpu_two / cpu_one, "(figure)", None))
             bars.append(("2 gateways side by side ÷ 1 alone", f"{cpu_pair:.0f} µs", f"{cpu_one:.0f} µs",
                          cpu_pair / cpu_one, "(figure)", None))
-            bars.append((f"requests/s, 2 workers @{2 * PER_WORKER} ÷ 1 @{PER_WORKER}", f"{two['rps']:,.0f}", f"{one['rps']:,.0f}",
+            bars.append((f"requests/s, 2 workers @{2 * PER_WORKER} ÷ 1 @{PER_WORKER}", f"{two['rps']:,.0f}",
+                         f"{one['rps']:,.0f}",
                          two["rps"] / one["rps"], "(figure)", None))
             bars.append(("CPU/request, 2 workers ÷ 1, both @32", f"{gw2['cpu_us']:.0f} µs", f"{gw['cpu_us']:.0f} µs",
                          gw2["cpu_us"] / gw["cpu_us"], "(figure)", None))
@@ -673,7 +715,8 @@ def main() -> None:
             for name, value, baseline, quotient, bar, ok in bars:
                 verdict = "" if ok is None else ("ok" if ok else "OVER BAR")
                 print(f"  {name:40} {value:>10} {baseline:>10} {quotient:>7.2f} {bar:>9}  {verdict}")
-            print(f"  {'failed requests or streams':40} {failed:>10} {'':>10} {'':>7} {'0':>9}  {'ok' if failed == 0 else 'OVER BAR'}")
+            print(f"  {'failed requests or streams':40} {failed:>10} {'':>10} {'':>7} {'0':>9}  "
+                  f"{'ok' if failed == 0 else 'OVER BAR'}")
             print()
             print(PROFILE_NOTE)
             if profiled is not None:

@@ -95,13 +95,15 @@ def main() -> None:
     rec.drain_log()
     ordered = sorted(steps)
     longest = ordered[int(len(ordered) * 0.99)]
-    print(f"  placing pass: {len(starts):,} placements in {placing:.2f} s ({placing / max(len(starts), 1) * 1000:.2f} ms each); "
+    print(f"  placing pass: {len(starts):,} placements in {placing:.2f} s "
+          f"({placing / max(len(starts), 1) * 1000:.2f} ms each); "
           f"steps: p99 {longest * 1000:.1f} ms (bar {STEP_BAR * 1000:.0f} ms), longest {ordered[-1] * 1000:.1f} ms "
           "(the first includes the pass's setup)")
 
     for start in starts:
         rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id,
-                                                      state="ready", endpoint=f"http://{start.node}:{start.spec.port}"), 1.0)
+                                                      state="ready", endpoint=f"http://{start.node}:{start.spec.port}"),
+                            1.0)
     rec.drain_log()
 
     # The steady pass against the baseline loop, best of five each.

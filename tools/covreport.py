@@ -96,8 +96,10 @@ def report(data_file: Path) -> int:
         figure = pct(statements, missing)
         if figure < WIRING_TARGET:
             below.append(name)
-        print(f"  {'llmgw/' + name:<26} {statements:>6} {missing:>6} {figure:>5.0f}%{'  BELOW TARGET' if figure < WIRING_TARGET else ''}")
-    print(f"  {'together':<26} {wiring_statements:>6} {wiring_missing:>6} {pct(wiring_statements, wiring_missing):>5.0f}%")
+        print(f"  {'llmgw/' + name:<26} {statements:>6} {missing:>6} "
+              f"{figure:>5.0f}%{'  BELOW TARGET' if figure < WIRING_TARGET else ''}")
+    print(f"  {'together':<26} {wiring_statements:>6} {wiring_missing:>6} "
+          f"{pct(wiring_statements, wiring_missing):>5.0f}%")
     if below:
         print(f"coverage: below {WIRING_TARGET:g} %: {', '.join(below)}", file=sys.stderr)
         return 1

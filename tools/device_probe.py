@@ -167,7 +167,8 @@ def _gpu_line(d: dict[str, Any]) -> str:
     pcie = []
     for g in gpus:
         link = raw.get(g["index"], {}).get("pcie", {})
-        pcie.append(f"{g['pci_bus_id']} gen {link.get('gen')}/{link.get('gen_max')} x{link.get('width')}/{link.get('width_max')}")
+        pcie.append(f"{g['pci_bus_id']} gen {link.get('gen')}/{link.get('gen_max')} "
+                    f"x{link.get('width')}/{link.get('width_max')}")
     matrix = d.get("nvlink_matrix") or {}
     nvlink = "; ".join(f"{a}->{b}:{n}" for a, row in matrix.items() for b, n in row.items()) or "no NVLink peers"
     ecc = [str(raw.get(g["index"], {}).get("ecc", {}).get("mode")) for g in gpus]
@@ -179,7 +180,8 @@ def _gpu_line(d: dict[str, Any]) -> str:
             f"Python {d.get('python')}\n"
             f"  PCIe: {', '.join(pcie)}\n  NVLink: {nvlink}\n"
             f"  ECC mode [current, pending]: {', '.join(ecc)}; uncorrected (volatile): "
-            f"{[h.get('ecc_uncorrected') for h in health]}; NVLink links down: {[h.get('nvlink_down') for h in health]}\n"
+            f"{[h.get('ecc_uncorrected') for h in health]}; NVLink links down: "
+            f"{[h.get('nvlink_down') for h in health]}\n"
             f"  Xid watcher: {xid_state}, last Xids {xid.get('last') or {}}")
 
 

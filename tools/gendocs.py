@@ -94,7 +94,8 @@ def _exit_status(command: click.Command, path: list[str]) -> list[str]:
     elif path[:2] == ["llmgw", "ctl"] and "cert" not in path:
         text = "0 ok, 1 failed (refused, or what was asked did not happen), 2 bad usage, 3 the server unreachable."
     else:
-        text = "0 ok (or a clean stop on SIGTERM or Ctrl-C), 1 an error, said in one line, 2 bad usage or a bad config file."
+        text = ("0 ok (or a clean stop on SIGTERM or Ctrl-C), 1 an error, said in one line, 2 bad usage or a bad "
+                "config file.")
     return [".SH EXIT STATUS", _roff(text)]
 
 

@@ -45,7 +45,8 @@ def test_alias_bomb_at_start_is_one_line(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(alias_bomb(6))  # 9**6 = 531,441 strings from 400 bytes
     t0 = time.monotonic()
-    result = run_llmgw("server", "--config", str(bomb), "--insecure", "--state-dir", str(tmp_path / "state"), timeout=60)
+    result = run_llmgw("server", "--config", str(bomb), "--insecure", "--state-dir", str(tmp_path / "state"),
+                       timeout=60)
     took = time.monotonic() - t0
     line = one_error_line(result)
     assert result.returncode == 2
@@ -62,7 +63,8 @@ def deep_nest(levels: int) -> str:
 def test_yaml_nested_50000_deep_at_start_is_one_line(tmp_path: Path) -> None:
     deep = tmp_path / "deep.yaml"
     deep.write_text(deep_nest(50_000))
-    result = run_llmgw("server", "--config", str(deep), "--insecure", "--state-dir", str(tmp_path / "state"), timeout=60)
+    result = run_llmgw("server", "--config", str(deep), "--insecure", "--state-dir", str(tmp_path / "state"),
+                       timeout=60)
     line = one_error_line(result)
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{deep}:1: YAML nested deeper than 64 levels" in line, line
@@ -104,7 +106,8 @@ async def test_alias_bomb_and_a_big_catalog_reload_off_the_event_loop(tmp_path: 
         new = proc.log().splitlines()[logged:]
         assert not [x for x in new if "Traceback" in x or "RecursionError" in x], new[:20]
         assert len(new) <= 5, new[:20]
-        report("YAML nested 50,000 deep via ctl reload", f"refused: {line}", assert_served(probe, mark, "the deep reload"))
+        report("YAML nested 50,000 deep via ctl reload", f"refused: {line}",
+               assert_served(probe, mark, "the deep reload"))
 
         # 2. A big, valid catalog (1,000 models): parsed in a worker thread, the gateway keeps answering.
         models = "".join(f"  - name: model-{i:04d}\n    replicas: 0\n    profiles: [{{engine: sim, gpus: 1}}]\n"
@@ -186,7 +189,8 @@ models:
                procs=[server.proc, agent])
     files = list((work / "shards").glob("*.json"))
     assert files and all("hf_abuse_secret" in f.read_text() for f in files)
-    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in [work, work / "shards", work / "logs", *files]}
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode)
+             for p in [work, work / "shards", work / "logs", *files]}
     assert all(mode & 0o077 == 0 for mode in modes.values()), modes
     assert "was open to other users (mode 755); now 0700" in agent.log()
     report("secrets in shard state", ", ".join(f"{k} {v:04o}" for k, v in modes.items()), "no other user can read them")
@@ -258,7 +262,8 @@ models:
     # gpu-01 goes away for good: lost; its replica moves to gpu-02.
     agents["gpu-01"].stop()
     wait_until(lambda: server.nodes()["gpu-01"]["state"] == "lost", "gpu-01 lost", procs=[server.proc])
-    wait_until(lambda: [r["shards"][0]["node"] for r in replicas(server) if r["state"] == "ready"] == ["gpu-02", "gpu-02"],
+    wait_until(lambda: [r["shards"][0]["node"] for r in replicas(server)
+                        if r["state"] == "ready"] == ["gpu-02", "gpu-02"],
                "both replicas on gpu-02", procs=[server.proc, agents["gpu-02"]])
     known = json.loads((server.state_dir / "known-nodes.json").read_text())
     assert known == ["gpu-02"], known
@@ -356,7 +361,8 @@ async def test_refused_big_registers_give_their_memory_back(tmp_path: Path, proc
         stop.set()
     baseline = rss_mb(pid)
     after: list[float] = []
-    for register, said in [(big, "100,000 GPUs (fleet.max_gpus is 256)")] * 10 + [(wordy, "… (3,400,000 characters)")] * 5:
+    for register, said in [(big, "100,000 GPUs (fleet.max_gpus is 256)")] * 10 + [(wordy,
+                                                                                   "… (3,400,000 characters)")] * 5:
         liar = Agent(server.fleet_url, certs, register.node_id, register)
         with trio.fail_after(30):
             await liar.run(trio.Event())
@@ -463,4 +469,5 @@ async def test_stalled_tls_handshakes_do_not_flood_the_log(tmp_path: Path, procs
         nursery.cancel_scope.cancel()
     lines = [line for line in server.proc.log().splitlines() if "no TLS handshake within" in line]
     assert 1 <= len(lines) <= 2, lines
-    report("60 stalled TLS handshakes", f"all 60 counted, {len(lines)} log line(s): {lines[0].split(': ', 1)[-1]}", served)
+    report("60 stalled TLS handshakes", f"all 60 counted, {len(lines)} log line(s): {lines[0].split(': ', 1)[-1]}",
+           served)

@@ -74,7 +74,8 @@ def fabric_test(server: Server, a: str, b: str) -> tuple[subprocess.CompletedPro
     return result, time.monotonic() - t0
 
 
-async def start(server: Server, agents: list[Agent], nursery: trio.Nursery, stop: trio.Event, procs: list[Proc]) -> None:
+async def start(server: Server, agents: list[Agent], nursery: trio.Nursery, stop: trio.Event,
+                procs: list[Proc]) -> None:
     for agent in agents:
         nursery.start_soon(agent.run, stop)
     ids = [a.node_id for a in agents]
@@ -95,7 +96,8 @@ def rail_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
 async def test_a_forged_port_is_refused_and_progress_forever_is_cut_at_the_phase_deadline(
         tmp_path: Path, procs: list[Proc]) -> None:
     certs = make_ca(tmp_path / "ca")
-    config = FAST_FLEET + certs.server_tls_yaml() + operator_yaml() + "fabric:\n  test_install_wait: 3s\n  test_grace: 2s\n"
+    config = (FAST_FLEET + certs.server_tls_yaml() + operator_yaml()
+              + "fabric:\n  test_install_wait: 3s\n  test_grace: 2s\n")
     server = Server(tmp_path, config, insecure=False, token=OPERATOR["LLMGW_TOKEN"])
     procs.append(await trio.to_thread.run_sync(server.start))
     a, b = rdma_node(server, certs, "gpu-01"), rdma_node(server, certs, "gpu-02")
@@ -121,10 +123,12 @@ async def test_a_forged_port_is_refused_and_progress_forever_is_cut_at_the_phase
         # 6. Port 22: refused with one line, A's agent is never sent a client run, B's server is stopped.
         result, took = await trio.to_thread.run_sync(fabric_test, server, "gpu-01", "gpu-02")
         assert result.returncode == 2, (result.stdout, result.stderr)
-        why = "gpu-02 answered TCP port 22 for its ib_write_bw server: outside 1024-65535, so it is not passed to the client; refused"
+        why = ("gpu-02 answered TCP port 22 for its ib_write_bw server: outside 1024-65535, so it is not passed to the "
+               "client; refused")
         assert rail_lines(result) == [f"rail 0: - of 400 Gb/s: crit ({why})"], result.stderr
         assert not sent(a, "client")
-        await wait_until_async(lambda: any(isinstance(x, m.FabricTestCancel) for x in b.received), "B's server cancelled")
+        await wait_until_async(lambda: any(isinstance(x, m.FabricTestCancel) for x in b.received),
+                               "B's server cancelled")
         assert why in procs[0].log()
         report("fabric-test: B answers TCP port 22", f"refused in {took:.2f} s: {why}", "A was sent nothing")
 
@@ -148,7 +152,8 @@ async def test_a_forged_port_is_refused_and_progress_forever_is_cut_at_the_phase
         assert rail_lines(result) == [f"rail 0: - of 400 Gb/s: crit ({why})"], result.stderr
         assert 3 <= took < 15, took
         assert len(sent(b, "server")) == servers and len(sent(a, "client")) == 1  # no rail ran after it
-        report("fabric-test: progress forever during prepare", f"cut after {took:.2f} s: {why}", "the lock is free again")
+        report("fabric-test: progress forever during prepare", f"cut after {took:.2f} s: {why}",
+               "the lock is free again")
 
         # The lock is free: the next test of the same pair starts at once (and is cut the same way).
         b.answer = honest
@@ -181,7 +186,8 @@ async def test_a_test_of_two_other_nodes_runs_while_one_pair_is_stuck(tmp_path: 
             assert result.returncode == 0, (result.stdout, result.stderr)
             assert "another fabric test" not in result.stderr and rail_lines(result)[0].endswith(": ok"), result.stderr
             assert stuck.poll() is None  # the stuck pair is still stuck, on its own
-            report("fabric-test beside a stuck pair", f"gpu-03 → gpu-04 done in {took:.2f} s", "gpu-01 → gpu-02 still waiting")
+            report("fabric-test beside a stuck pair", f"gpu-03 → gpu-04 done in {took:.2f} s",
+                   "gpu-01 → gpu-02 still waiting")
 
             # A test sharing a node with the stuck pair waits for it, and says whom it waits for.
             shared = await trio.to_thread.run_sync(popen_ctl, server, "gpu-03", "gpu-01")

@@ -79,7 +79,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     certs = make_ca(tmp / "ca")
     procs: list[Proc] = []
     try:
-        engine_proc, engine = start_sim_engine(tmp, "engine", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+        engine_proc, engine = start_sim_engine(tmp, "engine", "--served-model-name", "chat", "--ttft-ms", "1",
+                                               "--itl-ms", "1")
         procs.append(engine_proc)
         server = Server(tmp, CATALOG.format(engine=engine) + certs.server_tls_yaml(), insecure=False)
         procs.append(server.start())
@@ -221,11 +222,13 @@ async def test_forged_series_are_refused_counted_and_metrics_stay_bounded(site: 
 
         text = await wait_until_async(refused, "the forged report read and counted")
         nursery.cancel_scope.cancel()
-    ours = [line for line in text.splitlines() if 'worker="gw-forge"' in line and not line.startswith("llmgw_gateway_series")]
+    ours = [line for line in text.splitlines() if 'worker="gw-forge"' in line
+            and not line.startswith("llmgw_gateway_series")]
     assert len(ours) == cap, len(ours)
     assert 'llmgw_requests_total{code="200",model="chat",worker="gw-forge"} 5.0' in text  # its own, first, kept
     assert "999999" not in text and 'evil="x"' not in text
-    counts = dict(re.findall(r'^llmgw_gateway_series_refused_total\{reason="(\w+)",worker="gw-forge"\} (\S+)', text, re.M))
+    counts = dict(re.findall(r'^llmgw_gateway_series_refused_total\{reason="(\w+)",worker="gw-forge"\} (\S+)', text,
+                             re.M))
     assert counts == {"cap": f"{20_001 - cap}.0", "labels": "1.0", "family": "1.0"}, counts
     assert len(text) < before + cap * 120 + 4096, (before, len(text))
     report("20,000 forged series from a gateway certificate", f"/metrics {before} -> {len(text)} bytes: {cap} series "

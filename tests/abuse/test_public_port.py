@@ -34,7 +34,8 @@ class Site:
         self.procs: list[Proc] = []
         engine, url = start_sim_engine(tmp, "engine", "--served-model-name", MODEL, "--ttft-ms", "1", "--itl-ms", "1")
         self.procs.append(engine)
-        self.server = Server(tmp, FAST_FLEET + PUBLIC.format(cap=cap, header_timeout=header_timeout) + f"endpoints:\n  - model: {MODEL}\n    url: {url}\n")
+        self.server = Server(tmp, FAST_FLEET + PUBLIC.format(cap=cap, header_timeout=header_timeout)
+                             + f"endpoints:\n  - model: {MODEL}\n    url: {url}\n")
         if fd_limit:
             # The server's own process with a low fd limit: the public port hits EMFILE first.
             self.server.start = _start_limited(self.server, fd_limit)  # type: ignore[method-assign]
@@ -112,11 +113,13 @@ class Client:
         assert self.errors == [], self.errors[:3]
         assert self.latencies, "the well-behaved client was not served during the abuse"
         worst = max(self.latencies)
-        assert worst <= self.bar, f"well-behaved client took {worst:.3f}s (normal {self.normal:.3f}s, bar {self.bar:.2f}s)"
+        assert worst <= self.bar, (f"well-behaved client took {worst:.3f}s (normal {self.normal:.3f}s, bar "
+                                   f"{self.bar:.2f}s)")
 
     def say(self, case: str, outcome: str) -> None:
         worst = max(self.latencies, default=0.0)
-        print(f"ABUSE {case}: {outcome}; well-behaved client: {len(self.latencies)} served, worst {worst * 1000:.0f} ms "
+        print(f"ABUSE {case}: {outcome}; well-behaved client: {len(self.latencies)} served, worst "
+              f"{worst * 1000:.0f} ms "
               f"(normal {self.normal * 1000:.0f} ms)")
 
 
@@ -207,14 +210,16 @@ def test_a_64k_head_a_byte_at_a_time_costs_little_cpu(site: Site) -> None:
         large = three_heads(63 * 1024)
     ratio = large / max(small, 0.05)  # CPU time is read in ticks of 0.01 s: a floor keeps one tick from deciding
     good.say("64 KiB head a byte at a time (3 clients at once)",
-             f"answered; server CPU {large:.2f}s, against {small:.2f}s for 16 KiB heads: {ratio:.1f}x (bar 7x, linear 4x)")
+             f"answered; server CPU {large:.2f}s, against {small:.2f}s for 16 KiB heads: {ratio:.1f}x "
+             "(bar 7x, linear 4x)")
     # Cheap is cheap: under 1 s for all three the growth cannot matter (the bug cost 2.0 s a head).
     assert large < 1.0 or ratio <= 7.0, (large, small, ratio)
 
 
 def test_slowloris_and_huge_heads_and_smuggling_get_one_line_each(site: Site) -> None:
     cases = {
-        "slowloris (a header byte every 0.1 s)": (b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 200, 200, 0.1),
+        "slowloris (a header byte every 0.1 s)": (b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 200, 200,
+                                                  0.1),
         "100 KB header": (b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 100_000 + b"\r\n\r\n", 1, 0.0),
         "1,000 headers": (b"GET /healthz HTTP/1.1\r\nhost: x\r\n" + b"x-h: y\r\n" * 1000 + b"\r\n", 1, 0.0),
         "CL and TE": (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n"
@@ -253,11 +258,13 @@ def test_at_the_connection_cap_accept_pauses_with_one_line_a_second(site: Site) 
         time.sleep(1.5)  # ok: the flood holds the cap a while (the log line must not repeat more than once a second)
         for s in flood:  # the flood gives up; accept resumes
             s.close()
-        wait_until(lambda: get_json(f"{site.server.url}/healthz")["status"] == "ok", "a new connection served", deadline=10)
+        wait_until(lambda: get_json(f"{site.server.url}/healthz")["status"] == "ok", "a new connection served",
+                   deadline=10)
         took = time.monotonic() - t0
     lines = site.log().count("at its cap of 64 connections")
     assert 1 <= lines <= took + 1, (lines, took)
-    good.say("100 idle connections over a cap of 64", f"accept paused at the cap, {lines} log line(s) in {took:.1f}s; new "
+    good.say("100 idle connections over a cap of 64",
+             f"accept paused at the cap, {lines} log line(s) in {took:.1f}s; new "
              "connections served once the flood closed")
 
 

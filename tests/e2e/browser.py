@@ -48,7 +48,8 @@ class Watched:
     def __init__(self, page: Page) -> None:
         self.page = page
         self.errors: list[str] = []
-        page.on("console", lambda msg: self.errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+        page.on("console",
+                lambda msg: self.errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
         page.on("pageerror", lambda exc: self.errors.append(f"uncaught: {exc}"))
 
     def take_errors(self) -> list[str]:

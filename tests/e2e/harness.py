@@ -125,7 +125,8 @@ class _Waiter:
     def give_up_if_due(self) -> None:
         for p in self.procs:
             if not p.alive():
-                raise AssertionError(f"{p.name} exited ({p.popen.returncode}) while waiting for {self.what}:\n{p.log()[-4000:]}")
+                raise AssertionError(f"{p.name} exited ({p.popen.returncode}) while waiting for "
+                                     f"{self.what}:\n{p.log()[-4000:]}")
         if time.monotonic() > self.end:
             logs = "\n".join(f"--- {p.name}:\n{p.log()[-3000:]}" for p in self.procs)
             raise AssertionError(
@@ -150,7 +151,8 @@ def wait_until(
         time.sleep(interval)
 
 
-def run_llmgw(*args: str, env: dict[str, str] | None = None, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_llmgw(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+              input: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "llmgw", *args],
         capture_output=True,
@@ -280,7 +282,8 @@ class Server:
             args.append("--insecure")
         self.proc = Proc(self.name, args, self.tmp, command=self.command)
         verify = self.verify
-        wait_until(lambda: get_json(f"{self.url}/healthz", verify=verify)["status"] == "ok", f"{self.name} to serve /healthz",
+        wait_until(lambda: get_json(f"{self.url}/healthz", verify=verify)["status"] == "ok",
+                   f"{self.name} to serve /healthz",
                    procs=[self.proc])
         return self.proc
 
@@ -368,7 +371,8 @@ def tls_agent_config(base: Path, ca: Path, cert: Path, key: Path, node_id: str |
     """An agent config that dials with the given node certificate (optionally another node id)."""
     text = base.read_text()
     if node_id is not None:
-        text = "\n".join(f"node_id: {node_id}" if line.startswith("node_id:") else line for line in text.splitlines()) + "\n"
+        text = "\n".join(f"node_id: {node_id}" if line.startswith("node_id:") else line
+                         for line in text.splitlines()) + "\n"
     out = base.with_name(f"agent-{cert.stem}-{node_id or 'own'}.yaml")
     out.write_text(text + f"tls:\n  ca: {ca}\n  cert: {cert}\n  key: {key}\n")
     return out
@@ -415,7 +419,8 @@ def start_sim_engine(tmp: Path, name: str, *args: str) -> tuple[Proc, str]:
     import httpx
 
     proc = Proc(name, ["sim", "engine", "--port", "0", "--log-stats-interval", "0", *args], tmp)
-    host, port = wait_until(lambda: (m := ENGINE_LISTENING.search(proc.log())) and m.groups(), f"{name} to print its port",
+    host, port = wait_until(lambda: (m := ENGINE_LISTENING.search(proc.log())) and m.groups(),
+                            f"{name} to print its port",
                             procs=[proc])
     url = f"http://{host}:{port}"
     wait_until(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, f"{name} /health", procs=[proc])

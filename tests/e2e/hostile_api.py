@@ -36,10 +36,12 @@ NODES = [{
     "cert_days_left": 12.0, "gpu_note": evil("note"), "identity": evil("gpu-01"), "address": evil("10.0.0.1"),
 }, {
     "id": evil("gpu-02"), "state": evil("lost"), "last_heartbeat_age": None, "gpus": 0, "gpu_name": "",
-    "fabrics": [], "ports": 2, "ports_active": 1, "version": evil("v"), "reason": evil("gone"), "gpu_note": evil("no nvml"),
+    "fabrics": [], "ports": 2, "ports_active": 1, "version": evil("v"), "reason": evil("gone"),
+    "gpu_note": evil("no nvml"),
 }]
 REPLICAS = [{
-    "id": evil("r-1"), "model": evil("llama"), "profile": evil("h100"), "state": "failed", "endpoint": evil("10.0.0.1:8000"),
+    "id": evil("r-1"), "model": evil("llama"), "profile": evil("h100"), "state": "failed",
+    "endpoint": evil("10.0.0.1:8000"),
     "age": 12.0, "reason": evil("exit 1"), "retry_in": 3.0,
     "shards": [{"node": evil("gpu-01"), "gpus": [0, 1], "rank": 0, "state": evil("failed"), "endpoint": evil("e")}],
     "tail": [evil("line one"), evil("all replicas ready")],
@@ -49,7 +51,8 @@ REPLICAS = [{
 }]
 MODELS = [{"name": evil("llama"), "ready": 0, "replicas": 2, "profiles": [evil("h100")], "balancer": evil("p2c"),
            "source": evil("meta/llama"),
-           "rollout": {"state": evil("rolling"), "note": evil("surging"), "replaced": 1, "total": 2, "what": evil("args")}},
+           "rollout": {"state": evil("rolling"), "note": evil("surging"), "replaced": 1, "total": 2,
+                       "what": evil("args")}},
           {"name": "plain", "ready": 1, "replicas": 1, "profiles": ["tp1"], "balancer": "p2c", "source": "plain",
            "rollout": {"state": "halted", "note": evil("successor failed"), "replaced": 0, "total": 1,
                        "what": evil("args")}}]

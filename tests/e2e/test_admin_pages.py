@@ -110,7 +110,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         fabric_id, topology = wait_until(found, "the fabric and its topology", procs=procs)
         wait_until(lambda: [r for r in server.get("/api/v1/replicas") if r["state"] == "ready"], "the replica ready",
                    procs=procs)
-        wait_until(lambda: len([n for n in server.get("/api/v1/nodes") if n["state"] == "ready"]) == 4, "four nodes ready",
+        wait_until(lambda: len([n for n in server.get("/api/v1/nodes") if n["state"] == "ready"]) == 4,
+                   "four nodes ready",
                    procs=procs)
         shots = tmp / "screenshots"
         shots.mkdir()
@@ -213,7 +214,8 @@ def test_who_may_read_the_pages(cluster: Cluster) -> None:
     for foreign in ({"origin": "https://evil.example"}, {"sec-fetch-site": "cross-site"}):
         forged = httpx.post(url, data={"token": VIEWER}, headers=foreign)
         assert forged.status_code == 403 and "set-cookie" not in forged.headers and "another site" in forged.text
-    own = httpx.post(url, data={"token": VIEWER}, headers={"origin": cluster.server.url, "sec-fetch-site": "same-origin"})
+    own = httpx.post(url, data={"token": VIEWER},
+                     headers={"origin": cluster.server.url, "sec-fetch-site": "same-origin"})
     assert own.status_code == 303 and "set-cookie" in own.headers
     # Elsewhere only: a redirect target off these pages falls back to /admin/.
     away = httpx.post(url, data={"token": VIEWER, "next": "https://elsewhere.example/"})
@@ -240,7 +242,8 @@ def test_static_files_are_content_hashed_and_cached(cluster: Cluster) -> None:
     page = cluster.get(f"/admin/fabrics/{cluster.fabric_id}")
     assert page.headers["cache-control"] == "no-store"
     names = re.findall(r'(?:src|href)="(/admin/static/[^"]+)"', page.text)
-    assert {re.sub(r"\.[0-9a-f]{12}\.", ".", n).rsplit("/", 1)[1] for n in names} == {"admin.css", "admin.js", "fabric.js"}
+    assert {re.sub(r"\.[0-9a-f]{12}\.", ".", n).rsplit("/", 1)[1] for n in names} == {"admin.css", "admin.js",
+                                                                                      "fabric.js"}
     for name in names:
         answer = cluster.get(name, None)  # code, not fleet data: served to anyone, like the login form's style
         assert answer.status_code == 200
@@ -284,14 +287,17 @@ def test_fabric_page_draws_the_fabric(cluster: Cluster, browser_page: Watched, t
     r, g, b, _ = _pixel(page, marker["x"] - 4, marker["y"])  # in the marker's red disc, beside its "!"
     assert r > 200 and g < 120 and b < 120, (r, g, b)
     # Hovering a spine (no cable of its own to node-2) fades the rest: the marker dims.
-    spine = next(s for s in cluster.topology["switches"] if s["tier"] == "spine" and SWITCH_SCRIPT not in s["description"])
+    spine = next(s for s in cluster.topology["switches"] if s["tier"] == "spine"
+                 and SWITCH_SCRIPT not in s["description"])
     at = page.evaluate("key => llmgwFabric.screenOf(key)", spine["guid"])
     box = page.locator("#fabric-canvas").bounding_box()
     assert box is not None
     page.mouse.move(box["x"] + at["x"], box["y"] + at["y"])
     page.wait_for_function("key => llmgwFabric.hovered === key", arg=spine["guid"])
-    page.wait_for_function("([x, y]) => { const c = document.getElementById('fabric-canvas'), d = window.devicePixelRatio || 1;"
-                           " return c.getContext('2d').getImageData(Math.round(x * d), Math.round(y * d), 1, 1).data[0] < 160; }",
+    page.wait_for_function("([x, y]) => { const c = document.getElementById('fabric-canvas'), d = "
+                           "window.devicePixelRatio || 1;"
+                           " return c.getContext('2d').getImageData(Math.round(x * d), Math.round(y * d), 1, "
+                           "1).data[0] < 160; }",
                            arg=[marker["x"] - 4, marker["y"]])
     page.screenshot(path=str(tmp_path / "hover.png"))
     page.mouse.move(box["x"] + 2, box["y"] + 2)
@@ -311,7 +317,8 @@ def test_fabric_search_and_click_open_the_panel(cluster: Cluster, browser_page: 
     page.wait_for_selector("#fabric-panel:not([hidden])")
     panel = page.locator("#fabric-panel").inner_text()
     assert "node-3" in panel and "adapter" in panel
-    assert page.evaluate("llmgwFabric.selected") in {a["guid"] for a in cluster.topology["adapters"] if a["node"] == "node-3"}
+    assert page.evaluate("llmgwFabric.selected") in {a["guid"] for a in cluster.topology["adapters"]
+                                                     if a["node"] == "node-3"}
     page.screenshot(path=str(tmp_path / "search.png"))
     # A click on the switch whose description carries a <script>: the panel shows it as text.
     page.click("#fabric-fit")
@@ -354,7 +361,8 @@ def test_fabric_refresh_keeps_the_view(cluster: Cluster, browser_page: Watched, 
     assert run_llmgw("sim", "node", "set-port", str(cluster.tmp / "node-4"), "mlx5_1", "1", "up",
                      "--rate", "100 Gb/sec (1X NDR)").returncode == 0
     make_fabric(cluster.tmp / "fabric", "node-2", "node-4")
-    wait_until(lambda: cluster.server.get(f"/api/v1/fabrics/{cluster.fabric_id}/topology")["summary"]["degraded_links"] == 2,
+    wait_until(lambda: (cluster.server.get(f"/api/v1/fabrics/{cluster.fabric_id}/topology")["summary"]
+                        ["degraded_links"] == 2),
                "the second degraded cable discovered")
     page.evaluate("llmgwFabric.refresh()")
     page.wait_for_function("() => llmgwFabric.markers().length === 2")

@@ -123,7 +123,8 @@ fabric:
             return fabrics[0]["id"] if len(fabrics) == 1 and fabrics[0]["topology"] else None
 
         fabric_id = wait_until(found, "the fabric discovered over the TLS fleet port", procs=procs)
-        wait_until(lambda: [n for n in server.get("/api/v1/nodes") if n["state"] == "ready"], f"{NODE} ready", procs=procs)
+        wait_until(lambda: [n for n in server.get("/api/v1/nodes") if n["state"] == "ready"], f"{NODE} ready",
+                   procs=procs)
         yield Cluster(server, cadir, fabric_id)
     finally:
         for p in reversed(procs):
@@ -222,8 +223,9 @@ def test_node_and_gateway_certificates_are_refused(cluster: Cluster) -> None:
                 assert f"'{common}' is neither a viewer nor an operator certificate (a {kind} certificate)" in \
                     answer.json()["error"]["message"], answer.text
             denied = client.post("/api/v1/reload")
-            assert denied.status_code == 401 and f"'{common}' is not an operator certificate (a {kind} certificate)" in \
-                denied.json()["error"]["message"], denied.text
+            assert (denied.status_code == 401
+                    and f"'{common}' is not an operator certificate (a {kind} certificate)"
+                    in denied.json()["error"]["message"]), denied.text
 
 
 def test_a_revoked_viewer_certificate_is_refused(cluster: Cluster) -> None:

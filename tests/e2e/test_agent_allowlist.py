@@ -18,7 +18,8 @@ from tests.e2e.harness import (
 )
 
 
-def test_a_start_outside_the_agents_allowlist_is_a_failed_replica_and_nothing_runs(tmp_path: Path, procs: list[Proc]) -> None:
+def test_a_start_outside_the_agents_allowlist_is_a_failed_replica_and_nothing_runs(tmp_path: Path,
+                                                                                   procs: list[Proc]) -> None:
     marker = tmp_path / "the-server-ran-this"
     evil = tmp_path / "evil.so"
     catalog = f"""\
@@ -53,7 +54,8 @@ models:
 
     def check() -> bool:
         for r in ctl_json(server.url, "replicas"):
-            if r["model"] in expected and r["state"] in ("failed", "pending") and r["reason"].startswith(expected[r["model"]]):
+            if (r["model"] in expected and r["state"] in ("failed", "pending")
+                    and r["reason"].startswith(expected[r["model"]])):
                 seen[r["model"]] = r["reason"]
             if r["model"] == "fine" and r["state"] == "ready":
                 seen["fine"] = "ready"

@@ -30,7 +30,8 @@ models:
 def test_sigterm_ends_the_stream_cleanly_and_engines_keep_serving(tmp_path: Path, procs: list[Proc]) -> None:
     server = Server(tmp_path, engines_config(CATALOG))
     procs.append(server.start())
-    agent = start_agent(tmp_path, "gpu-01", make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", "1"))
+    agent = start_agent(tmp_path, "gpu-01",
+                        make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", "1"))
     procs.append(agent)
     ready = wait_until(lambda: next((r for r in replicas(server) if r["state"] == "ready"), None), "the replica ready",
                        procs=procs)

@@ -68,7 +68,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA with a server, a node and an operator certificate, all made by the CLI."""
     ca = tmp_path_factory.mktemp("cli") / "ca"
     ok("init", "--dir", str(ca), "--name", "test cluster CA")
-    ok("server", "--dir", str(ca), "--host", "ctrl", "--host", "ctrl.example.com", "--ip", "127.0.0.1", "--ip", "10.0.0.5")
+    ok("server", "--dir", str(ca), "--host", "ctrl", "--host", "ctrl.example.com", "--ip", "127.0.0.1",
+       "--ip", "10.0.0.5")
     ok("node", "gpu-01", "--dir", str(ca))
     ok("operator", "alice", "--dir", str(ca))
     return ca
@@ -231,7 +232,8 @@ async def test_files_from_the_cli_make_a_working_mutual_tls_connection(cluster: 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)
         for name in ("node-gpu-01", "operator-alice"):
-            client_ctx = client_context(str(cluster / "ca.crt"), str(cluster / f"{name}.crt"), str(cluster / f"{name}.key"))
+            client_ctx = client_context(str(cluster / "ca.crt"), str(cluster / f"{name}.crt"),
+                                        str(cluster / f"{name}.key"))
             with trio.fail_after(10):
                 stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", port, ssl_context=client_ctx)
                 assert await stream.receive_some(2) == b"ok"

@@ -104,7 +104,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         fabrics = wait_until(lambda: server.get("/api/v1/fabrics"), "the fabric discovered", procs=procs)
         wait_until(lambda: len(server.get("/api/v1/gateways")) == 2, "two gateway workers", procs=procs)
         wait_until(lambda: {n["id"]: n["fabrics"] for n in server.get("/api/v1/nodes")} ==
-                   {"gpu-01": ["ib"], "gpu-02": ["ib"], "gpu-03": ["roce"]}, "three nodes with their fabrics", procs=procs)
+                   {"gpu-01": ["ib"], "gpu-02": ["ib"], "gpu-03": ["roce"]}, "three nodes with their fabrics",
+                   procs=procs)
         fleet = Fleet(tmp, server, fabrics[0]["id"], replicas)
         for args in (("init",), ("node", "gpu-01"), ("node", "gpu-02"), ("operator", "alice"), ("gateway", "edge-1")):
             result = run_llmgw("ctl", "cert", args[0], *args[1:], "--dir", str(fleet.ca))
@@ -123,7 +124,8 @@ def complete(words: str, env: dict[str, str] | None = None, cache: Path | None =
     """What `llmgw WORDS<TAB>` offers (a trailing space: a new word), and how long it took. stderr
     must stay empty and the exit status 0, whatever the server did."""
     parts = words.split(" ")
-    base = {"LLMGW_SERVER": "", "LLMGW_TOKEN": "", "LLMGW_CERT": "", "LLMGW_KEY": "", "LLMGW_CA": "", "LLMGW_CA_DIR": ""}
+    base = {"LLMGW_SERVER": "", "LLMGW_TOKEN": "", "LLMGW_CERT": "", "LLMGW_KEY": "", "LLMGW_CA": "",
+            "LLMGW_CA_DIR": ""}
     full = llmgw_env({**base, **(env or {}), "COMP_WORDS": " ".join(["llmgw", *parts]), "COMP_CWORD": str(len(parts)),
                       "_LLMGW_COMPLETE": "bash_complete"})
     if not full["LLMGW_SERVER"]:
@@ -201,7 +203,8 @@ def test_each_argument_completes_the_names_the_server_knows(fleet: Fleet, tmp_pa
     assert wrong == [], "\n".join(map(repr, wrong))
 
     # The same options as the command: --server and --token typed, no environment; LLMGW_CA_DIR for cert.
-    assert complete(f"ctl --server {fleet.server.url} --token {TOKEN} drain gpu-01", cache=tmp_path / "c2")[0] == ["gpu-01"]
+    assert complete(f"ctl --server {fleet.server.url} --token {TOKEN} drain gpu-01",
+                    cache=tmp_path / "c2")[0] == ["gpu-01"]
     assert complete("ctl cert node gpu-02", {"LLMGW_CA_DIR": str(fleet.ca)}, cache=tmp_path / "c2")[0] == ["gpu-02"]
     # Without a server named, `ctl cert gateway` asks none (cert works on local files).
     assert complete("ctl cert gateway ", {"LLMGW_CA_DIR": str(fleet.ca)}, cache=tmp_path / "c2")[0] == ["edge-1"]
@@ -268,7 +271,8 @@ def test_no_server_a_wrong_token_or_a_hung_server_offer_nothing_quickly(fleet: F
             assert local == ["drain"], local
             offered, took = complete(words, env, cache=tmp_path / "cache")
             assert offered == [], (what, words, offered)
-            assert took - baseline < BUDGET, f"{what}: `{words}<TAB>` took {took:.2f}s, a local completion {baseline:.2f}s"
+            assert took - baseline < BUDGET, (f"{what}: `{words}<TAB>` took {took:.2f}s, a local completion "
+                                              f"{baseline:.2f}s")
     # A wrong token's empty answer is kept for that token only: the right one still gets the names.
     assert names(fleet, "ctl drain g", cache=tmp_path / "cache") == ["gpu-01", "gpu-02", "gpu-03"]
 
@@ -284,7 +288,8 @@ class OneAnswer:
         self.clients: list[str] = []
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.listener.getsockname()[1]}"
         data = json.dumps(body).encode()
-        self.answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data)
+        self.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                       b"%d\r\n\r\n%s" % (len(data), data))
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -352,7 +357,8 @@ def test_over_https_with_the_commands_ca_and_client_certificate(tmp_path: Path) 
 SHELLS = {
     "bash": lambda script, parts: ["bash", "--norc", "--noprofile", "-c",
                                    f"source {shlex.quote(str(script))}\n"
-                                   f"COMP_WORDS=({' '.join(shlex.quote(p) for p in parts)}); COMP_CWORD={len(parts) - 1}\n"
+                                   f"COMP_WORDS=({' '.join(shlex.quote(p) for p in parts)}); "
+                                   f"COMP_CWORD={len(parts) - 1}\n"
                                    "_llmgw_completion llmgw\nprintf '%s\\n' \"${COMPREPLY[@]}\"\n"],
     "zsh": lambda script, parts: ["zsh", "-f", "-c",
                                   "compdef() { :; }\ncompadd() { local name=${@[-1]}; print -rl -- ${(P)name}; }\n"

@@ -156,7 +156,8 @@ def test_restart_replaces_a_replica_and_forget_needs_a_lost_node(tmp_path: Path,
                      procs=procs)
     wait_until(lambda: not pid_alive(old_pid), "the restarted replica's engine to exit", procs=procs)
     wait_until(lambda: [r["id"] for r in replicas(server)] == [new["id"]], "the old replica gone", procs=procs)
-    assert f"restart requested by operator token sha256:{hashlib.sha256(TOKEN.encode()).hexdigest()[:8]}" in server.proc.log()
+    assert ("restart requested by operator token "
+            f"sha256:{hashlib.sha256(TOKEN.encode()).hexdigest()[:8]}" in server.proc.log())
 
     # A connected node cannot be forgotten: 409, one line, exit 1.
     result = ctl(server.url, "forget", "gpu-02", env=AS_OPERATOR)

@@ -76,7 +76,8 @@ def test_one_node_its_gpus_ports_replicas_and_events(fleet: tuple[Server, dict])
     for heading in ("GPUs (latest heartbeat)", "Ports", "Fabrics", "Replicas", "Events"):
         assert heading in shown, shown
     gpu_rows = [line.split() for line in shown.splitlines() if line.split()[:1] in (["0"], ["1"])]
-    assert len(gpu_rows) == 2 and "79" in gpu_rows[1] and "°C" in shown, shown  # the Xid of GPU 1, read from its heartbeat
+    # the Xid of GPU 1, read from its heartbeat
+    assert len(gpu_rows) == 2 and "79" in gpu_rows[1] and "°C" in shown, shown
     assert "72 W" in shown and "POWER" in shown, shown  # the board's power draw from the heartbeat
     assert replica["id"] in shown and "mlx5_0/1" in shown
     assert "placement" in shown  # an event of the node's own history
@@ -84,7 +85,8 @@ def test_one_node_its_gpus_ports_replicas_and_events(fleet: tuple[Server, dict])
     doc = yaml.safe_load(ok(server, "nodes", "gpu-01", "-o", "yaml"))
     volatile = {"last_heartbeat_age", "heartbeats", "gpu_health", "port_readings", "port_states", "state_since"}
     as_json = json.loads(ok(server, "nodes", "gpu-01", "-o", "json"))
-    assert {k: v for k, v in doc.items() if k not in volatile} == {k: v for k, v in as_json.items() if k not in volatile}
+    assert {k: v for k, v in doc.items() if k not in volatile} == {k: v for k, v in as_json.items()
+                                                                   if k not in volatile}
     assert doc["id"] == "gpu-01" and len(doc["gpu_health"]) == 2
     assert ok(server, "nodes", "gpu-01", "-o", "name") == "node/gpu-01\n"
     missing = ctl(server.url, "nodes", "gpu-09")
@@ -116,8 +118,10 @@ def test_listings_print_yaml_wide_and_names(fleet: tuple[Server, dict]) -> None:
 
 def test_watch_json_prints_a_replica_a_line_when_it_changes(fleet: tuple[Server, dict]) -> None:
     server, replica = fleet
-    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "replicas", "--watch", "-o", "json",
-                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=llmgw_env())
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "replicas", "--watch",
+                             "-o", "json",
+                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=llmgw_env())
     try:
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())
@@ -137,8 +141,10 @@ def test_every_listing_watches_as_json_a_line_per_change(fleet: tuple[Server, di
     """Issue 46: `--watch -o json` on every listing, not only events and replicas; a heartbeat's
     ticking age is not a change."""
     server, _ = fleet
-    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, listing, "--watch", "-o", "json",
-                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=llmgw_env())
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, listing, "--watch",
+                             "-o", "json",
+                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=llmgw_env())
     try:
         assert proc.stdout is not None
         assert json.loads(proc.stdout.readline())[key] == name

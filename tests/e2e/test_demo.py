@@ -40,14 +40,16 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
     port, fleet_port = free_port(), free_port()
     log = tmp_path / "demo.out"
     with open(log, "wb") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "llmgw", "demo", "--port", str(port), "--fleet-port", str(fleet_port)],
+        demo = subprocess.Popen([sys.executable, "-m", "llmgw", "demo", "--port", str(port),
+                                 "--fleet-port", str(fleet_port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=llmgw_env(), start_new_session=True)
     try:
         wait_until(lambda: "Ready." in log.read_text() or demo.poll() is not None, "the ready banner", deadline=120)
         text = log.read_text()
         assert demo.poll() is None, text
         assert "✓ certificates" in text and text.count("✓ node") == 2 and "3 of 3 ready" in text
-        assert "llama-3.1-70b-instruct on gpu-0" in text and "(2-node replica)" in text, text  # one model spans both nodes
+        # one model spans both nodes
+        assert "llama-3.1-70b-instruct on gpu-0" in text and "(2-node replica)" in text, text
         # The printed replicas of every model with several are on different nodes (issue 18: the
         # second agent registered after the settle period and both went to gpu-01).
         printed = next(line for line in text.splitlines() if "✓ replicas:" in line)
@@ -77,7 +79,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         as_operator = {"LLMGW_TOKEN": token}
         listed = run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator)
         assert {r["state"] for r in json.loads(listed.stdout)} == {"ready"}, listed.stderr
-        small_nodes = [r["shards"][0]["node"] for r in json.loads(listed.stdout) if r["model"] == "llama-3.1-8b-instruct"]
+        small_nodes = [r["shards"][0]["node"] for r in json.loads(listed.stdout)
+                       if r["model"] == "llama-3.1-8b-instruct"]
         assert sorted(small_nodes) == ["gpu-01", "gpu-02"], small_nodes
         # The demo has a simulated fabric, mapped; the printed fabric page serves it, and its
         # traffic moves (the counters' deltas between two readings: the page's particles).
@@ -100,7 +103,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
                               env=llmgw_env(as_operator)) as follow:
             assert follow.stdout is not None
             first: list[str] = []
-            reader = threading.Thread(target=lambda: first.append(follow.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+            reader = threading.Thread(target=lambda: first.append(follow.stdout.readline()),  # type: ignore[union-attr]
+                                      daemon=True)
             reader.start()
             reader.join(timeout=30)
             follow.send_signal(signal.SIGINT)
@@ -113,7 +117,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert drained.returncode == 0, (drained.stdout, drained.stderr)
         assert "DOWN (--force): " in drained.stdout and "llama-3.1-70b-instruct" in drained.stdout, drained.stdout
         after = json.loads(run_llmgw("ctl", "--server", server, "replicas", "-o", "json", env=as_operator).stdout)
-        small_nodes = [r["shards"][0]["node"] for r in after if r["model"] == "llama-3.1-8b-instruct" and r["state"] == "ready"]
+        small_nodes = [r["shards"][0]["node"] for r in after if r["model"] == "llama-3.1-8b-instruct"
+                       and r["state"] == "ready"]
         assert small_nodes == ["gpu-01", "gpu-01"], after
         uncordon_line = next(line.strip() for line in text.splitlines() if " uncordon " in line)
         uncordon_args = shlex.split(uncordon_line)
@@ -134,17 +139,20 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
         assert tested.returncode == 0, (tested.stdout, tested.stderr)
         rails = [line for line in tested.stdout.splitlines() if line.startswith("ib#")]
         assert len(rails) == 4 and all(" ok " in line for line in rails), tested.stdout
-        assert tested.stdout.startswith("LLMGW FABRIC-TEST OK - gpu-01 → gpu-02: 4 rails: 0 crit, 0 warn, 0 unknown, 4 ok"), tested.stdout
+        assert tested.stdout.startswith("LLMGW FABRIC-TEST OK - gpu-01 → gpu-02: 4 rails: 0 crit, 0 warn, "
+                                        "0 unknown, 4 ok"), tested.stdout
         work = Path(re.search(r"loopback, in (/\S+)", text).group(1))  # type: ignore[union-attr]
-        assert len(processes_under(work)) >= 8  # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
-        # `ctl doctor` as a Nagios plugin against the demo (issues 14, 46): all ok, exit 0, the status line alone; a port
-        # set to INIT makes it exit 2 with one line per problem, the port's among them.
+        # server, 2 agents, 4 engines (the 2-node replica: one per node), the file server
+        assert len(processes_under(work)) >= 8
+        # `ctl doctor` as a Nagios plugin against the demo (issues 14, 46): all ok, exit 0, the status line
+        # alone; a port set to INIT makes it exit 2 with one line per problem, the port's among them.
         doctor_args = shlex.split(next(line for line in text.splitlines() if line.rstrip().endswith(" doctor")))
         doctor_args = doctor_args[doctor_args.index("ctl"):]  # as printed (path aside)
         printed = run_llmgw(*doctor_args, env=as_operator)
         assert printed.returncode == 0 and printed.stdout.startswith("LLMGW DOCTOR OK - 2 nodes"), printed.stdout
         quiet = run_llmgw(*doctor_args, "--quiet", env=as_operator)
-        assert quiet.returncode == 0 and quiet.stdout.startswith("LLMGW DOCTOR OK - 2 nodes"), quiet.stdout + quiet.stderr
+        assert (quiet.returncode == 0
+                and quiet.stdout.startswith("LLMGW DOCTOR OK - 2 nodes")), quiet.stdout + quiet.stderr
         assert len(quiet.stdout.splitlines()) == 1, quiet.stdout  # the status line alone
         node_dir = str(work / "nodes" / "gpu-01")
         assert run_llmgw("sim", "node", "set-port", node_dir, "mlx5_1", "1", "init").returncode == 0
@@ -153,7 +161,8 @@ def test_demo_ready_banner_curl_and_clean_ctrl_c(tmp_path: Path) -> None:
             result = run_llmgw(*doctor_args, "--quiet", env=as_operator)
             return result if result.returncode == 2 else None
 
-        status, *lines = wait_until(doctor_exits_2, "doctor to find the INIT port", deadline=60, interval=0.5).stdout.splitlines()
+        status, *lines = wait_until(doctor_exits_2, "doctor to find the INIT port", deadline=60,
+                                    interval=0.5).stdout.splitlines()
         assert status.startswith("LLMGW DOCTOR CRITICAL - "), status
         assert any(line.startswith("CRIT gpu-01 ports: mlx5_1/1 INIT") for line in lines), lines
         assert all(line.split()[0] in ("WARN", "CRIT") for line in lines), lines

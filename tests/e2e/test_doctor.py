@@ -50,7 +50,8 @@ def doctor(server: Server, *args: str, env: dict[str, str] | None = None) -> tup
 
 
 def problems(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    return [(f["node"], f["check"], f["status"], f.get("subject", "")) for f in data.get("findings", []) if f["status"] != "ok"]
+    return [(f["node"], f["check"], f["status"], f.get("subject", "")) for f in data.get("findings", [])
+            if f["status"] != "ok"]
 
 
 def wait_for_exit(server: Server, code: int, what: str, procs: list[Proc], *args: str,
@@ -87,7 +88,8 @@ def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_pa
     table = ctl(server.url, "doctor")
     first = table.stdout.splitlines()[0]
     n = len(healthy["findings"])
-    assert table.returncode == 0 and first.startswith(f"LLMGW DOCTOR OK - 2 nodes, {n} findings: 0 crit, 0 warn"), table.stdout
+    assert (table.returncode == 0
+            and first.startswith(f"LLMGW DOCTOR OK - 2 nodes, {n} findings: 0 crit, 0 warn")), table.stdout
     assert re.search(rf" \| crit=0 warn=0 unknown=0 ok={n} nodes=2 took=\d+\.\d{{3}}s$", first), first
     assert table.stdout.splitlines()[1].split()[:2] == ["NODE", "CHECK"]
     quiet = ctl(server.url, "doctor", "--quiet")
@@ -102,8 +104,10 @@ def test_doctor_finds_an_init_port_a_degraded_cable_and_a_missing_adapter(tmp_pa
     assert quiet.returncode == 2
     status, *lines = quiet.stdout.strip().splitlines()
     assert status.startswith("LLMGW DOCTOR CRITICAL - 2 nodes,") and " | crit=" in status, status
-    assert len(lines) == len(problems(found)) >= 1 and all(line.split()[0] in ("WARN", "CRIT", "UNKNOWN") for line in lines)
-    assert any(line.startswith("CRIT node-1 ports: mlx5_1/1 INIT") and "subnet manager" in line for line in lines), lines
+    assert len(lines) == len(problems(found)) >= 1 and all(line.split()[0] in ("WARN", "CRIT", "UNKNOWN")
+                                                           for line in lines)
+    assert any(line.startswith("CRIT node-1 ports: mlx5_1/1 INIT") and "subnet manager" in line
+               for line in lines), lines
     narrowed = ctl(server.url, "doctor", "--node", "node-2")
     assert narrowed.returncode == 0, narrowed.stdout  # the other node is fine
     assert run_llmgw("sim", "node", "set-port", str(dirs["node-1"]), "mlx5_1", "1", "up").returncode == 0
@@ -177,7 +181,8 @@ def test_doctor_finds_gpu_faults_the_agent_reports(tmp_path: Path, procs: list[P
 
 def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[Proc]) -> None:
     cadir = tmp_path / "ca"
-    for args in (("init",), ("server", "--ip", "127.0.0.1"), ("node", "gpu-01", "--days", "5"), ("node", "gpu-02", "--days", "2")):
+    for args in (("init",), ("server", "--ip", "127.0.0.1"), ("node", "gpu-01", "--days", "5"),
+                 ("node", "gpu-02", "--days", "2")):
         result = run_llmgw("ctl", "cert", *args, "--dir", str(cadir))
         assert result.returncode == 0, result.stderr
     token = "doctor-viewer-token"
@@ -199,10 +204,12 @@ def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[
     five = wait_for_exit(server, 1, "gpu-01's certificate found expiring", procs, "--node", "gpu-01", env=viewer)
     assert problems(five) == [("gpu-01", "cert", "warn", "")]
     assert next(f["finding"] for f in five["findings"] if f["check"] == "cert") == "certificate expires in 5.0 days"
-    two = wait_for_exit(server, 2, "gpu-02's certificate found expiring", procs, "--node", "gpu-02", "--check", "cert", env=viewer)
+    two = wait_for_exit(server, 2, "gpu-02's certificate found expiring", procs, "--node", "gpu-02", "--check", "cert",
+                        env=viewer)
     assert problems(two) == [("gpu-02", "cert", "crit", "")]
     whole = ctl(server.url, "doctor", "--quiet", env=viewer)
-    assert whole.returncode == 2 and len(whole.stdout.strip().splitlines()) == 3, whole.stdout  # the status line, 2 findings
+    # the status line, 2 findings
+    assert whole.returncode == 2 and len(whole.stdout.strip().splitlines()) == 3, whole.stdout
 
     # What alerts are written on (issue 46, item 8): each certificate's expiry as a timestamp, and
     # the last full doctor run's verdict and counts (the --node runs above leave it alone).
@@ -210,8 +217,10 @@ def test_doctor_finds_a_certificate_about_to_expire(tmp_path: Path, procs: list[
     expiry = {labels["identity"]: value for labels, value in samples["llmgw_certificate_expiry_timestamp_seconds"]
               if labels["kind"] == "node"}
     assert expiry.keys() == {"gpu-01", "gpu-02"}
-    assert abs(expiry["gpu-01"] - time.time() - 5 * 86400) < 3600 and abs(expiry["gpu-02"] - time.time() - 2 * 86400) < 3600
-    assert any(labels == {"kind": "server", "identity": "fleet-port"} for labels, _ in samples["llmgw_certificate_expiry_timestamp_seconds"])
+    assert (abs(expiry["gpu-01"] - time.time() - 5 * 86400) < 3600
+            and abs(expiry["gpu-02"] - time.time() - 2 * 86400) < 3600)
+    assert any(labels == {"kind": "server", "identity": "fleet-port"}
+               for labels, _ in samples["llmgw_certificate_expiry_timestamp_seconds"])
     assert samples["llmgw_doctor_status"] == [({}, 2.0)]
     counts = {labels["status"]: value for labels, value in samples["llmgw_doctor_findings"]}
     assert counts["crit"] == 1 and counts["warn"] == 1 and counts["ok"] > 0, counts

@@ -82,7 +82,8 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
     said = {(f["check"], f.get("subject", "")): f for f in warned["findings"] if f["status"] != "ok"}
     assert said[("clocks", "GPU 1")]["finding"] == "GPU 1: clocks held down: HW thermal slowdown"
     assert "x8 of x16 lanes" in said[("pcie", "GPU 2")]["finding"]
-    assert said[("pcie", "mlx5_0")]["finding"].startswith("mlx5_0: PCIe gen4 x8, the card allows gen5 x16; it carries"), said
+    assert said[("pcie", "mlx5_0")]["finding"].startswith(
+        "mlx5_0: PCIe gen4 x8, the card allows gen5 x16; it carries"), said
     assert all(f["action"] for f in said.values())
 
     # Critical: a pending row remap, a card at its shutdown temperature, an Xid of a current driver
@@ -94,11 +95,14 @@ def test_doctor_names_each_injected_gpu_and_hca_fault(tmp_path: Path, procs: lis
                                                  ("gpu-01", "temperature", "crit", "GPU 3"),
                                                  ("gpu-01", "gpu-health", "crit", "GPU 3"),
                                                  ("gpu-01", "fabric-manager", "crit", ""),
-                                                 ("gpu-01", "fabric-manager", "crit", "GPU 3")}, "the critical faults named")
+                                                 ("gpu-01", "fabric-manager", "crit", "GPU 3")},
+                    "the critical faults named")
     fm = next(f for f in crit["findings"] if f["check"] == "fabric-manager" and not f.get("subject"))
-    assert "4 NVSwitches and no nv-fabricmanager process" in fm["finding"] and "nvidia-fabricmanager" in fm["action"], fm
+    assert ("4 NVSwitches and no nv-fabricmanager process" in fm["finding"]
+            and "nvidia-fabricmanager" in fm["action"]), fm
     xid = next(f for f in crit["findings"] if f["check"] == "gpu-health")
-    assert xid["finding"] == "GPU 3: Xid 140 (unrecovered ECC error, the driver could not offline or remap the page)", xid
+    assert (xid["finding"] == "GPU 3: Xid 140 (unrecovered ECC error, the driver could not offline or "
+            "remap the page)"), xid
     remap = next(f for f in crit["findings"] if f["check"] == "row-remap")
     assert "nvidia-smi -r -i 3" in remap["action"], remap
 
@@ -120,7 +124,8 @@ def test_doctor_local_reads_the_board_from_nvml(tmp_path: Path) -> None:
     config, env = nvml_node(tmp_path, "h200")
 
     def local() -> tuple[int, dict]:
-        result = run_llmgw("ctl", "doctor", "--local", "--config", str(config), "--interval", "0", "-o", "json", env=env)
+        result = run_llmgw("ctl", "doctor", "--local", "--config", str(config), "--interval", "0", "-o", "json",
+                           env=env)
         return result.returncode, json.loads(result.stdout)
 
     rc, data = local()
@@ -134,5 +139,6 @@ def test_doctor_local_reads_the_board_from_nvml(tmp_path: Path) -> None:
     described["gpus"][1]["board"] = {"remapped": [0, 1, 1, 0], "width": [8, 16], "reasons": 0x8 | 0x80}
     Path(env["LLMGW_FAKE_NVML_BOARD"]).write_text(json.dumps(described))
     rc, data = local()
-    assert rc == 2 and sorted(problems(data)) == [("h200", "clocks", "warn", "GPU 1"), ("h200", "pcie", "warn", "GPU 1"),
+    assert rc == 2 and sorted(problems(data)) == [("h200", "clocks", "warn", "GPU 1"),
+                                                  ("h200", "pcie", "warn", "GPU 1"),
                                                   ("h200", "row-remap", "crit", "GPU 1")], problems(data)

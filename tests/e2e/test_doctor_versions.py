@@ -76,13 +76,15 @@ def test_the_one_node_on_another_driver_is_flagged_and_only_it(tmp_path: Path, p
     assert "driver-versions" not in {f["check"] for f in rest["findings"]}
     assert {"firmware-versions", "counters", "ports"} <= {f["check"] for f in rest["findings"]}
     quiet = ctl(server.url, "doctor", "--quiet", "--only", "driver-versions")
-    assert quiet.returncode == 1 and quiet.stdout.splitlines()[1].startswith("WARN (cluster) driver-versions: node-3 runs")
+    assert (quiet.returncode == 1
+            and quiet.stdout.splitlines()[1].startswith("WARN (cluster) driver-versions: node-3 runs"))
 
     # A RoCE port whose peers' packets go missing: packet_seq_err rising, graded as a rate.
     roce = "mlx5_1"
     assert run_llmgw("sim", "node", "set-counter", str(configs["node-2"].parent), roce, "1", "packet_seq_err",
                      "900").returncode == 0
-    rising = wait_for_exit(server, 1, "the rising packet_seq_err found", procs, "--node", "node-2", "--only", "counters")
+    rising = wait_for_exit(server, 1, "the rising packet_seq_err found", procs, "--node", "node-2",
+                           "--only", "counters")
     assert problems(rising) == [("node-2", "counters", "warn", f"{roce}/1")]
     said = rising["findings"][0]
     assert "packet_seq_err +900 (" in said["finding"] and "/s)" in said["finding"], said
@@ -94,7 +96,8 @@ def test_local_takes_only_and_skip(tmp_path: Path) -> None:
                      "--init-port", "mlx5_0")
     assert made.returncode == 0, made.stderr
     config = str(tmp_path / "n" / "agent.yaml")
-    skipped = run_llmgw("ctl", "doctor", "--local", "--config", config, "--interval", "0", "--skip", "ports", "-o", "json")
+    skipped = run_llmgw("ctl", "doctor", "--local", "--config", config, "--interval", "0", "--skip", "ports",
+                        "-o", "json")
     assert skipped.returncode == 0, skipped.stderr  # the INIT port is not looked at
     checks = {f["check"] for f in json.loads(skipped.stdout)["findings"]}
     assert "ports" not in checks and {"memlock", "nvml", "counters"} <= checks

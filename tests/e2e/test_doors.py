@@ -83,7 +83,8 @@ def test_every_route_stands_behind_its_door(tmp_path: Path, procs: list[Proc]) -
                         "a fabric with its topology", procs=procs)
     ids = {"node": "gpu-01", "replica": replica["id"], "fabric": fabric, "move": "1", "name": replica["model"]}
     # Reads stand behind the viewer door and every change behind the operator door.
-    routes = [(r.method, "/api/v1/" + r.path.format(**ids), r.door) for r in API_ROUTES] + [("GET", "/metrics", Door.VIEWER)]
+    routes = [(r.method, "/api/v1/" + r.path.format(**ids), r.door)
+              for r in API_ROUTES] + [("GET", "/metrics", Door.VIEWER)]
     for method, path, door in routes:
         assert door is (Door.VIEWER if method == "GET" else Door.OPERATOR), (method, path, door)
     reads = [(m, p) for m, p, _ in routes if m == "GET"]
@@ -92,7 +93,8 @@ def test_every_route_stands_behind_its_door(tmp_path: Path, procs: list[Proc]) -
 
     with httpx.Client(base_url=server.url, timeout=10) as http:
         for method, path in reads + changes:
-            for who, headers in (("nobody", {}), ("an API key", bearer(KEY)), ("a wrong token", bearer("not-" + OPERATOR))):
+            for who, headers in (("nobody", {}), ("an API key", bearer(KEY)),
+                                 ("a wrong token", bearer("not-" + OPERATOR))):
                 r = http.request(method, path, headers=headers)
                 assert r.status_code == 401, (method, path, who, r.status_code, r.text)
                 error = r.json()["error"]
@@ -103,7 +105,8 @@ def test_every_route_stands_behind_its_door(tmp_path: Path, procs: list[Proc]) -
                 r = http.request(method, path, headers=bearer(token))
                 # No move has happened yet: past the door, the route itself says so.
                 assert r.status_code == (404 if "/moves/" in path else 200), (method, path, r.status_code, r.text)
-        # The client door (before the changes below restart the replica): /v1/models with an API key, not without; no fleet credential opens it.
+        # The client door (before the changes below restart the replica): /v1/models with an API key, not
+        # without; no fleet credential opens it.
         assert http.get("/v1/models", headers=bearer(KEY)).json()["data"][0]["id"] == "chat"
         for headers in ({}, bearer(OPERATOR), bearer(VIEWER)):
             r = http.get("/v1/models", headers=headers)

@@ -70,7 +70,8 @@ def pids(server: Server) -> dict[str, int]:
 def fleet(tmp_path: Path, procs: list[Proc]) -> tuple[Server, dict[str, Proc]]:
     # A settle long enough for both nodes to register before the first placement (spread over both).
     server = Server(tmp_path, engines_config(CATALOG, CREDENTIALS).replace("settle: 0.5s", "settle: 3s"), token=VIEWER)
-    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, "--gpus", "2") for node in ("gpu-01", "gpu-02")}
+    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, "--gpus", "2")
+               for node in ("gpu-01", "gpu-02")}
     procs.append(server.start())
     agents = {}
     for node, cfg in configs.items():
@@ -123,7 +124,8 @@ def test_drain_moves_every_replica_under_load_without_a_failed_request(tmp_path:
     events = json.loads(ctl(server, "events", "--node", "gpu-01", "-o", "json", token=VIEWER).stdout)
     messages = [e["message"] for e in events if e["kind"] == "drain"]
     assert any("drain of gpu-01 requested by operator token" in m for m in messages), messages
-    assert any(f"move of {on_01} retiring" in m for m in messages) and any(f"move of {on_01} done" in m for m in messages)
+    assert any(f"move of {on_01} retiring" in m for m in messages) and any(f"move of {on_01} done" in m
+                                                                           for m in messages)
 
     # Uncordon: placements allowed again (a new replica may land there), and said (-o json: the answer only).
     undone = ctl(server, "uncordon", "gpu-01", "-o", "json")
@@ -146,7 +148,8 @@ def test_drain_with_nowhere_to_go_stops_nothing_then_force_stops_and_marks_survi
     result = ctl(server, "drain", "gpu-01", "--timeout", "60", timeout=90)
     assert result.returncode == 1, result.stdout + result.stderr
     line = one_error_line(result)
-    assert "drain of gpu-01 incomplete" in line and on_01 in line and "no room" in line and "gpu-02: cordoned" in line, line
+    assert ("drain of gpu-01 incomplete" in line and on_01 in line and "no room" in line
+            and "gpu-02: cordoned" in line), line
     assert "--force" in line
     # Nothing stopped: the same engines serve.
     assert ready_on(server, 2) is not None and pids(server) == before
@@ -165,9 +168,11 @@ def test_drain_with_nowhere_to_go_stops_nothing_then_force_stops_and_marks_survi
     # Marks survive a restart of the server (nodes.sqlite in its state dir).
     server.proc.stop()
     procs.append(server.start())
-    wait_until(lambda: {n: v["mark"] for n, v in server.nodes().items()} == {"gpu-01": "draining", "gpu-02": "cordoned"},
+    wait_until(lambda: {n: v["mark"] for n, v in server.nodes().items()} == {"gpu-01": "draining",
+                                                                             "gpu-02": "cordoned"},
                "both marks back after the restart", procs=[server.proc, *agents.values()])
     # Uncordon gpu-02: the replica that was down finds room there.
     assert ctl(server, "uncordon", "gpu-02").returncode == 0
-    placed = wait_until(lambda: ready_on(server, 2), "two replicas ready on gpu-02", procs=[server.proc, *agents.values()])
+    placed = wait_until(lambda: ready_on(server, 2), "two replicas ready on gpu-02",
+                        procs=[server.proc, *agents.values()])
     assert set(placed.values()) == {"gpu-02"}

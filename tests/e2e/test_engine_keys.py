@@ -55,7 +55,8 @@ def test_an_engine_refuses_anyone_but_the_gateway_and_its_key_is_never_shown(tmp
     config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", "2")
     agent = start_agent(tmp_path, "gpu-01", config, "--stop-engines-on-exit")
     procs.append(agent)
-    [replica] = wait_until(lambda: (rs := replicas(server)) and rs[0]["state"] == "ready" and rs, "the replica ready", procs=procs)
+    [replica] = wait_until(lambda: (rs := replicas(server)) and rs[0]["state"] == "ready" and rs, "the replica ready",
+                           procs=procs)
     shard = replica["shards"][0]
     endpoint = shard["endpoint"]
     key = engine_key(tmp_path, shard["shard_id"])
@@ -75,7 +76,8 @@ def test_an_engine_refuses_anyone_but_the_gateway_and_its_key_is_never_shown(tmp
         assert httpx.get(f"{endpoint}/v1/models", headers=headers, timeout=10).status_code == 401
     # Health stays open (the agent's check and vLLM's own /health need no key); the key works.
     assert httpx.get(f"{endpoint}/health", timeout=10).status_code == 200
-    ok = httpx.post(f"{endpoint}/v1/chat/completions", json=BODY, headers={"authorization": f"Bearer {key}"}, timeout=10)
+    ok = httpx.post(f"{endpoint}/v1/chat/completions", json=BODY, headers={"authorization": f"Bearer {key}"},
+                    timeout=10)
     assert ok.status_code == 200, ok.text
 
     # The gateway's scrapes use it too and see the engine up.
@@ -107,9 +109,11 @@ def test_an_engine_refuses_anyone_but_the_gateway_and_its_key_is_never_shown(tmp
     # the adopted replica serves through the gateway again.
     assert server.proc is not None and server.proc.stop() == 0
     procs.append(server.start())
-    wait_until(lambda: (rs := replicas(server)) and rs[0]["state"] == "ready" and rs[0]["adopted"], "the replica adopted",
+    wait_until(lambda: (rs := replicas(server)) and rs[0]["state"] == "ready" and rs[0]["adopted"],
+               "the replica adopted",
                procs=[server.proc, agent])
-    again = wait_until(lambda: (r := httpx.post(f"{server.url}/v1/chat/completions", json=BODY, timeout=30)).status_code == 200 and r,
+    again = wait_until(lambda: (r := httpx.post(f"{server.url}/v1/chat/completions", json=BODY,
+                                                timeout=30)).status_code == 200 and r,
                        "the gateway serving the adopted engine", procs=[server.proc, agent])
     assert again.json()["choices"][0]["message"]["content"]
     assert key not in server.proc.log()

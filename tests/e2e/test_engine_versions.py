@@ -33,10 +33,12 @@ models:
       - {name: two-nodes, engine: sim, nodes: 2, gpus: 1}
 """
 REFUSED = ("not started: vLLM 0.10.2 (llmgw sim engine --version) is older than 0.11.1, the first release with "
-           "--nnodes, --node-rank, --master-addr, --master-port; upgrade vLLM on this node or run the replica on one node")
+           "--nnodes, --node-rank, --master-addr, --master-port; upgrade vLLM on this node or run the "
+           "replica on one node")
 
 
-def test_a_launch_the_engine_is_too_old_for_is_refused_with_the_version_it_found(tmp_path: Path, procs: list[Proc]) -> None:
+def test_a_launch_the_engine_is_too_old_for_is_refused_with_the_version_it_found(tmp_path: Path,
+                                                                                 procs: list[Proc]) -> None:
     server = Server(tmp_path, engines_config(CATALOG))
     procs.append(server.start())
     agents = []

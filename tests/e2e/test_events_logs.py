@@ -190,7 +190,8 @@ def test_ctl_logs_follows_a_running_engine_and_an_adopted_one(tmp_path: Path, pr
     live.append(start_agent(tmp_path, "gpu-01", cfg))
     procs.append(live[-1])
     wait_until(lambda: "adopted this engine" in path.read_text(), "the new agent to adopt the engine", procs=live)
-    wait_until(lambda: (r := ready_replica(server)) and r["id"] == replica["id"], "the adopted replica ready", procs=live)
+    wait_until(lambda: (r := ready_replica(server)) and r["id"] == replica["id"], "the adopted replica ready",
+               procs=live)
     adopted = Lines(server, replica["id"], "-f", "--tail", "3")
     try:
         adopted.wait_for("adopted this engine", 15)
@@ -231,7 +232,8 @@ def test_ctl_logs_model_follows_the_model_across_a_drain(tmp_path: Path, procs: 
         [new] = [r for r in replicas(server) if r["state"] == "ready"]
         assert new["id"] != old["id"] and new["shards"][0]["node"] != node
         follow.wait_for(f"{old['id']} retired by a drain (drain of {node} requested by operator token", 30, stderr=True)
-        assert f"following its successor {new['id']} (ready on {new['shards'][0]['node']})" in follow.said[-1], follow.said
+        assert (f"following its successor {new['id']} (ready on "
+                f"{new['shards'][0]['node']})" in follow.said[-1]), follow.said
         written = append(log_file(tmp_path, new, new["shards"][0]["node"]), "marker-three: the successor's line")
         shown = follow.wait_for("marker-three", 10)
         assert shown - written < 1.0, f"the new line took {shown - written:.2f}s to show"

@@ -48,7 +48,8 @@ def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: li
     procs += [start_agent(tmp_path, "gpu-01", a), start_agent(tmp_path, "gpu-02", b)]
     wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready with a heartbeat", procs=procs)
 
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1", "-o", "json",
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1",
+                       "-o", "json",
                        timeout=120)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)  # a crit rail: Nagios critical
     report = json.loads(result.stdout)
@@ -85,7 +86,8 @@ def test_every_rail_is_graded_and_the_slow_one_flagged(tmp_path: Path, procs: li
     assert [line.split()[:3] for line in bad] == [["WARN", "rail", "ib#1"], ["CRIT", "rail", "ib#2"]], bad
 
     # The same pair the other way round: the slow adapter is now on the client side, and still found.
-    reverse = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", "--duration", "0", "-o", "json",
+    reverse = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-02", "gpu-01", "--duration", "0",
+                        "-o", "json",
                         timeout=120)
     assert [r["status"] for r in json.loads(reverse.stdout)["rails"]] == ["ok", "warn", "crit", "ok"]
 
@@ -97,7 +99,8 @@ def test_all_ok_exits_0_and_roce_picks_its_gid_index(tmp_path: Path, procs: list
     procs += [start_agent(tmp_path, n, make_sim_node(tmp_path, n, server.fleet_url, FAST_AGENT, *args))
               for n in ("gpu-01", "gpu-02")]
     wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1", "-o", "json",
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--duration", "1",
+                       "-o", "json",
                        timeout=120)
     assert result.returncode == 0, (result.stdout, result.stderr)
     report = json.loads(result.stdout)
@@ -160,17 +163,20 @@ def test_refused_at_once_without_the_feature_and_behind_the_operator_door(tmp_pa
     assert viewer_ctl.returncode == 3 and "HTTP 403" in viewer_ctl.stderr
 
 
-def test_a_hung_client_is_killed_at_the_rail_timeout_and_the_server_side_with_it(tmp_path: Path, procs: list[Proc]) -> None:
+def test_a_hung_client_is_killed_at_the_rail_timeout_and_the_server_side_with_it(tmp_path: Path,
+                                                                                 procs: list[Proc]) -> None:
     server = Server(tmp_path, FAST_FLEET)
     procs.append(server.start())
     a = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--ib-ports", "2")
     b = make_sim_node(tmp_path, "gpu-02", server.fleet_url, FAST_AGENT, "--ib-ports", "2")
     hung = tmp_path / "gpu-01" / "bin" / "ib_write_bw"
     marker = f"fabtest-hung-{tmp_path.name}"
-    hung.write_text(f"#!/bin/sh\n# a perftest client that never finishes (a peer that never answers)\nsh -c 'sleep 300' {marker} &\nwait\n")
+    hung.write_text("#!/bin/sh\n# a perftest client that never finishes (a peer that never answers)\nsh -c 'sleep "
+                    f"300' {marker} &\nwait\n")
     procs += [start_agent(tmp_path, "gpu-01", a), start_agent(tmp_path, "gpu-02", b)]
     wait_until(lambda: ready(server, "gpu-01", "gpu-02"), "both nodes ready", procs=procs)
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--rail-timeout", "2", "-o", "json",
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02", "--rail-timeout", "2",
+                       "-o", "json",
                        timeout=120)
     assert result.returncode == 2, (result.stdout, result.stderr)
     rails = json.loads(result.stdout)["rails"]
@@ -199,7 +205,8 @@ def test_a_hung_client_is_killed_at_the_rail_timeout_and_the_server_side_with_it
 
     from tests.e2e.harness import llmgw_env
 
-    with subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "fabric-test", "gpu-01", "gpu-02"],
+    with subprocess.Popen([sys.executable, "-m", "llmgw", "ctl", "--server", server.url, "fabric-test", "gpu-01",
+                           "gpu-02"],
                           stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=llmgw_env()) as ctl:
         assert ctl.stderr is not None
         seen = ""
@@ -279,7 +286,8 @@ def test_qdr_is_graded_after_8b10b_a_narrow_slot_is_the_reason_and_gpudirect_nee
     port = server.get("/api/v1/nodes/edr-02")["inventory"]["ports"][1]
     assert (port["pcie_speed_gts"], port["pcie_width"], port["pcie_max_width"]) == (8.0, 8, 16), port
 
-    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--duration", "1", "-o", "json",
+    result = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--duration", "1",
+                       "-o", "json",
                        timeout=120)
     assert result.returncode == 0, (result.stdout, result.stderr)
     [rail] = json.loads(result.stdout)["rails"]
@@ -295,7 +303,8 @@ def test_qdr_is_graded_after_8b10b_a_narrow_slot_is_the_reason_and_gpudirect_nee
     assert (healthy["expected_gbps"], healthy["measured_gbps"], healthy["detail"]) == (100.0, 96.0, "")
     assert (narrow["status"], narrow["expected_gbps"], narrow["measured_gbps"]) == ("ok", 57.6, 55.3), narrow
     assert narrow["limited_by"].startswith("PCIe gen3 x8 on B") and healthy["limited_by"] == ""
-    assert narrow["detail"].startswith("limited by PCIe gen3 x8 on B (57.6 Gb/s of payload; the card can do gen3 x16"), narrow
+    assert narrow["detail"].startswith("limited by PCIe gen3 x8 on B (57.6 Gb/s of payload; the card "
+                                       "can do gen3 x16"), narrow
     # mlx5_1 sits on the switch of GPU 4 (sim/pcitree.py: two adapters, one by each socket's first GPU)
     assert "GPUDirect: buffers in GPU 4 of edr-01 and GPU 4 of edr-02 (--use_cuda)" in narrow["notes"], narrow
     assert "GPUDirect: buffers in GPU 0 of edr-01 and GPU 0 of edr-02 (--use_cuda)" in healthy["notes"], healthy
@@ -306,7 +315,8 @@ def test_qdr_is_graded_after_8b10b_a_narrow_slot_is_the_reason_and_gpudirect_nee
 
     refused = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--gpudirect")
     assert refused.returncode == 3, (refused.stdout, refused.stderr)
-    assert "--gpudirect: qdr-02 has no GPU" in refused.stderr and "run without --gpudirect" in refused.stderr, refused.stderr
+    assert ("--gpudirect: qdr-02 has no GPU" in refused.stderr
+            and "run without --gpudirect" in refused.stderr), refused.stderr
     too_long = run_llmgw("ctl", "--server", server.url, "fabric-test", "qdr-01", "qdr-02", "--duration", "10",
                          "--rail-timeout", "12")
     assert too_long.returncode == 3 and "does not fit in the 12 s rail timeout" in too_long.stderr, too_long.stderr

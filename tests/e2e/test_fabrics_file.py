@@ -100,7 +100,8 @@ def test_a_host_named_another_way_is_listed_apart_not_as_a_rail_violation(tmp_pa
                      "--misrail", "node-6", "--out", str(out), "-o", "json")
     assert made.returncode == 0, made.stderr
     dump = out / "ibnetdiscover.txt"
-    dump.write_text(dump.read_text().replace('"node-6 mlx5_0"', '"node-6 HCA-1"').replace('"node-6 mlx5_1"', '"node-6 HCA-2"'))
+    dump.write_text(dump.read_text().replace('"node-6 mlx5_0"', '"node-6 HCA-1"').replace('"node-6 mlx5_1"',
+                                                                                          '"node-6 HCA-2"'))
     doc = json.loads(run_llmgw("ctl", "fabrics", "--file", str(dump), "-o", "json").stdout)
     assert doc["rails_apart"] == ["node-6"] and doc["rail_violations"] == []
     table = run_llmgw("ctl", "fabrics", "--file", str(dump), env={"NO_COLOR": "1"}).stdout

@@ -99,7 +99,8 @@ class Thief:
             shards=shards or [],
         )
 
-    async def session(self, register: m.Register, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def session(self, register: m.Register, *,
+                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with dial(self.url, ssl_context=self.ssl, max_message=1 << 20) as channel:
             await channel.send(m.encode(register))
             welcome = m.decode_server_message(await channel.receive())
@@ -151,12 +152,14 @@ async def chats(url: str, model: str, n: int) -> list[tuple[int, str]]:
 
 async def test_a_node_cannot_take_another_nodes_traffic(tmp_path: Path, procs: list[Proc]) -> None:
     cadir = tmp_path / "ca"
-    for args in (("init",), ("server", "--host", "localhost", "--ip", "127.0.0.1"), ("node", "gpu-01"), ("node", "gpu-03")):
+    for args in (("init",), ("server", "--host", "localhost", "--ip", "127.0.0.1"), ("node", "gpu-01"),
+                 ("node", "gpu-03")):
         await trio.to_thread.run_sync(cert, *args, "--dir", str(cadir))
     tls = f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / 'server.crt'}\n  key: {cadir / 'server.key'}\n"
     server = Server(tmp_path, engines_config(CATALOG, extra=tls), insecure=False)
     procs.append(await trio.to_thread.run_sync(server.start))
-    base = await trio.to_thread.run_sync(lambda: make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", "1"))
+    base = await trio.to_thread.run_sync(lambda: make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT,
+                                                               "--gpus", "1"))
     agent_cfg = tls_agent_config(base, cadir / "ca.crt", cadir / "node-gpu-01.crt", cadir / "node-gpu-01.key")
     agent = Proc("agent-gpu-01", ["agent", "--config", str(agent_cfg), "--stop-engines-on-exit"], tmp_path)
     procs.append(agent)
@@ -190,7 +193,8 @@ async def test_a_node_cannot_take_another_nodes_traffic(tmp_path: Path, procs: l
         async def forge() -> None:
             nonlocal sent
             for _ in range(20):
-                await thief.send(m.ShardStatus(shard_id=shard["shard_id"], replica_id=legit["id"], state="ready", endpoint=forged_url))
+                await thief.send(m.ShardStatus(shard_id=shard["shard_id"], replica_id=legit["id"], state="ready",
+                                               endpoint=forged_url))
                 await thief.send(m.Progress(shard_id=shard["shard_id"], source="hf", done_bytes=1, total_bytes=2))
                 sent += 2
                 await trio.sleep(0.02)  # ok: spreads the forgeries over the load below
@@ -199,15 +203,18 @@ async def test_a_node_cannot_take_another_nodes_traffic(tmp_path: Path, procs: l
             load.start_soon(forge)
             answers = await chats(server.url, "alpha", 40)
         assert [code for code, _ in answers] == [200] * 40
-        await wait_until_async(lambda: metric(server, "foreign shard") >= sent, "every forgery refused and counted", procs=live)
+        await wait_until_async(lambda: metric(server, "foreign shard") >= sent, "every forgery refused and counted",
+                               procs=live)
         answers = await chats(server.url, "alpha", 40)  # and after the last one was processed
         assert [code for code, _ in answers] == [200] * 40
         assert reached == [], "requests reached the forged endpoint"
         assert await trio.to_thread.run_sync(endpoints, server) == legit_endpoints
         log = server.proc.log()
-        assert log.count(f"gpu-03 sent ShardStatus for shard {shard['shard_id']}, which runs on gpu-01") == 1  # once per node
+        # once per node
+        assert log.count(f"gpu-03 sent ShardStatus for shard {shard['shard_id']}, which runs on gpu-01") == 1
         now = await trio.to_thread.run_sync(alpha_ready)
-        assert now is not None and now["shards"][0]["pid"] == shard["pid"] and now["shards"][0]["endpoint"] == shard["endpoint"]
+        assert (now is not None and now["shards"][0]["pid"] == shard["pid"]
+                and now["shards"][0]["endpoint"] == shard["endpoint"])
 
         # 2. Its own shard, reported ready with an endpoint on another host: refused.
         own = start.spec
@@ -221,7 +228,8 @@ async def test_a_node_cannot_take_another_nodes_traffic(tmp_path: Path, procs: l
         # Its own shard failing, with a reason that tries to forge a log line: logged escaped.
         await thief.send(m.ShardStatus(shard_id=own.shard_id, replica_id=own.replica_id, state="failed",
                                        reason="boom\n" + FORGED_LINE))
-        await wait_until_async(lambda: "gpu-03: boom\\x0a2026-12-01" in server.proc.log(), "the failure logged, escaped",
+        await wait_until_async(lambda: "gpu-03: boom\\x0a2026-12-01" in server.proc.log(),
+                               "the failure logged, escaped",
                                procs=live)
         nursery.cancel_scope.cancel()
 

@@ -33,7 +33,8 @@ async def test_garbage_oversized_and_half_open_close_only_their_connection(tmp_p
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(healthy_agent, server.fleet_url, "healthy-1", stop)
-        await wait_until_async(lambda: server.nodes().get("healthy-1", {}).get("state") == "ready", "healthy-1 ready", procs=[proc])
+        await wait_until_async(lambda: server.nodes().get("healthy-1", {}).get("state") == "ready", "healthy-1 ready",
+                               procs=[proc])
 
         # 1. Garbage bytes instead of an HTTP/2 preface.
         garbage = await trio.open_tcp_stream("127.0.0.1", server.fleet_port)
@@ -52,7 +53,8 @@ async def test_garbage_oversized_and_half_open_close_only_their_connection(tmp_p
                         await ch.receive()
                 except ChannelClosed as exc:
                     assert exc.error
-        await wait_until_async(lambda: "exceeds the limit of 262144" in proc.log(), "oversized envelope logged", procs=[proc])
+        await wait_until_async(lambda: "exceeds the limit of 262144" in proc.log(), "oversized envelope logged",
+                               procs=[proc])
 
         # 3. Half-open: a TCP connection that never says anything.
         silent = await trio.open_tcp_stream("127.0.0.1", server.fleet_port)

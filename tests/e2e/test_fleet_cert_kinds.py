@@ -88,7 +88,8 @@ def test_only_node_certificates_register(tmp_path: Path, procs: list[Proc]) -> N
     procs.append(impostor)
     wait_until(lambda: "'gpu-01' is an operator certificate, not a node certificate" in impostor.log(),
                "the operator certificate refused, and the agent told why", procs=[server.proc, impostor])
-    viewer = agent(tmp_path, base, cadir, "agent-viewer", cadir / "viewer-gpu-02.crt", cadir / "viewer-gpu-02.key", "gpu-02")
+    viewer = agent(tmp_path, base, cadir, "agent-viewer", cadir / "viewer-gpu-02.crt", cadir / "viewer-gpu-02.key",
+                   "gpu-02")
     procs.append(viewer)
     wait_until(lambda: "'gpu-02' is a viewer certificate, not a node certificate" in viewer.log(),
                "the viewer certificate refused", procs=[server.proc, viewer])
@@ -111,7 +112,8 @@ def test_revoked_and_replaced_node_certificates_are_refused(tmp_path: Path, proc
 
     old = agent(tmp_path, base, cadir, "agent-old", stolen / "node-gpu-01.crt", stolen / "node-gpu-01.key", "gpu-01")
     procs.append(old)
-    wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready", "gpu-01 ready with its first certificate",
+    wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready",
+               "gpu-01 ready with its first certificate",
                procs=[server.proc, old])
 
     # Reissued with --force: the replaced serial goes on the deny list, and `cert list` says so.
@@ -131,7 +133,8 @@ def test_revoked_and_replaced_node_certificates_are_refused(tmp_path: Path, proc
     # The new pair works.
     new = agent(tmp_path, base, cadir, "agent-new", cadir / "node-gpu-01.crt", cadir / "node-gpu-01.key", "gpu-01")
     procs.append(new)
-    wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready", "gpu-01 ready with its new certificate",
+    wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready",
+               "gpu-01 ready with its new certificate",
                procs=[server.proc, new])
 
     # Revoked by serial, picked up by `ctl reload`: gpu-02 registered never again.

@@ -63,7 +63,8 @@ async def test_a_lost_ready_status_heals_within_resync_every_heartbeats_without_
     caplog.set_level(logging.INFO, logger="llmgw.server.reconcile")
     cfg = parse_config(SERVER + f"state_dir: {tmp_path / 'state'}\n", ServerConfig)
     plane = ControlPlane(cfg, insecure=True)
-    public, fleet = bind_socket(cfg.listen, "public port", "--listen"), bind_socket(cfg.fleet_listen, "fleet port", "--fleet-listen")
+    public, fleet = bind_socket(cfg.listen, "public port", "--listen"), bind_socket(cfg.fleet_listen, "fleet port",
+                                                                                    "--fleet-listen")
     dropped: list[m.ShardStatus] = []
     registry = plane.registry
     heartbeats_at_drop = 0
@@ -80,7 +81,8 @@ async def test_a_lost_ready_status_heals_within_resync_every_heartbeats_without_
 
     plane.controller.shard_status = lossy  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
-        bound = await nursery.start(lambda task_status: plane.run(public_sock=public, fleet_sock=fleet, task_status=task_status))
+        bound = await nursery.start(lambda task_status: plane.run(public_sock=public, fleet_sock=fleet,
+                                                                  task_status=task_status))
         agent_cfg = parse_config(f"server: {bound.fleet_url}\nnode_id: {NODE}\nresync_every: {RESYNC_EVERY}\n"
                                  f"work_dir: {tmp_path / NODE}\nbackoff:\n  initial: 0.2s\n  max: 1s\n", AgentConfig)
         supervisor = Supervisor(agent_cfg.work_dir)

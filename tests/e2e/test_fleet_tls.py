@@ -29,7 +29,8 @@ def cert(*args: str) -> None:
 
 def tls_server(tmp_path: Path, cadir: Path, server_cert: str = "server", name: str = "server") -> Server:
     config = FAST_FLEET + (
-        f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / (server_cert + '.crt')}\n  key: {cadir / (server_cert + '.key')}\n"
+        f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / (server_cert + '.crt')}\n  key: "
+        f"{cadir / (server_cert + '.key')}\n"
     )
     server = Server(tmp_path, config, name=name, insecure=False)
     return server
@@ -57,11 +58,13 @@ def test_mutual_tls_identity(tmp_path: Path, procs: list[Proc]) -> None:
     # gpu-01's certificate, registering as gpu-01: accepted.
     good = Proc("agent-gpu-01", ["agent", "--config", str(tls_agent_config(base, ca_crt, crt, key))], tmp_path)
     procs.append(good)
-    wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready", "gpu-01 ready over mTLS", procs=[server.proc, good])
+    wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready", "gpu-01 ready over mTLS",
+               procs=[server.proc, good])
     assert server.nodes()["gpu-01"]["identity"] == "gpu-01"
 
     # The same (stolen) certificate, registering as gpu-02: refused, both names logged.
-    thief = Proc("agent-thief", ["agent", "--config", str(tls_agent_config(base, ca_crt, crt, key, node_id="gpu-02"))], tmp_path)
+    thief = Proc("agent-thief", ["agent", "--config", str(tls_agent_config(base, ca_crt, crt, key, node_id="gpu-02"))],
+                 tmp_path)
     procs.append(thief)
     wait_until(lambda: "client certificate is for 'gpu-01' but the agent registered as 'gpu-02'" in thief.log(),
                "the thief told why", procs=[server.proc, thief])
@@ -77,7 +80,8 @@ def test_mutual_tls_identity(tmp_path: Path, procs: list[Proc]) -> None:
     stranger = Proc("agent-stranger", ["agent", "--config", str(tls_agent_config(
         base, ca_crt, other / "node-gpu-03.crt", other / "node-gpu-03.key", node_id="gpu-03"))], tmp_path)
     procs.append(stranger)
-    wait_until(lambda: "TLS with 127.0.0.1" in stranger.log() and "failed" in stranger.log(), "stranger refused", procs=[server.proc, stranger])
+    wait_until(lambda: "TLS with 127.0.0.1" in stranger.log() and "failed" in stranger.log(), "stranger refused",
+               procs=[server.proc, stranger])
     wait_until(lambda: refused(server, "tls_handshake") >= 1, "handshake refusal counted", procs=[server.proc])
     assert "gpu-03" not in server.nodes()
     stranger.stop()
@@ -88,7 +92,8 @@ def test_mutual_tls_identity(tmp_path: Path, procs: list[Proc]) -> None:
     expired = Proc("agent-expired", ["agent", "--config", str(tls_agent_config(
         base, ca_crt, cadir / "node-gpu-04.crt", cadir / "node-gpu-04.key", node_id="gpu-04"))], tmp_path)
     procs.append(expired)
-    wait_until(lambda: "expired" in expired.log(), "expired certificate refused and explained", procs=[server.proc, expired])
+    wait_until(lambda: "expired" in expired.log(), "expired certificate refused and explained",
+               procs=[server.proc, expired])
     assert "gpu-04" not in server.nodes()
     expired.stop()
     assert server.nodes()["gpu-01"]["state"] == "ready" and good.alive()
@@ -118,7 +123,8 @@ def test_plain_h2c_needs_insecure_on_the_agent(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--insecure" in result.stderr
 
 
-def test_certificate_near_expiry_is_a_warning_in_the_agent_log_and_the_node_record(tmp_path: Path, procs: list[Proc]) -> None:
+def test_certificate_near_expiry_is_a_warning_in_the_agent_log_and_the_node_record(tmp_path: Path,
+                                                                                   procs: list[Proc]) -> None:
     cadir = tmp_path / "ca"
     cert("init", "--dir", str(cadir))
     cert("server", "--dir", str(cadir), "--host", "localhost", "--ip", "127.0.0.1")
@@ -130,7 +136,8 @@ def test_certificate_near_expiry_is_a_warning_in_the_agent_log_and_the_node_reco
     agent = Proc("agent-gpu-01", ["agent", "--config", str(tls_agent_config(
         base, cadir / "ca.crt", cadir / "node-gpu-01.crt", cadir / "node-gpu-01.key"))], tmp_path)
     procs.append(agent)
-    wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready", "gpu-01 ready", procs=[server.proc, agent])
+    wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready", "gpu-01 ready",
+               procs=[server.proc, agent])
     assert "expires in 5 days" in agent.log() and "llmgw ctl cert node" in agent.log()
     node = server.nodes()["gpu-01"]
     assert 4 < node["cert_days_left"] <= 5 and node["gpus"] == 0 and node["gpu_note"]

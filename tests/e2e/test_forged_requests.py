@@ -115,7 +115,8 @@ def test_a_cross_site_form_changes_nothing_and_ctl_still_does(tmp_path: Path, pr
     # A page of this server's own origin that sends the headers passes: what the admin pages'
     # scripts would send (they change nothing today; their reads are GETs, untouched by this).
     with browser(pki) as http:
-        own = {"content-type": "application/json", "x-llmgw-request": "1", "origin": url, "sec-fetch-site": "same-origin"}
+        own = {"content-type": "application/json", "x-llmgw-request": "1", "origin": url,
+               "sec-fetch-site": "same-origin"}
         assert http.post(f"{url}/api/v1/nodes/{NODE}/cordon", headers=own).status_code == 200
         # The same call from another page of the same site (another port) is not the server's own.
         sibling = {**own, "origin": url.rsplit(":", 1)[0] + ":1", "sec-fetch-site": "same-site"}
@@ -125,7 +126,8 @@ def test_a_cross_site_form_changes_nothing_and_ctl_still_does(tmp_path: Path, pr
 
 
 EVIL_PAGE = """<!doctype html><title>cute cats</title>
-<form id="f" method="post" enctype="text/plain" action="{action}"><input type="hidden" name='{{"force": true, "x": "' value='"}}'></form>
+<form id="f" method="post" enctype="text/plain" action="{action}">\
+<input type="hidden" name='{{"force": true, "x": "' value='"}}'></form>
 <script>document.getElementById("f").submit()</script>"""
 
 

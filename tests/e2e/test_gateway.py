@@ -95,7 +95,8 @@ def metric(server: Server, name: str, **labels: str) -> float:
     text = httpx.get(f"{server.url}/metrics", headers=bearer(server.token), timeout=5).text
     total = 0.0
     for line in text.splitlines():
-        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(f'{k}="{v}"' in line
+                                                                                for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -123,7 +124,8 @@ def test_openai_client_through_the_gateway(fleet: Server) -> None:
             pieces.append(event.choices[0].delta.content)
     assert len(pieces) >= 2 and first_at is not None
     # x-request-id is passed through and returned; one is made up when absent.
-    r = httpx.post(f"{fleet.url}/v1/chat/completions", headers={"authorization": f"Bearer {KEY}", "x-request-id": "abc-123"},
+    r = httpx.post(f"{fleet.url}/v1/chat/completions",
+                   headers={"authorization": f"Bearer {KEY}", "x-request-id": "abc-123"},
                    json={"model": "chat", "messages": [{"role": "user", "content": "x"}]}, timeout=10)
     assert r.status_code == 200 and r.headers["x-request-id"] == "abc-123"
     r = httpx.post(f"{fleet.url}/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
@@ -154,7 +156,8 @@ def test_api_keys_and_openai_error_shapes(fleet: Server) -> None:
     assert info.value.body["code"] == "model_not_found"
     with pytest.raises(openai.NotFoundError) as info:
         client(fleet).models.retrieve("meta-llama/nope")
-    assert info.value.body["code"] == "model_not_found" and "`meta-llama/nope` does not exist" in info.value.body["message"]
+    assert (info.value.body["code"] == "model_not_found"
+            and "`meta-llama/nope` does not exist" in info.value.body["message"])
     with pytest.raises(openai.AuthenticationError):
         client(fleet, key="wrong").models.retrieve("chat")
     auth = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
@@ -172,7 +175,8 @@ def test_admission_queue_full_is_429_with_retry_after(fleet: Server) -> None:
 
     def slow_request() -> None:
         with httpx.stream("POST", f"{fleet.url}/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
-                          json={"model": "slow", "messages": [{"role": "user", "content": "x"}], "stream": True}, timeout=30) as r:
+                          json={"model": "slow", "messages": [{"role": "user", "content": "x"}], "stream": True},
+                          timeout=30) as r:
             results.append(r.status_code)
             for _ in r.iter_bytes():
                 pass
@@ -213,13 +217,15 @@ def test_client_disconnect_mid_stream_cancels_the_engine_request(fleet: Server) 
         return -1.0
 
     with httpx.stream("POST", f"{fleet.url}/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
-                      json={"model": "slow", "messages": [{"role": "user", "content": "x"}], "stream": True}, timeout=30) as r:
+                      json={"model": "slow", "messages": [{"role": "user", "content": "x"}], "stream": True},
+                      timeout=30) as r:
         it = r.iter_bytes()
         assert next(it)  # the first event arrived: the engine is generating
         assert running() == 1
     # The client went away after one event (50 tokens at 200 ms would take 10 s).
     wait_until(lambda: running() == 0, "the engine's request cancelled", deadline=5)
-    wait_until(lambda: metric(fleet, "llmgw_requests_in_flight", model="slow") == 0, "no request left in flight", deadline=5)
+    wait_until(lambda: metric(fleet, "llmgw_requests_in_flight", model="slow") == 0, "no request left in flight",
+               deadline=5)
     assert metric(fleet, "llmgw_requests_total", model="slow", code="499") >= 1
 
 
@@ -240,7 +246,8 @@ def test_engine_killed_mid_run_loses_no_request(fleet: Server, procs: list[Proc]
         c = client(fleet)
         while not stop.is_set():
             try:
-                r = c.chat.completions.create(model="chat", messages=[{"role": "user", "content": f"req {n}"}], max_tokens=4)
+                r = c.chat.completions.create(model="chat", messages=[{"role": "user", "content": f"req {n}"}],
+                                              max_tokens=4)
                 outcomes.append("ok" if r.choices else "empty")
             except Exception as exc:
                 outcomes.append(f"error: {exc!r}")
@@ -273,7 +280,8 @@ def test_engine_killed_mid_run_loses_no_request(fleet: Server, procs: list[Proc]
             victim_agent.signal(signal.SIGCONT)
         wait_until(lambda: not pid_alive(victim_pid), "engine gone", deadline=5)
         replaced = wait_until(
-            lambda: next((r for r in ready(fleet) if r["id"] == victim["id"] and r["shards"][0]["pid"] != victim_pid), None),
+            lambda: next((r for r in ready(fleet) if r["id"] == victim["id"] and r["shards"][0]["pid"] != victim_pid),
+                         None),
             "the replica replaced", procs=procs)
         new_ep = replaced["shards"][0]["endpoint"]
 

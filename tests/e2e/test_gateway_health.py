@@ -39,7 +39,8 @@ def metric(server: Server, name: str, **labels: str) -> float:
 def test_a_stream_without_its_head_in_time_goes_to_another_engine(tmp_path: Path, procs: list[Proc]) -> None:
     """Active health off, so only stream_head_timeout can save a stream sent to the hung engine:
     no stream waits longer than about that before it is served elsewhere."""
-    good_proc, good = start_sim_engine(tmp_path, "good", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+    good_proc, good = start_sim_engine(tmp_path, "good", "--served-model-name", "chat", "--ttft-ms", "1",
+                                       "--itl-ms", "1")
     procs.append(good_proc)
     hung = hung_engine(tmp_path, procs)
     config = FAST_FLEET + """\
@@ -58,7 +59,8 @@ endpoints:
     def streams(n: int) -> None:
         for i in range(3):
             t0 = time.monotonic()
-            events = list(client.chat.completions.create(model="chat", messages=[{"role": "user", "content": f"s{n}.{i}"}],
+            events = list(client.chat.completions.create(model="chat",
+                                                         messages=[{"role": "user", "content": f"s{n}.{i}"}],
                                                          max_tokens=2, stream=True))
             took.append(time.monotonic() - t0)
             assert events
@@ -95,11 +97,13 @@ endpoints:
 
     def running() -> float:
         text = httpx.get(f"{engine}/metrics", timeout=5).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running{"))
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:num_requests_running{"))
 
     def give_up() -> None:
         try:  # 50 tokens at 200 ms: ~10 s; the client waits 1 s
-            httpx.post(f"{server.url}/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": "x"}]},
+            httpx.post(f"{server.url}/v1/chat/completions",
+                       json={"model": "chat", "messages": [{"role": "user", "content": "x"}]},
                        timeout=1.0)
         except httpx.TimeoutException:
             pass

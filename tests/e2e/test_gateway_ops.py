@@ -86,7 +86,8 @@ def test_a_workers_503_logs_the_reason_the_one_process_server_gives(tmp_path: Pa
                        json={"model": "big", "messages": [{"role": "user", "content": "hi"}]})
         rid = r.headers["x-request-id"]
         assert r.status_code == 503 and r.json()["error"]["message"].replace(rid, "RID") == one["body"]
-        logged = wait_until(lambda rid=rid: {m.group(1): m.group(2) for m in LOGGED_503.finditer(server_proc.log())}.get(rid),
+        logged = wait_until(lambda rid=rid: {m.group(1): m.group(2)
+                                             for m in LOGGED_503.finditer(server_proc.log())}.get(rid),
                             f"the log line of {rid}", procs=procs)
         assert rid_free.sub("big-ID", logged) == want
     assert "as the control plane last said" not in server_proc.log()
@@ -94,9 +95,11 @@ def test_a_workers_503_logs_the_reason_the_one_process_server_gives(tmp_path: Pa
     gw_proc, gw_url, gw_metrics = start_gateway(tmp_path / "two", "gateway", server.fleet_url, "--insecure")
     procs.append(gw_proc)
     updates = re.compile(r"^llmgw_gateway_control_plane_updates_total (\S+)", re.M)
-    wait_until(lambda: (m := updates.search(httpx.get(f"{gw_metrics}/metrics", timeout=5).text)) and float(m.group(1)) >= 2,
+    wait_until(lambda: (m := updates.search(httpx.get(f"{gw_metrics}/metrics", timeout=5).text))
+               and float(m.group(1)) >= 2,
                "the remote gateway to have its config and endpoints", procs=procs)
-    r = httpx.post(f"{gw_url}/v1/chat/completions", timeout=5, json={"model": "big", "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(f"{gw_url}/v1/chat/completions", timeout=5,
+                   json={"model": "big", "messages": [{"role": "user", "content": "hi"}]})
     rid = r.headers["x-request-id"]
     assert r.status_code == 503 and r.json()["error"]["message"].replace(rid, "RID") == one["body"]
     logged = wait_until(lambda: {m.group(1): m.group(2) for m in LOGGED_503.finditer(gw_proc.log())}.get(rid),
@@ -129,7 +132,8 @@ def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, pro
         for _ in range(6):  # new connections, served by both workers in turn
             assert http.post(f"{server.url}/v1/chat/completions", headers=bearer(key), json=chat).status_code == 200
         assert http.post(f"{gw_url}/v1/chat/completions", headers=bearer(key), json=chat).status_code == 200
-        refused = {http.get(f"{server.url}/api/v1/gateways", headers=h).status_code for h in ({}, bearer(key)) for _ in range(5)}
+        refused = {http.get(f"{server.url}/api/v1/gateways", headers=h).status_code for h in ({}, bearer(key))
+                   for _ in range(5)}
         assert refused == {401}
 
     def listed() -> list[dict] | None:
@@ -142,7 +146,8 @@ def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, pro
     rows = wait_until(listed, "three gateways that have reported their requests", procs=procs)
     by_name = {r["name"]: r for r in rows}
     assert [r["name"] for r in rows] == ["worker-0", "worker-1", "edge-1"]  # the server's own first
-    assert {by_name[n]["kind"] for n in ("worker-0", "worker-1")} == {"worker"} and by_name["edge-1"]["kind"] == "remote"
+    assert {by_name[n]["kind"]
+            for n in ("worker-0", "worker-1")} == {"worker"} and by_name["edge-1"]["kind"] == "remote"
     assert by_name["edge-1"]["pid"] == gw_proc.pid and by_name["edge-1"]["peer"].startswith("127.0.0.1:")
     assert {by_name[n]["peer"] for n in ("worker-0", "worker-1")} == {"local (gateway.sock)"}
     assert by_name["edge-1"]["requests"] >= 1
@@ -153,7 +158,8 @@ def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, pro
     table = ctl(server.url, "gateways", env={"LLMGW_TOKEN": viewer})
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST", "REPORT", "REQUESTS", "CONFIG"]
+    assert lines[0].split() == ["NAME", "KIND", "PEER", "PID", "VERSION", "CONNECTED", "LAST", "REPORT", "REQUESTS",
+                                "CONFIG"]
     assert [line.split()[:2] + line.split()[-1:] for line in lines[1:]] == [
         ["worker-0", "worker", "current"], ["worker-1", "worker", "current"], ["edge-1", "remote", "current"]]
     # A reload changes the catalog (a second model): every follower takes it and says so.
@@ -167,7 +173,8 @@ def test_ctl_gateways_lists_the_workers_and_a_remote_gateway(tmp_path: Path, pro
     # The remote gateway stops: it leaves the list.
     gw_proc.stop()
     wait_until(lambda: [r["name"] for r in json.loads(ctl(server.url, "gateways", "-o", "json",
-                                                          env={"LLMGW_TOKEN": viewer}).stdout)] == ["worker-0", "worker-1"],
+                                                          env={"LLMGW_TOKEN": viewer}).stdout)]
+               == ["worker-0", "worker-1"],
                "the stopped gateway to leave the list", procs=procs[:2])
 
 
@@ -238,7 +245,8 @@ def test_a_reload_resizes_the_workers_under_load_with_no_failed_request(tmp_path
     server.config.write_text(resized_config(1, urls))
     result = ctl(server.url, "reload")
     assert result.returncode == 0, result.stderr
-    assert "gateway.workers 2 → 1 needs a restart of the server" in result.stdout and "2 kept" in result.stdout, result.stdout
+    assert ("gateway.workers 2 → 1 needs a restart of the server" in result.stdout
+            and "2 kept" in result.stdout), result.stdout
     assert re.search(r"WARNING llmgw.server: reload: gateway.workers 2 → 1 needs a restart", server_proc.log())
     assert set(scrape(server)) == {"worker-0", "worker-1"} and "gateway: 2 → 1" not in server_proc.log()
     print(f"\n{fresh.ok} new-connection and {kept.ok} keep-alive (retrying) requests, none failed; {load.successes()} "
@@ -256,7 +264,8 @@ def test_one_process_to_workers_by_reload_is_refused_with_one_line(tmp_path: Pat
     procs.append(server_proc)
     key = "sk-one-process"
     viewer = "viewer-one-process"
-    server.config.write_text(resized_config(2, [url]).replace("  shutdown_grace", f'  api_keys: ["{token_digest(key)}"]\n  shutdown_grace')
+    server.config.write_text(resized_config(2, [url]).replace("  shutdown_grace",
+                                                              f'  api_keys: ["{token_digest(key)}"]\n  shutdown_grace')
                              + f'api:\n  viewer_tokens: ["{token_digest(viewer)}"]\n')
     result = ctl(server.url, "reload")
     assert result.returncode == 0, result.stderr

@@ -171,7 +171,8 @@ def test_only_a_gateway_certificate_follows_as_a_gateway(tmp_path: Path, procs: 
 
     for name, crt in (("node", "node-gpu-01"), ("viewer", "viewer-dash")):
         bad, _, _ = gateway(name, crt)
-        wait_until(lambda bad=bad: "not a gateway certificate" in bad.log(), f"a {name} certificate refused as a gateway",
+        wait_until(lambda bad=bad: "not a gateway certificate" in bad.log(),
+                   f"a {name} certificate refused as a gateway",
                    procs=procs)
         assert " serving (following" not in bad.log()  # it never got a configuration, so it never opened its port
     # Each dialled again (two refusals each) and never said it follows: a refused stream is not following.
@@ -193,7 +194,8 @@ def test_only_a_gateway_certificate_follows_as_a_gateway(tmp_path: Path, procs: 
                                                   f"  key: {cadir / 'gateway-gw-1.key'}\n")
     agent = Proc("agent-gw", ["agent", "--config", str(agent_cfg)], tmp_path)
     procs.append(agent)
-    wait_until(lambda: "not a node certificate" in agent.log(), "the gateway certificate refused as a node", procs=[server.proc] if server.proc else [])
+    wait_until(lambda: "not a node certificate" in agent.log(), "the gateway certificate refused as a node",
+               procs=[server.proc] if server.proc else [])
     assert server.nodes() == {}
 
 
@@ -204,7 +206,8 @@ def test_a_remote_gateway_serves_its_clients_over_tls(tmp_path: Path, procs: lis
     cert(cadir, "init")
     cert(cadir, "server", "--ip", "127.0.0.1")
     ca = cadir / "ca.crt"
-    engine, engine_url = start_sim_engine(tmp_path, "engine", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+    engine, engine_url = start_sim_engine(tmp_path, "engine", "--served-model-name", "chat", "--ttft-ms", "1",
+                                          "--itl-ms", "1")
     procs.append(engine)
     server = Server(tmp_path, FAST_FLEET + f"endpoints:\n  - model: chat\n    url: {engine_url}\n")
     procs.append(server.start())
@@ -223,7 +226,8 @@ def test_a_remote_gateway_serves_its_clients_over_tls(tmp_path: Path, procs: lis
     assert reply.choices[0].message.content
     plain = httpx.get(f"{plain_url}/healthz", timeout=5)  # plain HTTP on its TLS port: as on the server's
     assert plain.status_code == 400 and "use an https:// URL" in plain.json()["error"]["message"]
-    wait_until(lambda: "did not speak TLS" in gw_proc.log(), "the gateway's line for the plain-HTTP client", procs=procs)
+    wait_until(lambda: "did not speak TLS" in gw_proc.log(), "the gateway's line for the plain-HTTP client",
+               procs=procs)
 
     before = served_serial(port, ca)
     assert before == file_serial(cadir / "server.crt")

@@ -63,7 +63,8 @@ def chat(c: openai.OpenAI, i: int) -> None:
 
 def two_workers(server: Server, procs: list[Proc]) -> dict[str, dict[str, float]]:
     """Wait for both workers to follow the control plane; their scrape (two distinct pids)."""
-    workers = wait_until(lambda: (w := scrape(server)) and len(w) == 2 and all(r["connected"] for r in w.values()) and w,
+    workers = wait_until(lambda: (w := scrape(server)) and len(w) == 2 and all(r["connected"] for r in w.values())
+                         and w,
                          "two workers following the control plane", procs=procs)
     assert {int(r["pid"]) for r in workers.values()} - {0} and len({r["pid"] for r in workers.values()}) == 2
     return workers

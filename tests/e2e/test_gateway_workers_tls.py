@@ -181,7 +181,8 @@ def test_plain_http_on_the_tls_port_meets_what_one_process_gives(pair: Pair) -> 
     """A 400 in plain text that says to use https:// (and the server's log line), never an empty reply."""
     def plain(server: Server) -> str:
         try:
-            answer = httpx.get(server.url.replace("https://", "http://") + "/v1/models", headers=bearer(KEY), timeout=10)
+            answer = httpx.get(server.url.replace("https://", "http://") + "/v1/models", headers=bearer(KEY),
+                               timeout=10)
         except httpx.HTTPError as exc:
             return type(exc).__name__
         return f"{answer.status_code} {answer.text[:200]}"

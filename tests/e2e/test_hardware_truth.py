@@ -52,7 +52,8 @@ def metric(server: Server, name: str, **labels: str) -> float | None:
 def test_declared_adapter_missing_is_not_advertised(tmp_path: Path, procs: list[Proc]) -> None:
     server = Server(tmp_path, HALF_SECOND_FLEET)
     procs.append(server.start())
-    config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--ib-ports", "2", "--absent-adapter", "mlx5_7")
+    config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--ib-ports", "2",
+                           "--absent-adapter", "mlx5_7")
     good = make_sim_node(tmp_path, "gpu-02", server.fleet_url, FAST_AGENT, "--ib-ports", "2")
     agent = start_agent(tmp_path, "gpu-01", config)
     procs += [agent, start_agent(tmp_path, "gpu-02", good)]
@@ -100,10 +101,12 @@ def test_port_down_at_runtime_takes_the_fabric_away_within_two_heartbeats(tmp_pa
     port = {p["port"]: p for p in after["port_states"]}["mlx5_2/1"]
     assert (port["state"], port["phys_state"]) == ("DOWN", "Disabled")
     assert metric(server, "llmgw_ib_port_active", state="DOWN", phys_state="Disabled", **labels) == 0.0
-    wait_until(lambda: "usable fabrics now none (were ib)" in procs[0].log(), "the server to log the change", procs=procs)
+    wait_until(lambda: "usable fabrics now none (were ib)" in procs[0].log(), "the server to log the change",
+               procs=procs)
 
     # Said once, however many heartbeats read it; and back when the port is.
-    wait_until(lambda: server.get("/api/v1/nodes/gpu-01")["heartbeats"] >= after["heartbeats"] + 3, "three more heartbeats",
+    wait_until(lambda: server.get("/api/v1/nodes/gpu-01")["heartbeats"] >= after["heartbeats"] + 3,
+               "three more heartbeats",
                procs=procs)
     assert len(re.findall(r"fabric ib: not usable: mlx5_2", agent.log())) == 1, agent.log()
     assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-01"), "mlx5_2", "1", "up").returncode == 0
@@ -148,5 +151,6 @@ def test_engine_gets_the_nccl_environment_of_its_node_roce(tmp_path: Path, procs
     assert record["env"]["GLOO_SOCKET_IFNAME"] == "lo"
     assert record["env"]["NCCL_SOCKET_IFNAME"] == "=lo"
     env = {e["name"]: e for e in shard["launch_env"]}
-    assert env["NCCL_SOCKET_IFNAME"] == {"name": "NCCL_SOCKET_IFNAME", "value": "=lo", "derived": "=lo", "overridden": True}
+    assert env["NCCL_SOCKET_IFNAME"] == {"name": "NCCL_SOCKET_IFNAME", "value": "=lo", "derived": "=lo",
+                                         "overridden": True}
     assert env["NCCL_IB_GID_INDEX"]["value"] == "3" and not env["NCCL_IB_GID_INDEX"].get("overridden")

@@ -42,7 +42,8 @@ def test_server_agent_and_ctl_refuse_loose_keys(tmp_path: Path) -> None:
     result = run_llmgw("server", "--config", str(cfg), "--listen", f"127.0.0.1:{free_port()}",
                        "--fleet-listen", f"127.0.0.1:{free_port()}")
     assert result.returncode == 2
-    assert f"key file {server_key} is mode 0644" in one_error_line(result) and f"chmod 600 {server_key}" in result.stderr
+    assert (f"key file {server_key} is mode 0644" in one_error_line(result)
+            and f"chmod 600 {server_key}" in result.stderr)
 
     agent_cfg = tmp_path / "agent.yaml"
     agent_cfg.write_text(f"server: https://127.0.0.1:{free_port()}\nnode_id: gpu-01\ntls:\n  ca: {cadir / 'ca.crt'}\n"

@@ -54,7 +54,8 @@ class BigEngine:
             await stream.send_all(http1.response_head(200, [(b"content-type", b"text/plain")], content_length=0))
             return
         if self.declare_length:
-            await stream.send_all(http1.response_head(200, [(b"content-type", b"application/json")], content_length=self.total))
+            await stream.send_all(http1.response_head(200, [(b"content-type", b"application/json")],
+                                                      content_length=self.total))
         else:  # no length: the body ends when the connection does
             await stream.send_all(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n")
         sent = 0
@@ -70,7 +71,8 @@ class BigEngine:
             self.hung_up.set()
 
 
-async def test_an_engine_answer_over_the_cap_is_a_502_and_is_not_read_past_it(tmp_path: Path, procs: list[Proc]) -> None:
+async def test_an_engine_answer_over_the_cap_is_a_502_and_is_not_read_past_it(tmp_path: Path,
+                                                                              procs: list[Proc]) -> None:
     slack = _kernel_buffers()
     total = CAP + slack + (64 << 20)  # without a cap the gateway would read all of it
     unbounded = BigEngine(total, declare_length=False)
@@ -91,8 +93,10 @@ async def test_an_engine_answer_over_the_cap_is_a_502_and_is_not_read_past_it(tm
                                              json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
                 assert response.status_code == 502, response.text
                 error = response.json()["error"]
-                assert error["code"] == "response_too_large" and "1048576 bytes, gateway.max_response" in error["message"], error
-                assert f"127.0.0.1:{ports[0]}" not in error["message"] and f"127.0.0.1:{ports[1]}" not in error["message"]
+                assert (error["code"] == "response_too_large"
+                        and "1048576 bytes, gateway.max_response" in error["message"]), error
+                assert (f"127.0.0.1:{ports[0]}" not in error["message"]
+                        and f"127.0.0.1:{ports[1]}" not in error["message"])
                 with trio.fail_after(30):
                     await engine.hung_up.wait()
                 # What the engine got out is what the gateway read plus what sat in the two
@@ -138,9 +142,11 @@ def _cert(*args: str) -> None:
 
 async def test_unknown_fleet_message_types_do_not_grow_metrics(tmp_path: Path, procs: list[Proc]) -> None:
     cadir = tmp_path / "ca"
-    for args in (("init", "--name", "test CA"), ("server", "--host", "localhost", "--ip", "127.0.0.1"), ("node", "gpu-01")):
+    for args in (("init", "--name", "test CA"), ("server", "--host", "localhost", "--ip", "127.0.0.1"),
+                 ("node", "gpu-01")):
         await trio.to_thread.run_sync(_cert, *args, "--dir", str(cadir))
-    config = FAST_FLEET + f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / 'server.crt'}\n  key: {cadir / 'server.key'}\n"
+    config = (FAST_FLEET
+              + f"tls:\n  ca: {cadir / 'ca.crt'}\n  cert: {cadir / 'server.crt'}\n  key: {cadir / 'server.key'}\n")
     server = Server(tmp_path, config, insecure=False)
     proc = await trio.to_thread.run_sync(server.start)
     procs.append(proc)
@@ -160,7 +166,8 @@ async def test_unknown_fleet_message_types_do_not_grow_metrics(tmp_path: Path, p
         await ch.send(m.encode(m.Register(node_id="gpu-01", version=__version__)))
         assert isinstance(m.decode_server_message(await ch.receive()), m.Welcome)
         await ch.send(m.encode(m.Heartbeat(seq=1)))
-        await wait_until_async(lambda: 'llmgw_fleet_messages_total{type="Heartbeat"}' in metrics(), "a heartbeat counted",
+        await wait_until_async(lambda: 'llmgw_fleet_messages_total{type="Heartbeat"}' in metrics(),
+                               "a heartbeat counted",
                                procs=[proc])
         before = await trio.to_thread.run_sync(metrics)
         for i in range(n):

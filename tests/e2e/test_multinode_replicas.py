@@ -57,7 +57,8 @@ models:
 
 def fleet(tmp_path: Path, procs: list[Proc], gpus: int, required: list[str], *node_args: str, heartbeat: str = "0.25s",
           env: str = "") -> Server:
-    config = engines_config(catalog(gpus, required, env), API).replace("heartbeat_interval: 0.25s", f"heartbeat_interval: {heartbeat}")
+    config = engines_config(catalog(gpus, required, env), API).replace("heartbeat_interval: 0.25s",
+                                                                       f"heartbeat_interval: {heartbeat}")
     server = Server(tmp_path, config, token=TOKEN)
     procs.append(server.start())
     for node in ("gpu-01", "gpu-02"):
@@ -117,7 +118,8 @@ def test_two_node_replica_ib_launch_ready_replace_stop(tmp_path: Path, procs: li
     # Rank 1 dies; rank 0 still answers /health. The whole replica goes, a new one comes.
     old = {s["shard_id"]: s["pid"] for s in replica["shards"]}
     os.kill(rank1["pid"], signal.SIGKILL)
-    fresh = wait_until(lambda: (r := ready_replica(server, seen)) and not set(s["shard_id"] for s in r["shards"]) & set(old) and r,
+    fresh = wait_until(lambda: (r := ready_replica(server, seen))
+                       and not set(s["shard_id"] for s in r["shards"]) & set(old) and r,
                        "a new 2-node replica", procs=procs)
     assert len(fresh["shards"]) == 2
     wait_until(lambda: not pid_alive(old[rank0["shard_id"]]), "the old rank 0 stopped", procs=procs)
@@ -168,15 +170,18 @@ def test_a_rail_down_past_nccls_retry_window_takes_the_replica_out_and_one_back_
     assert run_llmgw("sim", "node", "set-port", str(tmp_path / "gpu-02"), "mlx5_1", "1", "down").returncode == 0
     wait_until(lambda: port_seen("DOWN"), "the port seen DOWN again", procs=procs, interval=0.05)
     seen_down = time.monotonic()
-    wait_until(lambda: replicas(server)[0]["state"] != "ready", "the replica out of rotation", procs=procs, interval=0.05,
+    wait_until(lambda: replicas(server)[0]["state"] != "ready", "the replica out of rotation", procs=procs,
+               interval=0.05,
                deadline=60)
     assert time.monotonic() - seen_down > 5, "left rotation before NCCL's retry window had passed"
     assert server.proc is not None
-    wait_until(lambda: "past NCCL's 9s retry window" in server.proc.log(), "the reason in the server's log", procs=procs)
+    wait_until(lambda: "past NCCL's 9s retry window" in server.proc.log(), "the reason in the server's log",
+               procs=procs)
     metrics = httpx.get(f"{server.url}/metrics", headers=bearer(TOKEN), timeout=5).text
     assert [line for line in metrics.splitlines() if line.startswith("llmgw_ib_port_active{")
             and 'device="mlx5_1"' in line and 'node="gpu-02"' in line and line.endswith(" 0.0")]
-    pending = wait_until(lambda: (rs := replicas(server)) and rs[0]["state"] == "pending" and rs[0], "the replica pending",
+    pending = wait_until(lambda: (rs := replicas(server)) and rs[0]["state"] == "pending" and rs[0],
+                         "the replica pending",
                          procs=procs)
     assert "fabric ib: 1 of 2 nodes (gpu-01)" in pending["reason"], pending["reason"]
     assert "gpu-02: fabric ib not usable (mlx5_1: no ACTIVE port (port 1 DOWN (Disabled)" in pending["reason"]
@@ -186,7 +191,8 @@ def test_a_rail_down_past_nccls_retry_window_takes_the_replica_out_and_one_back_
     wait_until(lambda: ready_replica(server, []), "placed again once the port is up", procs=procs)
 
 
-def test_a_node_advertising_an_address_it_does_not_hold_is_refused_with_the_reason(tmp_path: Path, procs: list[Proc]) -> None:
+def test_a_node_advertising_an_address_it_does_not_hold_is_refused_with_the_reason(tmp_path: Path,
+                                                                                   procs: list[Proc]) -> None:
     # gpu-02 advertises a documentation address (RFC 5737) no interface here holds: the ranks of a
     # multi-node engine could not bootstrap on it, so its rank is refused rather than hung.
     config = engines_config(catalog(2, REQUIRED), API)

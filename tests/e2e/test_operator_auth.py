@@ -67,8 +67,10 @@ def refused(result, status: int = 401) -> str:  # type: ignore[no-untyped-def]
     return line
 
 
-def test_operator_credentials_on_the_tls_public_port(tmp_path: Path, procs: list[Proc], pki: Path, token_hash: str) -> None:
-    engine, engine_url = start_sim_engine(tmp_path, "engine", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1")
+def test_operator_credentials_on_the_tls_public_port(tmp_path: Path, procs: list[Proc], pki: Path,
+                                                     token_hash: str) -> None:
+    engine, engine_url = start_sim_engine(tmp_path, "engine", "--served-model-name", "chat", "--ttft-ms", "1",
+                                          "--itl-ms", "1")
     procs.append(engine)
     base = FAST_FLEET + public_tls(pki) + f"endpoints:\n  - model: chat\n    url: {engine_url}\n"
     # --insecure (plain fleet port), but operator credentials are configured: nobody gets in without one.
@@ -98,7 +100,8 @@ def test_operator_credentials_on_the_tls_public_port(tmp_path: Path, procs: list
     # An operator certificate over TLS is a credential; a node certificate of the same CA is not.
     ok = ctl(url, "--ca", ca, *operator, "reload")
     assert ok.returncode == 0 and "reloaded" in ok.stdout, ok.stderr
-    wait_until(lambda: "reload requested by operator certificate 'alice'" in server.proc.log(), "the operator named in the log")
+    wait_until(lambda: "reload requested by operator certificate 'alice'" in server.proc.log(),
+               "the operator named in the log")
     line = refused(ctl(url, "--ca", ca, *node, "reload"))
     assert "'gpu-01' is not an operator certificate" in line and "cert operator" in line
 
@@ -106,7 +109,8 @@ def test_operator_credentials_on_the_tls_public_port(tmp_path: Path, procs: list
     other = tmp_path / "other-ca"
     llmgw_ok("ctl", "cert", "init", "--dir", str(other))
     llmgw_ok("ctl", "cert", "operator", "mallory", "--dir", str(other))
-    result = ctl(url, "--ca", ca, "--cert", str(other / "operator-mallory.crt"), "--key", str(other / "operator-mallory.key"), "reload")
+    result = ctl(url, "--ca", ca, "--cert", str(other / "operator-mallory.crt"),
+                 "--key", str(other / "operator-mallory.key"), "reload")
     assert result.returncode == 1 and "refused our client certificate" in one_error_line(result)
 
     # Reads of the fleet need a credential too (one is configured); an operator's works, a node's does not.
@@ -154,7 +158,8 @@ def test_operator_credentials_on_the_tls_public_port(tmp_path: Path, procs: list
     assert TOKEN not in server.proc.log()
 
 
-def test_insecure_server_is_open_only_without_operator_credentials(tmp_path: Path, procs: list[Proc], token_hash: str) -> None:
+def test_insecure_server_is_open_only_without_operator_credentials(tmp_path: Path, procs: list[Proc],
+                                                                   token_hash: str) -> None:
     server = Server(tmp_path, FAST_FLEET)
     procs.append(server.start())
     # --insecure and no operator credential configured: a lab; anyone may act.
@@ -181,7 +186,8 @@ def test_insecure_server_is_open_only_without_operator_credentials(tmp_path: Pat
     assert time.monotonic() - started < 8
 
 
-def test_secure_server_without_operator_credentials_refuses_everyone(tmp_path: Path, procs: list[Proc], pki: Path) -> None:
+def test_secure_server_without_operator_credentials_refuses_everyone(tmp_path: Path, procs: list[Proc],
+                                                                     pki: Path) -> None:
     # The fleet port on TLS (no --insecure) and no operator credential at all: nobody may act,
     # and the refusal says what to configure.
     fleet_tls = f"tls:\n  ca: {pki / 'ca.crt'}\n  cert: {pki / 'server.crt'}\n  key: {pki / 'server.key'}\n"

@@ -69,7 +69,8 @@ def ready(server: Server, count: int) -> list[dict[str, Any]] | None:
     return rs if len(rs) == count and all(r["state"] == "ready" for r in rs) else None
 
 
-def test_two_ray_replicas_share_nodes_and_stopping_one_leaves_the_other_serving(tmp_path: Path, procs: list[Proc]) -> None:
+def test_two_ray_replicas_share_nodes_and_stopping_one_leaves_the_other_serving(tmp_path: Path,
+                                                                                procs: list[Proc]) -> None:
     server = Server(tmp_path, engines_config(CATALOG, API), token=TOKEN)
     procs.append(server.start())
     for node in ("gpu-01", "gpu-02"):
@@ -103,7 +104,8 @@ def test_two_ray_replicas_share_nodes_and_stopping_one_leaves_the_other_serving(
     gone = next(r for r in both if r["id"] != kept["id"])
     for shard in gone["shards"]:
         wait_until(lambda shard=shard: not pid_alive(shard["pid"]), f"{shard['shard_id']} stopped", procs=procs)
-    left = wait_until(lambda: (now := ray_processes(tmp_path)) and len(now) == 2 and now, "the stopped replica's Ray gone",
+    left = wait_until(lambda: (now := ray_processes(tmp_path)) and len(now) == 2 and now,
+                      "the stopped replica's Ray gone",
                       procs=procs)
     assert set(left) <= set(running)  # the kept replica's Ray processes are the ones that ran before
     kept_before = next(r for r in both if r["id"] == kept["id"])

@@ -27,7 +27,8 @@ print(f"no-epoll simulation: relay hub splices={RelayHub().splices}", file=sys.s
 
 
 def test_streams_through_a_server_without_epoll_arrive_whole(tmp_path: Path, procs: list[Proc], monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    engine, engine_url = start_sim_engine(tmp_path, "engine", "--served-model-name", "chat", "--ttft-ms", "1", "--itl-ms", "1",
+    engine, engine_url = start_sim_engine(tmp_path, "engine", "--served-model-name", "chat", "--ttft-ms", "1",
+                                          "--itl-ms", "1",
                                           "--output-tokens", "30")
     procs.append(engine)
     site = tmp_path / "no-epoll-site"

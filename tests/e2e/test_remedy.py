@@ -94,7 +94,8 @@ def fleet(tmp: Path, procs: list[Proc], nodes: list[str], catalog: str, max_node
     procs.append(server.start())
     for node, cfg in configs.items():
         procs.append(start_agent(tmp, node, cfg, "--stop-engines-on-exit"))
-    wait_until(lambda: (len(server.nodes()) == len(nodes) and all(n["state"] == "ready" for n in server.nodes().values()))
+    wait_until(lambda: (len(server.nodes()) == len(nodes)
+                        and all(n["state"] == "ready" for n in server.nodes().values()))
                or None, "every node ready", procs=procs)
     return server
 

@@ -33,7 +33,8 @@ from tests.e2e.harness import (
 )
 
 
-def one_node(tmp_path: Path, procs: list[Proc], config: str, gpus: int = 4, agent_extra: str = "") -> tuple[Server, Proc, Path]:
+def one_node(tmp_path: Path, procs: list[Proc], config: str, gpus: int = 4,
+             agent_extra: str = "") -> tuple[Server, Proc, Path]:
     server = Server(tmp_path, config)
     procs.append(server.start())
     agent_config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT + agent_extra, "--gpus", str(gpus))
@@ -84,7 +85,8 @@ def table_rows(text: str) -> list[dict[str, str]]:
     return rows
 
 
-def test_profiles_the_agent_refuses_and_a_start_timeout_are_failed_with_the_reason(tmp_path: Path, procs: list[Proc]) -> None:
+def test_profiles_the_agent_refuses_and_a_start_timeout_are_failed_with_the_reason(tmp_path: Path,
+                                                                                   procs: list[Proc]) -> None:
     catalog = """\
 models:
   - name: nobin
@@ -164,7 +166,8 @@ models:
     assert ready["shards"][0]["endpoint"] == f"http://127.0.0.1:{port}"
 
 
-def test_an_engine_that_exited_while_the_agent_was_down_is_reported_and_replaced(tmp_path: Path, procs: list[Proc]) -> None:
+def test_an_engine_that_exited_while_the_agent_was_down_is_reported_and_replaced(tmp_path: Path,
+                                                                                 procs: list[Proc]) -> None:
     catalog = """\
 models:
   - name: small
@@ -188,20 +191,23 @@ models:
     procs.append(agent)
     live = [server.proc, agent]
 
-    wait_until(lambda: "the engine exited while the agent was not running" in agent.log(), "the agent to notice", procs=live)
+    wait_until(lambda: "the engine exited while the agent was not running" in agent.log(), "the agent to notice",
+               procs=live)
     after = wait_until(lambda: next((r for r in replicas(server) if r["id"] == before["id"] and r["state"] == "ready"
                                      and r["shards"][0]["pid"] != pid), None),
                        "the same replica ready again with a new engine", procs=live)
     assert after["attempt"] == before["attempt"] + 1 and not after["adopted"]
     assert pid_alive(after["shards"][0]["pid"])
     log = server.proc.log()
-    assert f"replica {before['id']} failed: gpu-01: the engine exited while the agent was not running" in log, log[-3000:]
+    assert (f"replica {before['id']} failed: gpu-01: the engine exited while the agent "
+            "was not running" in log), log[-3000:]
 
 
 def test_a_state_file_nobody_can_read_naming_a_live_process_stops_it(tmp_path: Path, procs: list[Proc]) -> None:
     # No server needed: the agent deals with its state files before it first dials.
     agent_config = make_sim_node(tmp_path, "gpu-01", f"http://127.0.0.1:{free_port()}", FAST_AGENT, "--gpus", "2")
-    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)  # ok: a child that just lives
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             start_new_session=True)  # ok: a child that just lives
     try:
         ticks = agent_procs.start_ticks(stray.pid)
         shards = tmp_path / "gpu-01" / "work" / "shards"

@@ -71,7 +71,8 @@ def pids(rs: list[dict[str, Any]]) -> dict[str, int]:
 
 def chat(endpoint: str, model: str, headers: dict[str, str]) -> str:
     """Straight to the engine, with its key (the shard's, from the agent's state file)."""
-    response = httpx.post(f"{endpoint}/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+    response = httpx.post(f"{endpoint}/v1/chat/completions",
+                          json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
                           headers=headers, timeout=10)
     response.raise_for_status()
     return response.json()["choices"][0]["message"]["content"]
@@ -128,7 +129,8 @@ def test_agent_and_server_restarts_adopt_running_engines(tmp_path: Path, procs: 
     assert server.proc.stop() == 0
     procs.append(server.start())
     live = [server.proc, *agents.values()]
-    rs = wait_until(lambda: (rs := all_ready(server, 3)) and pids(rs) == before and rs, "replicas rebuilt from reports", procs=live)
+    rs = wait_until(lambda: (rs := all_ready(server, 3)) and pids(rs) == before and rs, "replicas rebuilt from reports",
+                    procs=live)
     assert all(r["adopted"] for r in rs)
     held = {(r["shards"][0]["node"], g) for r in rs for g in r["shards"][0]["gpus"]}
 
@@ -153,7 +155,8 @@ def test_model_removed_from_catalog_stops_its_engines(tmp_path: Path, procs: lis
     large_pid = next(r["shards"][0]["pid"] for r in rs if r["model"] == "large")
     server.config.write_text(server.config.read_text().split("  - name: large")[0])
     server.proc.signal(signal.SIGHUP)
-    wait_until(lambda: [r["model"] for r in replicas(server)] == ["small", "small"], "large gone from replicas", procs=procs)
+    wait_until(lambda: [r["model"] for r in replicas(server)] == ["small", "small"], "large gone from replicas",
+               procs=procs)
     wait_until(lambda: not pid_alive(large_pid), "the large engine process to exit", procs=procs)
     assert all(pid_alive(r["shards"][0]["pid"]) for r in rs if r["model"] == "small")
 
@@ -170,7 +173,8 @@ models:
 """
     # A long backoff keeps the replica failed while ctl looks at it (no retry in between).
     server, _, _ = fleet(tmp_path, procs, catalog, nodes=1, backoff="5m", backoff_max="5m")
-    failed = wait_until(lambda: next((r for r in replicas(server) if r["state"] == "failed"), None), "the replica to fail", procs=procs)
+    failed = wait_until(lambda: next((r for r in replicas(server) if r["state"] == "failed"), None),
+                        "the replica to fail", procs=procs)
     assert "during startup" in failed["reason"] and failed["tail"]
     assert failed["retry_in"] is not None  # backoff, not a spin
     table = run_llmgw("ctl", "--server", server.url, "replicas")

@@ -57,7 +57,8 @@ def test_static_endpoints_behind_the_gateway(tmp_path: Path, procs: list[Proc]) 
                "both engines scraped up", procs=procs)
 
     def chat(i: int) -> str:
-        r = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": f"hello {i}"}], max_tokens=4)
+        r = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": f"hello {i}"}],
+                                           max_tokens=4)
         assert r.model == "chat" and r.choices[0].message.content
         return r.choices[0].message.content
 

@@ -42,7 +42,8 @@ def test_port_in_use_is_one_clear_line() -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        result = run_llmgw("server", "--insecure", "--listen", f"127.0.0.1:{port}", "--fleet-listen", f"127.0.0.1:{free_port()}")
+        result = run_llmgw("server", "--insecure", "--listen", f"127.0.0.1:{port}",
+                           "--fleet-listen", f"127.0.0.1:{free_port()}")
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port} for the public port" in result.stderr
     assert "--listen" in result.stderr and "Traceback" not in result.stderr
@@ -89,6 +90,7 @@ def test_missing_tls_files_are_one_line(tmp_path: Path) -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "public_tls: " in lines[0] and "pub.crt does not exist" in lines[0], result.stderr
     agent_cfg = tmp_path / "agent.yaml"
-    agent_cfg.write_text(f"server: https://127.0.0.1:1\ntls:\n  cert: {tmp_path}/n.crt\n  key: {tmp_path}/n.key\n  ca: {tmp_path}/ca.crt\n")
+    agent_cfg.write_text(f"server: https://127.0.0.1:1\ntls:\n  cert: {tmp_path}/n.crt\n  key: {tmp_path}/n.key\n  ca: "
+                         f"{tmp_path}/ca.crt\n")
     result = run_llmgw("agent", "--config", str(agent_cfg))
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "does not exist" in result.stderr

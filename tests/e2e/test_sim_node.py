@@ -153,7 +153,8 @@ def test_nvml_absent_in_a_real_process():
         "from llmgw.catalog.schema import Discovery\n"
         "cfg = Discovery(sysfs_root='/nonexistent', gpus='nvml')\n"
         "inv = discover(cfg)\n"
-        "print(msgspec.json.encode({'source': inv.gpu_source, 'gpus': len(inv.gpus), 'health': len(read_gpu_health(cfg))}).decode())\n"
+        "print(msgspec.json.encode({'source': inv.gpu_source, 'gpus': len(inv.gpus), 'health': "
+        "len(read_gpu_health(cfg))}).decode())\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

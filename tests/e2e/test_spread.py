@@ -30,10 +30,12 @@ def test_first_start_waits_for_expected_nodes_then_spreads(tmp_path: Path, procs
     """`reconcile.expect_nodes` (what `llmgw demo` sets): nothing is placed while one of them
     is missing, however long the first node has been there, and once the last registers the
     replicas go one per node. Without it, both would land on the node that came first."""
-    config = engines_config(TWO_REPLICAS).replace("  settle: 0.5s\n", "  settle: 5m\n  expect_nodes: [gpu-01, gpu-02]\n")
+    config = engines_config(TWO_REPLICAS).replace("  settle: 0.5s\n",
+                                                  "  settle: 5m\n  expect_nodes: [gpu-01, gpu-02]\n")
     server = Server(tmp_path, config)
     procs.append(server.start())
-    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, "--gpus", "4") for node in ("gpu-01", "gpu-02")}
+    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, "--gpus", "4")
+               for node in ("gpu-01", "gpu-02")}
     procs.append(start_agent(tmp_path, "gpu-01", configs["gpu-01"], "--stop-engines-on-exit"))
     wait_until(lambda: server.nodes().get("gpu-01", {}).get("state") == "ready", "gpu-01 registered", procs=procs)
 
@@ -57,14 +59,16 @@ def test_first_start_waits_for_expected_nodes_then_spreads(tmp_path: Path, procs
     assert sorted(nodes) == ["gpu-01", "gpu-02"], nodes
 
 
-def test_a_late_node_gets_one_replica_moved_to_it_under_load_with_no_failed_request(tmp_path: Path, procs: list[Proc]) -> None:
+def test_a_late_node_gets_one_replica_moved_to_it_under_load_with_no_failed_request(tmp_path: Path,
+                                                                                    procs: list[Proc]) -> None:
     """One node with both replicas of a model; a second node joins; within the (short) cooldown
     one replica moves there, successor ready first, the old one out of rotation and drained,
     while the official openai client sends requests without a single failure."""
     server = Server(tmp_path, FAULT_FLEET + FAULT_GATEWAY + "placement:\n  spread: nodes\n  spread_cooldown: 2s\n"
                     + CATALOG.replace('args: ["--ttft-ms"', 'args: ["--startup-delay", "3", "--ttft-ms"'))
     procs.append(server.start())
-    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAULT_AGENT, "--gpus", "2") for node in ("gpu-01", "gpu-02")}
+    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAULT_AGENT, "--gpus", "2")
+               for node in ("gpu-01", "gpu-02")}
     procs.append(start_agent(tmp_path, "gpu-01", configs["gpu-01"], "--stop-engines-on-exit"))
 
     def on(*want: str) -> list[dict[str, Any]] | None:
@@ -115,12 +119,14 @@ def test_spread_off_holds_and_a_reload_turns_it_on(tmp_path: Path, procs: list[P
     config = engines_config(TWO_REPLICAS) + "placement:\n  spread: off\n  spread_cooldown: 1s\n"
     server = Server(tmp_path, config)
     procs.append(server.start())
-    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, "--gpus", "2") for node in ("gpu-01", "gpu-02")}
+    configs = {node: make_sim_node(tmp_path, node, server.fleet_url, FAST_AGENT, "--gpus", "2")
+               for node in ("gpu-01", "gpu-02")}
     procs.append(start_agent(tmp_path, "gpu-01", configs["gpu-01"], "--stop-engines-on-exit"))
 
     def ready_on() -> list[str] | None:
         rs = replicas(server)
-        return sorted(r["shards"][0]["node"] for r in rs) if len(rs) == 2 and all(r["state"] == "ready" for r in rs) else None
+        return sorted(r["shards"][0]["node"] for r in rs) if len(rs) == 2 and all(r["state"] == "ready"
+                                                                                  for r in rs) else None
 
     assert wait_until(ready_on, "two replicas ready on gpu-01", procs=procs) == ["gpu-01", "gpu-01"]
     procs.append(start_agent(tmp_path, "gpu-02", configs["gpu-02"], "--stop-engines-on-exit"))
@@ -128,5 +134,6 @@ def test_spread_off_holds_and_a_reload_turns_it_on(tmp_path: Path, procs: list[P
     assert ready_on() == ["gpu-01", "gpu-01"] and not [r for r in replicas(server) if r.get("move")]
     server.config.write_text(config.replace("spread: off", "spread: nodes"))
     server.proc.signal(signal.SIGHUP)  # type: ignore[union-attr]
-    wait_until(lambda: ready_on() == ["gpu-01", "gpu-02"], "one replica moved to gpu-02 after the reload", procs=procs, deadline=60)
+    wait_until(lambda: ready_on() == ["gpu-01", "gpu-02"], "one replica moved to gpu-02 after the reload", procs=procs,
+               deadline=60)
     assert "placement: spread nodes, cooldown 1s" in server.proc.log()  # type: ignore[union-attr]

@@ -98,7 +98,8 @@ def test_spread_over_leaves_moves_one_replica_to_the_other_leaf_under_load(tmp_p
             return None
 
         row = wait_until(moving, "ctl replicas to show a spread move", DEADLINE, procs)
-        assert row["move"]["reason"].startswith(f"spread: 2 of 2 replicas of {MODEL} on leaf {leaf}; gpu-3 can take one"), row
+        assert row["move"]["reason"].startswith(f"spread: 2 of 2 replicas of {MODEL} on leaf {leaf}; "
+                                                "gpu-3 can take one"), row
 
         def moved() -> list[dict[str, Any]] | None:
             return fleet.on("gpu-1", "gpu-3") or fleet.on("gpu-2", "gpu-3")

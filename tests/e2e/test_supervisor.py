@@ -30,14 +30,18 @@ from tests.e2e.harness import DEFAULT_DEADLINE, free_port, pid_alive
 
 # These tests are about launching, not the allowlist (test_the_agents_allowlist_… is): every
 # engine, and any program at an absolute path.
-ALLOW_ALL = EngineAllow(engines=["vllm", "sglang", "command", "sim"], executables=["vllm", "python3", "llmgw-no-such-engine", "/*"])
+ALLOW_ALL = EngineAllow(engines=["vllm", "sglang", "command", "sim"],
+                        executables=["vllm", "python3", "llmgw-no-such-engine", "/*"])
 
-SIM_AS_COMMAND = [sys.executable, "-m", "llmgw", "sim", "engine", "--host", "{host}", "--port", "{port}", "--model", "{model}"]
+SIM_AS_COMMAND = [sys.executable, "-m", "llmgw", "sim", "engine", "--host", "{host}", "--port", "{port}",
+                  "--model", "{model}"]
 
 
 def spec(shard: str, engine: str = "sim", **kw: Any) -> m.ShardSpec:
-    base: dict[str, Any] = {"shard_id": f"{shard}.1", "replica_id": shard, "model": shard, "profile": "p", "engine": engine,
-                            "host": "127.0.0.1", "port": free_port(), "gpus": [1], "served_name": shard, "stop_grace": 2.0}
+    base: dict[str, Any] = {"shard_id": f"{shard}.1", "replica_id": shard, "model": shard, "profile": "p",
+                            "engine": engine,
+                            "host": "127.0.0.1", "port": free_port(), "gpus": [1], "served_name": shard,
+                            "stop_grace": 2.0}
     base.update(kw)
     return m.ShardSpec(**base)
 
@@ -92,9 +96,11 @@ async def until(check: Callable[[], Any], what: str, deadline: float = DEFAULT_D
     raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
 
 
-async def test_the_engine_process_gets_the_argv_and_gpus_of_its_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_engine_process_gets_the_argv_and_gpus_of_its_shard(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the agent sees all four
-    s = spec("echo", engine="command", gpus=[1, 3], command=SIM_AS_COMMAND, args=["--served-model-name", "{model}-{tp}"],
+    s = spec("echo", engine="command", gpus=[1, 3], command=SIM_AS_COMMAND,
+             args=["--served-model-name", "{model}-{tp}"],
              env={"LLMGW_TEST_MARK": "profile-env"})
     async with node(tmp_path / "work") as n:
         n.supervisor.start(s)
@@ -108,7 +114,8 @@ async def test_the_engine_process_gets_the_argv_and_gpus_of_its_shard(tmp_path: 
         assert os.getpgid(pid) == pid and os.getsid(pid) == pid  # its own session: it outlives the agent
         assert ready.endpoint == f"http://127.0.0.1:{s.port}"
         state = json.loads((tmp_path / "work" / "shards" / f"{s.shard_id}.json").read_text())
-        assert state["pid"] == pid and state["start_ticks"] == procs.start_ticks(pid) and state["spec"]["gpus"] == [1, 3]
+        assert (state["pid"] == pid and state["start_ticks"] == procs.start_ticks(pid)
+                and state["spec"]["gpus"] == [1, 3])
         assert "=== llmgw: starting echo.1" in (tmp_path / "work" / "logs" / f"{s.shard_id}.log").read_text()
 
         n.supervisor.stop(s.shard_id, 5.0, "test")
@@ -130,11 +137,14 @@ async def test_shards_refused_before_anything_is_launched(tmp_path: Path, monkey
         "badtp": (spec("badtp", engine="vllm", gpus=[2, 3], args=["--tensor-parallel-size", "4"]),
                   "not started: vllm: profile args set tensor parallel size 4 but the shard has 2 GPU(s) [2, 3]; "
                   "drop the flag or set gpus: 4"),
-        "port": (spec("port", port=busy_port), f"not started: port {busy_port} on 127.0.0.1 is in use by another process"),
-        "nogpu": (spec("nogpu", gpus=[3, 9]), "not started: GPU(s) [9] do not exist on this node (it has [0, 1, 2, 3])"),
+        "port": (spec("port", port=busy_port),
+                 f"not started: port {busy_port} on 127.0.0.1 is in use by another process"),
+        "nogpu": (spec("nogpu", gpus=[3, 9]),
+                  "not started: GPU(s) [9] do not exist on this node (it has [0, 1, 2, 3])"),
         "taken": (spec("taken", gpus=[0, 1]), "not started: GPU(s) [0] are in use by another engine on this node"),
         "noport": (spec("noport", port=0), "not started: bad port 0"),
-        "engine": (spec("engine", engine="trtllm"), "not started: unknown engine 'trtllm'; this agent knows command, sglang, sim, vllm"),
+        "engine": (spec("engine", engine="trtllm"),
+                   "not started: unknown engine 'trtllm'; this agent knows command, sglang, sim, vllm"),
         "template": (spec("template", engine="command", command=[sys.executable, "--port={prot}"]),
                      "not started: command template '--port={prot}': unknown placeholder {prot}"),
     }
@@ -149,7 +159,8 @@ async def test_shards_refused_before_anything_is_launched(tmp_path: Path, monkey
                 assert failed is not None, name
                 assert failed.reason.startswith(reason), (name, failed.reason)
                 assert failed.pid == 0 and failed.replica_id == s.replica_id
-                assert not (tmp_path / "work" / "logs" / f"{s.shard_id}.log").exists(), f"{name}: something was launched"
+                assert not (tmp_path / "work" / "logs" / f"{s.shard_id}.log").exists(), (f"{name}: "
+                                                                                         "something was launched")
                 assert not (tmp_path / "work" / "shards" / f"{s.shard_id}.json").exists()
                 # Told at once, and kept (finished) for the next Register, which repeats it once.
                 assert n.supervisor.runs[s.shard_id].state == "failed"
@@ -167,10 +178,13 @@ async def test_the_agents_allowlist_refuses_before_anything_is_launched(tmp_path
     with_command = EngineAllow(engines=["vllm", "sglang", "sim", "command"])
     cases = {
         "cmd": (EngineAllow(), spec("cmd", engine="command", command=touch),
-                "not started: engine 'command' is not allowed on this node (its agent config's allow.engines: vllm, sglang, sim)"),
+                "not started: engine 'command' is not allowed on this node (its agent config's allow.engines: vllm, "
+                "sglang, sim)"),
         "preload": (EngineAllow(), spec("preload", env={"LD_PRELOAD": str(tmp_path / "evil.so"), "HF_HOME": "/models"}),
-                    "not started: profile env sets LD_PRELOAD, which this node refuses (allow.refuse_env: PATH, LD_*, PYTHON*"),
-        "path": (EngineAllow(), spec("path", env={"PATH": str(tmp_path), "PYTHONPATH": str(tmp_path), "PYTHONUNBUFFERED": "1"}),
+                    "not started: profile env sets LD_PRELOAD, which this node refuses (allow.refuse_env: "
+                    "PATH, LD_*, PYTHON*"),
+        "path": (EngineAllow(),
+                 spec("path", env={"PATH": str(tmp_path), "PYTHONPATH": str(tmp_path), "PYTHONUNBUFFERED": "1"}),
                  "not started: profile env sets PATH, PYTHONPATH, which this node refuses"),
         "exe": (with_command, spec("exe", engine="command", command=touch),
                 "not started: command: executable '/bin/sh' is not allowed on this node (its agent config's "
@@ -178,7 +192,8 @@ async def test_the_agents_allowlist_refuses_before_anything_is_launched(tmp_path
         "dotdot": (EngineAllow(engines=["command"], executables=["/usr/bin/*"]),
                    spec("dotdot", engine="command", command=[f"/usr/bin/../..{tmp_path}/sh", "-c", f"touch {marker}"]),
                    f"not started: command: executable '/usr/bin/../..{tmp_path}/sh' is not allowed"),
-        "relative": (EngineAllow(engines=["command"], executables=["*"]), spec("relative", engine="command", command=["./sh"]),
+        "relative": (EngineAllow(engines=["command"], executables=["*"]),
+                     spec("relative", engine="command", command=["./sh"]),
                      "not started: command: executable './sh' is not allowed"),
     }
     for name, (allow, s, reason) in cases.items():
@@ -193,7 +208,8 @@ async def test_the_agents_allowlist_refuses_before_anything_is_launched(tmp_path
     assert not marker.exists()
 
     # What the allowlist lets through runs: a key allowed by name, an executable by path.
-    allow = EngineAllow(engines=["command", "sim"], executables=[sys.executable], env=["PYTHONUNBUFFERED", "LD_BIND_NOW"])
+    allow = EngineAllow(engines=["command", "sim"], executables=[sys.executable],
+                        env=["PYTHONUNBUFFERED", "LD_BIND_NOW"])
     async with node(tmp_path / "allowed", allow=allow) as n:
         ok = spec("allowed", env={"LD_BIND_NOW": "1", "PYTHONUNBUFFERED": "1"})
         n.supervisor.start(ok)
@@ -335,7 +351,8 @@ async def test_an_adopted_engine_that_was_ready_is_ready_at_once_even_if_busy(tm
     script.write_text(HEALTH_WHILE_FLAG)
     healthy = tmp_path / "healthy"
     healthy.touch()
-    s = spec("busy", engine="command", command=[sys.executable, str(script), "{port}", str(healthy)], start_timeout=30.0)
+    s = spec("busy", engine="command", command=[sys.executable, str(script), "{port}", str(healthy)],
+             start_timeout=30.0)
     async with node(work, stop_engines=False) as n:
         n.supervisor.start(s)
         pid = (await until(lambda: n.status(s.shard_id, "ready"), "the engine to be ready")).pid

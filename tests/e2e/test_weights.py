@@ -85,7 +85,8 @@ def test_the_file_server_refuses_a_root_that_is_not_a_directory_in_one_line(tmp_
     assert "not a directory" in one_error_line(result)
 
 
-def test_a_path_missing_on_the_node_and_a_404_fail_before_launch_with_the_reason(tmp_path: Path, procs: list[Proc]) -> None:
+def test_a_path_missing_on_the_node_and_a_404_fail_before_launch_with_the_reason(tmp_path: Path,
+                                                                                 procs: list[Proc]) -> None:
     (tmp_path / "files").mkdir()
     files, url = start_fileserver(tmp_path, tmp_path / "files")
     procs.append(files)
@@ -110,7 +111,8 @@ models:
         return seen.keys() >= {"nopath", "gone"}
 
     wait_until(failed, "both replicas failed", procs=procs, deadline=60)
-    assert f"not started: source {tmp_path}/no-such-model: no such file or directory on this node" in seen["nopath"]["reason"]
+    assert (f"not started: source {tmp_path}/no-such-model: no such file or "
+            "directory on this node" in seen["nopath"]["reason"])
     assert f"not started: weights {url}/gone/model.safetensors: HTTP 404 Not Found" in seen["gone"]["reason"]
     logs = tmp_path / "gpu-01" / "work" / "logs"
     assert not list(logs.glob("*.log"))  # nothing was launched
@@ -145,7 +147,8 @@ models:
     assert not list(cached[0].parent.glob("*.partial*"))
 
 
-def test_a_download_that_outlasts_start_timeout_fails_though_bytes_keep_arriving(tmp_path: Path, procs: list[Proc]) -> None:
+def test_a_download_that_outlasts_start_timeout_fails_though_bytes_keep_arriving(tmp_path: Path,
+                                                                                 procs: list[Proc]) -> None:
     sparse_file(tmp_path / "files" / "big.safetensors", 200_000_000)
     files, url = start_fileserver(tmp_path, tmp_path / "files", "--rate", "2MB")
     procs.append(files)
@@ -213,7 +216,8 @@ models:
     assert counts == sorted(counts) and counts[-1] > counts[0]
     assert any(s["progress"]["rate"] > 0 for s in samples)
     api = next(r for r in replicas(server) if r["id"] == samples[0]["id"])
-    assert api["progress"] is None or api["progress"]["source"] == f"{url}/model.safetensors"  # GET /api/v1/replicas too
+    # GET /api/v1/replicas too
+    assert api["progress"] is None or api["progress"]["source"] == f"{url}/model.safetensors"
     # The catalog's own view (GET /api/v1/models, `ctl models`) shows the source without them too.
     models = ctl_json(server.url, "models")
     assert models[0]["source"] == f"{url}/model.safetensors", models
@@ -234,7 +238,8 @@ models:
                "llmgw_weights_bytes_total to count the file once", procs=procs)
 
 
-def test_a_replica_restarted_mid_download_stops_waiting_and_its_successor_resumes(tmp_path: Path, procs: list[Proc]) -> None:
+def test_a_replica_restarted_mid_download_stops_waiting_and_its_successor_resumes(tmp_path: Path,
+                                                                                  procs: list[Proc]) -> None:
     token = "ops-weights-1"
     # 15 s at 2 MB/s: four `ctl` runs must fall inside the download, and under load (14-21 on
     # 2 cores) each took seconds; 12 MB (6 s) was over before the third sample.
@@ -256,7 +261,8 @@ models:
     agent_config = make_sim_node(tmp_path, "gpu-01", server.fleet_url, FAST_AGENT, "--gpus", "8")
     agent = start_agent(tmp_path, "gpu-01", agent_config, "--stop-engines-on-exit")
     procs.append(agent)
-    first = wait_until(lambda: next((r for r in replicas(server) if (r.get("progress") or {}).get("bytes", 0) > 2_000_000),
+    first = wait_until(lambda: next((r for r in replicas(server)
+                                     if (r.get("progress") or {}).get("bytes", 0) > 2_000_000),
                                     None), "the download under way", procs=procs, deadline=60)
     result = run_llmgw("ctl", "--server", server.url, "restart", first["id"], env={"LLMGW_TOKEN": token})
     assert result.returncode == 0, result.stderr
@@ -274,7 +280,8 @@ models:
     assert len(cached) == 1 and cached[0].stat().st_size == size
 
 
-def test_a_redirect_into_the_node_is_refused_and_a_same_host_redirect_still_fetches(tmp_path: Path, procs: list[Proc]) -> None:
+def test_a_redirect_into_the_node_is_refused_and_a_same_host_redirect_still_fetches(tmp_path: Path,
+                                                                                    procs: list[Proc]) -> None:
     """Issue 40, finding 4, as reported: the source's server answers 302 to a "metadata service"
     (here another port on loopback); the replica fails with one line naming the redirect, and
     the metadata service is never asked. Beside it, a mirror handing off on its own host works."""
@@ -283,7 +290,8 @@ def test_a_redirect_into_the_node_is_refused_and_a_same_host_redirect_still_fetc
     meta, meta_url = start_fileserver(tmp_path, tmp_path / "meta", name="metadata")
     procs.append(meta)
     sparse_file(tmp_path / "files" / "store" / "good.safetensors", 2_000_000)
-    files, url = start_fileserver(tmp_path, tmp_path / "files", "--redirect", f"/model.safetensors={meta_url}/latest/meta-data/iam",
+    files, url = start_fileserver(tmp_path, tmp_path / "files",
+                                  "--redirect", f"/model.safetensors={meta_url}/latest/meta-data/iam",
                                   "--redirect", "/good.safetensors=/store/good.safetensors")
     procs.append(files)
     catalog = f"""\
@@ -310,7 +318,8 @@ models:
     meta_host = meta_url.removeprefix("http://")
     reason = states["stolen"]["reason"]
     assert (f"weights {url}/model.safetensors: redirect to {meta_url}/latest/meta-data/iam refused: {meta_host} is not "
-            f"the source's host ({url.removeprefix('http://')}) nor in the catalog's allow_redirect_hosts") in reason, reason
+            f"the source's host ({url.removeprefix('http://')}) nor in the catalog's "
+            "allow_redirect_hosts") in reason, reason
     assert "\n" not in reason
     assert "GET " not in meta.log()  # the metadata service was never asked
     cached = list((tmp_path / "gpu-01" / "work" / "models").glob("*/*"))

@@ -107,7 +107,8 @@ class Fleet:
         return self.server.url
 
     def add_node(self, node: str, gpus: int = 1) -> Proc:
-        self.agent_configs[node] = make_sim_node(self.tmp, node, self.server.fleet_url, FAULT_AGENT, "--gpus", str(gpus))
+        self.agent_configs[node] = make_sim_node(self.tmp, node, self.server.fleet_url, FAULT_AGENT,
+                                                 "--gpus", str(gpus))
         return self.start_agent(node)
 
     def start_agent(self, node: str) -> Proc:
@@ -266,17 +267,20 @@ class Load:
             events = 0
             try:
                 if stream:
-                    for _ in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"s{n}.{k}"}],
+                    for _ in client.chat.completions.create(model=MODEL,
+                                                            messages=[{"role": "user", "content": f"s{n}.{k}"}],
                                                             max_tokens=4, stream=True):
                         events += 1
                     ok = events > 0
                     error = "" if ok else "no events"
                 else:
-                    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"r{n}.{k}"}], max_tokens=4)
+                    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"r{n}.{k}"}],
+                                                       max_tokens=4)
                     ok, error = bool(r.choices), ""
             except Exception as exc:
                 ok, error = False, f"{type(exc).__name__}: {exc}"
-            self.outcomes.append(Outcome(started, time.monotonic(), ok, stream, error, mid_stream=not ok and events > 0))
+            self.outcomes.append(Outcome(started, time.monotonic(), ok, stream, error,
+                                         mid_stream=not ok and events > 0))
             if not ok:
                 time.sleep(0.05)  # ok: a failing client paces itself instead of spinning on refusals
 
@@ -295,7 +299,8 @@ class Load:
     def report(self, fault: str, recovered: str) -> str:
         cut = sum(1 for o in self.outcomes if o.mid_stream)
         slowest = max((o.ended - o.started for o in self.outcomes if o.ok), default=0.0)
-        line = (f"FAULT {fault}: {len(self.outcomes)} requests, {len(self.failures())} failed, {cut} streams cut mid-stream, "
+        line = (f"FAULT {fault}: {len(self.outcomes)} requests, {len(self.failures())} failed, {cut} streams cut "
+                "mid-stream, "
                 f"slowest success {slowest:.2f}s; {recovered}")
         print(line)
         return line

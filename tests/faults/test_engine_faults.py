@@ -35,7 +35,8 @@ def test_engine_hung_by_sigstop(tmp_path: Path, procs: list[Proc]) -> None:
         os.kill(pid, signal.SIGSTOP)
         hung_at = time.monotonic()
         try:
-            out = wait_until(lambda: not (eps := fleet.in_rotation())[endpoint]["healthy"] and eps, "the hung engine out of rotation",
+            out = wait_until(lambda: not (eps := fleet.in_rotation())[endpoint]["healthy"] and eps,
+                             "the hung engine out of rotation",
                              deadline=30)
             detected = time.monotonic() - hung_at
             assert "no answer" in out[endpoint]["health_reason"], out[endpoint]
@@ -54,7 +55,8 @@ def test_engine_hung_by_sigstop(tmp_path: Path, procs: list[Proc]) -> None:
         wait_until(lambda: fleet.in_rotation()[endpoint]["healthy"], "the engine back in rotation", deadline=30)
         back = time.monotonic() - resumed_at
         served = engine_counter(endpoint, "vllm:request_success_total")
-        wait_until(lambda: engine_counter(endpoint, "vllm:request_success_total") > served + 5, "the engine serving again")
+        wait_until(lambda: engine_counter(endpoint, "vllm:request_success_total") > served + 5,
+                   "the engine serving again")
         wait_until(lambda: next((r for r in fleet.ready() if r["id"] == victim["id"]
                                  and r["shards"][0]["state"] == "ready"), None), "the agent reporting it ready again")
     failures = load.failures()
@@ -77,7 +79,8 @@ def test_engine_killed(tmp_path: Path, procs: list[Proc]) -> None:
         killed_at = time.monotonic()
         wait_until(lambda: not pid_alive(pid), "the engine gone", deadline=10)
         replaced = wait_until(lambda: next((r for r in fleet.ready() if r["id"] == victim["id"]
-                                            and r["shards"][0]["pid"] != pid), None), "the replica replaced", deadline=60)
+                                            and r["shards"][0]["pid"] != pid), None), "the replica replaced",
+                              deadline=60)
         new_ep = replaced["shards"][0]["endpoint"]
         wait_until(lambda: engine_counter(new_ep, "vllm:request_success_total") > 0, "the new engine taking traffic")
         recovered = time.monotonic() - killed_at

@@ -17,7 +17,8 @@ def _agent_fault(tmp_path: Path, procs: list[Proc], how: str) -> None:
     fleet = Fleet(tmp_path, procs)
     fleet.add_node("gpu-03")  # room for the replacement
     wait_until(lambda: get_json(f"{fleet.url}/api/v1/nodes") and
-               {n["id"] for n in get_json(f"{fleet.url}/api/v1/nodes") if n["state"] == "ready"} == {"gpu-01", "gpu-02", "gpu-03"},
+               {n["id"] for n in get_json(f"{fleet.url}/api/v1/nodes")
+                if n["state"] == "ready"} == {"gpu-01", "gpu-02", "gpu-03"},
                "three nodes ready")
     victim = fleet.ready()[0]
     node = victim["shards"][0]["node"]
@@ -31,7 +32,8 @@ def _agent_fault(tmp_path: Path, procs: list[Proc], how: str) -> None:
         hit_at = time.monotonic()
         wait_until(lambda: fleet.server.nodes()[node]["state"] == "lost", f"{node} lost", deadline=30)
         lost = time.monotonic() - hit_at
-        wait_until(lambda: (ready := fleet.ready()) and len(ready) == 2 and all(r["shards"][0]["node"] != node for r in ready)
+        wait_until(lambda: (ready := fleet.ready()) and len(ready) == 2
+                   and all(r["shards"][0]["node"] != node for r in ready)
                               and ready, "a replacement ready elsewhere", deadline=60)
         fleet.wait_ready(2, "both replicas in rotation")
         recovered = time.monotonic() - hit_at
@@ -44,7 +46,8 @@ def _agent_fault(tmp_path: Path, procs: list[Proc], how: str) -> None:
             agent.signal(signal.SIGCONT)
         back_at = time.monotonic()
         wait_until(lambda: fleet.server.nodes()[node]["state"] == "ready", f"{node} ready again", deadline=30)
-        wait_until(lambda: len(engine_pids(tmp_path)) == 2 and len(fleet.ready()) == 2, "exactly two engines left", deadline=60)
+        wait_until(lambda: len(engine_pids(tmp_path)) == 2 and len(fleet.ready()) == 2, "exactly two engines left",
+                   deadline=60)
         settled = time.monotonic() - back_at
         load.wait_successes(20, "traffic after the agent came back")
     failures = load.failures()
@@ -76,7 +79,8 @@ def test_fleet_connection_cut_mid_message(tmp_path: Path, procs: list[Proc]) -> 
             proxy.cut()
             cut_at = time.monotonic()
             wait_until(lambda: proxy.cuts >= 1, "a connection cut mid-message", deadline=10)
-            wait_until(lambda: metric(fleet.url, "llmgw_fleet_messages_total", type="Register") >= registers + proxy.cuts,
+            wait_until(lambda: metric(fleet.url, "llmgw_fleet_messages_total", type="Register") >= registers
+                       + proxy.cuts,
                        "the agents registered again", deadline=30)
             wait_until(lambda: all(n["state"] == "ready" and n["connected"] for n in fleet.server.nodes().values()),
                        "every node ready and connected", deadline=30)

@@ -63,7 +63,8 @@ def test_workers_end_with_a_killed_server_and_the_next_has_only_its_own(tmp_path
     after = [o for o in failures if o.started > listening]
     load.report("server with 2 local workers, kill -9 of the server alone, restart",
                 f"workers exited {exited:.1f}s after the kill, port free {free:.1f}s after; {len(after)} failed after "
-                f"the new server listened ({len(failures)} while none listened); the new server lists only its 2 workers")
+                f"the new server listened ({len(failures)} while none listened); the new server lists "
+                "only its 2 workers")
     assert not after, after[:3]
     for pid in old:
         assert f"(pid {pid}) refused" not in server.proc.log()  # they were gone, not refused
@@ -105,15 +106,18 @@ def test_a_worker_draining_when_its_server_died_finishes_and_never_follows_the_n
     procs.append(server.start())
     wait_until(lambda: len(workers(server)) == 2, "the new server's workers to follow", procs=[server.proc])
     refused = f"(pid {draining}) refused on the local feed: its worker key is not this server's"
-    wait_until(lambda: refused in server.proc.log() or not pid_alive(draining), "the draining worker to dial the next server")
+    wait_until(lambda: refused in server.proc.log() or not pid_alive(draining),
+               "the draining worker to dial the next server")
     assert sorted(g["name"] for g in workers(server)) == ["worker-0", "worker-1"]
     assert draining not in {g["pid"] for g in workers(server)}
     stream.join(timeout=60)
     done = time.monotonic()
     assert not errors, errors
     assert len(events) >= 1500, len(events)
-    wait_until(lambda: not pid_alive(draining), "the draining worker to exit once its stream is done", deadline=DEADLINE)
-    print(f"FAULT server with 2 local workers, kill -9 alone with a stream in flight: idle worker exited {idle_exit:.1f}s "
+    wait_until(lambda: not pid_alive(draining), "the draining worker to exit once its stream is done",
+               deadline=DEADLINE)
+    print("FAULT server with 2 local workers, kill -9 alone with a stream in flight: idle worker exited "
+          f"{idle_exit:.1f}s "
           f"after the kill; the stream ({len(events)} chunks) finished {done - killed:.1f}s after, its worker exited "
           f"{time.monotonic() - done:.1f}s later; refused by the next server meanwhile: {refused in server.proc.log()}")
     assert refused in server.proc.log()

@@ -142,12 +142,14 @@ def test_a_lost_node_with_no_room_elsewhere_keeps_its_2node_replicas_serving(tmp
         away_for = time.monotonic() - hit_at
         come_back(tmp_path, procs, agents, victim, how)
         back_at = time.monotonic()
-        wait_until(lambda: server.nodes()[victim]["state"] == "ready", f"{victim} ready again", deadline=30, procs=procs)
+        wait_until(lambda: server.nodes()[victim]["state"] == "ready", f"{victim} ready again", deadline=30,
+                   procs=procs)
 
         def adopted() -> bool:
             rs = serving(server, 2) or []
             return ({r["id"]: {s["shard_id"]: s["pid"] for s in r["shards"]} for r in rs} == shards
-                    and all(s["state"] == "ready" for r in rs for s in r["shards"]) and not any(r.get("move") for r in rs))
+                    and all(s["state"] == "ready" for r in rs for s in r["shards"])
+                    and not any(r.get("move") for r in rs))
 
         wait_until(adopted, "the same replicas whole again, their moves ended", deadline=30, procs=procs)
         settled = time.monotonic() - back_at
@@ -155,11 +157,13 @@ def test_a_lost_node_with_no_room_elsewhere_keeps_its_2node_replicas_serving(tmp
     failures = load.failures()
     log = procs[0].log()
     load.report(f"rank-{rank} node's agent {how} past lost_after, no room elsewhere ({len(shards)} 2-node replicas)",
-                f"{victim} lost after {lost:.1f}s and away {away_for:.1f}s; the replicas served on, fewest endpoints in "
+                f"{victim} lost after {lost:.1f}s and away {away_for:.1f}s; the replicas served on, "
+                "fewest endpoints in "
                 f"rotation {sampled.fewest} of 2; re-adopted {settled:.1f}s after the agent returned")
     assert failures == [], failures[:5]
     assert sampled.fewest == 2
-    assert engine_pids(tmp_path) == {pid for r in shards.values() for pid in r.values()}  # nothing started, nothing stopped
+    assert engine_pids(tmp_path) == {pid for r in shards.values()
+                                     for pid in r.values()}  # nothing started, nothing stopped
     assert ILLEGAL not in log, [line for line in log.splitlines() if ILLEGAL in line][:5]
     assert "no room for a successor" in log
     if how == "SIGSTOP":  # the stopped agent's stream ends by the idle timeout: said once (issue 41, item 6: twice)
@@ -177,7 +181,8 @@ def test_a_lost_single_node_replica_serves_until_its_successor_is_ready(tmp_path
         hit_at = time.monotonic()
         wait_until(lambda: server.nodes()[victim]["state"] == "lost", f"{victim} lost", deadline=30, procs=procs)
         lost = time.monotonic() - hit_at
-        [new] = wait_until(lambda: (rs := serving(server, 1)) and rs[0]["id"] != old["id"] and rs, "a successor serving",
+        [new] = wait_until(lambda: (rs := serving(server, 1)) and rs[0]["id"] != old["id"] and rs,
+                           "a successor serving",
                            deadline=60, procs=procs)
         replaced = time.monotonic() - hit_at
         assert new["shards"][0]["node"] != victim
@@ -185,7 +190,8 @@ def test_a_lost_single_node_replica_serves_until_its_successor_is_ready(tmp_path
         # The agent comes back with the old engine still running: it is stopped as the surplus.
         agents[victim].signal(signal.SIGCONT)
         back_at = time.monotonic()
-        wait_until(lambda: server.nodes()[victim]["state"] == "ready", f"{victim} ready again", deadline=30, procs=procs)
+        wait_until(lambda: server.nodes()[victim]["state"] == "ready", f"{victim} ready again", deadline=30,
+                   procs=procs)
         wait_until(lambda: engine_pids(tmp_path) == {new["shards"][0]["pid"]} and serving(server, 1),
                    "exactly the successor's engine left", deadline=30, procs=procs)
         settled = time.monotonic() - back_at
@@ -193,7 +199,8 @@ def test_a_lost_single_node_replica_serves_until_its_successor_is_ready(tmp_path
     failures = load.failures()
     log = procs[0].log()
     load.report("single-node replica's agent SIGSTOP past lost_after, room elsewhere (the only replica)",
-                f"{victim} lost after {lost:.1f}s; successor in rotation {replaced:.1f}s after the fault, the old one in "
+                f"{victim} lost after {lost:.1f}s; successor in rotation {replaced:.1f}s after the fault, "
+                "the old one in "
                 f"rotation until then (fewest endpoints {sampled.fewest}); its engine stopped {settled:.1f}s after the "
                 "agent returned")
     assert failures == [], failures[:5]
@@ -214,17 +221,21 @@ def test_a_lost_rank1_node_with_room_elsewhere_is_replaced_and_its_engine_stoppe
         agents[victim].signal(signal.SIGSTOP)
         hit_at = time.monotonic()
         wait_until(lambda: server.nodes()[victim]["state"] == "lost", f"{victim} lost", deadline=30, procs=[procs[0]])
-        [new] = wait_until(lambda: (rs := serving(server, 1)) and rs[0]["id"] != old["id"] and rs, "a successor serving",
+        [new] = wait_until(lambda: (rs := serving(server, 1)) and rs[0]["id"] != old["id"] and rs,
+                           "a successor serving",
                            deadline=60, procs=[procs[0]])
         replaced = time.monotonic() - hit_at
         assert victim not in {s["node"] for s in new["shards"]}
-        wait_until(lambda: all(r["id"] == new["id"] for r in replicas(server)), "the old replica let go", procs=[procs[0]])
+        wait_until(lambda: all(r["id"] == new["id"] for r in replicas(server)), "the old replica let go",
+                   procs=[procs[0]])
         load.wait_successes(20, "traffic on the successor")
         agents[victim].signal(signal.SIGCONT)
         back_at = time.monotonic()
-        wait_until(lambda: server.nodes()[victim]["state"] == "ready", f"{victim} ready again", deadline=30, procs=procs)
+        wait_until(lambda: server.nodes()[victim]["state"] == "ready", f"{victim} ready again", deadline=30,
+                   procs=procs)
         wanted = {s["pid"] for s in new["shards"]}
-        wait_until(lambda: engine_pids(tmp_path) == wanted and serving(server, 1), "exactly the successor's engines left",
+        wait_until(lambda: engine_pids(tmp_path) == wanted and serving(server, 1),
+                   "exactly the successor's engines left",
                    deadline=30, procs=procs)
         settled = time.monotonic() - back_at
         load.wait_successes(20, "traffic after the node came back")

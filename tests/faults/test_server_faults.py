@@ -62,9 +62,11 @@ def test_server_killed_and_restarted(tmp_path: Path, procs: list[Proc]) -> None:
 
 
 def test_sigterm_finishes_requests_in_flight_then_exits_0(tmp_path: Path, procs: list[Proc]) -> None:
-    engine, url = start_sim_engine(tmp_path, "engine", "--served-model-name", MODEL, "--ttft-ms", "10", "--itl-ms", "100")
+    engine, url = start_sim_engine(tmp_path, "engine", "--served-model-name", MODEL, "--ttft-ms", "10",
+                                   "--itl-ms", "100")
     procs.append(engine)
-    server = Server(tmp_path, FAST_FLEET + "gateway:\n  shutdown_grace: 20s\n" + f"endpoints:\n  - model: {MODEL}\n    url: {url}\n")
+    server = Server(tmp_path, FAST_FLEET + "gateway:\n  shutdown_grace: 20s\n"
+                    + f"endpoints:\n  - model: {MODEL}\n    url: {url}\n")
     procs.append(server.start())
     assert server.proc is not None
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
@@ -75,7 +77,8 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(tmp_path: Path, procs:
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "plain"}], max_tokens=30)
         plain.append(r.choices[0].finish_reason or "")
 
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=30, stream=True)
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=30,
+                                            stream=True)
     events = iter(stream)
     assert next(events)  # the stream has begun: ~3 s of tokens to go
     other = threading.Thread(target=whole)
@@ -92,7 +95,8 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(tmp_path: Path, procs:
     assert plain in (["stop"], ["length"]), plain
     code = server.proc.popen.wait(timeout=30)
     took = time.monotonic() - stopped_at
-    print(f"FAULT server SIGTERM: 2 requests in flight finished; port closed {closed_after:.2f}s after SIGTERM, exit {code} after {took:.1f}s")
+    print(f"FAULT server SIGTERM: 2 requests in flight finished; port closed {closed_after:.2f}s after SIGTERM, exit "
+          f"{code} after {took:.1f}s")
     assert code == 0
     assert "request(s) in flight get up to 20s to finish" in server.proc.log()
 
@@ -101,4 +105,5 @@ def _in_flight(server: Server) -> float:
     import httpx
 
     text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("llmgw_requests_in_flight{"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("llmgw_requests_in_flight{"))

@@ -150,21 +150,24 @@ CORE: tuple[Mutant, ...] = (
     Mutant(
         "breaker-stale-failure-counts",
         "src/llmgw/server/gateway/breaker.py",
-        'def failure(self, now: float, token: int, reason: str = "") -> None:\n        if token != self._gen:\n            return\n',
+        'def failure(self, now: float, token: int, reason: str = "") -> None:\n        if token != self._gen:\n        '
+        '    return\n',
         'def failure(self, now: float, token: int, reason: str = "") -> None:\n',
         BREAKER,
     ),
     Mutant(
         "breaker-probe-failure-no-backoff",
         "src/llmgw/server/gateway/breaker.py",
-        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, f\"probe failed",
+        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, "
+        "f\"probe failed",
         "self._cooldown = min(self._cooldown, self.max_cooldown)\n            self._open(now, f\"probe failed",
         BREAKER,
     ),
     Mutant(
         "breaker-health-probe-failure-no-backoff",
         "src/llmgw/server/gateway/breaker.py",
-        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, f\"health probe failed",
+        "self._cooldown = min(self._cooldown * self.backoff, self.max_cooldown)\n            self._open(now, f\"health "
+        "probe failed",
         "self._cooldown = min(self._cooldown, self.max_cooldown)\n            self._open(now, f\"health probe failed",
         BREAKER,
     ),

@@ -27,7 +27,8 @@ ROUTES = (
     ("GET", "nodes"), ("GET", "nodes/{node}"), ("GET", "replicas"), ("GET", "replicas/{replica}"), ("GET", "models"),
     ("GET", "endpoints"), ("GET", "fabrics"), ("GET", "fabrics/{fabric}"), ("GET", "fabrics/{fabric}/topology"),
     ("GET", "events"), ("GET", "doctor"), ("GET", "gateways"), ("GET", "replicas/{replica}/logs"),
-    ("GET", "nodes/{node}/drain"), ("POST", "reload"), ("DELETE", "nodes/{node}"), ("POST", "replicas/{replica}/restart"),
+    ("GET", "nodes/{node}/drain"), ("POST", "reload"), ("DELETE", "nodes/{node}"),
+    ("POST", "replicas/{replica}/restart"),
     ("POST", "nodes/{node}/cordon"), ("POST", "nodes/{node}/uncordon"), ("POST", "nodes/{node}/drain"),
     ("POST", "fabric-tests"),
 )
@@ -35,7 +36,8 @@ ROUTES = (
 
 def _door(method: str, path: str) -> Mutant:
     door, other = ("VIEWER", "OPERATOR") if method == "GET" else ("OPERATOR", "VIEWER")
-    name = "door-" + method.lower() + "-" + path.replace("/", "-").replace("{", "").replace("}", "") + "-" + other.lower()
+    name = "door-" + method.lower() + "-" + path.replace("/", "-").replace("{", "").replace("}",
+                                                                                            "") + "-" + other.lower()
     return Mutant(name, "src/llmgw/server/api.py", f'ApiRoute("{method}", "{path}", Door.{door},',
                   f'ApiRoute("{method}", "{path}", Door.{other},', DOORS)
 
