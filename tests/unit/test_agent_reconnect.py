@@ -136,7 +136,8 @@ class ScriptedDialer:
             yield step
 
 
-async def run_script(script: list[Any], seed: int = 0, engines: Any = None, cfg: AgentConfig | None = None) -> tuple[Agent, ScriptedDialer]:
+async def run_script(script: list[Any], seed: int = 0, engines: Any = None,
+                     cfg: AgentConfig | None = None) -> tuple[Agent, ScriptedDialer]:
     dialer = ScriptedDialer(script)
     agent = Agent(cfg or config(), hardware=NoHardware(), dialer=dialer, engines=engines, rng=random.Random(seed))
     async with trio.open_nursery() as nursery:

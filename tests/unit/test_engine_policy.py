@@ -39,7 +39,8 @@ def test_keys_that_change_what_runs_are_refused_by_default(key: str) -> None:
 
 
 def test_ordinary_keys_and_explicitly_allowed_ones_pass() -> None:
-    check_env({"HF_HOME": "/models", "VLLM_ATTENTION_BACKEND": "FLASHINFER", "NCCL_IB_HCA": "mlx5", "PYTHONUNBUFFERED": "0",
+    check_env({"HF_HOME": "/models", "VLLM_ATTENTION_BACKEND": "FLASHINFER", "NCCL_IB_HCA": "mlx5",
+               "PYTHONUNBUFFERED": "0",
                "CUDA_VISIBLE_DEVICES": "0"}, EngineAllow())
     check_env({"LD_LIBRARY_PATH": "/opt/cuda/lib64"}, EngineAllow(env=["LD_LIBRARY_PATH"]))
     assert not env_refused("path", EngineAllow())  # case matters: PATH is PATH

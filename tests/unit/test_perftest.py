@@ -49,7 +49,8 @@ def test_every_real_sample_is_covered() -> None:
 def test_real_sample(name: str) -> None:
     (test, device, link, gid, server, unit, rows, size, peak, average, rate, gbps, warnings) = EXPECTED[name]
     table = parse((SAMPLES / name).read_text())
-    assert (table.test, table.device, table.link_type, table.gid_index, table.server) == (test, device, link, gid, server)
+    assert (table.test, table.device, table.link_type, table.gid_index, table.server) == (test, device, link, gid,
+                                                                                          server)
     assert table.unit == unit
     assert len(table.rows) == rows
     best = table.result
