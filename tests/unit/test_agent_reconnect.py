@@ -157,7 +157,9 @@ def assert_in_backoff(gap: float, n: int, what: str) -> None:
 
 
 @pytest.mark.parametrize("seed", range(5))
-async def test_failed_dials_back_off_within_the_jitter_bounds_up_to_the_cap(seed: int, autojump_clock: trio.testing.MockClock) -> None:
+async def test_failed_dials_back_off_within_the_jitter_bounds_up_to_the_cap(
+    seed: int, autojump_clock: trio.testing.MockClock
+) -> None:
     failures = 12
     _, dialer = await run_script(["fail"] * failures, seed)
     assert len(dialer.attempts) == failures + 1

@@ -25,7 +25,8 @@ def test_app_wires_nothing_after_construction() -> None:
     object's attribute (`controller.fleet = fleet`) is wiring after construction."""
     wired = []
     for node in ast.walk(_tree(SERVER / "app.py")):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else [])
         for target in targets:
             if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name)
                                                           and target.value.id == "self"):

@@ -77,7 +77,8 @@ def test_negative_count_rejected() -> None:
 def test_expect_nodes_must_be_node_ids() -> None:
     assert parse_config("reconcile:\n  expect_nodes: [gpu-01, gpu-02]\n", ServerConfig,
                         "s.yaml").reconcile.expect_nodes == ["gpu-01", "gpu-02"]
-    assert error_of("reconcile:\n  expect_nodes: [gpu-01, 'a b']\n").startswith("server.yaml:1 reconcile: expect_nodes[1]: invalid node id 'a b'")
+    assert error_of("reconcile:\n  expect_nodes: [gpu-01, 'a b']\n").startswith(
+        "server.yaml:1 reconcile: expect_nodes[1]: invalid node id 'a b'")
 
 
 def test_placement_spread_choices_and_cooldown() -> None:

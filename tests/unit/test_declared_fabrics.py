@@ -110,7 +110,8 @@ def test_profiles_nvlink_matches_a_real_box(profile):
         assert got == gputopo.nvlink_matrix((REAL / "nvidia-smi-topo" / REAL_TOPO[profile]).read_text())
     else:
         # The bridged box: GPU0-GPU1 NV4 as the RTX A6000 sample, and the next pair the same.
-        real = gputopo.nvlink_matrix((REAL / "nvidia-smi-topo" / "rtx-a6000-x3-nvlink-bridge-pair-plus-unbridged.txt").read_text())
+        real = gputopo.nvlink_matrix(
+            (REAL / "nvidia-smi-topo" / "rtx-a6000-x3-nvlink-bridge-pair-plus-unbridged.txt").read_text())
         assert got[0] == real[0] and got[1] == real[1]
         assert got[2] == {3: 4} and got[3] == {2: 4}
 

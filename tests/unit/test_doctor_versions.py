@@ -114,7 +114,8 @@ def test_a_pool_is_the_nodes_a_profile_fits_not_every_node_with_that_gpu() -> No
     fours = [box("small-01", gpus=4, driver="550.90.07"), box("small-02", gpus=4, driver="550.90.07")]
     [ok] = pooled([LLAMA], *eights, *fours)
     assert ok.status == OK, ok
-    assert "3 nodes in the placement pool of llama-70b" in ok.finding and f"2 nodes with {H100}: NVIDIA driver 550.90.07" in ok.finding
+    assert ("3 nodes in the placement pool of llama-70b" in ok.finding
+            and f"2 nodes with {H100}: NVIDIA driver 550.90.07" in ok.finding)
     # With no models the same five are one pool by GPU model: the two are the odd ones.
     odd = pooled([], *eights, *fours)
     assert sorted(f.subject for f in odd) == ["small-01", "small-02"]

@@ -87,8 +87,8 @@ def test_the_simulated_engine_needs_no_entry_but_only_as_itself() -> None:
 
 
 def test_the_allowlist_is_read_from_the_agent_config_and_checked() -> None:
-    cfg = parse_config("allow:\n  engines: [vllm, command]\n  executables: [/opt/engines/*]\n  env: [LD_LIBRARY_PATH]\n",
-                       AgentConfig)
+    cfg = parse_config("allow:\n  engines: [vllm, command]\n  executables: [/opt/engines/*]\n"
+                       "  env: [LD_LIBRARY_PATH]\n", AgentConfig)
     assert cfg.allow.engines == ["vllm", "command"] and cfg.allow.executables == ["/opt/engines/*"]
     assert cfg.allow.refuse_env == ["PATH", "LD_*", "PYTHON*"]  # the default stays unless set
     assert parse_config("", AgentConfig).allow == EngineAllow()

@@ -155,7 +155,8 @@ async def test_an_events_file_from_before_nodes_gains_the_column(tmp_path: Path)
     import sqlite3
 
     db = sqlite3.connect(tmp_path / "events.db")
-    db.executescript("""CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, kind TEXT NOT NULL,
+    db.executescript(
+        """CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, kind TEXT NOT NULL,
         node TEXT NOT NULL DEFAULT '', model TEXT NOT NULL DEFAULT '', replica TEXT NOT NULL DEFAULT '',
         message TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
         INSERT INTO events (time, kind, node, message) VALUES (1, 'node', 'gpu-01', 'old');""")

@@ -176,7 +176,9 @@ async def _collect(into: list[dict[str, Any]], run: Any) -> None:
     into.append(await run)
 
 
-async def test_the_client_dials_b_as_registered_and_a_system_port_is_refused(autojump_clock: trio.testing.MockClock) -> None:
+async def test_the_client_dials_b_as_registered_and_a_system_port_is_refused(
+    autojump_clock: trio.testing.MockClock
+) -> None:
     async def forged(msg: m.FabricTest):  # type: ignore[no-untyped-def]
         if msg.role == "server":
             # A newer-looking answer naming another host is decoded without it (unknown fields are ignored).

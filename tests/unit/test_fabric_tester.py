@@ -102,7 +102,9 @@ async def test_missing_perftest_is_installed_with_apt_get_and_said(tmp_path: Pat
 
 async def test_an_install_that_gives_no_ib_write_bw_fails_with_its_reason(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    script(tmp_path / "apt-get", 'echo "E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)" >&2\nexit 100')
+    script(tmp_path / "apt-get",
+           'echo "E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)" '
+           '>&2\nexit 100')
     (tmp_path / "os-release").write_text("ID=ubuntu\n")
     monkeypatch.setenv("PATH", str(tmp_path))
     tester = FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release")), ports=lambda: [IB])
@@ -119,7 +121,8 @@ def test_without_ib_write_bw_or_an_installer_the_feature_is_not_advertised(tmp_p
     assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == []
     script(tmp_path / "apt-get", "exit 0")
     assert FabricTester(FabricTestSettings(install=False, os_release=str(tmp_path / "os-release"))).features == []
-    assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == [m.FEATURE_FABRIC_TEST, m.FEATURE_FABRIC_TEST_DURATION]
+    assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == [
+        m.FEATURE_FABRIC_TEST, m.FEATURE_FABRIC_TEST_DURATION]
 
 
 async def test_roce_gets_the_roce_v2_gid_index_and_a_port_without_one_is_refused(tmp_path: Path) -> None:
@@ -156,7 +159,8 @@ async def test_a_duration_run_passes_D_and_gpudirect_use_cuda_only_where_the_gpu
     args = done.output.split()
     assert args[args.index("-D") + 1] == "5" and "-n" not in args and "--use_cuda=1" in args, args
     [no_gpu] = await run(tester, msgspec.structs.replace(req, cuda_device=2))
-    assert isinstance(no_gpu, m.FabricTestResult) and "GPUDirect asked for GPU 2, and this node has GPUs 0, 1 only" in no_gpu.error
+    assert (isinstance(no_gpu, m.FabricTestResult)
+            and "GPUDirect asked for GPU 2, and this node has GPUs 0, 1 only" in no_gpu.error)
     [too_long] = await run(tester, msgspec.structs.replace(req, duration=30))
     assert isinstance(too_long, m.FabricTestResult) and "does not fit in its 30 s timeout" in too_long.error
     bare = FabricTester(FabricTestSettings(install=False), str(tmp_path), ports=lambda: [IB])

@@ -92,7 +92,8 @@ async def test_failures_say_why(tools_dir: Path) -> None:
 async def test_output_past_the_cap_is_not_sent(tools_dir: Path) -> None:
     tool(tools_dir, "ibnetdiscover", "head -c 300000 /dev/urandom | od -x")
     result = await FabricTools(str(tools_dir), data_cap=1000).run(m.Discover(request_id="r", tool=m.TOOL_IBNETDISCOVER))
-    assert not result.ok and result.truncated and result.data == b"" and "more than one message to the server carries" in result.error
+    assert (not result.ok and result.truncated and result.data == b""
+            and "more than one message to the server carries" in result.error)
 
 
 def test_the_cap_follows_the_smaller_message_limit(tools_dir: Path) -> None:

@@ -141,7 +141,9 @@ async def test_the_server_door_refuses_bad_ids_and_quotes_what_it_logs(caplog: p
     good = m.ShardReport(spec=spec())
     reports = [good, *[m.ShardReport(spec=spec(shard_id=v)) for v in BAD],
                *[m.ShardReport(spec=spec(model=v)) for v in BAD]]
-    register = m.Register(node_id="gpu-01", version=__version__ + "\n2026-12-01 INFO llmgw.server: reload requested by operator alice: ok",
+    register = m.Register(node_id="gpu-01",
+                          version=__version__ + "\n2026-12-01 INFO llmgw.server: "
+                                                "reload requested by operator alice: ok",
                           shards=reports)
     sentinel = m.ShardStatus(shard_id="small-kq7xz.1", replica_id="small-kq7xz", state="ready")
     async with fleet_port(fleet.handle) as (_, url), dial(url, ssl_context=None, insecure=True,

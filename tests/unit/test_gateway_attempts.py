@@ -137,7 +137,9 @@ async def slams(stream: trio.SocketStream) -> None:
     await stream.aclose()  # reads the request and hangs up: the engine died mid-request
 
 
-async def test_an_engine_that_fails_an_attempt_is_counted_by_its_breaker(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_engine_that_fails_an_attempt_is_counted_by_its_breaker(
+    autojump_clock: trio.testing.MockClock
+) -> None:
     """The attempt's outcome reaches the balancer and the endpoint's breaker (issue 22's planted
     bug, caught until issue 37 only by the e2e kill test): a failure counts, a success resets."""
     async with gateway([slams], ticking=True) as (gw, urls, port):

@@ -210,7 +210,8 @@ async def test_an_engine_that_answers_before_taking_the_whole_body_is_not_reused
     async with gateway([early]) as (gw, _, port):
         body = b'{"model":"chat","pad":"' + b"x" * (900 * 1024) + b'"}'
         client = await trio.open_tcp_stream("127.0.0.1", port)
-        await client.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await client.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: %d\r\n\r\n%s"
+                              % (len(body), body))
         buf = bytearray()
         while http1.find_head_end(buf) < 0:
             buf += await client.receive_some(65536)

@@ -353,7 +353,9 @@ async def test_a_streamed_response_is_chunked_and_watching_does_not_disturb_it()
         await c.aclose()
 
 
-async def test_a_handler_bug_costs_one_connection_and_the_server_keeps_serving(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_handler_bug_costs_one_connection_and_the_server_keeps_serving(
+    caplog: pytest.LogCaptureFixture
+) -> None:
     app = App()
     async with serving(app) as (server, port):
         with caplog.at_level(logging.ERROR, logger="llmgw.http"):

@@ -34,7 +34,8 @@ SIZE = 4 * 1024 * 1024 + 123
 @asynccontextmanager
 async def file_server(root: Path, **options: object) -> AsyncIterator[FileServerHandle]:
     async with trio.open_nursery() as nursery:
-        handle: FileServerHandle = await nursery.start(partial(serve_files, FileServerOptions(root=str(root), **options)))  # type: ignore[arg-type]
+        handle: FileServerHandle = await nursery.start(
+            partial(serve_files, FileServerOptions(root=str(root), **options)))  # type: ignore[arg-type]
         yield handle
         nursery.cancel_scope.cancel()
 
