@@ -146,8 +146,7 @@ def test_ports() -> None:
 def test_port_rate_against_the_fleet() -> None:
     slow = healthy("gpu-02")
     slow = msgspec.structs.replace(slow, ports=[msgspec.structs.replace(p, rate_gbps=100.0) if p.device == "mlx5_1"
-                                                else p
-                                                for p in slow.ports])
+                                                else p for p in slow.ports])
     ctx = NodeContext(fabric_rates=fabric_rates([healthy(), slow]))
     assert ctx.fabric_rates == {"ib": 400.0}
     found = grade("port-rate", slow, ctx)

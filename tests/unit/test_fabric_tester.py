@@ -230,11 +230,11 @@ def _proc_tree(root: Path, port: int, listeners: dict[int, int], stats: dict[int
     proc = root / "proc"
     (proc / "net").mkdir(parents=True)
     head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-    rows = [f"   {i}: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 "
-            f"{inode} 1"
+    rows = [f"   {i}: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000  "
+            f"1000        0 {inode} 1"
             for i, inode in enumerate(listeners)]
-    rows.append(f"   9: 0100007F:{port:04X} 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 777 "
-                "1")
+    rows.append(f"   9: 0100007F:{port:04X} 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  "
+                "1000        0 777 1")
     (proc / "net" / "tcp").write_text(head + "\n".join(rows) + "\n")
     for pid, pgrp in stats.items():
         (proc / str(pid) / "fd").mkdir(parents=True)

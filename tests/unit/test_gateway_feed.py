@@ -206,12 +206,13 @@ def test_forged_families_labels_and_series_over_the_cap_are_refused_and_counted(
     feed.publish_config([Model(name="m")], [], GatewaySettings())
     cap = feed.series_cap
     assert cap < 20_000
-    # wrong type
-    forged = ['# TYPE llmgw_requests_in_flight_total counter', 'llmgw_requests_in_flight_total{model="m"} 1',
-              # a label of its own
-              '# TYPE llmgw_engine_up gauge', 'llmgw_engine_up{model="m",endpoint="e",evil="1"} 1',
-              'llmgw_engine_up{model="' + "x" * 600 + '",endpoint="e"} 1',  # a value no gateway sends
-              '# TYPE llmgw_requests_total counter']
+    forged = [
+        # wrong type
+        '# TYPE llmgw_requests_in_flight_total counter', 'llmgw_requests_in_flight_total{model="m"} 1',
+        # a label of its own
+        '# TYPE llmgw_engine_up gauge', 'llmgw_engine_up{model="m",endpoint="e",evil="1"} 1',
+        'llmgw_engine_up{model="' + "x" * 600 + '",endpoint="e"} 1',  # a value no gateway sends
+        '# TYPE llmgw_requests_total counter']
     forged += [f'llmgw_requests_total{{model="forged-{i}",code="200"}} 1' for i in range(20_000)]
     feed.followers[1] = Follower(name="gw-evil", peer="10.0.0.9:1", metrics="\n".join(forged) + "\n")
     scrape = CollectorRegistry()
