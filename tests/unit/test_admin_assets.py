@@ -46,7 +46,8 @@ def _node(device_counters: dict[str, int | None]) -> NodeDetail:
 
 def test_ports_document_names_each_adapter_end_in_bytes() -> None:
     topology = {
-        "adapters": [{"guid": "0xa", "node": "n1", "device": "mlx5_0"}, {"guid": "0xb", "node": "gone", "device": "mlx5_0"}],
+        "adapters": [{"guid": "0xa", "node": "n1", "device": "mlx5_0"},
+                     {"guid": "0xb", "node": "gone", "device": "mlx5_0"}],
         "links": [{"a": {"guid": "0xa", "port": 1}, "b": {"guid": "0xs", "port": 3}},
                   {"a": {"guid": "0xs", "port": 4}, "b": {"guid": "0xb", "port": 1}}],
     }

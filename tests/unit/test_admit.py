@@ -30,14 +30,16 @@ def spec(shard_id: str = "small-kq7xz.1") -> m.ShardSpec:
     return m.ShardSpec(shard_id=shard_id, replica_id="small-kq7xz", model="small", profile="p", engine="sim")
 
 
-def refused(msg: m.Register, *, identity: str | None = None, rules: AdmitRules | None = None, peer: str = PEER) -> Refusal:
+def refused(msg: m.Register, *, identity: str | None = None, rules: AdmitRules | None = None,
+            peer: str = PEER) -> Refusal:
     verdict = admit_register(msg, peer=peer, identity=identity, rules=rules or AdmitRules())
     assert isinstance(verdict, Refusal), verdict
     return verdict
 
 
 def test_a_plain_register_is_admitted_on_its_advertised_host_or_its_peer() -> None:
-    verdict = admit_register(register(advertise_host="gpu-01.example.com"), peer=PEER, identity=None, rules=AdmitRules())
+    verdict = admit_register(register(advertise_host="gpu-01.example.com"), peer=PEER, identity=None,
+                             rules=AdmitRules())
     assert verdict == Admitted(register(advertise_host="gpu-01.example.com"), "gpu-01.example.com")
     verdict = admit_register(register(), peer="[fd00::5]:4000", identity=None, rules=AdmitRules())
     assert isinstance(verdict, Admitted) and verdict.endpoint_host == "fd00::5" and verdict.dropped == ()
@@ -48,7 +50,8 @@ def test_over_the_caps_is_too_big_and_its_line_is_throttled() -> None:
     r = refused(many, rules=AdmitRules(caps=Caps(gpus=4)))
     assert (r.reason, r.throttled) == ("too_big", True)
     assert r.message.startswith("the Register reports 5 GPUs (fleet.max_gpus is 4)")
-    assert r.log_fmt % r.log_args == f"fleet stream from {PEER} (node 'gpu-01') refused: {r.message}"  # quoted: unchecked
+    # quoted: unchecked
+    assert r.log_fmt % r.log_args == f"fleet stream from {PEER} (node 'gpu-01') refused: {r.message}"
     shards = register(shards=[m.ShardReport(spec=spec(f"s-{i}.1")) for i in range(3)])
     assert "3 shards (fleet.max_shards is 2)" in refused(shards, rules=AdmitRules(caps=Caps(shards=2))).message
     ports = register(inventory=m.Inventory(ports=[m.Port(device="mlx5_0", port=i) for i in range(3)]))
@@ -69,7 +72,8 @@ def test_the_census_refuses_over_the_counted_caps_as_admit_register_would_withou
     # Within those caps, not a Register, or not even JSON of that shape: the full decode judges.
     nvlink = register(inventory=m.Inventory(gpus=[m.Gpu(index=0, nvlink={i: 1 for i in range(5)})]))
     assert "NVLink peers" in refused(nvlink, rules=rules).message
-    for payload in (m.encode(nvlink), m.encode(m.Heartbeat(seq=1)), b"{", b'{"type": "Register", "inventory": {"gpus": [1]}}'):
+    for payload in (m.encode(nvlink), m.encode(m.Heartbeat(seq=1)), b"{",
+                    b'{"type": "Register", "inventory": {"gpus": [1]}}'):
         assert refuse_by_count(payload, peer=PEER, rules=rules) is None
 
 
@@ -114,7 +118,8 @@ def test_an_address_the_node_does_not_own_is_address() -> None:
     assert r.log_fmt % r.log_args == f"fleet stream from {PEER} (node gpu-01) refused: {r.message}"
     bad = refused(register(advertise_host="not a host!"))
     assert bad.reason == "address" and "is not an IP address or host name" in bad.message
-    ok = admit_register(register(advertise_host="10.0.0.21"), peer=PEER, identity=None, rules=AdmitRules(endpoint_host="peer"))
+    ok = admit_register(register(advertise_host="10.0.0.21"), peer=PEER, identity=None,
+                        rules=AdmitRules(endpoint_host="peer"))
     assert isinstance(ok, Admitted) and ok.endpoint_host == "10.0.0.21"
 
 

@@ -112,7 +112,8 @@ class Run:
     launch_env: list[m.EnvSetting] = field(default_factory=list)
 
 
-@pytest.mark.parametrize(("existing", "repeat"), [(None, False), *[(s, s not in decide.TERMINAL) for s in S if s != S.LOST]])
+@pytest.mark.parametrize(("existing", "repeat"),
+                         [(None, False), *[(s, s not in decide.TERMINAL) for s in S if s != S.LOST]])
 def test_a_start_for_a_running_shard_is_answered_with_its_state(existing: S | None, repeat: bool) -> None:
     assert decide.repeat_start(existing) is repeat
 
@@ -129,7 +130,8 @@ LAUNCH = [
 ]
 
 
-@pytest.mark.parametrize(("gpus", "port", "known", "busy", "problem"), [c[1:] for c in LAUNCH], ids=[c[0] for c in LAUNCH])
+@pytest.mark.parametrize(("gpus", "port", "known", "busy", "problem"), [c[1:] for c in LAUNCH],
+                         ids=[c[0] for c in LAUNCH])
 def test_what_stops_a_start_before_anything_runs(gpus: list[int], port: int, known: set[int] | None, busy: set[int],
                                                  problem: str) -> None:
     assert decide.launch_problem(spec(gpus=gpus, port=port), known, busy) == problem
@@ -144,7 +146,8 @@ EXITS = [
     # (case, was, stop_requested, failed_reason, state, reason, tail)
     ("asked to stop", S.STOPPING, True, "", S.STOPPED, "stopped by the server", False),
     ("asked to stop while starting", S.STARTING, True, "", S.STOPPED, "stopped by the server", False),
-    ("killed for its start timeout", S.STARTING, False, "not healthy within 1m", S.FAILED, "not healthy within 1m", True),
+    ("killed for its start timeout", S.STARTING, False, "not healthy within 1m", S.FAILED, "not healthy within 1m",
+     True),
     ("died while starting", S.STARTING, False, "", S.FAILED, "exited with code 1 during startup", True),
     ("died while ready", S.READY, False, "", S.EXITED, "exited with code 1", True),
     ("died while unhealthy", S.UNHEALTHY, False, "", S.EXITED, "exited with code 1", True),
@@ -168,7 +171,8 @@ def test_a_stop_acts_once_on_a_shard_that_has_not_ended(state: S, requested: boo
     assert decide.should_stop(state, requested) is acts
 
 
-@pytest.mark.parametrize(("started_at", "now", "left"), [(100.0, 100.0, 60.0), (100.0, 130.0, 30.0), (100.0, 200.0, 0.0)])
+@pytest.mark.parametrize(("started_at", "now", "left"),
+                         [(100.0, 100.0, 60.0), (100.0, 130.0, 30.0), (100.0, 200.0, 0.0)])
 def test_the_start_timeout_counts_from_the_start(started_at: float, now: float, left: float) -> None:
     assert decide.time_left(spec(), started_at, now) == left
 
@@ -186,7 +190,8 @@ HEALTH = [
     ("a pass between failures starts the count again",
      [(False, S.READY, 1.0), (False, S.READY, 2.0), (True, S.READY, 3.0), (False, S.READY, 4.0), (False, S.READY, 5.0)],
      [None, None, None, None, None], 4.0),
-    ("unhealthy, then a pass: ready again", [(False, S.UNHEALTHY, 9.0), (True, S.UNHEALTHY, 10.0)], [None, S.READY], 9.0),
+    ("unhealthy, then a pass: ready again", [(False, S.UNHEALTHY, 9.0), (True, S.UNHEALTHY, 10.0)], [None, S.READY],
+     9.0),
     ("more failures while unhealthy: told once", [(False, S.UNHEALTHY, 1.0)] * 4, [None] * 4, 1.0),
 ]
 
@@ -217,7 +222,8 @@ def test_a_status_carries_the_tail_only_when_it_failed_or_exited(state: S, tail_
 
 
 def test_a_stop_for_a_shard_not_here_says_stopped() -> None:
-    assert decide.not_here("z.1") == m.ShardStatus(shard_id="z.1", replica_id="", state="stopped", reason="not running here")
+    assert decide.not_here("z.1") == m.ShardStatus(shard_id="z.1", replica_id="", state="stopped",
+                                                   reason="not running here")
 
 
 def test_a_register_forgets_what_it_told_of_for_the_last_time() -> None:

@@ -136,7 +136,8 @@ class ScriptedDialer:
             yield step
 
 
-async def run_script(script: list[Any], seed: int = 0, engines: Any = None, cfg: AgentConfig | None = None) -> tuple[Agent, ScriptedDialer]:
+async def run_script(script: list[Any], seed: int = 0, engines: Any = None,
+                     cfg: AgentConfig | None = None) -> tuple[Agent, ScriptedDialer]:
     dialer = ScriptedDialer(script)
     agent = Agent(cfg or config(), hardware=NoHardware(), dialer=dialer, engines=engines, rng=random.Random(seed))
     async with trio.open_nursery() as nursery:
@@ -156,7 +157,9 @@ def assert_in_backoff(gap: float, n: int, what: str) -> None:
 
 
 @pytest.mark.parametrize("seed", range(5))
-async def test_failed_dials_back_off_within_the_jitter_bounds_up_to_the_cap(seed: int, autojump_clock: trio.testing.MockClock) -> None:
+async def test_failed_dials_back_off_within_the_jitter_bounds_up_to_the_cap(
+    seed: int, autojump_clock: trio.testing.MockClock
+) -> None:
     failures = 12
     _, dialer = await run_script(["fail"] * failures, seed)
     assert len(dialer.attempts) == failures + 1

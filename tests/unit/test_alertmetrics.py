@@ -45,7 +45,8 @@ def test_fabric_tests_keep_the_last_of_each_pair_and_at_most_max_pairs():
     rail = {"fabric": "ib", "rail": 0, "status": "ok", "measured_gbps": 390.5}
     for i in range(MAX_PAIRS + 10):
         results.fabric_test_done({"a": f"n{i}", "b": "m", "exit_code": 0, "rails": [rail]})
-    results.fabric_test_done({"a": "n20", "b": "m", "exit_code": 2, "rails": [{**rail, "status": "crit", "measured_gbps": 90}]})
+    results.fabric_test_done({"a": "n20", "b": "m", "exit_code": 2,
+                              "rails": [{**rail, "status": "crit", "measured_gbps": 90}]})
     got = samples(results)
     assert len(got["llmgw_fabric_test_status"]) == MAX_PAIRS
     assert ({"a": "n0", "b": "m"}, 0.0) not in got["llmgw_fabric_test_status"]  # the oldest went first

@@ -22,7 +22,8 @@ def h(secret: str) -> str:
 
 class FakeTls:
     def __init__(self, cn: str, ou: str) -> None:
-        self.cert = {"subject": ((("organizationName", "llmgw"),), (("organizationalUnitName", ou),), (("commonName", cn),))}
+        self.cert = {"subject": ((("organizationName", "llmgw"),), (("organizationalUnitName", ou),),
+                                 (("commonName", cn),))}
 
     def getpeercert(self, binary_form: bool = False) -> Any:
         return self.cert
@@ -80,7 +81,8 @@ TABLE = [
 def test_which_credential_opens_which_door(token: str | None, ou: str | None, expected: tuple[int, int, int]) -> None:
     doors, counted = auth(config(certs=True))
     request = FakeRequest(token, FakeTls("someone", ou) if ou else None)
-    got = tuple(200 if (v := doors.check(door, request)).ok else v.status for door in (Door.CLIENT, Door.VIEWER, Door.OPERATOR))
+    got = tuple(200 if (v := doors.check(door, request)).ok else v.status
+                for door in (Door.CLIENT, Door.VIEWER, Door.OPERATOR))
     assert got == expected
     assert counted == [d.value for d, status in zip(Door, got, strict=True) if status != 200]
 
@@ -109,7 +111,8 @@ def test_no_credential_configured_is_a_lab_open_for_reads_and_under_insecure_for
     refused = doors.check(Door.OPERATOR, FakeRequest(method="POST"))
     assert refused.status == 401 and "no operator credential is configured" in refused.message
     lab, _ = auth(bare, insecure=True)
-    assert lab.check(Door.OPERATOR, FakeRequest(method="POST")).who == "anyone (--insecure and no credentials configured)"
+    assert lab.check(Door.OPERATOR, FakeRequest(method="POST")).who == (
+        "anyone (--insecure and no credentials configured)")
     assert any("open to anyone" in note for note in lab.notes(public_tls=False))
 
 
@@ -118,7 +121,8 @@ def test_api_keys_alone_close_the_fleet_to_everyone() -> None:
     assert doors.check(Door.CLIENT, FakeRequest(KEY)).ok
     verdict = doors.check(Door.VIEWER, FakeRequest(KEY))
     assert verdict.status == 401 and "none is configured" in verdict.message
-    assert not doors.check(Door.OPERATOR, FakeRequest(KEY, method="POST")).ok  # --insecure opens nothing once keys exist
+    # --insecure opens nothing once keys exist
+    assert not doors.check(Door.OPERATOR, FakeRequest(KEY, method="POST")).ok
     assert not doors.metrics_open
 
 

@@ -25,9 +25,11 @@ def test_app_wires_nothing_after_construction() -> None:
     object's attribute (`controller.fleet = fleet`) is wiring after construction."""
     wired = []
     for node in ast.walk(_tree(SERVER / "app.py")):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else [])
         for target in targets:
-            if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
+            if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name)
+                                                          and target.value.id == "self"):
                 wired.append(f"line {target.lineno}: {ast.unparse(target)}")
     assert not wired, f"app.py wires objects after construction: {wired}"
     assert "getattr(self" not in (SERVER / "app.py").read_text(encoding="utf-8")
@@ -42,7 +44,8 @@ def forward_closures(source: str) -> list[str]:
     [init] = [n for n in plane.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
     built: dict[str, int] = {}  # attribute → the last line of the statement that first assigns it
     for stmt in ast.walk(init):
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        targets = (stmt.targets if isinstance(stmt, ast.Assign)
+                   else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
         for target in targets:
             if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
                 end = stmt.end_lineno or stmt.lineno

@@ -65,16 +65,20 @@ def test_missing_required_key() -> None:
 
 def test_bad_enum_lists_choices() -> None:
     text = SERVER.replace("engine: vllm\n        gpus: 1", "engine: vlm\n        gpus: 1")
-    assert error_of(text) == 'server.yaml:11 models[0].profiles[0].engine: expected one of command, sglang, sim, vllm, got "vlm"'
+    assert error_of(text) == (
+        'server.yaml:11 models[0].profiles[0].engine: expected one of command, sglang, sim, vllm, got "vlm"')
 
 
 def test_negative_count_rejected() -> None:
-    assert error_of(SERVER.replace("replicas: 2", "replicas: -1")) == "server.yaml:8 models[0].replicas: expected int >= 0, got -1"
+    assert error_of(SERVER.replace("replicas: 2", "replicas: -1")) == (
+        "server.yaml:8 models[0].replicas: expected int >= 0, got -1")
 
 
 def test_expect_nodes_must_be_node_ids() -> None:
-    assert parse_config("reconcile:\n  expect_nodes: [gpu-01, gpu-02]\n", ServerConfig, "s.yaml").reconcile.expect_nodes == ["gpu-01", "gpu-02"]
-    assert error_of("reconcile:\n  expect_nodes: [gpu-01, 'a b']\n").startswith("server.yaml:1 reconcile: expect_nodes[1]: invalid node id 'a b'")
+    assert parse_config("reconcile:\n  expect_nodes: [gpu-01, gpu-02]\n", ServerConfig,
+                        "s.yaml").reconcile.expect_nodes == ["gpu-01", "gpu-02"]
+    assert error_of("reconcile:\n  expect_nodes: [gpu-01, 'a b']\n").startswith(
+        "server.yaml:1 reconcile: expect_nodes[1]: invalid node id 'a b'")
 
 
 def test_placement_spread_choices_and_cooldown() -> None:
@@ -82,14 +86,17 @@ def test_placement_spread_choices_and_cooldown() -> None:
     assert (cfg.placement.spread, cfg.placement.spread_cooldown) == ("leaves", 30.0)
     default = parse_config("", ServerConfig, "s.yaml").placement
     assert (default.spread, default.spread_cooldown) == ("nodes", 300.0)  # the defaults: nodes, 5 min
-    assert error_of("placement:\n  spread: node\n") == 'server.yaml:2 placement.spread: expected one of leaves, nodes, off, got "node"'
-    assert parse_config("placement:\n  spread: off\n", ServerConfig, "s.yaml").placement.spread_mode == "off"  # YAML's false
+    assert error_of("placement:\n  spread: node\n") == (
+        'server.yaml:2 placement.spread: expected one of leaves, nodes, off, got "node"')
+    # YAML's false
+    assert parse_config("placement:\n  spread: off\n", ServerConfig, "s.yaml").placement.spread_mode == "off"
     assert error_of("placement:\n  spread: true\n").startswith("server.yaml:1 placement: spread: true is not a mode")
     assert error_of("placement:\n  spread_cooldown: soon\n").startswith("server.yaml:2 placement.spread_cooldown:")
 
 
 def test_bad_duration() -> None:
-    assert error_of(SERVER.replace("5s", "soon")) == 'server.yaml:4 fleet.heartbeat_interval: expected a duration like 30s, 2m or 1h30m, got "soon"'
+    assert error_of(SERVER.replace("5s", "soon")) == (
+        'server.yaml:4 fleet.heartbeat_interval: expected a duration like 30s, 2m or 1h30m, got "soon"')
 
 
 def test_yaml_syntax_error_has_line() -> None:
@@ -148,7 +155,8 @@ def test_bad_durations(bad: object) -> None:
 
 def test_duplicate_keys_are_errors() -> None:
     text = "fleet:\n  lost_after: 2m\n  heartbeat_interval: 5s\n  lost_after: 3m\n"
-    assert error_of(text) == "server.yaml:4 fleet.lost_after: duplicate key (first at line 2); YAML would silently keep the last one"
+    assert error_of(text) == (
+        "server.yaml:4 fleet.lost_after: duplicate key (first at line 2); YAML would silently keep the last one")
 
 
 @pytest.mark.parametrize("text, line", [

@@ -49,7 +49,8 @@ def test_polling_port_means_no_cable():
 
 def test_wrong_link_layer_is_not_part_of_the_fabric():
     [ib, roce] = declared.check_fabrics(
-        [FabricDecl(name="ib", devices=["mlx5_0", "mlx5_1"]), FabricDecl(name="roce", kind="roce", devices=["mlx5_1", "mlx5_2"])],
+        [FabricDecl(name="ib", devices=["mlx5_0", "mlx5_1"]),
+         FabricDecl(name="roce", kind="roce", devices=["mlx5_1", "mlx5_2"])],
         CHRYSALIS,
     )
     assert not ib.usable and ib.problems == ["mlx5_1: its ports are Ethernet, the fabric is infiniband (InfiniBand)"]
@@ -84,7 +85,8 @@ def test_ethernet_fabric_has_nothing_rdma_to_check():
 def test_live_reading_replaces_state_and_drops_ports_that_vanished():
     live = [PortCounters(device="mlx5_0", port=1, state="DOWN", phys_state="Disabled", rate_gbps=0.0)]
     ports = declared.with_live(NERSC, live)
-    assert [(p.device, p.state, p.phys_state, p.link_layer) for p in ports] == [("mlx5_0", "DOWN", "Disabled", "InfiniBand")]
+    assert [(p.device, p.state, p.phys_state, p.link_layer) for p in ports] == [("mlx5_0", "DOWN", "Disabled",
+                                                                                 "InfiniBand")]
     [status] = declared.check_fabrics([FabricDecl(name="ib", devices=["mlx5_0", "mlx5_2"])], ports)
     assert status.problems == ["mlx5_0: no ACTIVE port (port 1 DOWN (Disabled): the port is disabled)",
                                "mlx5_2: no such adapter on this node"]
@@ -108,7 +110,8 @@ def test_profiles_nvlink_matches_a_real_box(profile):
         assert got == gputopo.nvlink_matrix((REAL / "nvidia-smi-topo" / REAL_TOPO[profile]).read_text())
     else:
         # The bridged box: GPU0-GPU1 NV4 as the RTX A6000 sample, and the next pair the same.
-        real = gputopo.nvlink_matrix((REAL / "nvidia-smi-topo" / "rtx-a6000-x3-nvlink-bridge-pair-plus-unbridged.txt").read_text())
+        real = gputopo.nvlink_matrix(
+            (REAL / "nvidia-smi-topo" / "rtx-a6000-x3-nvlink-bridge-pair-plus-unbridged.txt").read_text())
         assert got[0] == real[0] and got[1] == real[1]
         assert got[2] == {3: 4} and got[3] == {2: 4}
 
@@ -130,7 +133,8 @@ def test_absent_and_init_flags_reach_agent_yaml_and_sysfs(tmp_path):
     from llmgw.catalog.load import load_agent_config
     from llmgw.sim.node import write_node
 
-    result = write_node(str(tmp_path / "n"), NodeSpec(node_id="n-3", ib_ports=2, absent=["mlx5_7"], init_ports=["mlx5_1"]))
+    result = write_node(str(tmp_path / "n"),
+                        NodeSpec(node_id="n-3", ib_ports=2, absent=["mlx5_7"], init_ports=["mlx5_1"]))
     cfg = load_agent_config(result.agent_config)
     assert [msgspec.structs.asdict(f) for f in declared.from_config(cfg.fabrics)] == [
         {"name": "ib", "kind": "infiniband", "devices": ["mlx5_0", "mlx5_1", "mlx5_7"]}]

@@ -39,7 +39,8 @@ def healthy(node_id: str = "gpu-01", **changes: object) -> NodeFacts:
     facts = NodeFacts(
         id=node_id, state="ready", connected=True, last_heartbeat_age=1.0, heartbeat_interval=5.0,
         inventory=m.Inventory(gpus=gpus, ports=ports, gpu_source="nvml", gpu_driver="550.54.15"),
-        fabric_status=[m.FabricStatus(name="ib", devices=["mlx5_0", "mlx5_1"], usable=True, ports=["mlx5_0:1", "mlx5_1:1"])],
+        fabric_status=[m.FabricStatus(name="ib", devices=["mlx5_0", "mlx5_1"], usable=True,
+                                      ports=["mlx5_0:1", "mlx5_1:1"])],
         gpus=[m.GpuHealth(index=i, ecc_uncorrected=0, nvlink_down=0, xid=0, board_read=True) for i in range(2)],
         ports=readings, ports_before=readings, window=60.0,
         host=m.HostFacts(memlock_bytes=m.MEMLOCK_UNLIMITED, model_cache="/var/cache/llmgw",
@@ -72,7 +73,8 @@ def test_every_problem_says_what_to_do() -> None:
 def test_agent() -> None:
     assert statuses(grade("agent", healthy(last_heartbeat_age=11.0))) == [WARN]
     assert statuses(grade("agent", healthy(state="unreachable", reason="no heartbeat for 16s"))) == [CRIT]
-    assert "no heartbeat for 16s" in grade("agent", healthy(state="unreachable", reason="no heartbeat for 16s"))[0].finding
+    assert "no heartbeat for 16s" in grade("agent",
+                                           healthy(state="unreachable", reason="no heartbeat for 16s"))[0].finding
     assert statuses(grade("agent", healthy(connected=False, state="lost"))) == [CRIT]
 
 
@@ -84,7 +86,8 @@ def test_nvml() -> None:
     assert statuses(grade("nvml", inv(gpu_driver=""))) == [UNKNOWN]  # an older agent
     found = grade("nvml", inv(gpus=[], gpu_source="none", gpu_note="libnvidia-ml.so.1 not found"))
     assert statuses(found) == [UNKNOWN] and "libnvidia-ml.so.1 not found" in found[0].finding and found[0].action
-    assert statuses(grade("nvml", inv(gpus=[], gpu_source="none", gpu_note="CPU-only node (discovery.gpus: none)"))) == [OK]
+    assert statuses(grade("nvml",
+                          inv(gpus=[], gpu_source="none", gpu_note="CPU-only node (discovery.gpus: none)"))) == [OK]
     assert statuses(grade("nvml", inv(gpu_source="sim", gpu_driver=""))) == [OK]
 
 
@@ -100,7 +103,8 @@ def test_gpu_health() -> None:
     assert statuses(grade("gpu-health", healthy(gpus=[m.GpuHealth(index=0)]))) == [CRIT]  # GPU 1 fell off
     found = grade("gpu-health", gpus())  # GPU 1 without ECC readings (an older agent)
     assert statuses(found) == [OK] and "ECC not reported for GPU 1" in found[0].finding
-    found = grade("gpu-health", healthy(gpus=[m.GpuHealth(index=0, ecc_uncorrected=0), m.GpuHealth(index=1, ecc_uncorrected=0)]))
+    found = grade("gpu-health",
+                  healthy(gpus=[m.GpuHealth(index=0, ecc_uncorrected=0), m.GpuHealth(index=1, ecc_uncorrected=0)]))
     assert statuses(found) == [OK] and "Xids not reported" in found[0].finding  # where NVML delivers none
     assert statuses(grade("gpu-health", healthy(gpus=None))) == [UNKNOWN]  # no heartbeat yet
 
@@ -141,8 +145,8 @@ def test_ports() -> None:
 
 def test_port_rate_against_the_fleet() -> None:
     slow = healthy("gpu-02")
-    slow = msgspec.structs.replace(slow, ports=[msgspec.structs.replace(p, rate_gbps=100.0) if p.device == "mlx5_1" else p
-                                                for p in slow.ports])
+    slow = msgspec.structs.replace(slow, ports=[msgspec.structs.replace(p, rate_gbps=100.0) if p.device == "mlx5_1"
+                                                else p for p in slow.ports])
     ctx = NodeContext(fabric_rates=fabric_rates([healthy(), slow]))
     assert ctx.fabric_rates == {"ib": 400.0}
     found = grade("port-rate", slow, ctx)
@@ -182,7 +186,8 @@ def test_memlock() -> None:
 
 def test_disk() -> None:
     def free(n: int, total: int = 1000 * GIB) -> NodeFacts:
-        return healthy(host=m.HostFacts(memlock_bytes=-1, model_cache="/c", cache_free_bytes=n, cache_total_bytes=total))
+        return healthy(host=m.HostFacts(memlock_bytes=-1, model_cache="/c", cache_free_bytes=n,
+                                        cache_total_bytes=total))
 
     assert statuses(grade("disk", free(80 * GIB))) == [WARN]  # 8 %
     assert statuses(grade("disk", free(20 * GIB))) == [CRIT]  # 2 %
@@ -221,7 +226,8 @@ def test_cluster_checks() -> None:
                 FabricProblemFact(kind="degraded_link", message="gpu-02 [1] ↔ leaf-1 [3]: 1X of 4X")]
     fabrics = [f for f in run(cluster(fabrics=[FabricFacts(id="0xabc", problems=problems)])) if f.check == "fabrics"]
     assert statuses(fabrics) == [WARN, WARN] and all(f.action for f in fabrics)
-    sm = [f for f in run(cluster(fabrics=[FabricFacts(id="0xabc", problems=[FabricProblemFact(kind="no_sm", message="x")])]))
+    sm = [f for f in run(cluster(fabrics=[FabricFacts(id="0xabc",
+                                                      problems=[FabricProblemFact(kind="no_sm", message="x")])]))
           if f.check == "fabrics"]
     assert statuses(sm) == [CRIT]
 
@@ -230,7 +236,8 @@ def test_replicas() -> None:
     pending = ReplicaFacts(id="small-2", model="small", state="pending", reason="gpu-01: 0 of 8 GPUs free, 1 needed")
     found = [f for f in run(cluster(replicas=[*cluster().replicas, pending])) if f.check == "replicas"]
     assert statuses(found) == [WARN] and "gpu-01: 0 of 8 GPUs free" in found[0].finding
-    failed = [ReplicaFacts(id=f"small-{i}", model="small", state="failed", failures=3, reason="exit 1") for i in range(2)]
+    failed = [ReplicaFacts(id=f"small-{i}", model="small", state="failed", failures=3, reason="exit 1")
+              for i in range(2)]
     assert statuses([f for f in run(cluster(replicas=failed)) if f.check == "replicas"]) == [CRIT, CRIT]
     stuck = [ReplicaFacts(id="small-0", model="small", state="ready"),
              ReplicaFacts(id="small-1", model="small", state="starting", state_age=1200.0)]

@@ -67,7 +67,8 @@ def test_the_fabric_manager_is_found_by_its_truncated_comm_and_argv0(tmp_path):
     assert fabric_manager_running(str(proc)) is False
     proc_entry(proc, 3001, "nv-fabricmanage", "/usr/bin/nv-fabricmanager-ctl\0")
     assert fabric_manager_running(str(proc)) is False
-    proc_entry(proc, 2939, "nv-fabricmanage", "/usr/bin/nv-fabricmanager\0-c\0/usr/share/nvidia/nvswitch/fabricmanager.cfg\0")
+    proc_entry(proc, 2939, "nv-fabricmanage",
+               "/usr/bin/nv-fabricmanager\0-c\0/usr/share/nvidia/nvswitch/fabricmanager.cfg\0")
     assert fabric_manager_running(str(proc)) is True
     os.unlink(proc / "2939" / "cmdline")  # hidepid: another user's cmdline unreadable, comm to go by
     assert fabric_manager_running(str(proc)) is True
@@ -113,7 +114,8 @@ def test_a_failed_setup_is_critical_and_the_status_is_read_only_once_complete():
 
 def test_no_nvswitches_no_fabric_manager_needed_and_an_older_agent_as_before():
     assert run("fabric-manager", nvswitch_node(False, switches=0))[0][0] == OK
-    assert run("fabric-manager", nvswitch_node(None, DONE, switches=None)) == [(OK, "", "2 GPUs: NVSwitch fabric set up")]
+    assert run("fabric-manager", nvswitch_node(None, DONE, switches=None)) == [(OK, "",
+                                                                                "2 GPUs: NVSwitch fabric set up")]
     [(status, _, finding)] = run("fabric-manager", nvswitch_node(None))
     assert status == UNKNOWN and "cannot tell whether nv-fabricmanager runs" in finding
 

@@ -48,8 +48,10 @@ def test_the_checks_are_registered_as_node_checks_after_nvlink():
 def test_the_fake_board_is_the_real_h200_fixtures():
     """The fake's healthy answers are what the real H200 printed (driver 580)."""
     text = FIXTURE.read_text(encoding="utf-8")
-    for line in ("Pending                                        : No", "Remapping Failure Occurred                     : No",
-                 "HW Thermal Slowdown                        : Not Active", "Persistence Mode                                   : Enabled",
+    for line in ("Pending                                        : No",
+                 "Remapping Failure Occurred                     : No",
+                 "HW Thermal Slowdown                        : Not Active",
+                 "Persistence Mode                                   : Enabled",
                  "Max                                    : 16x", "Current                                : 16x"):
         assert line in text, line
     [h, _] = read()
@@ -99,7 +101,8 @@ def test_a_board_without_remapper_or_retirement_is_ok_and_says_so():
 # ---- clock event reasons and temperature -------------------------------------------------------
 
 
-@pytest.mark.parametrize(("bits", "reason"), [(0x8 | 0x40, "HW thermal slowdown"), (0x8 | 0x80, "HW power brake slowdown"),
+@pytest.mark.parametrize(("bits", "reason"), [(0x8 | 0x40, "HW thermal slowdown"),
+                                              (0x8 | 0x80, "HW power brake slowdown"),
                                               (0x8, "HW slowdown"), (0x20, "SW thermal slowdown")])
 def test_hardware_and_thermal_slowdowns_warn_with_the_reason(bits, reason):
     [(status, subject, finding)] = run("clocks", facts(read({1: {"reasons": bits}})))
@@ -117,7 +120,8 @@ def test_older_bindings_read_the_throttle_reasons():
     assert discovery.nvml_health(nv)[0].clock_events == ["hw_slowdown", "hw_thermal"]
 
 
-@pytest.mark.parametrize(("temperature", "status"), [(80, OK), (84, WARN), (88, WARN), (89, WARN), (90, CRIT), (95, CRIT)])
+@pytest.mark.parametrize(("temperature", "status"),
+                         [(80, OK), (84, WARN), (88, WARN), (89, WARN), (90, CRIT), (95, CRIT)])
 def test_temperature_against_the_cards_own_thresholds(temperature, status):
     found = run("temperature", facts(read(temperature=temperature)))
     assert {s for s, _, _ in found} == {status}, found
@@ -189,8 +193,9 @@ def test_a_board_without_ecc_is_not_a_finding():
 # ---- Xids and what an older agent sends ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("xid", "status"), [(79, CRIT), (109, CRIT), (119, CRIT), (120, CRIT), (140, CRIT), (143, CRIT),
-                                             (154, CRIT), (158, CRIT), (149, WARN), (156, WARN), (13, WARN), (999, WARN)])
+@pytest.mark.parametrize(("xid", "status"), [(79, CRIT), (109, CRIT), (119, CRIT), (120, CRIT), (140, CRIT),
+                                             (143, CRIT), (154, CRIT), (158, CRIT), (149, WARN), (156, WARN),
+                                             (13, WARN), (999, WARN)])
 def test_current_drivers_xids_have_a_meaning_and_an_action(xid, status):
     n = facts([m.GpuHealth(index=0, xid=xid, ecc_uncorrected=0)])
     [finding] = check_gpu_health(n, NodeContext())
@@ -210,11 +215,13 @@ def test_an_older_agent_sends_none_of_it_and_the_checks_say_unknown_with_why():
 
 
 def test_a_new_agent_on_a_board_that_answers_nothing_is_ok():
-    none = {k: None for k in ("remapped", "retired", "reasons", "slowdown", "shutdown", "gen", "width", "persistence", "ecc")}
+    none = {k: None
+            for k in ("remapped", "retired", "reasons", "slowdown", "shutdown", "gen", "width", "persistence", "ecc")}
     n = facts(read({0: none, 1: none}))
     for check in set(GPU_CHECKS) - {"gpudirect"}:
         [(status, _, finding)] = run(check, n)
-        assert status == OK and any(w in finding for w in ("not reported", "no thresholds", "no NVSwitch")), (check, finding)
+        assert status == OK and any(w in finding for w in ("not reported", "no thresholds", "no NVSwitch")), (
+            check, finding)
 
 
 def test_a_simulated_gpu_reads_the_same_fields(tmp_path):

@@ -29,7 +29,8 @@ def registry_with_node(wall_offset: float = 0.0) -> NodeRegistry:
 
 
 def beat(registry: NodeRegistry, now: float, symbol_errors: int, sent_at: float, wall: float) -> None:
-    port = m.PortCounters(device="mlx5_0", port=1, state="ACTIVE", rate_gbps=400.0, counters={"symbol_error": symbol_errors})
+    port = m.PortCounters(device="mlx5_0", port=1, state="ACTIVE", rate_gbps=400.0,
+                          counters={"symbol_error": symbol_errors})
     registry.heartbeat("gpu-01", 1, m.Heartbeat(sent_at=sent_at, ports=[port]), now, wall=wall)
 
 
@@ -93,7 +94,8 @@ async def test_a_thousand_nodes_are_graded_on_the_bounded_path() -> None:
     for i in range(1000):
         node_id = f"gpu-{i:04d}"
         ports = [m.Port(device=f"mlx5_{d}", port=1, state="ACTIVE", rate_gbps=400.0) for d in range(8)]
-        registry.register(m.Register(node_id=node_id, version="x", inventory=m.Inventory(ports=ports, gpu_source="sim")),
+        registry.register(m.Register(node_id=node_id, version="x",
+                                     inventory=m.Inventory(ports=ports, gpu_source="sim")),
                           now=0.0, session=i + 1)
         for now in (5.0, 10.0):
             readings = [m.PortCounters(device=p.device, port=1, state="ACTIVE", rate_gbps=400.0) for p in ports]

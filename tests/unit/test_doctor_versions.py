@@ -55,7 +55,8 @@ def test_the_one_node_on_another_driver_is_named_with_the_versions_seen() -> Non
 
 
 def test_firmware_odd_nodes_vbios_and_hca() -> None:
-    found = run("firmware-versions", node("a", fw="28.36.1010"), node("b"), node("c"), node("d", vbios="96.00.99.00.01"))
+    found = run("firmware-versions", node("a", fw="28.36.1010"), node("b"), node("c"),
+                node("d", vbios="96.00.99.00.01"))
     assert sorted((s, subject) for s, subject, _ in found) == [(WARN, "a"), (WARN, "d")]
     assert any("MT4129 firmware 28.36.1010" in text for _, _, text in found)
 
@@ -113,12 +114,14 @@ def test_a_pool_is_the_nodes_a_profile_fits_not_every_node_with_that_gpu() -> No
     fours = [box("small-01", gpus=4, driver="550.90.07"), box("small-02", gpus=4, driver="550.90.07")]
     [ok] = pooled([LLAMA], *eights, *fours)
     assert ok.status == OK, ok
-    assert "3 nodes in the placement pool of llama-70b" in ok.finding and f"2 nodes with {H100}: NVIDIA driver 550.90.07" in ok.finding
+    assert ("3 nodes in the placement pool of llama-70b" in ok.finding
+            and f"2 nodes with {H100}: NVIDIA driver 550.90.07" in ok.finding)
     # With no models the same five are one pool by GPU model: the two are the odd ones.
     odd = pooled([], *eights, *fours)
     assert sorted(f.subject for f in odd) == ["small-01", "small-02"]
     # gpu_memory_mib is a floor: an 80 GB profile leaves out the 40 GB A100s.
-    a100 = ModelFacts(name="mixtral", replicas=1, profiles=[ProfileNeeds(gpus=8, gpu_kind="a100", gpu_memory_mib=80000)])
+    a100 = ModelFacts(name="mixtral", replicas=1,
+                      profiles=[ProfileNeeds(gpus=8, gpu_kind="a100", gpu_memory_mib=80000)])
     big = [box(f"a100-{i}", gpu="NVIDIA A100-SXM4-80GB", memory_mib=81920) for i in range(3)]
     small = box("a100-40", gpu="NVIDIA A100-SXM4-80GB", memory_mib=40960, driver="535.161.08")
     [ok] = pooled([a100], *big, small)
@@ -230,7 +233,9 @@ _counts = st.dictionaries(st.sampled_from(["packet_seq_err", "out_of_buffer", "r
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(_version, _version, _version, _version, st.sampled_from(["H100", "H200", ""]),
                           st.booleans()), max_size=6))
-def test_arbitrary_versions_never_raise_and_name_only_ready_nodes(rows: list[tuple[str, str, str, str, str, bool]]) -> None:
+def test_arbitrary_versions_never_raise_and_name_only_ready_nodes(
+    rows: list[tuple[str, str, str, str, str, bool]]
+) -> None:
     nodes = []
     for i, (driver, cuda, vbios, fw, gpu, ready) in enumerate(rows):
         n = node(f"n{i}", driver=driver, cuda=cuda, vbios=vbios, fw=fw, stack=driver, gpu=gpu)

@@ -57,7 +57,8 @@ def test_vllm_argv_keeps_a_served_name_the_profile_sets_and_defaults_the_source(
 
 @pytest.mark.parametrize("args", [["--tensor-parallel-size", "4"], ["--tensor-parallel-size=4"], ["-tp", "4"]])
 def test_vllm_refuses_a_tensor_size_that_is_not_the_gpu_count(args: list[str]) -> None:
-    with pytest.raises(LaunchError, match=r"vllm: profile args set tensor parallel size 4 but the shard has 2 GPU\(s\) \[0, 1\]; "
+    with pytest.raises(LaunchError,
+                       match=r"vllm: profile args set tensor parallel size 4 but the shard has 2 GPU\(s\) \[0, 1\]; "
                                           r"drop the flag or set gpus: 4"):
         adapter_for("vllm").validate(spec("vllm", gpus=[0, 1], args=args))
 
@@ -100,7 +101,8 @@ def test_tensor_parallel_arg_forms() -> None:
 
 def test_sglang_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LLMGW_SGLANG_PYTHON", raising=False)
-    argv = adapter_for("sglang").argv(spec("sglang", gpus=[2, 3], args=["--mem-fraction-static", "0.8"]), "0.0.0.0", 30000)
+    argv = adapter_for("sglang").argv(spec("sglang", gpus=[2, 3], args=["--mem-fraction-static", "0.8"]), "0.0.0.0",
+                                      30000)
     assert argv == ["python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct",
                     "--host", "0.0.0.0", "--port", "30000", "--tp-size", "2", "--served-model-name", "llama",
                     "--mem-fraction-static", "0.8"]
@@ -110,7 +112,8 @@ def test_sglang_python_comes_from_the_agent_env_never_from_the_profile(monkeypat
     monkeypatch.setenv("LLMGW_SGLANG_PYTHON", "/opt/sglang/bin/python")
     assert adapter_for("sglang").argv(spec("sglang"), "h", 1)[0] == "/opt/sglang/bin/python"
     # A profile (the server) cannot pick the executable: LLMGW_PYTHON is just a variable now.
-    assert adapter_for("sglang").argv(spec("sglang", env={"LLMGW_PYTHON": "/tmp/evil"}), "h", 1)[0] == "/opt/sglang/bin/python"
+    assert adapter_for("sglang").argv(spec("sglang", env={"LLMGW_PYTHON": "/tmp/evil"}), "h",
+                                      1)[0] == "/opt/sglang/bin/python"
     monkeypatch.delenv("LLMGW_SGLANG_PYTHON")
     assert adapter_for("sglang").argv(spec("sglang", env={"LLMGW_PYTHON": "/tmp/evil"}), "h", 1)[0] == "python3"
 
@@ -134,7 +137,8 @@ def test_command_fills_every_placeholder() -> None:
              command=["/opt/engine/serve", "--listen={host}:{port}", "--weights", "{source}", "--name", "{model}"],
              args=["--gpus", "{gpus}", "--tp", "{tp}", "--rank", "{rank}/{world}", "--json", '{{"a": 1}}'])
     assert adapter_for("command").argv(s, "10.1.2.3", 24000) == [
-        "/opt/engine/serve", "--listen=10.1.2.3:24000", "--weights", "meta-llama/Llama-3.1-8B-Instruct", "--name", "llama",
+        "/opt/engine/serve", "--listen=10.1.2.3:24000", "--weights", "meta-llama/Llama-3.1-8B-Instruct", "--name",
+        "llama",
         "--gpus", "4,6", "--tp", "2", "--rank", "1/2", "--json", '{"a": 1}',
     ]
 
@@ -187,7 +191,8 @@ def test_unknown_engine_is_refused() -> None:
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "command", "sim"])
 def test_cuda_visible_devices_is_exactly_the_shards_gpus(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # what the agent itself sees
-    env = adapter_for(engine).env(spec(engine, gpus=[5, 2], command=["x"], env={"CUDA_VISIBLE_DEVICES": "0", "HF_HOME": "/models"}))
+    env = adapter_for(engine).env(spec(engine, gpus=[5, 2], command=["x"],
+                                       env={"CUDA_VISIBLE_DEVICES": "0", "HF_HOME": "/models"}))
     assert env["CUDA_VISIBLE_DEVICES"] == "5,2"  # placement's choice wins over the profile's
     assert env["HF_HOME"] == "/models" and env["PYTHONUNBUFFERED"] == "1"
     assert env["PATH"] == os.environ["PATH"]
@@ -244,7 +249,8 @@ def test_vllm_and_sim_get_the_key_in_their_environment_not_their_argv(monkeypatc
         assert adapter_for(engine).env(s)["VLLM_API_KEY"] == KEY
         # No key for the shard: none at all, not one the agent or a profile happens to have.
         assert "VLLM_API_KEY" not in adapter_for(engine).env(spec(engine, env={"VLLM_API_KEY": "from-profile"}))
-        assert adapter_for(engine).env(spec(engine, api_key=KEY, env={"VLLM_API_KEY": "from-profile"}))["VLLM_API_KEY"] == KEY
+        assert adapter_for(engine).env(spec(engine, api_key=KEY,
+                                            env={"VLLM_API_KEY": "from-profile"}))["VLLM_API_KEY"] == KEY
 
 
 def test_sglang_gets_the_key_as_its_api_key_flag(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,7 +268,8 @@ def test_command_gets_the_key_as_a_placeholder_and_in_its_environment() -> None:
 
 @pytest.mark.parametrize(("engine", "args"), [("vllm", ["--api-key", "mine"]), ("sglang", ["--api-key=mine"])])
 def test_a_profile_cannot_set_its_own_engine_key(engine: str, args: list[str]) -> None:
-    with pytest.raises(LaunchError, match=f"{engine}: profile args set --api-key, but the agent gives every engine its own key"):
+    with pytest.raises(LaunchError,
+                       match=f"{engine}: profile args set --api-key, but the agent gives every engine its own key"):
         adapter_for(engine).validate(spec(engine, api_key=KEY, args=args))
 
 

@@ -39,7 +39,8 @@ def test_keys_that_change_what_runs_are_refused_by_default(key: str) -> None:
 
 
 def test_ordinary_keys_and_explicitly_allowed_ones_pass() -> None:
-    check_env({"HF_HOME": "/models", "VLLM_ATTENTION_BACKEND": "FLASHINFER", "NCCL_IB_HCA": "mlx5", "PYTHONUNBUFFERED": "0",
+    check_env({"HF_HOME": "/models", "VLLM_ATTENTION_BACKEND": "FLASHINFER", "NCCL_IB_HCA": "mlx5",
+               "PYTHONUNBUFFERED": "0",
                "CUDA_VISIBLE_DEVICES": "0"}, EngineAllow())
     check_env({"LD_LIBRARY_PATH": "/opt/cuda/lib64"}, EngineAllow(env=["LD_LIBRARY_PATH"]))
     assert not env_refused("path", EngineAllow())  # case matters: PATH is PATH
@@ -86,8 +87,8 @@ def test_the_simulated_engine_needs_no_entry_but_only_as_itself() -> None:
 
 
 def test_the_allowlist_is_read_from_the_agent_config_and_checked() -> None:
-    cfg = parse_config("allow:\n  engines: [vllm, command]\n  executables: [/opt/engines/*]\n  env: [LD_LIBRARY_PATH]\n",
-                       AgentConfig)
+    cfg = parse_config("allow:\n  engines: [vllm, command]\n  executables: [/opt/engines/*]\n"
+                       "  env: [LD_LIBRARY_PATH]\n", AgentConfig)
     assert cfg.allow.engines == ["vllm", "command"] and cfg.allow.executables == ["/opt/engines/*"]
     assert cfg.allow.refuse_env == ["PATH", "LD_*", "PYTHON*"]  # the default stays unless set
     assert parse_config("", AgentConfig).allow == EngineAllow()

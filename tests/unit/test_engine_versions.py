@@ -37,7 +37,8 @@ def test_what_each_launch_needs_is_the_newest_of_its_flags():
     assert versions.needs("vllm", argv("vllm")) == ((0, 5, 2), [])  # `vllm serve`
     assert versions.needs("vllm", argv("vllm", world=2, rank=1)) == ((0, 11, 1), ["--nnodes", "--node-rank",
                                                                                 "--master-addr", "--master-port"])
-    assert versions.needs("vllm", argv("vllm", world=2, mode="ray")) == ((0, 5, 2), [])  # Ray mode: `vllm serve` is newer
+    # Ray mode: `vllm serve` is newer
+    assert versions.needs("vllm", argv("vllm", world=2, mode="ray")) == ((0, 5, 2), [])
     assert versions.needs("sglang", argv("sglang")) == ((0, 2, 9), ["--served-model-name"])
     assert versions.needs("sglang", argv("sglang", world=2)) == ((0, 3, 3), ["--dist-init-addr"])
     assert versions.needs("sim", argv("sim", world=2)) == ((0, 11, 1), ["--nnodes", "--node-rank", "--master-addr",

@@ -61,7 +61,8 @@ async def test_events_are_kept_filtered_and_pruned(tmp_path: Path) -> None:
     assert [e.kind for e in await events.query(EventQuery())] == ["reload"]
 
 
-async def test_a_directory_that_cannot_be_written_keeps_events_in_memory(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_directory_that_cannot_be_written_keeps_events_in_memory(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
     blocked = tmp_path / "state"
     blocked.write_text("a file where the state directory should be")
     events = EventLog(blocked)
@@ -74,7 +75,8 @@ async def test_a_directory_that_cannot_be_written_keeps_events_in_memory(tmp_pat
     assert [e.message for e in got] == ["node gpu-01: new → ready"] and got[0].id == 2
 
 
-async def test_a_write_that_fails_degrades_instead_of_crashing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_write_that_fails_degrades_instead_of_crashing(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     events = EventLog(tmp_path)
     await events.open()
     assert events.db is not None
@@ -99,7 +101,8 @@ async def test_replica_and_breaker_transitions_become_events(tmp_path: Path) -> 
     events = EventLog(tmp_path)
     await events.open()
     shard = SimpleNamespace(shard_id="chat-a.1", node="gpu-01", rank=0, gpus=[0], port=20001)
-    replica = SimpleNamespace(id="chat-a", model="chat", profile="tp1", state="starting", reason="", tail=[], adopted=False,
+    replica = SimpleNamespace(id="chat-a", model="chat", profile="tp1", state="starting", reason="", tail=[],
+                              adopted=False,
                               shards=[shard])
     seen: dict = {}
     replica_events(seen, [replica], events)
@@ -134,7 +137,8 @@ async def test_a_replica_on_two_nodes_is_found_by_either(tmp_path: Path, durable
     assert bool(events.degraded) is not durable
     shards = [SimpleNamespace(shard_id=f"big-a.1.{rank}", node=node, rank=rank, gpus=[0], port=20001)
               for rank, node in ((1, "gpu-02"), (0, "gpu-01"))]
-    replica = SimpleNamespace(id="big-a", model="big", profile="two", state="starting", reason="", tail=[], adopted=False,
+    replica = SimpleNamespace(id="big-a", model="big", profile="two", state="starting", reason="", tail=[],
+                              adopted=False,
                               shards=shards)
     replica_events({}, [replica], events)
     events.record("drain", "move of big-a asked", node="gpu-02", nodes=["gpu-01", "gpu-02"], model="big")
@@ -151,7 +155,8 @@ async def test_an_events_file_from_before_nodes_gains_the_column(tmp_path: Path)
     import sqlite3
 
     db = sqlite3.connect(tmp_path / "events.db")
-    db.executescript("""CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, kind TEXT NOT NULL,
+    db.executescript(
+        """CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, kind TEXT NOT NULL,
         node TEXT NOT NULL DEFAULT '', model TEXT NOT NULL DEFAULT '', replica TEXT NOT NULL DEFAULT '',
         message TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
         INSERT INTO events (time, kind, node, message) VALUES (1, 'node', 'gpu-01', 'old');""")
@@ -187,7 +192,8 @@ async def test_a_reader_that_gives_no_credit_stops_the_agent_reading(tmp_path: P
     path = tmp_path / "engine.log"
     path.write_text("".join(f"line {i:06d} " + "x" * 200 + "\n" for i in range(20_000)))  # ~4 MB
     sent = Sent()
-    streams = LogStreams(lambda shard: LogSource(str(path), redact=lambda s: s.replace("secret", "<key>"), alive=lambda: True)
+    streams = LogStreams(lambda shard: LogSource(str(path), redact=lambda s: s.replace("secret", "<key>"),
+                                                 alive=lambda: True)
                          if shard == "chat-a.1" else None)
 
     send = sent

@@ -124,7 +124,8 @@ def test_two_tier_generated_fabric() -> None:
     assert len(fabric.rails) == 8 and {r.rail for r in fabric.rails} == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
     assert all(len(r.leaves) == 1 and r.adapters == 4 for r in fabric.rails)
     # the adapters are the simulated nodes' own
-    assert {(a.node, a.device, a.guid) for a in fabric.adapters} >= {("node-3", "mlx5_2", f"0x{node_guid('node-3', 2):016x}")}
+    assert {(a.node, a.device, a.guid) for a in fabric.adapters} >= {("node-3", "mlx5_2",
+                                                                      f"0x{node_guid('node-3', 2):016x}")}
 
 
 def test_three_tier_generated_fabric() -> None:

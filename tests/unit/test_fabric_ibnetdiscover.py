@@ -51,7 +51,8 @@ def test_ibm_two_hcas_one_switch() -> None:
     assert (topo.count(NodeKind.SWITCH), topo.count(NodeKind.CA), len(topo.links)) == (1, 2, 2)
     assert rates(topo) == {"4xSDR": 2}
     switch = topo.nodes["0x000b8cffff0053ee"]
-    assert (switch.description, switch.ports, switch.lid, switch.devid) == ("MT43132 Mellanox Technologies", 8, 3, "0xa87c")
+    assert (switch.description, switch.ports, switch.lid, switch.devid) == ("MT43132 Mellanox Technologies", 8, 3,
+                                                                            "0xa87c")
     ca = topo.nodes["0x0002c902002789ac"]
     assert (ca.description, ca.lid) == ("compute-00-01 HCA-1", 1)
     assert topo.initiated_from == "0x0002c9030002847c"
@@ -141,7 +142,8 @@ def test_ibdiagnet_variant_and_a_truncated_file() -> None:
 
 def test_lassen_counts() -> None:
     topo = parse("ibnetdiscover/llnl-lassen-cs7500-edr-174sw.txt")
-    assert (topo.count(NodeKind.SWITCH), topo.count(NodeKind.CA), len(topo.links), topo.problems) == (174, 1644, 3443, [])
+    assert (topo.count(NodeKind.SWITCH), topo.count(NodeKind.CA), len(topo.links), topo.problems) == (174, 1644, 3443,
+                                                                                                      [])
 
 
 # ---- -p -------------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ class FakeFleet:
         self.links = FleetLinks[FakeSession]()  # what the service sees (the fleet service's)
 
 
-def setup(tmp_path: Path, nodes: int = 3, features: tuple[str, ...] = (m.FEATURE_DISCOVER,)) -> tuple[FabricService, FakeFleet]:
+def setup(tmp_path: Path, nodes: int = 3,
+          features: tuple[str, ...] = (m.FEATURE_DISCOVER,)) -> tuple[FabricService, FakeFleet]:
     registry = NodeRegistry(1.0)
     fleet = FakeFleet()
     for i in range(1, nodes + 1):
@@ -157,7 +158,8 @@ async def test_a_topology_becomes_what_placement_reads(tmp_path: Path) -> None:
     await answer(service, fleet, topo.ibnetdiscover.encode())
     assert sorted(service.places.by_node) == ["n1", "n2", "n3"]
     n2 = service.places.by_node["n2"]
-    assert sorted(n2) == ["mlx5_0", "mlx5_1"] and n2["mlx5_1"].short == "cable to leaf-g1-r1 trained 1xNDR (others 4xNDR)"
+    assert sorted(n2) == ["mlx5_0", "mlx5_1"] and n2["mlx5_1"].short == (
+        "cable to leaf-g1-r1 trained 1xNDR (others 4xNDR)")
     assert n2["mlx5_0"].leaf == service.places.by_node["n1"]["mlx5_0"].leaf and not n2["mlx5_0"].short
 
 
@@ -165,7 +167,8 @@ async def test_a_node_reporting_another_nodes_adapter_guids_takes_no_place(tmp_p
     """n4's agent says it has n2's adapters: the GUIDs name neither node, so n4 does not take n2's
     place under its leaf (n2 is still found by its adapters' node descriptions)."""
     service, fleet = setup(tmp_path)
-    ports = [m.Port(device=f"mlx5_{d}", port=1, state="ACTIVE", node_guid=f"0x{node_guid('n2', d):016x}") for d in range(2)]
+    ports = [m.Port(device=f"mlx5_{d}", port=1, state="ACTIVE", node_guid=f"0x{node_guid('n2', d):016x}")
+             for d in range(2)]
     service.registry.register(m.Register(node_id="n4", version="1", inventory=m.Inventory(ports=ports)), 0.0, 4)
     service.tick()
     await answer(service, fleet, smir_text())
@@ -193,7 +196,8 @@ async def test_smir_goes_through_one_port_per_master_so_a_split_stays_seen(tmp_p
         service.pending.clear()
         service.tick()
         asked = sorted(p.node for p in service.pending.values() if p.tool == m.TOOL_SMIR and p.fabric == fabric.id)
-        assert len(asked) == 2 and asked[0] == "n1" and asked[1] in ("n2", "n3"), asked  # (others: ports of no fabric yet)
+        # (others: ports of no fabric yet)
+        assert len(asked) == 2 and asked[0] == "n1" and asked[1] in ("n2", "n3"), asked
         for session in fleet.sessions.values():
             session.sent.clear()
 

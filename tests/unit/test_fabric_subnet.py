@@ -53,7 +53,8 @@ def test_real_sminfo_wrapped_by_a_mail_client() -> None:
 
 
 def test_sminfo_one_line() -> None:
-    parsed = parse_sminfo("sminfo: sm lid 1 sm guid 0x248a0703005abf1c, activity count 1234 priority 14 state 2 SMINFO_STANDBY\n")
+    parsed = parse_sminfo("sminfo: sm lid 1 sm guid 0x248a0703005abf1c, activity count 1234 priority 14 state 2 "
+                          "SMINFO_STANDBY\n")
     assert parsed.records == [SmRecord(guid="0x248a0703005abf1c", lid=1, priority=14, state=SmState.STANDBY,
                                        act_count=1234)]
 
@@ -87,7 +88,8 @@ def sim_views(**kw: object) -> list[PortView]:
 
 def test_sms_listed_together_are_one_fabric_named_by_the_lowest_guid() -> None:
     report = group_fabrics([view("n1", rec(B, SmState.MASTER, 14), rec(A, SmState.STANDBY, 13)),
-                            view("n2", rec(C, SmState.MASTER)), view("n3", rec(C, SmState.MASTER), rec(D, SmState.STANDBY))])
+                            view("n2", rec(C, SmState.MASTER)),
+                            view("n3", rec(C, SmState.MASTER), rec(D, SmState.STANDBY))])
     assert [(f.id, f.master.guid if f.master else None, [s.guid for s in f.standbys]) for f in report.fabrics] == [
         (A, B, [A]), (C, C, [D])]
 
@@ -140,5 +142,6 @@ def test_ports_up_with_no_subnet_manager() -> None:
 def test_a_master_change_older_than_an_hour_is_history_not_a_problem() -> None:
     change = MasterChange(fabric=A, at=0.0, old=A, new=B)
     views = [view("n1", rec(B, SmState.MASTER), rec(A, SmState.STANDBY))]
-    assert FabricProblemKind.MASTER_CHANGED in {p.kind for p in group_fabrics(views, changes=[change], now=10).fabrics[0].problems}
+    assert FabricProblemKind.MASTER_CHANGED in {p.kind for p in group_fabrics(views, changes=[change],
+                                                                              now=10).fabrics[0].problems}
     assert group_fabrics(views, changes=[change], now=7200).fabrics[0].problems == []

@@ -79,7 +79,8 @@ async def progress_forever(msg: m.FabricTest):  # type: ignore[no-untyped-def]
         await trio.sleep(5)  # ok: MockClock time (autojump), no wall-clock wait
 
 
-def harness(nursery: trio.Nursery, ids: tuple[str, ...], answers: dict[str, Any], **kw: float) -> tuple[FabricTests, dict[str, Session]]:
+def harness(nursery: trio.Nursery, ids: tuple[str, ...], answers: dict[str, Any],
+            **kw: float) -> tuple[FabricTests, dict[str, Session]]:
     box: list[FabricTests] = []
     sessions = {n: Session(lambda: box[0], n, nursery, answers.get(n)) for n in ids}
     links = FleetLinks[Session]()
@@ -97,7 +98,8 @@ async def test_progress_forever_is_cut_at_the_install_ceiling_fixed_when_prepare
         events.append(event)
 
     async with trio.open_nursery() as nursery:
-        tests, sessions = harness(nursery, ("gpu-01", "gpu-02"), {"gpu-02": progress_forever}, grace=10, install_wait=60)
+        tests, sessions = harness(nursery, ("gpu-01", "gpu-02"), {"gpu-02": progress_forever}, grace=10,
+                                  install_wait=60)
         t0 = trio.current_time()
         report = await tests.run("gpu-01", "gpu-02", emit)
         took = trio.current_time() - t0
@@ -151,7 +153,8 @@ async def test_a_test_of_two_other_nodes_runs_while_one_pair_is_stuck(autojump_c
             waiting.append(event)
 
         shared = await tests.run("gpu-03", "gpu-01", heard)  # shares gpu-01: waits for the stuck one's deadline
-        assert waiting[0] == {"event": "waiting", "message": "gpu-01 is in another fabric test; this one starts after it"}
+        assert waiting[0] == {"event": "waiting",
+                              "message": "gpu-01 is in another fabric test; this one starts after it"}
         assert stuck and stuck[0]["status"] == "crit" and shared["status"] == "ok"
         assert trio.current_time() - t0 < 610
         nursery.cancel_scope.cancel()
@@ -173,7 +176,9 @@ async def _collect(into: list[dict[str, Any]], run: Any) -> None:
     into.append(await run)
 
 
-async def test_the_client_dials_b_as_registered_and_a_system_port_is_refused(autojump_clock: trio.testing.MockClock) -> None:
+async def test_the_client_dials_b_as_registered_and_a_system_port_is_refused(
+    autojump_clock: trio.testing.MockClock
+) -> None:
     async def forged(msg: m.FabricTest):  # type: ignore[no-untyped-def]
         if msg.role == "server":
             # A newer-looking answer naming another host is decoded without it (unknown fields are ignored).

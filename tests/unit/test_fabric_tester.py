@@ -68,7 +68,8 @@ def test_listening_reads_proc_net_tcp() -> None:
     assert listening(text, 0x4853) and not listening(text, 0x1F90) and not listening(text, 1)
 
 
-async def test_missing_perftest_is_installed_with_apt_get_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_missing_perftest_is_installed_with_apt_get_and_said(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "apt-get.args"
@@ -82,7 +83,8 @@ async def test_missing_perftest_is_installed_with_apt_get_and_said(tmp_path: Pat
     os_release.write_text('PRETTY_NAME="Debian GNU/Linux 12"\nID=debian\n')
     monkeypatch.setenv("PATH", str(bin_dir))
     tester = FabricTester(FabricTestSettings(install=True, os_release=str(os_release)), ports=lambda: [IB])
-    assert tester.path is None and tester.features == [m.FEATURE_FABRIC_TEST, m.FEATURE_FABRIC_TEST_DURATION]  # it can run one: it can install
+    # it can run one: it can install
+    assert tester.path is None and tester.features == [m.FEATURE_FABRIC_TEST, m.FEATURE_FABRIC_TEST_DURATION]
 
     progress, done = await run(tester, client())
     assert isinstance(progress, m.FabricTestResult) and progress.phase == "progress"
@@ -98,23 +100,29 @@ async def test_missing_perftest_is_installed_with_apt_get_and_said(tmp_path: Pat
     assert isinstance(again, m.FabricTestResult) and again.ok and not record.exists()
 
 
-async def test_an_install_that_gives_no_ib_write_bw_fails_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script(tmp_path / "apt-get", 'echo "E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)" >&2\nexit 100')
+async def test_an_install_that_gives_no_ib_write_bw_fails_with_its_reason(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    script(tmp_path / "apt-get",
+           'echo "E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)" '
+           '>&2\nexit 100')
     (tmp_path / "os-release").write_text("ID=ubuntu\n")
     monkeypatch.setenv("PATH", str(tmp_path))
     tester = FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release")), ports=lambda: [IB])
     _, done = await run(tester, client())
     assert isinstance(done, m.FabricTestResult) and not done.ok
-    assert "installing perftest with apt-get did not give ib_write_bw (exit status 100: E: Could not open lock" in done.error
+    assert "installing perftest with apt-get did not give ib_write_bw (exit status 100: E: Could not open lock" in (
+        done.error)
 
 
-def test_without_ib_write_bw_or_an_installer_the_feature_is_not_advertised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_ib_write_bw_or_an_installer_the_feature_is_not_advertised(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     (tmp_path / "os-release").write_text("ID=debian\n")
     assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == []
     script(tmp_path / "apt-get", "exit 0")
     assert FabricTester(FabricTestSettings(install=False, os_release=str(tmp_path / "os-release"))).features == []
-    assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == [m.FEATURE_FABRIC_TEST, m.FEATURE_FABRIC_TEST_DURATION]
+    assert FabricTester(FabricTestSettings(os_release=str(tmp_path / "os-release"))).features == [
+        m.FEATURE_FABRIC_TEST, m.FEATURE_FABRIC_TEST_DURATION]
 
 
 async def test_roce_gets_the_roce_v2_gid_index_and_a_port_without_one_is_refused(tmp_path: Path) -> None:
@@ -128,11 +136,13 @@ async def test_roce_gets_the_roce_v2_gid_index_and_a_port_without_one_is_refused
     assert isinstance(no_gid, m.FabricTestResult) and "has no RoCE v2 GID with an IPv4 address" in no_gid.error
     [absent] = await run(tester, client("mlx5_9"))
     assert isinstance(absent, m.FabricTestResult) and absent.error == "this node has no RDMA port mlx5_9/1"
-    [bad] = await run(tester, m.FabricTest(request_id="t", role="client", device="mlx5_0", server_host="-oProxy", server_port=1))
+    [bad] = await run(tester, m.FabricTest(request_id="t", role="client", device="mlx5_0", server_host="-oProxy",
+                                           server_port=1))
     assert isinstance(bad, m.FabricTestResult) and "not a host name" in bad.error
     [system] = await run(tester, m.FabricTest(request_id="t", role="client", device="mlx5_0", server_host="10.0.0.2",
                                               server_port=22))
-    assert isinstance(system, m.FabricTestResult) and system.error == "server port 22 is outside 1024-65535: not dialled"
+    assert isinstance(system, m.FabricTestResult) and system.error == (
+        "server port 22 is outside 1024-65535: not dialled")
 
 
 async def test_a_duration_run_passes_D_and_gpudirect_use_cuda_only_where_the_gpu_exists(tmp_path: Path) -> None:
@@ -149,7 +159,8 @@ async def test_a_duration_run_passes_D_and_gpudirect_use_cuda_only_where_the_gpu
     args = done.output.split()
     assert args[args.index("-D") + 1] == "5" and "-n" not in args and "--use_cuda=1" in args, args
     [no_gpu] = await run(tester, msgspec.structs.replace(req, cuda_device=2))
-    assert isinstance(no_gpu, m.FabricTestResult) and "GPUDirect asked for GPU 2, and this node has GPUs 0, 1 only" in no_gpu.error
+    assert (isinstance(no_gpu, m.FabricTestResult)
+            and "GPUDirect asked for GPU 2, and this node has GPUs 0, 1 only" in no_gpu.error)
     [too_long] = await run(tester, msgspec.structs.replace(req, duration=30))
     assert isinstance(too_long, m.FabricTestResult) and "does not fit in its 30 s timeout" in too_long.error
     bare = FabricTester(FabricTestSettings(install=False), str(tmp_path), ports=lambda: [IB])
@@ -219,9 +230,11 @@ def _proc_tree(root: Path, port: int, listeners: dict[int, int], stats: dict[int
     proc = root / "proc"
     (proc / "net").mkdir(parents=True)
     head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-    rows = [f"   {i}: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 {inode} 1"
+    rows = [f"   {i}: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000  "
+            f"1000        0 {inode} 1"
             for i, inode in enumerate(listeners)]
-    rows.append(f"   9: 0100007F:{port:04X} 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 777 1")
+    rows.append(f"   9: 0100007F:{port:04X} 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  "
+                "1000        0 777 1")
     (proc / "net" / "tcp").write_text(head + "\n".join(rows) + "\n")
     for pid, pgrp in stats.items():
         (proc / str(pid) / "fd").mkdir(parents=True)
@@ -292,9 +305,11 @@ async def test_a_taken_port_is_retried_and_the_client_pairs_with_our_ib_write_bw
                 ready = await receive.receive()
             assert isinstance(ready, m.FabricTestResult) and ready.phase == "ready", ready
             assert ready.tcp_port == taken.offered[1] != taken.offered[0], (ready, taken.offered)
-            assert ready.notes == [f"TCP port {taken.offered[0]} was taken before ib_write_bw could listen on it; trying another"]
+            assert ready.notes == [f"TCP port {taken.offered[0]} was taken before ib_write_bw could listen on it; "
+                                   "trying another"]
             tester = FabricTester(FabricTestSettings(install=False), tools, ports=lambda: [IB])
-            [mine] = await run(tester, m.FabricTest(request_id="c1", role="client", device="mlx5_0", server_host="127.0.0.1",
+            [mine] = await run(tester, m.FabricTest(request_id="c1", role="client", device="mlx5_0",
+                                                    server_host="127.0.0.1",
                                                     server_port=ready.tcp_port, timeout=60))
         done = receive.receive_nowait()
         assert taken.nobody_came()

@@ -37,14 +37,17 @@ def test_both_tools_found_means_the_discover_feature(tools_dir: Path, monkeypatc
 
 
 async def test_output_comes_back_raw_with_the_port_arguments(tools_dir: Path) -> None:
-    result = await FabricTools(str(tools_dir)).run(m.Discover(request_id="r1", tool=m.TOOL_SMIR, device="mlx5_2", port=1))
+    result = await FabricTools(str(tools_dir)).run(m.Discover(request_id="r1", tool=m.TOOL_SMIR, device="mlx5_2",
+                                                              port=1))
     assert result.ok and result.encoding == "" and result.data == b"saquery -C mlx5_2 -P 1 SMIR\n"
     result = await FabricTools(str(tools_dir)).run(m.Discover(request_id="r2", tool=m.TOOL_IBNETDISCOVER))
     assert result.ok and result.data.startswith(b"args: \n")
 
 
 async def test_large_output_is_compressed(tools_dir: Path) -> None:
-    tool(tools_dir, "ibnetdiscover", "i=0; while [ $i -lt 4000 ]; do echo '[1]\t\"H-0002c902002789ac\"[1] # \"x HCA-1\" lid 1 4xSDR'; i=$((i+1)); done")
+    tool(tools_dir, "ibnetdiscover",
+         "i=0; while [ $i -lt 4000 ]; do echo '[1]\t\"H-0002c902002789ac\"[1] # \"x HCA-1\" lid 1 4xSDR'; i=$((i+1)); "
+         "done")
     result = await FabricTools(str(tools_dir)).run(m.Discover(request_id="r", tool=m.TOOL_IBNETDISCOVER))
     assert result.ok and result.encoding == "zlib" and result.size > fabric_tools.COMPRESS_ABOVE
     assert len(zlib.decompress(result.data)) == result.size
@@ -89,7 +92,8 @@ async def test_failures_say_why(tools_dir: Path) -> None:
 async def test_output_past_the_cap_is_not_sent(tools_dir: Path) -> None:
     tool(tools_dir, "ibnetdiscover", "head -c 300000 /dev/urandom | od -x")
     result = await FabricTools(str(tools_dir), data_cap=1000).run(m.Discover(request_id="r", tool=m.TOOL_IBNETDISCOVER))
-    assert not result.ok and result.truncated and result.data == b"" and "more than one message to the server carries" in result.error
+    assert (not result.ok and result.truncated and result.data == b""
+            and "more than one message to the server carries" in result.error)
 
 
 def test_the_cap_follows_the_smaller_message_limit(tools_dir: Path) -> None:

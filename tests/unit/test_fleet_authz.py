@@ -39,7 +39,8 @@ def _register(rec: Reconciler, node: str, s: StartShard, endpoint: str) -> list[
 
 
 def _status(rec: Reconciler, node: str, s: StartShard, endpoint: str) -> list[Refusal]:
-    msg = m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="failed", pid=4242, endpoint=endpoint)
+    msg = m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="failed", pid=4242,
+                        endpoint=endpoint)
     return rec.on_shard_status(node, msg, 5)
 
 
@@ -63,7 +64,8 @@ def _mentions(tp: object, target: type) -> bool:
 
 def names_a_shard(kind: type) -> bool:
     hints = typing.get_type_hints(kind)
-    return "shard_id" in hints or any(_mentions(tp, m.ShardReport) or _mentions(tp, m.ShardSpec) for tp in hints.values())
+    return "shard_id" in hints or any(_mentions(tp, m.ShardReport) or _mentions(tp, m.ShardSpec)
+                                      for tp in hints.values())
 
 
 def test_every_agent_message_that_names_a_shard_has_an_ownership_row() -> None:
@@ -105,14 +107,16 @@ def test_own_shard_with_an_endpoint_on_another_host_is_refused() -> None:
     [replica] = rec.replicas.values()
     assert replica.state == "starting" and replica.shards[0].endpoint == ""
     # The same port on the node's own host: accepted.
-    assert rec.on_shard_status(OWNER, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="ready",
+    assert rec.on_shard_status(OWNER, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id,
+                                                    state="ready",
                                                     endpoint=f"http://{OWNER}:{s.spec.port}"), 1) == []
     assert replica.state == "ready" and replica.shards[0].endpoint == f"http://{OWNER}:{s.spec.port}"
 
 
 def test_adoption_outside_the_port_range_or_on_another_host_is_refused() -> None:
     rec = make(catalog(small=1, big=0))
-    spec = m.ShardSpec(shard_id="small-zzzzz.1", replica_id="small-zzzzz", model="small", profile="tp1", engine="sim", gpus=[0], port=20001)
+    spec = m.ShardSpec(shard_id="small-zzzzz.1", replica_id="small-zzzzz", model="small", profile="tp1", engine="sim",
+                       gpus=[0], port=20001)
     wrong_host = m.ShardReport(spec=spec, state="ready", endpoint="http://10.9.9.9:20001")
     out_of_range = m.ShardReport(spec=msgspec.structs.replace(spec, port=8080), state="ready", endpoint=f"http://{OWNER}:8080")
     refused = rec.on_register(OWNER, [wrong_host, out_of_range], 0, endpoint_host=OWNER)
@@ -131,7 +135,8 @@ def test_a_reused_replica_id_with_an_old_start_time_does_not_displace_the_legiti
     [s] = bring_up(rec, fleet[:1], now=100)
     legit = rec.replicas[s.spec.replica_id]
     # gpu-03 reports an engine of its own that claims gpu-01's replica id and a start in 1970.
-    spec = m.ShardSpec(shard_id="evil.1", replica_id=legit.id, model="small", profile="tp1", engine="sim", gpus=[0], port=20500)
+    spec = m.ShardSpec(shard_id="evil.1", replica_id=legit.id, model="small", profile="tp1", engine="sim", gpus=[0],
+                       port=20500)
     report = m.ShardReport(spec=spec, state="ready", pid=7, started_at=1.0, endpoint=f"http://{THIEF}:20500")
     assert rec.on_register(THIEF, [report], 200, wall_now=2_000_000_000.0, endpoint_host=THIEF) == []
     assert rec.replicas[legit.id] is legit  # never superseded, never renamed
@@ -146,11 +151,14 @@ def test_a_reused_replica_id_with_an_old_start_time_does_not_displace_the_legiti
 def test_a_failed_replica_of_another_node_is_not_superseded_by_a_report() -> None:
     rec = make(catalog(small=1, big=0))
     [s] = bring_up(rec, nodes(OWNER))
-    assert rec.on_shard_status(OWNER, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="exited"), 1) == []
+    assert rec.on_shard_status(OWNER, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id,
+                                                    state="exited"), 1) == []
     legit = rec.replicas[s.spec.replica_id]
     assert legit.state == "failed"
-    spec = m.ShardSpec(shard_id="evil.1", replica_id=legit.id, model="small", profile="tp1", engine="sim", gpus=[0], port=20500)
-    rec.on_register(THIEF, [m.ShardReport(spec=spec, state="ready", endpoint=f"http://{THIEF}:20500")], 2, endpoint_host=THIEF)
+    spec = m.ShardSpec(shard_id="evil.1", replica_id=legit.id, model="small", profile="tp1", engine="sim", gpus=[0],
+                       port=20500)
+    rec.on_register(THIEF, [m.ShardReport(spec=spec, state="ready", endpoint=f"http://{THIEF}:20500")], 2,
+                    endpoint_host=THIEF)
     assert rec.replicas[legit.id] is legit and legit.state == "failed"
     assert any(r.shards[0].shard_id == "evil.1" and r.id != legit.id for r in rec.replicas.values())
 
@@ -173,7 +181,8 @@ def test_a_reused_replica_id_never_displaces_a_replica_that_is_still_starting() 
     fleet = nodes(OWNER, THIEF)
     [s] = starts(rec.reconcile(fleet[:1], 100))  # placed on gpu-01, still starting
     legit = rec.replicas[s.spec.replica_id]
-    spec = m.ShardSpec(shard_id="evil.1", replica_id=legit.id, model="small", profile="tp1", engine="sim", gpus=[0], port=20500)
+    spec = m.ShardSpec(shard_id="evil.1", replica_id=legit.id, model="small", profile="tp1", engine="sim", gpus=[0],
+                       port=20500)
     report = m.ShardReport(spec=spec, state="ready", pid=7, started_at=1.0, endpoint=f"http://{THIEF}:20500")
     assert rec.on_register(THIEF, [report], 200, wall_now=2_000_000_000.0, endpoint_host=THIEF) == []
     [stop] = stops(rec.reconcile(fleet, 201))
@@ -201,10 +210,12 @@ async def test_the_server_sends_a_node_requests_only_for_its_own_shards() -> Non
     controller._send(StartShard(THIEF, s.spec))
     assert sessions[THIEF].outbox.take_queued() == []
     controller._send(StopShard(OWNER, s.spec.shard_id, 1.0, "surplus"))
-    assert [m.decode_server_message(p) for p in sessions[OWNER].outbox.take_queued()] == [m.Stop(shard_id=s.spec.shard_id, grace=1.0, reason="surplus")]
+    assert [m.decode_server_message(p) for p in sessions[OWNER].outbox.take_queued()] == (
+        [m.Stop(shard_id=s.spec.shard_id, grace=1.0, reason="surplus")])
 
 
-async def test_the_agent_refuses_a_stop_or_drain_for_a_shard_it_does_not_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_the_agent_refuses_a_stop_or_drain_for_a_shard_it_does_not_run(tmp_path: Path,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
     from tests.unit.test_fleet_ids import files, supervised
 
     caplog.set_level(logging.INFO)
@@ -215,7 +226,8 @@ async def test_the_agent_refuses_a_stop_or_drain_for_a_shard_it_does_not_run(tmp
         await supervisor.handle(m.Drain(shard_id="small-other.1"), sent.append)
         assert files(tmp_path) == before and supervisor.runs == {}
         # The only answer: "not here", so the server can let it go.
-        assert sent == [m.ShardStatus(shard_id="small-other.1", replica_id="", state="stopped", reason="not running here")]
+        assert sent == [m.ShardStatus(shard_id="small-other.1", replica_id="", state="stopped",
+                                      reason="not running here")]
 
     await supervised(tmp_path / "work", body)
     refusals = [r.getMessage() for r in caplog.records if "refusing" in r.getMessage()]

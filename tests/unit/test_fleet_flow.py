@@ -46,7 +46,8 @@ class ServerEnd:
 
 
 @asynccontextmanager
-async def fleet_port(handler: Callable[[FleetChannel], Awaitable[None]], max_message: int = MAX) -> AsyncIterator[tuple[FleetListener, str]]:
+async def fleet_port(handler: Callable[[FleetChannel], Awaitable[None]],
+                     max_message: int = MAX) -> AsyncIterator[tuple[FleetListener, str]]:
     """A FleetListener serving h2c on a loopback port; yields it and the URL agents dial."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
@@ -195,7 +196,8 @@ async def test_largest_message_passes_both_ways_and_one_byte_more_is_refused_by_
             await server.send(biggest)
             assert await client.receive() == biggest
         for sender in (client, server):
-            with pytest.raises(ValueError, match=rf"message of {MAX + 1} bytes exceeds the limit of {MAX} \(max_message\)"):
+            with pytest.raises(ValueError,
+                               match=rf"message of {MAX + 1} bytes exceeds the limit of {MAX} \(max_message\)"):
                 await sender.send(biggest + b"x")
         # Refused before anything went out: the stream is still good.
         with trio.fail_after(DEADLINE):
@@ -209,15 +211,19 @@ async def test_oversized_envelope_on_the_wire_closes_the_connection_and_the_serv
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
-    fleet = FleetService(NodeRegistry(1.0), ServerMetrics(lambda: {}), register_timeout=DEADLINE, require_identity=False)
-    async with fleet_port(fleet.handle) as (_, url), dial(url, ssl_context=None, insecure=True, max_message=MAX) as client:
+    fleet = FleetService(NodeRegistry(1.0), ServerMetrics(lambda: {}), register_timeout=DEADLINE,
+                         require_identity=False)
+    async with fleet_port(fleet.handle) as (_, url), dial(url, ssl_context=None, insecure=True,
+                                                          max_message=MAX) as client:
         # Past the sender's own check, as a buggy or hostile agent would.
         await client.send_raw(encode_envelope(message(2, MAX + 1)))
         with trio.fail_after(DEADLINE), pytest.raises(ChannelClosed) as info:
             await client.receive()
     assert info.value.error
-    assert "GOAWAY" in info.value.reason and f"envelope of {MAX + 1} bytes exceeds the limit of {MAX}" in info.value.reason
-    logged = [r for r in caplog.records if r.name.startswith("llmgw.server") and f"exceeds the limit of {MAX}" in r.getMessage()]
+    assert "GOAWAY" in info.value.reason and f"envelope of {MAX + 1} bytes exceeds the limit of {MAX}" in (
+        info.value.reason)
+    logged = [r for r in caplog.records
+              if r.name.startswith("llmgw.server") and f"exceeds the limit of {MAX}" in r.getMessage()]
     assert logged and logged[0].levelno == logging.WARNING, [r.getMessage() for r in caplog.records]
     assert "bad envelope" in logged[0].getMessage() and "127.0.0.1" in logged[0].getMessage()
 
@@ -244,11 +250,13 @@ async def test_oversized_envelope_from_the_server_closes_the_agents_stream_and_t
 
     async with fleet_port(bad_server) as (_, url):
         cfg = AgentConfig(server=url, node_id="gpu-01")
-        agent = Agent(cfg, hardware=NoHardware(), dialer=lambda: dial(url, ssl_context=None, insecure=True, max_message=MAX))
+        agent = Agent(cfg, hardware=NoHardware(),
+                      dialer=lambda: dial(url, ssl_context=None, insecure=True, max_message=MAX))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(agent.run)
             await until(lambda: server_saw, "the server to see the agent close the stream")
-            await until(lambda: any("bad envelope" in r.getMessage() for r in caplog.records if r.name == "llmgw.agent"),
+            await until(lambda: any("bad envelope" in r.getMessage() for r in caplog.records
+                                    if r.name == "llmgw.agent"),
                         "the agent to log why it closed the stream")
             nursery.cancel_scope.cancel()
     line = next(r for r in caplog.records if r.name == "llmgw.agent" and "bad envelope" in r.getMessage())
@@ -261,7 +269,8 @@ async def test_oversized_envelope_from_the_server_closes_the_agents_stream_and_t
 
 
 async def test_server_shutdown_ends_each_stream_with_its_reason_then_goaway() -> None:
-    fleet = FleetService(NodeRegistry(1.0), ServerMetrics(lambda: {}), register_timeout=DEADLINE, require_identity=False)
+    fleet = FleetService(NodeRegistry(1.0), ServerMetrics(lambda: {}), register_timeout=DEADLINE,
+                         require_identity=False)
     async with fleet_port(fleet.handle) as (listener, url), \
             dial(url, ssl_context=None, insecure=True, max_message=MAX) as one, \
             dial(url, ssl_context=None, insecure=True, max_message=MAX) as two:
@@ -287,7 +296,8 @@ async def test_a_sender_waiting_for_window_gets_the_servers_reason() -> None:
         await release.wait()
         raise StreamRefused("shutdown", "the server is shutting down")
 
-    async with fleet_port(refusing_server) as (_, url), dial(url, ssl_context=None, insecure=True, max_message=MAX) as client:
+    async with fleet_port(refusing_server) as (_, url), dial(url, ssl_context=None, insecure=True,
+                                                             max_message=MAX) as client:
         sent: list[int] = []
         errors: list[ChannelClosed] = []
 

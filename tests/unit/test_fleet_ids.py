@@ -30,11 +30,13 @@ from llmgw.wire import messages as m
 from llmgw.wire.ids import id_problem, message_problems, model_problem, quote
 from tests.unit.test_fleet_flow import DEADLINE, MAX, fleet_port, until
 
-BAD = ["../../etc/cron.d/x", "/tmp/x/owned", "a\nINFO llmgw.server: forged", "a\x00b", "..", "a/../../b", "a\rb", "é\u2028x"]
+BAD = ["../../etc/cron.d/x", "/tmp/x/owned", "a\nINFO llmgw.server: forged", "a\x00b", "..", "a/../../b", "a\rb",
+       "é\u2028x"]
 
 
 def spec(**kw: str) -> m.ShardSpec:
-    base = {"shard_id": "small-kq7xz.1", "replica_id": "small-kq7xz", "model": "meta-llama/Llama-3.1-8B", "profile": "tp1",
+    base = {"shard_id": "small-kq7xz.1", "replica_id": "small-kq7xz", "model": "meta-llama/Llama-3.1-8B",
+            "profile": "tp1",
             "engine": "sim", "port": 20001, "served_name": "llama"}
     base.update(kw)
     return m.ShardSpec(**base)  # type: ignore[arg-type]
@@ -54,7 +56,8 @@ POSITIONS: dict[type, list[Build]] = {
     m.ShardStatus: [lambda v: m.ShardStatus(shard_id=v, replica_id="r", state="ready"),
                     lambda v: m.ShardStatus(shard_id="r.1", replica_id=v, state="ready")],
     m.Progress: [lambda v: m.Progress(shard_id=v, source="hf")],
-    m.Start: [lambda v, f=f: m.Start(spec=spec(**{f: v})) for f in ("shard_id", "replica_id", "model", "profile", "served_name")],
+    m.Start: [lambda v, f=f: m.Start(spec=spec(**{f: v}))
+              for f in ("shard_id", "replica_id", "model", "profile", "served_name")],
     m.Stop: [lambda v: m.Stop(shard_id=v)],
     m.Drain: [lambda v: m.Drain(shard_id=v)],
     m.LogTail: [lambda v: m.LogTail(request_id="logs-1", shard_id=v)],
@@ -136,11 +139,15 @@ async def test_the_server_door_refuses_bad_ids_and_quotes_what_it_logs(caplog: p
     metrics = ServerMetrics(lambda: {})
     fleet = FleetService(NodeRegistry(1.0), metrics, register_timeout=DEADLINE, require_identity=False, observer=heard)
     good = m.ShardReport(spec=spec())
-    reports = [good, *[m.ShardReport(spec=spec(shard_id=v)) for v in BAD], *[m.ShardReport(spec=spec(model=v)) for v in BAD]]
-    register = m.Register(node_id="gpu-01", version=__version__ + "\n2026-12-01 INFO llmgw.server: reload requested by operator alice: ok",
+    reports = [good, *[m.ShardReport(spec=spec(shard_id=v)) for v in BAD],
+               *[m.ShardReport(spec=spec(model=v)) for v in BAD]]
+    register = m.Register(node_id="gpu-01",
+                          version=__version__ + "\n2026-12-01 INFO llmgw.server: "
+                                                "reload requested by operator alice: ok",
                           shards=reports)
     sentinel = m.ShardStatus(shard_id="small-kq7xz.1", replica_id="small-kq7xz", state="ready")
-    async with fleet_port(fleet.handle) as (_, url), dial(url, ssl_context=None, insecure=True, max_message=MAX) as client:
+    async with fleet_port(fleet.handle) as (_, url), dial(url, ssl_context=None, insecure=True,
+                                                          max_message=MAX) as client:
         await client.send(m.encode(register))
         with trio.fail_after(DEADLINE):
             assert isinstance(m.decode_server_message(await client.receive()), m.Welcome)
@@ -156,7 +163,8 @@ async def test_the_server_door_refuses_bad_ids_and_quotes_what_it_logs(caplog: p
     server_lines = [r.getMessage() for r in caplog.records if r.name.startswith("llmgw.server")]
     assert any("registered" in line and "\\n2026-12-01" in line for line in server_lines), server_lines
     assert not any("\n" in line or "\x00" in line for line in server_lines), server_lines
-    assert sum("refused" in line and "bad id" not in line and "invalid" in line for line in server_lines) == 1  # once per node
+    # once per node
+    assert sum("refused" in line and "bad id" not in line and "invalid" in line for line in server_lines) == 1
 
 
 async def supervised(work: Path, body: Callable[[Supervisor, list[Any]], Any]) -> None:
@@ -173,7 +181,8 @@ def files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-async def test_the_agent_refuses_bad_ids_before_touching_the_filesystem(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_the_agent_refuses_bad_ids_before_touching_the_filesystem(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     work = tmp_path / "work"
     outside = tmp_path / "outside"
@@ -239,7 +248,8 @@ def test_the_catalog_refuses_names_the_agents_would_refuse() -> None:
     from llmgw.errors import UsageError
 
     for text, what in (('models:\n  - name: "../x"\n', "invalid model name"),
-                       ('models:\n  - name: ok\n    profiles:\n      - {name: "a/b", engine: sim}\n', "invalid profile name")):
+                       ('models:\n  - name: ok\n    profiles:\n      - {name: "a/b", engine: sim}\n',
+                        "invalid profile name")):
         with pytest.raises(UsageError) as info:
             parse_config(text, ServerConfig, "server.yaml")
         assert what in str(info.value) and "server.yaml:" in str(info.value)

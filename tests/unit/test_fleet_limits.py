@@ -19,7 +19,8 @@ def test_register_caps_name_every_number() -> None:
     assert register_problem(big, caps) == (
         "the Register reports 100,000 GPUs (fleet.max_gpus is 4) and 3 ports (fleet.max_ports is 2); "
         "raise the limit in the server config if this is real")
-    links = m.Register(node_id="n", version="1", inventory=m.Inventory(gpus=[m.Gpu(index=0, nvlink={i: 1 for i in range(9)})]))
+    links = m.Register(node_id="n", version="1",
+                       inventory=m.Inventory(gpus=[m.Gpu(index=0, nvlink={i: 1 for i in range(9)})]))
     assert "a GPU with 9 NVLink peers" in (register_problem(links, caps) or "")
     assert heartbeat_problem(m.Heartbeat(gpus=[m.GpuHealth(index=i) for i in range(5)]), caps)
 
@@ -55,4 +56,5 @@ def test_refusal_lines_are_bounded_per_host_and_in_all(caplog: pytest.LogCapture
         assert refusals.warning(11.0, "tls_timeout", "10.0.0.1", "refused %s", "again")
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 4
-    assert lines[-1] == "refused again (49 more like it from 10.0.0.1 held back; 8 other refusal lines held back in the last 10s)"
+    assert lines[-1] == (
+        "refused again (49 more like it from 10.0.0.1 held back; 8 other refusal lines held back in the last 10s)")

@@ -40,7 +40,8 @@ async def fleet(require_identity: bool, pki: Path | None = None) -> AsyncIterato
     refused: list[str] = []
     ctx = None
     if pki is not None:
-        ctx = server_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"), require_client_cert=True)
+        ctx = server_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"),
+                             require_client_cert=True)
     listener = FleetListener(service.handle, ssl_context=ctx, max_message=MAX, handshake_timeout=DEADLINE,
                              on_refused=refused.append)
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")

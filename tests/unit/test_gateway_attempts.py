@@ -42,12 +42,14 @@ async def answers(stream: trio.SocketStream) -> None:
 
 
 @asynccontextmanager
-async def gateway(engines: list, *, ticking: bool, upstream_timeout: float = 600) -> AsyncIterator[tuple[Gateway, list[str], int]]:
+async def gateway(engines: list, *, ticking: bool,
+                  upstream_timeout: float = 600) -> AsyncIterator[tuple[Gateway, list[str], int]]:
     async with trio.open_nursery() as nursery:
         urls = [f"http://127.0.0.1:{await serve_tcp(nursery, engine)}" for engine in engines]
         hub = RelayHub()
         await nursery.start(hub.run)
-        gw = Gateway(GatewaySettings(upstream_timeout=Duration(upstream_timeout), max_attempts=1), GatewayMetrics(ServerMetrics(lambda: {}).registry),
+        gw = Gateway(GatewaySettings(upstream_timeout=Duration(upstream_timeout), max_attempts=1),
+                     GatewayMetrics(ServerMetrics(lambda: {}).registry),
                      relay_hub=hub, client_door=lambda request: True)
         gw.configure([Model(name="chat")], [StaticEndpoint(model="chat", url=url) for url in urls])
         if ticking:
@@ -104,7 +106,8 @@ async def test_no_head_within_upstream_timeout_is_a_504(ticking: bool, autojump_
 
 
 @pytest.mark.parametrize("ticking", [True, False])
-async def test_an_endpoint_out_of_rotation_moves_its_waiting_request(ticking: bool, autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_endpoint_out_of_rotation_moves_its_waiting_request(ticking: bool,
+                                                                     autojump_clock: trio.testing.MockClock) -> None:
     async with gateway([hung, answers], ticking=ticking) as (gw, urls, port):
         status: list[int] = []
 
@@ -134,7 +137,9 @@ async def slams(stream: trio.SocketStream) -> None:
     await stream.aclose()  # reads the request and hangs up: the engine died mid-request
 
 
-async def test_an_engine_that_fails_an_attempt_is_counted_by_its_breaker(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_engine_that_fails_an_attempt_is_counted_by_its_breaker(
+    autojump_clock: trio.testing.MockClock
+) -> None:
     """The attempt's outcome reaches the balancer and the endpoint's breaker (issue 22's planted
     bug, caught until issue 37 only by the e2e kill test): a failure counts, a success resets."""
     async with gateway([slams], ticking=True) as (gw, urls, port):

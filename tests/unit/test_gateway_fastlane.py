@@ -80,7 +80,8 @@ async def gateway(engines: list[Engine], *, upstream_timeout: float = 600, max_a
         reactor = Reactor()
         await nursery.start(reactor.run)
         gw = Gateway(GatewaySettings(upstream_timeout=Duration(upstream_timeout), max_attempts=max_attempts),
-                     GatewayMetrics(ServerMetrics(lambda: {}).registry), relay_hub=hub, client_door=lambda request: True)
+                     GatewayMetrics(ServerMetrics(lambda: {}).registry), relay_hub=hub,
+                     client_door=lambda request: True)
         gw.configure([Model(name="chat")], [StaticEndpoint(model="chat", url=url) for url in urls])
         nursery.start_soon(gw.run_disconnect_watchdog)
         await trio.testing.wait_all_tasks_blocked()
@@ -202,13 +203,15 @@ async def test_an_engine_that_answers_before_taking_the_whole_body_is_not_reused
         while http1.find_head_end(buf) < 0:
             buf += await stream.receive_some(65536)
         stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so that our write stops part way
-        await stream.send_all(http1.response_head(413, [(b"content-type", b"application/json")], content_length=2) + b"{}")
+        await stream.send_all(http1.response_head(413, [(b"content-type", b"application/json")],
+                                                  content_length=2) + b"{}")
         await trio.sleep_forever()  # never reads the body
 
     async with gateway([early]) as (gw, _, port):
         body = b'{"model":"chat","pad":"' + b"x" * (900 * 1024) + b'"}'
         client = await trio.open_tcp_stream("127.0.0.1", port)
-        await client.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await client.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: %d\r\n\r\n%s"
+                              % (len(body), body))
         buf = bytearray()
         while http1.find_head_end(buf) < 0:
             buf += await client.receive_some(65536)

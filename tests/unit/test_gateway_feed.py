@@ -206,10 +206,13 @@ def test_forged_families_labels_and_series_over_the_cap_are_refused_and_counted(
     feed.publish_config([Model(name="m")], [], GatewaySettings())
     cap = feed.series_cap
     assert cap < 20_000
-    forged = ['# TYPE llmgw_requests_in_flight_total counter', 'llmgw_requests_in_flight_total{model="m"} 1',  # wrong type
-              '# TYPE llmgw_engine_up gauge', 'llmgw_engine_up{model="m",endpoint="e",evil="1"} 1',  # a label of its own
-              'llmgw_engine_up{model="' + "x" * 600 + '",endpoint="e"} 1',  # a value no gateway sends
-              '# TYPE llmgw_requests_total counter']
+    forged = [
+        # wrong type
+        '# TYPE llmgw_requests_in_flight_total counter', 'llmgw_requests_in_flight_total{model="m"} 1',
+        # a label of its own
+        '# TYPE llmgw_engine_up gauge', 'llmgw_engine_up{model="m",endpoint="e",evil="1"} 1',
+        'llmgw_engine_up{model="' + "x" * 600 + '",endpoint="e"} 1',  # a value no gateway sends
+        '# TYPE llmgw_requests_total counter']
     forged += [f'llmgw_requests_total{{model="forged-{i}",code="200"}} 1' for i in range(20_000)]
     feed.followers[1] = Follower(name="gw-evil", peer="10.0.0.9:1", metrics="\n".join(forged) + "\n")
     scrape = CollectorRegistry()
@@ -284,7 +287,8 @@ def test_a_gateway_is_sent_the_routing_view_of_the_catalog_and_no_secret() -> No
     feed = GatewayFeedService(local_workers=2, api_socket="/state/api.sock")
     feed.publish_config([model], [], GatewaySettings())
     for payload in (feed._config, feed._local_config):
-        for secret in (b"hf_secret", b"HF_TOKEN", b"s3cret", b"alice", b"Signature", b"argsecret", b"profiles", b"source"):
+        for secret in (b"hf_secret", b"HF_TOKEN", b"s3cret", b"alice", b"Signature", b"argsecret", b"profiles",
+                       b"source"):
             assert secret not in payload, (secret, payload)
         config = decode_to_gateway(payload)
         assert isinstance(config, GatewayConfig) and isinstance(config.models[0], RouteModel)

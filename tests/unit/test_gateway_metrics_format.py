@@ -21,14 +21,19 @@ def test_gateway_metrics_render_as_prometheus_client_does() -> None:
     metrics = GatewayMetrics(ours)
     ref = CollectorRegistry()
     requests = Counter("llmgw_requests", "Gateway requests by model and HTTP status.", ["model", "code"], registry=ref)
-    duration = Histogram("llmgw_request_duration_seconds", "Gateway request duration.", ["model"], buckets=LATENCY_BUCKETS, registry=ref)
-    ttft = Histogram("llmgw_time_to_first_token_seconds", "Time to the first streamed token through the gateway.", ["model"],
+    duration = Histogram("llmgw_request_duration_seconds", "Gateway request duration.", ["model"],
+                         buckets=LATENCY_BUCKETS, registry=ref)
+    ttft = Histogram("llmgw_time_to_first_token_seconds", "Time to the first streamed token through the gateway.",
+                     ["model"],
                      buckets=LATENCY_BUCKETS, registry=ref)
-    retries = Counter("llmgw_upstream_retries", "Requests retried on another endpoint, by reason.", ["model", "reason"], registry=ref)
+    retries = Counter("llmgw_upstream_retries", "Requests retried on another endpoint, by reason.", ["model", "reason"],
+                      registry=ref)
     wait = Histogram("llmgw_admission_wait_seconds", "Time a request waited for an admission slot.", ["model"],
                      buckets=LATENCY_BUCKETS, registry=ref)
-    rejected = Counter("llmgw_admission_rejected", "Requests answered 429, by reason.", ["model", "reason"], registry=ref)
-    lane = Counter("llmgw_gateway_fast_lane_requests", metrics.fast_lane.documentation, ["model", "outcome"], registry=ref)
+    rejected = Counter("llmgw_admission_rejected", "Requests answered 429, by reason.", ["model", "reason"],
+                       registry=ref)
+    lane = Counter("llmgw_gateway_fast_lane_requests", metrics.fast_lane.documentation, ["model", "outcome"],
+                   registry=ref)
     for i, seconds in enumerate(WAITS):
         model, code = ("chat", 200) if i % 3 else ("embed", 429)
         metrics.finished(model, code, seconds)
@@ -46,4 +51,5 @@ def test_gateway_metrics_render_as_prometheus_client_does() -> None:
         metrics.left_fast_lane("chat", outcome)
         lane.labels("chat", outcome).inc()
     assert text(ours) == text(ref)
-    assert sum(s.value for m in metrics.requests.collect() for s in m.samples if s.name.endswith("_total")) == len(WAITS)
+    assert sum(s.value for m in metrics.requests.collect() for s in m.samples
+               if s.name.endswith("_total")) == len(WAITS)

@@ -67,7 +67,8 @@ async def gateway(tls: ssl.SSLContext | None = None) -> AsyncIterator[tuple[Rela
     await gw.aclose()
 
 
-async def exchange(stream: trio.abc.Stream, request: bytes, *, until_close: bool = False) -> tuple[http1.ResponseHead, bytes]:
+async def exchange(stream: trio.abc.Stream, request: bytes, *, until_close: bool = False) -> tuple[http1.ResponseHead,
+                                                                                                   bytes]:
     """Send one request; the response head and its body (chunked coding decoded, or up to EOF)."""
     await stream.send_all(request)
     buf = bytearray()
@@ -93,7 +94,8 @@ async def exchange(stream: trio.abc.Stream, request: bytes, *, until_close: bool
 
 
 def post(version: bytes = b"HTTP/1.1") -> bytes:
-    return (b"POST /v1/chat/completions %s\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+    return (b"POST /v1/chat/completions %s\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: "
+            b"%d\r\n\r\n%s"
             % (version, len(BODY), BODY))
 
 
@@ -111,7 +113,8 @@ async def test_a_tls_stream_is_relayed_in_its_task(pki: Path) -> None:
     tls = server_context(str(pki / "server.crt"), str(pki / "server.key"), alpn=("http/1.1",))
     async with gateway(tls) as (hub, port):
         tcp = await trio.open_tcp_stream("127.0.0.1", port)
-        client = trio.SSLStream(tcp, client_context(str(pki / "ca.crt"), alpn=("http/1.1",)), server_hostname="127.0.0.1")
+        client = trio.SSLStream(tcp, client_context(str(pki / "ca.crt"), alpn=("http/1.1",)),
+                                server_hostname="127.0.0.1")
         for _ in range(2):
             head, body = await exchange(client, post())
             assert head.status == 200 and head.chunked and body == b"".join(SSE)

@@ -40,7 +40,8 @@ def test_a_local_worker_repeats_none_of_the_control_planes_notes(caplog: pytest.
     assert notes(caplog) == []
 
 
-def test_a_remote_gateway_says_when_api_keys_cross_in_cleartext(caplog: pytest.LogCaptureFixture, tls_files: tuple[str, str]) -> None:
+def test_a_remote_gateway_says_when_api_keys_cross_in_cleartext(caplog: pytest.LogCaptureFixture,
+                                                                tls_files: tuple[str, str]) -> None:
     caplog.set_level(logging.WARNING)
     GatewayWorker("gw-1", Follow(url="http://cp:1"), local=False)._apply(KEYED)
     said = notes(caplog)

@@ -61,7 +61,8 @@ def test_man_pages_say_exit_status_and_environment_and_whole_names() -> None:
         assert ".SH EXIT STATUS" in text and ".SH ENVIRONMENT" in text, name
         line = text.split(".SH NAME\n", 1)[1].split("\n", 1)[0]
         assert line.count("(") == line.count(")"), (name, line)
-    assert "As a Nagios plugin: 0 all ok, 1 a warning, 2 a critical finding, 3 could not run" in pages["llmgw-ctl-doctor.1"]
+    assert "As a Nagios plugin: 0 all ok, 1 a warning, 2 a critical finding, 3 could not run" in (
+        pages["llmgw-ctl-doctor.1"])
     assert "As a Nagios plugin" in pages["llmgw-ctl-fabric-test.1"]
     drain = pages["llmgw-ctl-drain.1"]
     assert ".B LLMGW_SERVER\nstands in for --server" in drain and "3 the server unreachable" in drain

@@ -31,7 +31,8 @@ def test_the_nic_affinity_of_real_topo_matrices() -> None:
     power9 = real("princeton-traverse-power9-4xv100-nv3-4nic.txt")  # mlx5_N rows, older drivers
     assert power9["mlx5_2"] == {0: "SYS", 1: "SYS", 2: "NODE", 3: "NODE"}
     polaris = real("alcf-polaris-4xa100-nv4-2nic-header-mangled.txt")  # the header line mangled
-    assert polaris == {"mlx5_0": {0: "SYS", 1: "SYS", 2: "SYS", 3: "PHB"}, "mlx5_1": {0: "SYS", 1: "PHB", 2: "SYS", 3: "SYS"}}
+    assert polaris == {"mlx5_0": {0: "SYS", 1: "SYS", 2: "SYS", 3: "PHB"},
+                       "mlx5_1": {0: "SYS", 1: "PHB", 2: "SYS", 3: "SYS"}}
     assert real("stas00-h100-8gpu-ht-tabs-expanded.txt") == {}  # a matrix without NICs
 
 
@@ -50,7 +51,8 @@ def test_each_hca_gets_its_nearest_gpu(fixture: str, nearest: dict[str, int]) ->
 
 def test_pcie_affinity_from_sysfs_paths() -> None:
     gpu = "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0"
-    assert pcie_affinity("/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:19:00.0", 0, gpu, 0) == "PIX"
+    assert pcie_affinity("/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:19:00.0", 0, gpu,
+                         0) == "PIX"
     nested = "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:02.0/0000:1a:00.0/0000:1b:00.0/0000:1c:00.0"
     assert pcie_affinity(nested, 0, gpu, 0) == "PXB"
     assert pcie_affinity("/sys/devices/pci0000:15/0000:15:03.0/0000:20:00.0", 0, gpu, 0) == "PHB"

@@ -38,7 +38,8 @@ def test_nvml_present_and_absent(monkeypatch, fresh_nvml):
     links = {g: [("switch", SWITCH_BUSES[s]) for s, n in enumerate([5, 4, 4, 5]) for _ in range(n)] for g in range(8)}
     with_nvml = inventory_with(monkeypatch, (fake_nvml(HGX_BUSES, links), ""))
     monkeypatch.setattr(discovery, "_nvml", discovery._Nvml())
-    without = inventory_with(monkeypatch, (None, "libnvidia-ml.so.1 not found (no NVIDIA driver installed on this node)"))
+    without = inventory_with(monkeypatch,
+                             (None, "libnvidia-ml.so.1 not found (no NVIDIA driver installed on this node)"))
     assert with_nvml.gpu_source == "nvml" and without.gpu_source == "none"
     assert "libnvidia-ml.so.1 not found" in without.gpu_note
 
@@ -75,7 +76,8 @@ def test_ports_from_the_latest_heartbeat_counters_as_counters():
     got = families(metrics)
     key = (("device", "mlx5_0"), ("node", "gpu-1"), ("port", "1"))
     # issue 38, item 11: an unplugged cable (DOWN/Polling) reads apart from a disabled port or no SM.
-    assert samples(got["llmgw_ib_port_active"])[(*key[:2], ("phys_state", "Disabled"), key[2], ("state", "DOWN"))] == 0.0
+    assert samples(got["llmgw_ib_port_active"])[(*key[:2], ("phys_state", "Disabled"), key[2],
+                                                 ("state", "DOWN"))] == 0.0
     assert samples(got["llmgw_ib_port_rate_gbps"])[key] == 400.0
     # Data words, packets and errors in separate families: a sum() never adds words to errors.
     by_family = {name: {(s.labels["device"], s.labels["counter"]): s.value for s in got[name].samples
@@ -99,7 +101,8 @@ def test_fabrics_message_replaces_the_nodes_fabrics():
     session = registry.new_session()
     ib = m.FabricDecl(name="ib", devices=["mlx5_0"])
     registry.register(m.Register(node_id="gpu-1", version="t", fabrics=[ib],
-                                 fabric_status=[m.FabricStatus(name="ib", devices=["mlx5_0"], usable=True, ports=["mlx5_0:1"])]),
+                                 fabric_status=[m.FabricStatus(name="ib", devices=["mlx5_0"], usable=True,
+                                                               ports=["mlx5_0:1"])]),
                       0.0, session)
     down = m.FabricStatus(name="ib", devices=["mlx5_0"], problems=["mlx5_0: no ACTIVE port (port 1 DOWN (Disabled))"])
     assert registry.fabrics_changed("gpu-1", session, m.Fabrics(fabrics=[], fabric_status=[down]), 1.0) == (["ib"], [])

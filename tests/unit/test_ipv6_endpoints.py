@@ -13,7 +13,8 @@ from llmgw.web.relay import RelayHub
 
 
 def test_ipv6_hosts_are_bracketed() -> None:
-    assert _connect_host("::") == "[::1]" and _connect_host("fd00::1") == "[fd00::1]" and _connect_host("0.0.0.0") == "127.0.0.1"
+    assert (_connect_host("::") == "[::1]" and _connect_host("fd00::1") == "[fd00::1]"
+            and _connect_host("0.0.0.0") == "127.0.0.1")
     up = Upstream("http://[fd00::1]:20001")
     assert up.host == "fd00::1" and up.port == 20001 and up.authority == b"[fd00::1]:20001"
 

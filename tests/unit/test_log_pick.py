@@ -28,7 +28,8 @@ def book(*replicas: Any, moves: tuple[Move, ...] = ()) -> Any:
 
 
 def test_the_first_ready_replica_of_several_and_why() -> None:
-    fleet = book(replica("chat.a-1", ReplicaState.STARTING, "gpu-01"), replica("chat.a-2", ReplicaState.READY, "gpu-02"),
+    fleet = book(replica("chat.a-1", ReplicaState.STARTING, "gpu-01"),
+                 replica("chat.a-2", ReplicaState.READY, "gpu-02"),
                  replica("chat.a-3", ReplicaState.READY, "gpu-01", "gpu-03"))
     got = pick(fleet, "chat")
     assert isinstance(got, Picked) and got.replica.id == "chat.a-2"

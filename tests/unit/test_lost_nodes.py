@@ -52,7 +52,8 @@ def back(rec: Reconciler, node: str, shards: list[StartShard], now: float, state
 
 def in_rotation(rec: Reconciler) -> set[str]:
     """What the gateway is handed (GatewayFeed._ready): rank 0 of every ready replica."""
-    return {s.endpoint for r in rec.replicas.values() if r.state == "ready" for s in r.shards if s.rank == 0 and s.endpoint}
+    return {s.endpoint for r in rec.replicas.values() if r.state == "ready" for s in r.shards
+            if s.rank == 0 and s.endpoint}
 
 
 def olds(rec: Reconciler) -> dict[str, str]:
@@ -144,7 +145,8 @@ def test_a_lost_single_node_replica_serves_until_its_successor_is_ready() -> Non
     assert rec.reconcile(lost, 11) == [] and in_rotation(rec) == {f"http://{s.node}:{s.spec.port}"}
     say(rec, successor, "ready", 12)
     assert rec.reconcile(lost, 12) == []
-    assert in_rotation(rec) == {f"http://{successor.node}:{successor.spec.port}"}  # one pass: the one swapped for the other
+    # one pass: the one swapped for the other
+    assert in_rotation(rec) == {f"http://{successor.node}:{successor.spec.port}"}
     assert rec.replicas[s.spec.replica_id].state == "draining"
     rec.rotation_synced()
     assert rec.reconcile(lost, 13) == []  # nothing to drain on a lost node: the old replica is let go
@@ -262,7 +264,9 @@ EVENTS = st.lists(st.tuples(st.sampled_from(["lost", "back", "back-empty", "resy
 
 @settings(max_examples=150, deadline=None)
 @given(EVENTS)
-def test_no_sequence_of_losses_returns_and_reports_asks_an_illegal_transition(events: list[tuple[str, int, bool]]) -> None:
+def test_no_sequence_of_losses_returns_and_reports_asks_an_illegal_transition(
+    events: list[tuple[str, int, bool]]
+) -> None:
     """Nodes lost and back (with their engines, or without), shards reporting, passes: the
     reconciler never asks a transition the tables refuse, and a replica is never ready without
     a rank 0 endpoint to hand the gateway, or a GPU given to two engines that may both run."""
@@ -295,7 +299,8 @@ def test_no_sequence_of_losses_returns_and_reports_asks_an_illegal_transition(ev
                 if kind != "ready":
                     ended.add(start.spec.shard_id)
         if then_a_pass:  # as the driver runs one (a change wakes it) and the gateway then syncs
-            starts += [a for a in rec.reconcile(fleet(*ids, lost=tuple(sorted(lost))), now) if isinstance(a, StartShard)]
+            starts += [a for a in rec.reconcile(fleet(*ids, lost=tuple(sorted(lost))), now)
+                       if isinstance(a, StartShard)]
             rec.rotation_synced()
         assert rec.drain_illegal() == [], (kind, node)
         held: dict[tuple[str, int], str] = {}

@@ -21,11 +21,14 @@ def sample_register(node_id: str = "gpu-01") -> m.Register:
         features=[m.FEATURE_START, m.FEATURE_STOP],
         inventory=m.Inventory(
             hostname=node_id,
-            gpus=[m.Gpu(index=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3", memory_mib=81559, nvlink={j: 18 for j in range(8) if j != i}) for i in range(8)],
-            ports=[m.Port(device=f"mlx5_{i}", port=1, state="ACTIVE", phys_state="LinkUp", rate_gbps=400, width="4X", speed="NDR") for i in range(4)],
+            gpus=[m.Gpu(index=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3", memory_mib=81559,
+                        nvlink={j: 18 for j in range(8) if j != i}) for i in range(8)],
+            ports=[m.Port(device=f"mlx5_{i}", port=1, state="ACTIVE", phys_state="LinkUp", rate_gbps=400, width="4X",
+                          speed="NDR") for i in range(4)],
         ),
         fabrics=[m.FabricDecl(name="ib-a", devices=["mlx5_0"])],
-        shards=[m.ShardReport(spec=m.ShardSpec(shard_id="s1", replica_id="r1", model="llama", profile="tp2", engine="vllm", gpus=[0, 1], port=20001), state="ready", pid=1234)],
+        shards=[m.ShardReport(spec=m.ShardSpec(shard_id="s1", replica_id="r1", model="llama", profile="tp2",
+                                               engine="vllm", gpus=[0, 1], port=20001), state="ready", pid=1234)],
     )
 
 
@@ -36,7 +39,8 @@ AGENT_SAMPLES = [
     m.Progress(shard_id="s1", source="hf://x", done_bytes=10, total_bytes=100),
     m.FabricTestResult(request_id="ft-1-s", phase="ready", ok=True, tcp_port=18515, gid_index=3,
                        notes=["mlx5_4/1: RoCE v2 GID index 3"]),
-    m.FabricTestResult(request_id="ft-1-c", output=" #bytes ...\n", error="ib_write_bw exited with status 1", exit_code=1),
+    m.FabricTestResult(request_id="ft-1-c", output=" #bytes ...\n", error="ib_write_bw exited with status 1",
+                       exit_code=1),
 ]
 SERVER_SAMPLES = [
     m.Welcome(server_version="0.1.0", heartbeat_interval=5.0),
@@ -81,7 +85,8 @@ def test_unknown_type_is_reported_not_raised() -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    [b"", b"\xff\xfe", b"[1,2]", b'{"no_type": 1}', b'{"type": "Register"}', b'{"type": "Heartbeat", "seq": "x"}', b"{" * 10000],
+    [b"", b"\xff\xfe", b"[1,2]", b'{"no_type": 1}', b'{"type": "Register"}', b'{"type": "Heartbeat", "seq": "x"}',
+     b"{" * 10000],
 )
 def test_malformed_payloads_raise_message_error(payload: bytes) -> None:
     with pytest.raises(m.MessageError):

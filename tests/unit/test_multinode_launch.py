@@ -18,7 +18,8 @@ from llmgw.agent.engines.multinode import ray_temp_dir
 from llmgw.wire.messages import ShardSpec
 
 
-def spec(engine: str, rank: int, world: int = 2, mode: str = "", args: list[str] | None = None, addr: str = "10.0.0.1") -> ShardSpec:
+def spec(engine: str, rank: int, world: int = 2, mode: str = "", args: list[str] | None = None,
+         addr: str = "10.0.0.1") -> ShardSpec:
     return ShardSpec(shard_id=f"big-x.1-{rank}", replica_id="big-x", model="big", profile="p", engine=engine, rank=rank,
                      world=world, gpus=list(range(8)), port=20001, master_addr=addr, master_port=20002,
                      engine_mode=mode, args=args or [], source="org/big")
@@ -78,7 +79,8 @@ def test_single_node_shards_get_no_multinode_flags():
 
 def test_sim_engine_takes_vllms_flags():
     argv = adapter_for("sim").argv(spec("sim", 1), "h", 20001)
-    assert argv[-9:] == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "20002", "--headless"]
+    assert argv[-9:] == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "20002",
+                         "--headless"]
 
 
 # ---- the Ray rank wrapper, for real, with the simulated node's stand-in `ray` -------------------
@@ -128,7 +130,8 @@ def test_the_head_runs_its_own_ray_then_the_engine_against_it_and_stops_its_ray(
     ray = started.split("own Ray: ", 1)[1].split()
     assert ray[:7] == ["ray", "start", "--head", "--port", str(port), "--temp-dir", str(temp)] and "--block" in ray
     for flag in ("--ray-client-server-port", "--dashboard-agent-listen-port", "--node-manager-port",
-                 "--object-manager-port", "--metrics-export-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"):
+                 "--object-manager-port", "--metrics-export-port", "--dashboard-agent-grpc-port",
+                 "--runtime-env-agent-port"):
         assert int(ray[ray.index(flag) + 1]) > 0, flag  # a port of this shard's, never Ray's fixed default
     assert "--include-dashboard=false" in ray and ray[ray.index("--node-ip-address") + 1] == "127.0.0.1"
     assert ray[ray.index("--min-worker-port") + 1] == "0" and ray[ray.index("--max-worker-port") + 1] == "0"
@@ -153,9 +156,11 @@ def test_a_worker_waits_for_the_head_joins_it_and_a_sigterm_stops_only_its_own_r
         assert worker.stdout is not None
         assert f"waiting for the Ray head at 127.0.0.1:{port}" in worker.stdout.readline()
         assert worker.poll() is None  # no head yet: it waits
-        head = subprocess.Popen([str(node / "bin" / "ray"), "start", "--head", "--port", str(port), "--include-dashboard=false",
+        head = subprocess.Popen([str(node / "bin" / "ray"), "start", "--head", "--port", str(port),
+                                 "--include-dashboard=false",
                                  "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port",
-                                 str(free_port()), "--block"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 str(free_port()), "--block"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT,
                                 text=True)
         assert head.stdout is not None
         while "joined (2 in the cluster)" not in head.stdout.readline():

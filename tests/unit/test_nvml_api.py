@@ -153,7 +153,8 @@ def test_each_name_is_the_same_kind_of_thing():
         elif _is_function(fake):
             assert _is_function(real), f"{name}: the fake's is a function, the real one {type(real).__name__}"
         else:
-            assert type(fake) is type(real), f"{name}: the fake's is {type(fake).__name__}, the real one {type(real).__name__}"
+            assert type(fake) is type(real), (
+                f"{name}: the fake's is {type(fake).__name__}, the real one {type(real).__name__}")
 
 
 # ---- signatures ----------------------------------------------------------------------------------
@@ -169,9 +170,11 @@ def test_each_call_the_code_makes_binds_to_the_real_and_the_fake_signature():
         real = getattr(pynvml, name, None)
         for count in counts:
             assert real is not None and _accepts(real, count), \
-                f"{name} is called with {count} arguments; the real one is {name}{inspect.signature(real) if real else ' (missing)'}"
+                f"{name} is called with {count} arguments; the real one is " \
+                f"{name}{inspect.signature(real) if real else ' (missing)'}"
             for fake in fakes_of[name]:
-                assert _accepts(fake, count), f"{name} is called with {count} arguments; the fake one takes {inspect.signature(fake)}"
+                assert _accepts(fake, count), (
+                    f"{name} is called with {count} arguments; the fake one takes {inspect.signature(fake)}")
 
 
 def test_the_fake_accepts_no_call_the_real_one_refuses():
@@ -295,7 +298,8 @@ def test_the_end_to_end_fake_module_matches_the_real_one_too():
             assert _is_function(real), name
             for count in range(6):
                 if _accepts(fake, count):
-                    assert _accepts(real, count), f"{name}: the e2e fake takes {count} arguments, the real one is {inspect.signature(real)}"
+                    assert _accepts(real, count), (
+                        f"{name}: the e2e fake takes {count} arguments, the real one is {inspect.signature(real)}")
         elif name == "NVML_NVLINK_MAX_LINKS":
             assert fake <= real, name
         else:

@@ -48,9 +48,11 @@ def big_start(i: int) -> m.Start:
 
 @asynccontextmanager
 async def registered(capacity: int) -> Any:
-    fleet = FleetService(NodeRegistry(1.0), ServerMetrics(lambda: {}), register_timeout=DEADLINE, require_identity=False,
+    fleet = FleetService(NodeRegistry(1.0), ServerMetrics(lambda: {}), register_timeout=DEADLINE,
+                         require_identity=False,
                          outbox_capacity=capacity)
-    async with fleet_port(fleet.handle) as (_, url), dial(url, ssl_context=None, insecure=True, max_message=MAX) as agent:
+    async with fleet_port(fleet.handle) as (_, url), dial(url, ssl_context=None, insecure=True,
+                                                          max_message=MAX) as agent:
         await agent.send(m.encode(m.Register(node_id="gpu-01", version=__version__)))
         await until(lambda: "gpu-01" in fleet.links, "the node to register")
         yield fleet, agent

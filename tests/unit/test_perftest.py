@@ -49,7 +49,8 @@ def test_every_real_sample_is_covered() -> None:
 def test_real_sample(name: str) -> None:
     (test, device, link, gid, server, unit, rows, size, peak, average, rate, gbps, warnings) = EXPECTED[name]
     table = parse((SAMPLES / name).read_text())
-    assert (table.test, table.device, table.link_type, table.gid_index, table.server) == (test, device, link, gid, server)
+    assert (table.test, table.device, table.link_type, table.gid_index, table.server) == (test, device, link, gid,
+                                                                                          server)
     assert table.unit == unit
     assert len(table.rows) == rows
     best = table.result
@@ -94,7 +95,8 @@ def test_the_small_sizes_use_six_decimals_and_the_sweep_keeps_every_row() -> Non
 def test_columns_are_found_by_heading_not_position() -> None:
     """RESULT_FMT_QOS (perftest_parameters.h) puts `#sl` second: the average is the fifth cell."""
     text = ("-" * 87 + "\n #bytes    #sl      #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
-            " 65536      3           5000           97.10            96.80                  0.184631\n" + "-" * 87 + "\n")
+            " 65536      3           5000           97.10            96.80                  "
+            "0.184631\n" + "-" * 87 + "\n")
     best = parse(text).result
     assert best is not None and (best.size, best.iterations, best.peak, best.average) == (65536, 5000, 97.10, 96.80)
 

@@ -87,8 +87,10 @@ def test_reasons_for_every_node() -> None:
         "gpu-05: no GPUs",
         "gpu-06: agent 0.0.1 cannot start engines",
     )
-    memory = place(Request(replica_id="r", gpus=1, gpu_memory_mib=80000), [node("gpu-02", nv18(8, A100_40, 40960))], PORTS)
-    assert isinstance(memory, NoFit) and memory.reasons == ("gpu-02: GPUs have 40960 MiB, the profile needs 80000 MiB each",)
+    memory = place(Request(replica_id="r", gpus=1, gpu_memory_mib=80000), [node("gpu-02", nv18(8, A100_40, 40960))],
+                   PORTS)
+    assert isinstance(memory, NoFit) and memory.reasons == ("gpu-02: GPUs have 40960 MiB, the profile needs 80000 MiB "
+                                                            "each",)
 
 
 def test_unhealthy_gpus_are_not_used() -> None:
@@ -112,7 +114,8 @@ def test_ports_avoid_used_and_differ_between_attempts() -> None:
 
 
 def test_no_free_port_is_a_reason() -> None:
-    result = place(Request(replica_id="r", gpus=1), [node("gpu-01", nv18(), used_ports=set(range(20000, 20100)))], PORTS)
+    result = place(Request(replica_id="r", gpus=1), [node("gpu-01", nv18(), used_ports=set(range(20000, 20100)))],
+                   PORTS)
     assert isinstance(result, NoFit) and result.reasons == ("gpu-01: no free port in 20000-20099",)
 
 

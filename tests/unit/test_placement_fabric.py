@@ -24,7 +24,8 @@ def fabric_places(nodes: list[str], **kw: object) -> Places:
     return merge({"0xfab": places("0xfab", analyse(parse_topology(fabric.ibnetdiscover)))})
 
 
-def capacity(node_id: str, gpus: int = 8, used: set[int] | None = None, devices: list[str] | None = None) -> NodeCapacity:
+def capacity(node_id: str, gpus: int = 8, used: set[int] | None = None,
+             devices: list[str] | None = None) -> NodeCapacity:
     return NodeCapacity(node_id=node_id, state="ready", address=f"10.0.0.{node_id.rsplit('-', 1)[1]}",
                         gpus=[Gpu(index=i, name="NVIDIA H100 80GB HBM3", memory_mib=81559) for i in range(gpus)],
                         used_gpus=used or set(), fabrics=["ib"], fabric_devices={"ib": devices} if devices else {})

@@ -55,7 +55,8 @@ def test_two_nodes_on_the_shared_fabric():
 
 def test_a_port_in_init_takes_the_node_out_with_the_reason():
     nodes = [node("gpu-01", gpus_of("dgx-h100"), ["ib"]),
-             node("gpu-02", gpus_of("dgx-h100"), [], {"ib": "mlx5_1: no ACTIVE port (port 1 INIT (LinkUp): no subnet manager has brought it up)"})]
+             node("gpu-02", gpus_of("dgx-h100"), [],
+                  {"ib": "mlx5_1: no ACTIVE port (port 1 INIT (LinkUp): no subnet manager has brought it up)"})]
     got = place_multi(Request(replica_id="big-x.1", gpus=8), 2, nodes, PORTS)
     assert isinstance(got, NoFit)
     text = got.summary()

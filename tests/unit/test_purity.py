@@ -185,7 +185,8 @@ def _impurities(module: str) -> list[str]:
 
 def test_io_through_a_method_call_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pure module handed a Path reads no import to betray it: web/assets.py read its files so."""
-    (tmp_path / "sneaky_pure.py").write_text("def load(root):\n    return {p.name: p.read_bytes() for p in root.iterdir()}\n")
+    (tmp_path / "sneaky_pure.py").write_text("def load(root):\n    return {p.name: p.read_bytes() for p in "
+                                             "root.iterdir()}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     found = _impurities("sneaky_pure")
     assert any("calls .read_bytes()" in f for f in found) and any("calls .iterdir()" in f for f in found), found

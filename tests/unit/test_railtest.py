@@ -73,7 +73,8 @@ def test_the_real_ndr_sample_is_ok_on_a_400g_link_and_mb_units_are_converted() -
 
 def test_a_failed_run_or_no_row_is_crit_and_an_unknown_rate_is_not_graded() -> None:
     assert grade(RAIL, None, "gpu-02: ib_write_bw exited with status 1").status == "crit"
-    empty = grade(RAIL, parse((REAL / "perftest" / "comet-old-perftest-v1-ib_write_bw-server-no-result.txt").read_text()))
+    empty = grade(RAIL,
+                  parse((REAL / "perftest" / "comet-old-perftest-v1-ib_write_bw-server-no-result.txt").read_text()))
     assert empty.status == "crit" and "no result row" in empty.detail
     unknown = grade(Rail(index=0, fabric="ib", kind="infiniband", a="x:1", b="y:1"), table(100.0))
     assert unknown.status == "unknown" and unknown.measured_gbps == 100.0

@@ -13,7 +13,8 @@ from llmgw.wire import messages as m
 
 
 def gpus(n: int = 8) -> list[m.Gpu]:
-    return [m.Gpu(index=i, name="NVIDIA H100 80GB HBM3", memory_mib=81559, nvlink={j: 18 for j in range(n) if j != i}) for i in range(n)]
+    return [m.Gpu(index=i, name="NVIDIA H100 80GB HBM3", memory_mib=81559, nvlink={j: 18 for j in range(n) if j != i})
+            for i in range(n)]
 
 
 FEATURES = [m.FEATURE_START, m.FEATURE_STOP]
@@ -31,7 +32,8 @@ def catalog(small: int = 2, big: int = 1) -> list[Model]:
 
 
 def make(models: list[Model] | None = None) -> Reconciler:
-    return Reconciler(models if models is not None else catalog(), Settings(backoff_initial=2, backoff_max=60, port_range=(20000, 20999)), random.Random(7))
+    return Reconciler(models if models is not None else catalog(),
+                      Settings(backoff_initial=2, backoff_max=60, port_range=(20000, 20999)), random.Random(7))
 
 
 def starts(actions: list) -> list[StartShard]:
@@ -43,13 +45,15 @@ def stops(actions: list) -> list[StopShard]:
 
 
 def status(rec: Reconciler, start: StartShard, state: str, **kw) -> None:
-    rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id, state=state, **kw), 0)
+    rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id,
+                                                  state=state, **kw), 0)
 
 
 def bring_up(rec: Reconciler, fleet: list[NodeInfo], now: float = 0) -> list[StartShard]:
     placed = starts(rec.reconcile(fleet, now))
     for s in placed:
-        rec.on_shard_status(s.node, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="ready", endpoint=f"http://{s.node}:{s.spec.port}"), now)
+        rec.on_shard_status(s.node, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="ready",
+                                                  endpoint=f"http://{s.node}:{s.spec.port}"), now)
     return placed
 
 
@@ -83,7 +87,9 @@ def test_failed_engine_is_replaced_with_exponential_backoff() -> None:
     start = first
     now = 0.0
     for _ in range(4):
-        rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id, state="failed", exit_code=1, reason="exited with code 1 during startup", tail=["boom"]), now)
+        rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id,
+                                                      state="failed", exit_code=1,
+                                                      reason="exited with code 1 during startup", tail=["boom"]), now)
         [replica] = rec.replicas.values()
         assert replica.state == "failed" and replica.tail == ["boom"]
         assert rec.reconcile(fleet, now) == []  # not before the backoff
@@ -122,7 +128,8 @@ def test_model_removed_from_catalog_is_stopped_and_forgotten() -> None:
     assert rec.reconcile(fleet, 6) == []  # sent once
     big = next(r for r in rec.replicas.values() if r.model == "big")
     assert big.state == "stopping"
-    rec.on_shard_status(stopped[0].node, m.ShardStatus(shard_id=stopped[0].shard_id, replica_id=big.id, state="stopped"), 7)
+    rec.on_shard_status(stopped[0].node,
+                        m.ShardStatus(shard_id=stopped[0].shard_id, replica_id=big.id, state="stopped"), 7)
     assert all(r.model == "small" for r in rec.replicas.values())
 
 
@@ -176,11 +183,13 @@ def test_unreachable_node_keeps_its_replicas_lost_node_gets_them_replaced() -> N
     fleet = nodes("gpu-01", "gpu-02")
     [s] = bring_up(rec, fleet)
     rec.on_node_state(s.node, "unreachable", 1)
-    unreachable = [NodeInfo(node_id=n.node_id, state="unreachable" if n.node_id == s.node else "ready", connected=n.node_id != s.node, gpus=n.gpus, features=FEATURES) for n in fleet]
+    unreachable = [NodeInfo(node_id=n.node_id, state="unreachable" if n.node_id == s.node else "ready",
+                            connected=n.node_id != s.node, gpus=n.gpus, features=FEATURES) for n in fleet]
     assert rec.reconcile(unreachable, 1) == []
     assert next(iter(rec.replicas.values())).state == "ready"
     rec.on_node_state(s.node, "lost", 100)
-    lost = [NodeInfo(node_id=n.node_id, state="lost" if n.node_id == s.node else "ready", connected=n.node_id != s.node, gpus=n.gpus, features=FEATURES) for n in fleet]
+    lost = [NodeInfo(node_id=n.node_id, state="lost" if n.node_id == s.node else "ready", connected=n.node_id != s.node,
+                     gpus=n.gpus, features=FEATURES) for n in fleet]
     [moved] = starts(rec.reconcile(lost, 100))
     assert moved.node != s.node
 
@@ -190,12 +199,14 @@ def test_lost_node_that_returns_after_the_successor_is_ready_has_its_engine_drai
     fleet = nodes("gpu-01", "gpu-02")
     [s] = bring_up(rec, fleet, now=0)
     rec.on_node_state(s.node, "lost", 100)
-    lost = [NodeInfo(node_id=n.node_id, state="lost" if n.node_id == s.node else "ready", gpus=n.gpus, features=FEATURES) for n in fleet]
+    lost = [NodeInfo(node_id=n.node_id, state="lost" if n.node_id == s.node else "ready", gpus=n.gpus,
+                     features=FEATURES) for n in fleet]
     [replacement] = starts(rec.reconcile(lost, 100))
     status(rec, replacement, "ready")
     # The lost node comes back: its engine served all along; the successor is ready too, and
     # the move it belongs to retires the old one (out of rotation first, then drained).
-    rec.on_register(s.node, [m.ShardReport(spec=s.spec, state="ready", pid=5, started_at=1_000_000.0)], 200, wall_now=1_000_200.0)
+    rec.on_register(s.node, [m.ShardReport(spec=s.spec, state="ready", pid=5, started_at=1_000_000.0)], 200,
+                    wall_now=1_000_200.0)
     actions = rec.reconcile(fleet, 200)
     assert not starts(actions) and not stops(actions)
     assert rec.replicas[s.spec.replica_id].state == "draining"
@@ -206,7 +217,8 @@ def test_lost_node_that_returns_after_the_successor_is_ready_has_its_engine_drai
 
 
 def test_profile_fallback_and_missing_feature() -> None:
-    model = Model(name="m", replicas=1, profiles=[Profile(name="big", engine="sim", gpus=16), Profile(name="small", engine="sim", gpus=2)])
+    model = Model(name="m", replicas=1,
+                  profiles=[Profile(name="big", engine="sim", gpus=16), Profile(name="small", engine="sim", gpus=2)])
     rec = make([model])
     [s] = starts(rec.reconcile(nodes("gpu-01"), 0))
     assert s.spec.profile == "small" and len(s.spec.gpus) == 2
@@ -229,14 +241,17 @@ def test_stop_lost_with_a_broken_stream_is_sent_again() -> None:
     assert again.shard_id == stop.shard_id
     replica = next(iter(rec.replicas.values()))
     assert replica.state == "stopping" and replica.shards[0].state == "stopping"
-    rec.on_shard_status("gpu-01", m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopped"), 4)
+    rec.on_shard_status("gpu-01",
+                        m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopped"), 4)
     assert rec.replicas == {}
 
 
 def test_a_dead_engine_reported_after_a_server_restart_is_not_adopted() -> None:
     rec = make(catalog(small=1, big=0))
-    spec = m.ShardSpec(shard_id="small-zzzzz.1", replica_id="small-zzzzz", model="small", profile="tp1", engine="sim", gpus=[0], port=20001)
-    rec.on_register("gpu-01", [m.ShardReport(spec=spec, state="exited", reason="the engine exited while the agent was not running")], 0)
+    spec = m.ShardSpec(shard_id="small-zzzzz.1", replica_id="small-zzzzz", model="small", profile="tp1", engine="sim",
+                       gpus=[0], port=20001)
+    rec.on_register("gpu-01", [m.ShardReport(spec=spec, state="exited",
+                                             reason="the engine exited while the agent was not running")], 0)
     assert "small-zzzzz" not in rec.replicas
     [start] = starts(rec.reconcile(nodes("gpu-01"), 1))
     assert start.spec.replica_id != "small-zzzzz"
@@ -247,11 +262,13 @@ def test_engine_stopped_by_its_agent_is_placed_elsewhere() -> None:
     fleet = nodes("gpu-01", "gpu-02")
     [s] = bring_up(rec, fleet)
     # The agent shuts down with --stop-engines-on-exit: "stopping", then "stopped".
-    rec.on_shard_status(s.node, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopping", reason="agent stopping"), 1)
+    rec.on_shard_status(s.node, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopping",
+                                              reason="agent stopping"), 1)
     [replica] = rec.replicas.values()
     assert replica.state == "failed" and "stopping by its agent" in replica.reason and replica.failures == 0
     assert starts(rec.reconcile(fleet, 1)) == []  # the engine still holds its GPU
-    rec.on_shard_status(s.node, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopped"), 2)
+    rec.on_shard_status(s.node, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="stopped"),
+                        2)
     other = [n for n in fleet if n.node_id != s.node]
     [moved] = starts(rec.reconcile(other, 2))
     assert moved.node != s.node and moved.spec.replica_id == s.spec.replica_id

@@ -24,13 +24,15 @@ def fleet(*ids: str, fabrics: tuple[str, ...] = ("ib",), notes: dict[str, str] |
 
 
 def make(mode: str = "native") -> Reconciler:
-    big = Model(name="big", replicas=1, profiles=[Profile(name="2x8", engine="vllm", nodes=2, gpus=8, engine_mode=mode)])  # type: ignore[arg-type]
+    big = Model(name="big", replicas=1, profiles=[Profile(name="2x8", engine="vllm", nodes=2, gpus=8,
+                                                          engine_mode=mode)])  # type: ignore[arg-type]
     return Reconciler([big], Settings(backoff_initial=2, backoff_max=60, port_range=(20000, 20999)), random.Random(7))
 
 
 def report(rec: Reconciler, start: StartShard, state: str, now: float = 0) -> None:
     endpoint = f"http://10.0.0.{start.node[-1]}:{start.spec.port}" if state == "ready" and start.spec.rank == 0 else ""
-    rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id, state=state,
+    rec.on_shard_status(start.node, m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id,
+                                                  state=state,
                                                   endpoint=endpoint), now)
 
 
@@ -59,7 +61,8 @@ def test_any_rank_ending_stops_and_replaces_the_whole_replica():
     [replica] = rec.replicas.values()
     assert replica.state == "failed"
     stops = [a for a in rec.reconcile(nodes, 1) if isinstance(a, StopShard)]
-    assert [(s.node, s.shard_id) for s in stops] == [("gpu-1", starts[0].spec.shard_id)]  # rank 0 too, though it still serves
+    # rank 0 too, though it still serves
+    assert [(s.node, s.shard_id) for s in stops] == [("gpu-1", starts[0].spec.shard_id)]
     report(rec, starts[0], "stopped", now=2)
     again = [a for a in rec.reconcile(nodes, 10) if isinstance(a, StartShard)]
     assert len(again) == 2 and {s.spec.shard_id for s in again}.isdisjoint({s.spec.shard_id for s in starts})
@@ -71,21 +74,25 @@ def test_a_fabric_going_bad_fails_the_replica_past_nccls_retry_window_and_placem
     starts = [a for a in rec.reconcile(nodes, 0) if isinstance(a, StartShard)]
     for s in starts:
         report(rec, s, "ready")
-    broken = [*fleet("gpu-1"), NodeInfo(node_id="gpu-2", state="ready", gpus=gpus(), features=FEATURES, address="10.0.0.2", fabric_notes={"ib": "mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))"})]
+    broken = [*fleet("gpu-1"), NodeInfo(node_id="gpu-2", state="ready", gpus=gpus(), features=FEATURES,
+                                        address="10.0.0.2",
+                                        fabric_notes={"ib": "mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))"})]
     [replica] = rec.replicas.values()
     # Within NCCL's queue-pair retry window (34 s with its defaults) the replica serves on.
     assert [a for a in rec.reconcile(broken, 1) if isinstance(a, StopShard)] == []
     assert [a for a in rec.reconcile(broken, 34) if isinstance(a, StopShard)] == [] and replica.state == "ready"
     actions = rec.reconcile(broken, 36)
     assert replica.state == "failed"
-    assert replica.reason == ("gpu-2: fabric ib is no longer usable (mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))) for 35s, "
+    assert replica.reason == ("gpu-2: fabric ib is no longer usable (mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))) "
+                              "for 35s, "
                               "past NCCL's 34s retry window")
     assert len([a for a in actions if isinstance(a, StopShard)]) == 2
     for s in starts:
         report(rec, s, "stopped", now=37)
     assert rec.reconcile(broken, 38) == []
     assert replica.state == "pending"
-    assert "fabric ib: 1 of 2 nodes (gpu-1)" in replica.reason and "gpu-2: fabric ib not usable (mlx5_1" in replica.reason
+    assert "fabric ib: 1 of 2 nodes (gpu-1)" in replica.reason and "gpu-2: fabric ib not usable (mlx5_1" in (
+        replica.reason)
 
 
 def test_adopted_from_two_nodes_is_one_replica_and_a_missing_rank_fails_it():
@@ -127,7 +134,8 @@ def test_the_fabric_map_the_driver_sets_decides_where_and_the_log_says_why():
     [line] = [line for line in rec.drain_log() if line.startswith("placed ")]
     assert line.endswith("; under one leaf: leaf-g2-r0; gpu-1: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)"), line
     [replica] = rec.replicas.values()  # kept on the replica for its placement event
-    assert replica.placement == ["under one leaf: leaf-g2-r0", "gpu-1: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)"]
+    assert replica.placement == ["under one leaf: leaf-g2-r0",
+                                 "gpu-1: cable to leaf-g1-r0 trained 1xNDR (others 4xNDR)"]
 
 
 def test_a_rail_back_within_the_window_costs_nothing_and_the_window_follows_the_profiles_nccl_settings():
@@ -136,7 +144,8 @@ def test_a_rail_back_within_the_window_costs_nothing_and_the_window_follows_the_
     starts = [a for a in rec.reconcile(nodes, 0) if isinstance(a, StartShard)]
     for s in starts:
         report(rec, s, "ready")
-    broken = [*fleet("gpu-1"), NodeInfo(node_id="gpu-2", state="ready", gpus=gpus(), features=FEATURES, address="10.0.0.2",
+    broken = [*fleet("gpu-1"), NodeInfo(node_id="gpu-2", state="ready", gpus=gpus(), features=FEATURES,
+                                        address="10.0.0.2",
                                         fabric_notes={"ib": "mlx5_1: no ACTIVE port (port 1 INIT (LinkUp))"})]
     [replica] = rec.replicas.values()
     rec.reconcile(broken, 1)

@@ -27,8 +27,10 @@ def test_no_deadline_for_a_failed_replica_whose_engine_is_still_stopping() -> No
     rec = _rec()
     fleet = [NodeInfo(node_id="n1", state="ready", gpus=_gpus(), features=FEATURES)]
     [start] = [a for a in rec.reconcile(fleet, 0) if isinstance(a, StartShard)]
-    rec.on_shard_status("n1", m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id, state="ready"), 0)
-    rec.on_shard_status("n1", m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id, state="stopping"), 1)
+    rec.on_shard_status("n1",
+                        m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id, state="ready"), 0)
+    rec.on_shard_status("n1", m.ShardStatus(shard_id=start.spec.shard_id, replica_id=start.spec.replica_id,
+                                            state="stopping"), 1)
     assert next(iter(rec.replicas.values())).state == "failed"
     assert rec.next_deadline() is None  # the "stopped" status wakes the loop, not a past deadline
 
@@ -38,11 +40,14 @@ def test_adopting_a_replica_while_its_failed_twin_is_still_stopping_keeps_both()
     n1 = NodeInfo(node_id="n1", state="ready", gpus=_gpus(), features=FEATURES)
     n2 = NodeInfo(node_id="n2", state="ready", gpus=_gpus(), features=FEATURES)
     [first] = [a for a in rec.reconcile([n2], 0) if isinstance(a, StartShard)]
-    rec.on_shard_status("n2", m.ShardStatus(shard_id=first.spec.shard_id, replica_id=first.spec.replica_id, state="ready"), 0)
+    rec.on_shard_status("n2",
+                        m.ShardStatus(shard_id=first.spec.shard_id, replica_id=first.spec.replica_id, state="ready"), 0)
     rec.on_node_state("n2", "lost", 10)
     [second] = [a for a in rec.reconcile([n1], 10) if isinstance(a, StartShard)]
-    rec.on_shard_status("n1", m.ShardStatus(shard_id=second.spec.shard_id, replica_id=second.spec.replica_id, state="ready"), 11)
-    rec.on_shard_status("n1", m.ShardStatus(shard_id=second.spec.shard_id, replica_id=second.spec.replica_id, state="stopping"), 12)
+    rec.on_shard_status("n1", m.ShardStatus(shard_id=second.spec.shard_id, replica_id=second.spec.replica_id,
+                                            state="ready"), 11)
+    rec.on_shard_status("n1", m.ShardStatus(shard_id=second.spec.shard_id, replica_id=second.spec.replica_id,
+                                            state="stopping"), 12)
     rec.on_register("n2", [m.ShardReport(spec=first.spec, state="ready", pid=5)], 13)
     shards = {s.shard_id: s.state for r in rec.replicas.values() for s in r.shards}
     assert shards[second.spec.shard_id] == "stopping"  # still tracked: its GPU is not free
@@ -60,7 +65,8 @@ def test_an_unhealthy_shard_keeps_its_gpus_and_its_replica_ready_with_the_reason
     [start] = [a for a in rec.reconcile(fleet, 0) if isinstance(a, StartShard)]
     sid, rid = start.spec.shard_id, start.spec.replica_id
     rec.on_shard_status("n1", m.ShardStatus(shard_id=sid, replica_id=rid, state="ready"), 1)
-    rec.on_shard_status("n1", m.ShardStatus(shard_id=sid, replica_id=rid, state="unhealthy", reason="unhealthy since T"), 2)
+    rec.on_shard_status("n1",
+                        m.ShardStatus(shard_id=sid, replica_id=rid, state="unhealthy", reason="unhealthy since T"), 2)
     replica = rec.replicas[rid]
     assert replica.state == "ready" and replica.reason == "n1: unhealthy since T"
     assert not [a for a in rec.reconcile(fleet, 3) if isinstance(a, StartShard)]  # nothing placed twice

@@ -32,8 +32,10 @@ def test_the_sources_own_host_and_the_hubs_cdn_are_followed(source: str, target:
 
 
 @pytest.mark.parametrize(("source", "target", "why"), [
-    ("http://mirror.example/m.bin", "http://169.254.169.254/latest/meta-data/iam", "169.254.169.254 is not the source's host"),
-    ("http://mirror.example:8080/m.bin", "http://mirror.example:9090/m.bin", "mirror.example:9090 is not the source's host"),
+    ("http://mirror.example/m.bin", "http://169.254.169.254/latest/meta-data/iam",
+     "169.254.169.254 is not the source's host"),
+    ("http://mirror.example:8080/m.bin", "http://mirror.example:9090/m.bin",
+     "mirror.example:9090 is not the source's host"),
     ("http://mirror.example/m.bin", "http://mirror.example.evil/m.bin", "not the source's host"),
     ("http://mirror.example/m.bin", "ftp://mirror.example/m.bin", "scheme 'ftp' is not http or https"),
     ("https://huggingface.co/m/resolve/main/w.bin", "https://hf.co.evil/w.bin", "not the source's host"),
@@ -68,9 +70,11 @@ def test_loopback_link_local_and_metadata_addresses_are_told_apart(address: str,
 
 def test_an_internal_address_is_reached_only_when_the_source_itself_was_of_that_kind() -> None:
     cdn = parse_url("https://cdn.example/x")
-    assert "resolves to 169.254.169.254, a metadata address" in (address_problem(cdn, ["169.254.169.254"], ["93.184.216.34"]) or "")
+    assert "resolves to 169.254.169.254, a metadata address" in (address_problem(cdn, ["169.254.169.254"],
+                                                                                 ["93.184.216.34"]) or "")
     assert "a loopback address" in (address_problem(cdn, ["93.184.216.35", "127.0.0.1"], ["93.184.216.34"]) or "")
-    assert "a link-local address" in (address_problem(cdn, ["fe80::1"], ["127.0.0.1"]) or "")  # a loopback source: loopback only
+    # a loopback source: loopback only
+    assert "a link-local address" in (address_problem(cdn, ["fe80::1"], ["127.0.0.1"]) or "")
     assert address_problem(cdn, ["127.0.0.1"], ["127.0.0.1"]) is None  # a mirror on the node itself
     assert address_problem(cdn, ["10.1.2.3"], ["93.184.216.34"]) is None
 
@@ -79,11 +83,13 @@ def test_the_catalog_takes_allow_redirect_hosts_per_model_and_profile_and_refuse
     from llmgw.catalog import ConfigError, ServerConfig, parse_config
     from llmgw.server.reconcile import shard_spec
 
-    cfg = parse_config("models:\n  - {name: m, source: 'https://mirror.example/m.bin', allow_redirect_hosts: [cdn.example],"
+    cfg = parse_config("models:\n  - {name: m, source: 'https://mirror.example/m.bin', allow_redirect_hosts: "
+                       "[cdn.example],"
                        " profiles: [{engine: sim, allow_redirect_hosts: ['*.store.example', cdn.example]}]}\n",
                        ServerConfig, "server.yaml")
     model = cfg.models[0]
-    assert shard_spec(model, model.profiles[0], "r", "s", [0], 20000).allow_redirect_hosts == ["cdn.example", "*.store.example"]
+    assert shard_spec(model, model.profiles[0], "r", "s", [0], 20000).allow_redirect_hosts == ["cdn.example",
+                                                                                               "*.store.example"]
     with pytest.raises(ConfigError) as info:
         parse_config("models:\n  - {name: m, source: 'https://h/m.bin', allow_redirect_hosts: ['https://cdn/']}\n",
                      ServerConfig, "server.yaml")

@@ -62,7 +62,8 @@ def test_port_changes_name_each_port_whose_state_moved() -> None:
     from llmgw.wire.messages import PortCounters
 
     def ports(**states: str) -> dict[str, PortCounters]:
-        return {f"{dev}/1": PortCounters(device=dev, port=1, state=st, phys_state="LinkUp") for dev, st in states.items()}
+        return {f"{dev}/1": PortCounters(device=dev, port=1, state=st, phys_state="LinkUp")
+                for dev, st in states.items()}
 
     before = ports(mlx5_0="ACTIVE", mlx5_1="ACTIVE", mlx5_2="ACTIVE")
     after = ports(mlx5_0="INIT", mlx5_1="ACTIVE", mlx5_3="ACTIVE")  # mlx5_2 gone, mlx5_3 new: no state change

@@ -36,7 +36,8 @@ def fleet(tmp_path: Path, mode: str = "act") -> tuple[NodeRegistry, RemedyServic
     clock = Clock()
     drainer = Drainer(MarkStore(tmp_path), rec, registry, now=clock, wake=lambda: None)
     said: list[str] = []
-    settings = msgspec.convert({"auto_remediate": mode, "hold": 2, "clear_after": 10}, RemedySettings, dec_hook=dec_hook)
+    settings = msgspec.convert({"auto_remediate": mode, "hold": 2, "clear_after": 10}, RemedySettings,
+                               dec_hook=dec_hook)
     service = RemedyService(settings, registry, rec, drainer, record=lambda kind, message, node: said.append(message),
                             clock=clock)
     return registry, service, drainer, clock, said

@@ -34,7 +34,8 @@ def placed() -> tuple[Reconciler, StartShard]:
 
 def test_a_lost_ready_status_heals_from_the_next_resync() -> None:
     rec, s = placed()
-    rec.on_shard_status(NODE, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="starting"), 1)
+    rec.on_shard_status(NODE, m.ShardStatus(shard_id=s.spec.shard_id, replica_id=s.spec.replica_id, state="starting"),
+                        1)
     # The "ready" status is lost; the server still believes the engine is starting.
     [replica] = rec.replicas.values()
     assert replica.state == "starting"
@@ -125,7 +126,8 @@ class ListedEngines:
     features: ClassVar[list[str]] = [m.FEATURE_START]
 
     def __init__(self) -> None:
-        spec = m.ShardSpec(shard_id="r-bbbbb.1", replica_id="r-bbbbb", model="small", profile="tp1", engine="sim", port=20001)
+        spec = m.ShardSpec(shard_id="r-bbbbb.1", replica_id="r-bbbbb", model="small", profile="tp1", engine="sim",
+                           port=20001)
         self.runs = [m.ShardReport(spec=spec, state="ready")]
         self.forgot = 0
 
@@ -144,7 +146,8 @@ class ListedEngines:
 
 
 async def test_the_agent_lists_its_shards_every_resync_every_heartbeats(autojump_clock: trio.testing.MockClock) -> None:
-    cfg = parse_config(f"server: http://127.0.0.1:1\nnode_id: {NODE}\nheartbeat_interval: {HEARTBEAT}s\nresync_every: 3\n",
+    cfg = parse_config(f"server: http://127.0.0.1:1\nnode_id: {NODE}\nheartbeat_interval: {HEARTBEAT}s\nresync_every: "
+                       "3\n",
                        AgentConfig)
     engines = ListedEngines()
     stream = FakeStream(heartbeats=7)
@@ -156,7 +159,8 @@ async def test_the_agent_lists_its_shards_every_resync_every_heartbeats(autojump
 
 
 async def test_resync_every_zero_never_lists(autojump_clock: trio.testing.MockClock) -> None:
-    cfg = parse_config(f"server: http://127.0.0.1:1\nnode_id: {NODE}\nheartbeat_interval: {HEARTBEAT}s\nresync_every: 0\n",
+    cfg = parse_config(f"server: http://127.0.0.1:1\nnode_id: {NODE}\nheartbeat_interval: {HEARTBEAT}s\nresync_every: "
+                       "0\n",
                        AgentConfig)
     stream = FakeStream(heartbeats=7)
     await run_script([stream], engines=ListedEngines(), cfg=cfg)

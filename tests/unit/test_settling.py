@@ -167,7 +167,8 @@ async def test_a_known_node_that_never_returns_is_replaced_at_the_bound(
     assert not [msg for _, _, msg in sent if isinstance(msg, (m.Stop, m.Drain))]
 
 
-async def test_the_gateway_feed_says_settling_until_settled(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+async def test_the_gateway_feed_says_settling_until_settled(tmp_path: Path,
+                                                            autojump_clock: trio.testing.MockClock) -> None:
     """While settling, the endpoint set handed to the gateway (and its followers) is flagged
     `settling` and carries the last published endpoints of the nodes not back yet (from the state
     directory) beside the ones rebuilt; settled, it is the real set, and it is kept."""

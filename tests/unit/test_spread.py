@@ -38,7 +38,8 @@ def model(*on: str, desired: int | None = None, ready: int | None = None, moving
 
 def nodes(*ids: str, cordoned: tuple[str, ...] = (), down: tuple[str, ...] = (),
           leaves: dict[str, tuple[str, ...]] | None = None) -> list[SpreadNode]:
-    return [SpreadNode(node_id=n, ready=n not in down, cordoned=n in cordoned, leaves=(leaves or {}).get(n, ())) for n in ids]
+    return [SpreadNode(node_id=n, ready=n not in down, cordoned=n in cordoned, leaves=(leaves or {}).get(n, ()))
+            for n in ids]
 
 
 def everywhere(ns: list[SpreadNode], *models: str) -> dict[str, list[str]]:
@@ -57,12 +58,14 @@ def test_a_late_node_triggers_one_move_with_a_reason_a_person_reads() -> None:
     assert move.replica in {r.id for r in m.replicas}
     # While that move is unfinished, no second one for the model; once spread, none at all.
     assert decide([model("gpu-01", "gpu-01", moving=True)], fleet, "nodes", T0 + 1, everywhere(fleet)) == []
-    assert decide([model("gpu-01", "gpu-02", last=T0)], fleet, "nodes", T0 + 10 * DEFAULT_COOLDOWN, everywhere(fleet)) == []
+    assert decide([model("gpu-01", "gpu-02", last=T0)], fleet, "nodes", T0 + 10 * DEFAULT_COOLDOWN,
+                  everywhere(fleet)) == []
 
 
 def test_one_move_per_model_per_decision_even_with_many_crowded() -> None:
     fleet = nodes("gpu-01", "gpu-02", "gpu-03", "gpu-04")
-    moves = decide([model("gpu-01", "gpu-01", "gpu-01", "gpu-01"), model("gpu-02", "gpu-02", name="other")], fleet, "nodes", T0,
+    moves = decide([model("gpu-01", "gpu-01", "gpu-01", "gpu-01"), model("gpu-02", "gpu-02", name="other")], fleet,
+                   "nodes", T0,
                    everywhere(fleet, MODEL, "other"))
     assert sorted(mv.model for mv in moves) == [MODEL, "other"]
     mine = next(mv for mv in moves if mv.model == MODEL)
@@ -148,11 +151,14 @@ NODE_IDS = [f"n{i}" for i in range(5)]
 
 
 @given(st.lists(st.lists(st.sampled_from(NODE_IDS), min_size=0, max_size=6), max_size=4),
-       st.sets(st.sampled_from(NODE_IDS)), st.sets(st.sampled_from(NODE_IDS)), st.sampled_from(["nodes", "leaves", "off"]),
+       st.sets(st.sampled_from(NODE_IDS)), st.sets(st.sampled_from(NODE_IDS)),
+       st.sampled_from(["nodes", "leaves", "off"]),
        st.dictionaries(st.sampled_from(NODE_IDS), st.sampled_from([("a",), ("b",), ("a", "b")])))
-def test_any_picture_gives_at_most_one_improving_move_per_model(placements: list[list[str]], cordoned: set[str], down: set[str],
+def test_any_picture_gives_at_most_one_improving_move_per_model(placements: list[list[str]], cordoned: set[str],
+                                                                down: set[str],
                                                                 mode: str, leaves: dict[str, tuple[str, ...]]) -> None:
-    fleet = [SpreadNode(node_id=n, ready=n not in down, cordoned=n in cordoned, leaves=leaves.get(n, ())) for n in NODE_IDS]
+    fleet = [SpreadNode(node_id=n, ready=n not in down, cordoned=n in cordoned, leaves=leaves.get(n, ()))
+             for n in NODE_IDS]
     models = [model(*on, name=f"m{i}") for i, on in enumerate(placements)]
     moves = decide(models, fleet, mode, T0, {m.name: NODE_IDS for m in models})  # type: ignore[arg-type]
     assert len({mv.model for mv in moves}) == len(moves)

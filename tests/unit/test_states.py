@@ -27,7 +27,8 @@ from llmgw.server.states import (
 from llmgw.wire import messages as m
 from tests.unit.test_reconcile import bring_up, catalog, make, nodes, starts
 
-ILLEGAL_SHARD = [(old, new) for old in ShardState for new in ShardState if new != old and new not in SHARD_TRANSITIONS[old]]
+ILLEGAL_SHARD = [(old, new) for old in ShardState for new in ShardState
+                 if new != old and new not in SHARD_TRANSITIONS[old]]
 ILLEGAL_REPLICA = [(old, new) for old in ReplicaState for new in ReplicaState
                    if new != old and new not in REPLICA_TRANSITIONS[old]]
 
@@ -86,14 +87,16 @@ def _one_ready() -> tuple[Reconciler, Replica]:
 def test_a_status_after_the_engine_exited_is_refused() -> None:
     rec, replica = _one_ready()
     shard = replica.shards[0]
-    rec.on_shard_status("gpu-01", m.ShardStatus(shard_id=shard.shard_id, replica_id=replica.id, state="exited", exit_code=1), 1)
+    rec.on_shard_status("gpu-01",
+                        m.ShardStatus(shard_id=shard.shard_id, replica_id=replica.id, state="exited", exit_code=1), 1)
     assert shard.state == "exited" and replica.state == "failed" and replica.failures == 1
     rec.on_shard_status("gpu-01", m.ShardStatus(shard_id=shard.shard_id, replica_id=replica.id, state="ready"), 2)
     assert shard.state == "exited" and replica.state == "failed"
     [illegal] = rec.drain_illegal()
     assert (illegal.old, illegal.new) == ("exited", "ready") and "ShardStatus from gpu-01" in illegal.cause
     # The same end told twice (a status and a resync of one exit) is no second failure.
-    rec.on_shard_status("gpu-01", m.ShardStatus(shard_id=shard.shard_id, replica_id=replica.id, state="exited", exit_code=1), 3)
+    rec.on_shard_status("gpu-01",
+                        m.ShardStatus(shard_id=shard.shard_id, replica_id=replica.id, state="exited", exit_code=1), 3)
     assert replica.failures == 1 and rec.drain_illegal() == []
 
 

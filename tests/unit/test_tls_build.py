@@ -54,7 +54,8 @@ def test_key_types_sign_and_verify(key_type: str) -> None:
     )
     assert not clamped
     cert.verify_directly_issued_by(ca)
-    expected = {"ecdsa-p256": ec.EllipticCurvePublicKey, "rsa-3072": rsa.RSAPublicKey, "ed25519": ed25519.Ed25519PublicKey}
+    expected = {"ecdsa-p256": ec.EllipticCurvePublicKey, "rsa-3072": rsa.RSAPublicKey,
+                "ed25519": ed25519.Ed25519PublicKey}
     assert isinstance(cert.public_key(), expected[key_type])
     if key_type == "rsa-3072":
         assert cert.public_key().key_size == 3072
@@ -70,7 +71,8 @@ def test_server_leaf_has_every_san_and_server_auth() -> None:
     )
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["ctrl", "ctrl.example.com"]
-    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("fd00::5")]
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1"),
+                                                       ipaddress.ip_address("fd00::5")]
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
     bc = cert.extensions.get_extension_for_class(x509.BasicConstraints)
@@ -84,8 +86,10 @@ def test_server_leaf_has_every_san_and_server_auth() -> None:
 
 def test_node_and_operator_are_told_apart() -> None:
     ca_key, ca = _ca()
-    node, _ = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="node", common_name="gpu-01", now=NOW)
-    op, _ = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="operator", common_name="alice", now=NOW)
+    node, _ = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="node",
+                         common_name="gpu-01", now=NOW)
+    op, _ = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="operator",
+                       common_name="alice", now=NOW)
     assert kind_of(node) == "node" and kind_of(op) == "operator"
     assert usages_of(node) == ["digitalSignature", "clientAuth"] == usages_of(op)
     assert [a.value for a in op.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)] == ["operators"]
@@ -95,8 +99,10 @@ def test_node_and_operator_are_told_apart() -> None:
 
 def test_rsa_leaf_allows_key_encipherment_only_for_rsa() -> None:
     ca_key, ca = _ca()
-    ec_leaf, _ = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="node", common_name="a", now=NOW)
-    rsa_leaf, _ = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key("rsa-3072").public_key(), kind="node", common_name="a", now=NOW)
+    ec_leaf, _ = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="node",
+                            common_name="a", now=NOW)
+    rsa_leaf, _ = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key("rsa-3072").public_key(), kind="node",
+                             common_name="a", now=NOW)
     assert "keyEncipherment" not in usages_of(ec_leaf)
     assert "keyEncipherment" in usages_of(rsa_leaf)
 
@@ -104,7 +110,8 @@ def test_rsa_leaf_allows_key_encipherment_only_for_rsa() -> None:
 def test_serials_are_random_and_large() -> None:
     ca_key, ca = _ca()
     serials = {
-        build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="node", common_name="n", now=NOW)[0].serial_number
+        build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="node", common_name="n",
+                   now=NOW)[0].serial_number
         for _ in range(5)
     }
     assert len(serials) == 5
@@ -123,7 +130,8 @@ def test_validity_backdates_and_clamps_to_the_ca() -> None:
 
 def test_leaf_cannot_outlive_its_ca() -> None:
     ca_key, ca = _ca(days=30)
-    cert, clamped = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="node", common_name="n", now=NOW, days=365)
+    cert, clamped = build_leaf(ca_cert=ca, ca_key=ca_key, public_key=generate_key().public_key(), kind="node",
+                               common_name="n", now=NOW, days=365)
     assert clamped
     assert cert.not_valid_after_utc == ca.not_valid_after_utc
 

@@ -55,7 +55,8 @@ def test_client_context_verifies_server_and_name(pki: Path) -> None:
 
 def test_missing_files_are_named(pki: Path) -> None:
     missing = str(pki / "nope.crt")
-    assert _usage_error(server_context, missing, str(pki / "server.key")) == f"certificate file {missing} does not exist"
+    assert _usage_error(server_context, missing, str(pki / "server.key")) == (
+        f"certificate file {missing} does not exist")
     missing_key = str(pki / "nope.key")
     assert missing_key in _usage_error(server_context, str(pki / "server.crt"), missing_key)
     assert "nope-ca.crt" in _usage_error(client_context, str(pki / "nope-ca.crt"))
@@ -90,7 +91,8 @@ def test_swapped_and_garbage_files(pki: Path, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("hello\n")
     assert f"{garbage} holds no certificate" in _usage_error(client_context, str(garbage))
-    assert f"key file {garbage} holds no private key" in _usage_error(server_context, str(pki / "server.crt"), str(garbage))
+    assert f"key file {garbage} holds no private key" in _usage_error(server_context, str(pki / "server.crt"),
+                                                                      str(garbage))
 
 
 def test_half_a_client_pair_and_client_certs_without_ca(pki: Path) -> None:
@@ -150,7 +152,8 @@ def test_a_key_others_can_read_is_refused(pki: Path, tmp_path: Path, mode: int) 
     node_key = tmp_path / "node.key"
     node_key.write_bytes((pki / "node-gpu-01.key").read_bytes())
     node_key.chmod(mode)
-    assert f"chmod 600 {node_key}" in _usage_error(client_context, str(pki / "ca.crt"), str(pki / "node-gpu-01.crt"), str(node_key))
+    assert f"chmod 600 {node_key}" in _usage_error(client_context, str(pki / "ca.crt"), str(pki / "node-gpu-01.crt"),
+                                                   str(node_key))
     node_key.chmod(0o600)
     client_context(str(pki / "ca.crt"), str(pki / "node-gpu-01.crt"), str(node_key))
 

@@ -44,7 +44,8 @@ def test_unwraps_groups_and_causes() -> None:
 
 
 def test_server_side_alerts_from_clients() -> None:
-    assert "does not trust our server certificate" in explain_tls_error(_alert("TLSV1_ALERT_UNKNOWN_CA"), "10.0.0.7", side="server")
+    assert "does not trust our server certificate" in explain_tls_error(_alert("TLSV1_ALERT_UNKNOWN_CA"), "10.0.0.7",
+                                                                        side="server")
     assert "name or IP it dials is not among its SANs" in explain_tls_error(
         _alert("SSLV3_ALERT_CERTIFICATE_UNKNOWN"), "10.0.0.7", side="server"
     )

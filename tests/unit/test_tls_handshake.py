@@ -48,7 +48,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     store.init_ca(pki.other, now=now)
     store.issue_server(pki.root, hosts=["ctrl"], ips=["127.0.0.1"], now=now)
     store.issue_server(pki.root, hosts=["ctrl"], ips=["127.0.0.2"], now=now, out=str(pki.root / "wrong-ip"))
-    store.issue_server(pki.root, hosts=["ctrl"], ips=["127.0.0.1"], now=now, out=str(pki.root / "expired-server"), not_after=now - 86400)
+    store.issue_server(pki.root, hosts=["ctrl"], ips=["127.0.0.1"], now=now, out=str(pki.root / "expired-server"),
+                       not_after=now - 86400)
     store.issue_server(pki.other, hosts=["ctrl"], ips=["127.0.0.1"], now=now)
     store.issue_client(pki.root, "node", "gpu-01", now=now)
     store.issue_client(pki.root, "node", "gpu-old", now=now, not_after=now - 86400)
@@ -223,13 +224,15 @@ async def test_server_certificate_lacking_the_dialed_ip_is_rejected_and_explaine
 async def test_server_certificate_lacking_the_dialed_name_is_rejected(pki: Pki) -> None:
     async with tls_server(fleet_server_ctx(pki)) as server:
         with pytest.raises(trio.BrokenResourceError) as rejected:
-            await dial(server.port, client_context(pki.ca(), *pki.pair("node-gpu-01")), server_hostname="control.example")
+            await dial(server.port, client_context(pki.ca(), *pki.pair("node-gpu-01")),
+                       server_hostname="control.example")
     line = explain_tls_error(rejected.value, "control.example")
     assert line.startswith("server certificate is not valid for control.example")
     assert "--host control.example" in line
     # The CN is not a name clients accept: "ctrl" is a SAN, so dialing it works.
     async with tls_server(fleet_server_ctx(pki)) as server:
-        assert await dial(server.port, client_context(pki.ca(), *pki.pair("node-gpu-01")), server_hostname="ctrl") == b"hello"
+        assert await dial(server.port, client_context(pki.ca(), *pki.pair("node-gpu-01")),
+                          server_hostname="ctrl") == b"hello"
 
 
 async def test_expired_and_foreign_server_certificates_are_rejected(pki: Pki) -> None:

@@ -167,7 +167,9 @@ async def test_no_head_in_time_is_a_timeout(autojump_clock: trio.testing.MockClo
 
 
 @pytest.mark.parametrize("why", ["timeout", "evicted"])
-async def test_a_fired_watch_ends_the_wait_for_the_head_and_the_connection(why: str, autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_fired_watch_ends_the_wait_for_the_head_and_the_connection(
+    why: str, autojump_clock: trio.testing.MockClock
+) -> None:
     """The gateway's way (no cancel scope): whoever owns the watch fires it, the task blocked on
     the engine socket wakes at once, and the connection is closed, never pooled."""
     engine_saw_close = trio.Event()

@@ -171,7 +171,8 @@ async def test_a_client_that_hangs_up_mid_request_is_told_to_the_lane() -> None:
         await wait_for(lambda: len(lane.held) == 1, "len(lane.held) == 1")
         await client.aclose()
         await wait_for(lambda: lane.gone == ["/later"], "lane.gone == ['/later']")
-        await wait_for(lambda: server.connections == 0 and server.active_requests == 0, "server.connections == 0 and server.active_requests == 0")
+        await wait_for(lambda: server.connections == 0 and server.active_requests == 0,
+                       "server.connections == 0 and server.active_requests == 0")
         lane.held[0].respond(200, [], b"too late")  # goes nowhere, breaks nothing
 
 
@@ -209,7 +210,8 @@ async def test_an_answer_larger_than_the_socket_buffer_is_written_as_the_client_
     async with lane_serving(App()) as (_, port, _lane):
         client = await Client.open(port)
         await client.send(post("/big", b"") + post("/fast", b"after"))
-        await wait_for(lambda: _lane.big is not None and bool(_lane.big._fast._out), "_lane.big is not None and bool(_lane.big._fast._out)")  # the socket took only part
+        await wait_for(lambda: _lane.big is not None and bool(_lane.big._fast._out),
+                       "_lane.big is not None and bool(_lane.big._fast._out)")  # the socket took only part
         head, body = await client.response()
         assert head.status == 200 and len(body) == 4 * 1024 * 1024
         assert (await client.response())[1] == b"fast:after"

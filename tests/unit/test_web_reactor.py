@@ -15,7 +15,9 @@ from tests.unit.loopback import wait_for
 pytestmark = pytest.mark.skipif(not hasattr(__import__("select"), "epoll"), reason="epoll is Linux's")
 
 
-async def test_a_callback_that_raises_is_logged_and_the_others_are_still_served(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_callback_that_raises_is_logged_and_the_others_are_still_served(
+    caplog: pytest.LogCaptureFixture
+) -> None:
     reactor = Reactor()
     bad_a, bad_b = socket.socketpair()
     good_a, good_b = socket.socketpair()

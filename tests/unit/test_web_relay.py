@@ -67,7 +67,8 @@ def responder_for(path: str, sock: trio.socket.SocketType) -> SinkResponder:
 
 
 @pytest.mark.parametrize("path", PATHS)
-async def test_the_body_is_relayed_byte_for_byte_and_the_connection_reused(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_body_is_relayed_byte_for_byte_and_the_connection_reused(path: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     async def engine(stream: trio.SocketStream) -> None:
         buf = bytearray()
         while await read_request(stream, buf) is not None:

@@ -304,7 +304,8 @@ async def test_a_head_that_never_completes_is_408_and_silence_is_a_quiet_close(
         (b"GET / HTTP/3.0\r\n\r\n", 505, "HTTP version not supported"),
         (b"POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n", 501, "only chunked transfer coding is supported"),
         # A smuggling attempt: refused for having both, not for what the body then looks like.
-        (b"POST / HTTP/1.1\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n", 400, "both Content-Length and Transfer-Encoding"),
+        (b"POST / HTTP/1.1\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n", 400,
+         "both Content-Length and Transfer-Encoding"),
         (b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", 400, "bad chunk size line"),
         (b"GET / HTTP/1.1\r\n\r\n", 400, "missing Host header"),
         (b"GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n", 400, "more than one Host header"),
@@ -352,7 +353,9 @@ async def test_a_streamed_response_is_chunked_and_watching_does_not_disturb_it()
         await c.aclose()
 
 
-async def test_a_handler_bug_costs_one_connection_and_the_server_keeps_serving(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_handler_bug_costs_one_connection_and_the_server_keeps_serving(
+    caplog: pytest.LogCaptureFixture
+) -> None:
     app = App()
     async with serving(app) as (server, port):
         with caplog.at_level(logging.ERROR, logger="llmgw.http"):

@@ -60,7 +60,8 @@ async def test_drain_closes_idle_connections_after_drain_idle_lets_a_request_fin
         # A new connection's first request is served, with connection: close (its client was about to send).
         await fresh.send_all(b"GET /fast HTTP/1.1\r\nhost: t\r\n\r\n")
         answer = await read_all(fresh)
-        assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower() and answer.endswith(b"done")
+        assert (answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower()
+                and answer.endswith(b"done"))
         release.set()
         answer = await read_all(slow)
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"done")  # then closed

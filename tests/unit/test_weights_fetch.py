@@ -34,7 +34,8 @@ SIZE = 4 * 1024 * 1024 + 123
 @asynccontextmanager
 async def file_server(root: Path, **options: object) -> AsyncIterator[FileServerHandle]:
     async with trio.open_nursery() as nursery:
-        handle: FileServerHandle = await nursery.start(partial(serve_files, FileServerOptions(root=str(root), **options)))  # type: ignore[arg-type]
+        handle: FileServerHandle = await nursery.start(
+            partial(serve_files, FileServerOptions(root=str(root), **options)))  # type: ignore[arg-type]
         yield handle
         nursery.cancel_scope.cancel()
 
@@ -77,7 +78,8 @@ def put(path: str | Path, data: bytes) -> None:
 
 
 def spec(source: str, shard: str = "s1", sha256: str = "") -> m.ShardSpec:
-    return m.ShardSpec(shard_id=shard, replica_id="r1", model="m", profile="p", engine="sim", source=source, sha256=sha256)
+    return m.ShardSpec(shard_id=shard, replica_id="r1", model="m", profile="p", engine="sim", source=source,
+                       sha256=sha256)
 
 
 class Sent:
@@ -427,7 +429,8 @@ async def test_a_disk_that_fills_mid_download_leaves_nothing_under_the_final_nam
     make_file(tmp_path / "srv")
     target = tmp_path / "cache" / "x" / "model.safetensors"
     async with file_server(tmp_path / "srv") as srv:
-        result = await trio.run_process([sys.executable, "-c", DISK_FULL_CHILD, f"{srv.url}/model.safetensors", str(target)],
+        result = await trio.run_process([sys.executable, "-c", DISK_FULL_CHILD, f"{srv.url}/model.safetensors",
+                                         str(target)],
                                         capture_stdout=True, capture_stderr=True, check=False)
     out = result.stdout.decode()
     assert out.startswith("disk "), (out, result.stderr.decode()[-2000:])
@@ -565,8 +568,10 @@ async def test_a_same_host_redirect_is_followed_and_a_cut_download_resumes_throu
         plan = w.plan(spec(f"{srv.url}/model.safetensors"))
         await fetch(w, plan, Sent())
         seen = srv.server.seen
-    assert [(s.path, s.status) for s in seen] == [("/model.safetensors", 302), ("/hop", 302), ("/store/model.safetensors", 200),
-                                                  ("/model.safetensors", 302), ("/hop", 302), ("/store/model.safetensors", 206)]
+    assert [(s.path, s.status) for s in seen] == [("/model.safetensors", 302), ("/hop", 302),
+                                                  ("/store/model.safetensors", 200),
+                                                  ("/model.safetensors", 302), ("/hop", 302),
+                                                  ("/store/model.safetensors", 206)]
     assert seen[-1].range == f"bytes={SIZE // 3}-" and seen[-1].if_range
     assert content(plan.target) == data
 
@@ -606,7 +611,8 @@ async def test_a_host_the_catalog_allows_is_followed_unless_it_resolves_to_an_in
             assert content(plan.target) == data and [s.status for s in cdn.server.seen] == [200]
 
             os.unlink(plan.target)
-            poisoned = weights(tmp_path, resolve=lambda host, port: ["169.254.169.254"] if host == "localhost" else ["127.0.0.1"])
+            poisoned = weights(tmp_path, resolve=lambda host, port: ["169.254.169.254"] if host == "localhost"
+                               else ["127.0.0.1"])
             with pytest.raises(LaunchError, match=f"redirect to {location} refused: localhost resolves to "
                                                   "169.254.169.254, a metadata address"):
                 await fetch(poisoned, poisoned.plan(source), Sent())
@@ -636,7 +642,8 @@ async def test_a_symbolic_link_in_the_cache_is_refused_and_never_written_through
             target.parent.mkdir(parents=True)
             planted = {"target": target, ".partial": partial_file, ".partial.json": meta}[link]
             planted.symlink_to(victim / "secret")
-        with pytest.raises(LaunchError, match=f"{planted} in the model cache is a symbolic link; the fetcher follows none"):
+        with pytest.raises(LaunchError,
+                           match=f"{planted} in the model cache is a symbolic link; the fetcher follows none"):
             await fetch(w, plan, Sent())
         with pytest.raises(LaunchError, match="is a symbolic link"):
             w.plan(spec(plan.url))  # refused before launch as well, once the link is there
@@ -697,7 +704,8 @@ async def test_a_download_without_a_length_that_outgrows_the_free_space_stops_wi
             await fetch(w, plan, sent)
         assert len(srv.server.seen) == 1  # not retried: the disk will not have grown
     text = str(info.value)
-    assert re.fullmatch(r"weights \S+: the server sent no Content-Length and the disk is filling: \d+ free in \S+ after "
+    assert re.fullmatch(r"weights \S+: the server sent no Content-Length and the disk is filling: \d+ free in \S+ "
+                        r"after "
                         r"\d+ bytes \(keeping 64 MiB spare\); stopped and removed the partial file", text), text
     assert 3 <= len(probes) <= 1 + SIZE // step  # bounded steps, not a probe per read
     target = Path(plan.target)

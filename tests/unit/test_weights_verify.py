@@ -47,7 +47,8 @@ class Scans:
         self.seen.append((step, digest))
 
 
-async def test_a_mismatch_never_shows_a_file_under_the_models_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_mismatch_never_shows_a_file_under_the_models_name(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     scans = Scans(monkeypatch)
     make_file(tmp_path / "srv")
     async with file_server(tmp_path / "srv") as srv:

@@ -19,9 +19,12 @@ from tests.unit.test_discovery import doctor_nvml
 # record /dev/kmsg hands out for such a line (prio,seq,usec,flags;message, Documentation/ABI/
 # testing/dev-kmsg).
 JOURNAL = "Oct 03 17:59:17 mnemosyne kernel: NVRM: Xid (PCI:0000:01:00): 62, 322bff9a 0000b3b8 00000000 206a4b08"
-SYSLOG = "Nov 22 18:29:55 hostname kernel: [  966.503025] NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, intr 10000000"
+SYSLOG = (
+    "Nov 22 18:29:55 hostname kernel: [  966.503025] NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, intr "
+    "10000000")
 BARE = "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate."
-KMSG = "3,1534,6142305522,-;NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+KMSG = ("3,1534,6142305522,-;NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the "
+        "bus.\n")
 
 
 def test_every_shape_of_the_line():
