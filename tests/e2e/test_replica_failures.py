@@ -206,8 +206,8 @@ models:
 def test_a_state_file_nobody_can_read_naming_a_live_process_stops_it(tmp_path: Path, procs: list[Proc]) -> None:
     # No server needed: the agent deals with its state files before it first dials.
     agent_config = make_sim_node(tmp_path, "gpu-01", f"http://127.0.0.1:{free_port()}", FAST_AGENT, "--gpus", "2")
-    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                             start_new_session=True)  # ok: a child that just lives
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],  # ok: a child that just lives
+                             start_new_session=True)
     try:
         ticks = agent_procs.start_ticks(stray.pid)
         shards = tmp_path / "gpu-01" / "work" / "shards"

@@ -207,7 +207,7 @@ async def test_the_gateway_feed_says_settling_until_settled(tmp_path: Path,
         assert settling and ready == {"small": {endpoints["gpu-000"], "http://gpu-001:20000"}}, ready
         assert keys["http://gpu-001:20000"] == "k1"
         register("gpu-001", 2)
-        await trio.sleep(1)
+        await trio.sleep(1)  # ok: MockClock time (autojump), no wall-clock wait
         ready, keys, settling = handed[-1]
         assert not settling and ready == {"small": set(endpoints.values())}
         nursery.cancel_scope.cancel()
