@@ -224,7 +224,9 @@ class _Request:
         gw, route = self.gw, self.route
         if now is None:
             now = trio.current_time()
-        if self.loop is not None:
-            gw.settle(route, self.loop, now)
-        route.gate.release(self.ticket, now)
-        gw.metrics.finished(self.model, status, now - self.started)
+        try:
+            if self.loop is not None:
+                gw.settle(route, self.loop, now)
+        finally:  # the slot and the count whatever became of the engine's hold
+            route.gate.release(self.ticket, now)
+            gw.metrics.finished(self.model, status, now - self.started)
