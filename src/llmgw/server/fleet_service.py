@@ -44,6 +44,10 @@ log = logging.getLogger("llmgw.server.fleet")
 # Distinct unknown message types logged (once each); past this a peer is making them up, and
 # remembering more would let it grow the server's memory.
 MAX_UNKNOWN_LOGGED = 64
+# A Register this big is counted (wire/caps.py's census) before it is decoded. Below it the decode
+# builds too little to pin memory (the census is there for the 100,000-GPU, 3.5 MB kind), and a
+# second reading of every node's first message would be work for nothing.
+CENSUS_AFTER = 64 * 1024
 
 
 class FleetObserver(Protocol):
@@ -184,7 +188,8 @@ class FleetService:
             log.warning("fleet stream from %s closed before Register: %s", peer, exc.reason)
             return
         size = len(payload)
-        counted = refuse_by_count(payload, peer=peer, rules=self.rules)
+        # Only a big one is counted first: a node's ordinary Register (a few KB) is read once.
+        counted = refuse_by_count(payload, peer=peer, rules=self.rules) if size >= CENSUS_AFTER else None
         if counted is not None:  # over the GPU, port or shard caps: refused from a census, never built
             del payload
             self._refuse_register(peer, counted, size)
