@@ -58,7 +58,6 @@ PURE = [
     "llmgw.agent.decide",
     "llmgw.sim.profiles",
     "llmgw.sim.identity",
-    "llmgw.sim.pcitree",
     "llmgw.fabric.topology",
     "llmgw.fabric.locality",
     "llmgw.fabric.ibnetdiscover",

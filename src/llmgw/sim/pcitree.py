@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from llmgw.agent.hostfacts import NVIDIA_VENDOR  # what the agent matches, written as it reads it
 from llmgw.sim.identity import HGX_GPU_BUSES
 
-NVIDIA_VENDOR = "0x10de"
 GPU_CLASS = "0x030200"  # a 3D controller, as an SXM H100 reports itself (pci-sysfs "class")
 
 
