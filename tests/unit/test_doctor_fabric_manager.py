@@ -137,6 +137,8 @@ def test_a_simulated_nvswitch_node_runs_its_fabric_manager_and_the_sim_can_stop_
     assert read_host_facts(str(tmp_path / "work"), "", sysfs).fabric_manager is True
     bridged = str(tmp_path / "pcie")
     write_node(bridged, NodeSpec(node_id="p", gpus=2, ib_ports=0, nvlink="pairs-nv12"))
-    assert not read_host_facts(str(tmp_path / "work"), "", os.path.join(bridged, "sys")).nvswitches
+    bridged_host = read_host_facts(str(tmp_path / "work"), "", os.path.join(bridged, "sys"))
+    # No NVSwitch on the bus: no fabric manager wanted, so /proc is not read for one.
+    assert (bridged_host.nvswitches, bridged_host.fabric_manager) == (0, None)
     with pytest.raises(UsageError, match="no NVSwitches"):
         set_fabric_manager(bridged, False)

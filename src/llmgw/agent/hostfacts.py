@@ -141,11 +141,16 @@ def read_host_facts(work_dir: str, model_cache: str, sysfs_root: str) -> HostFac
     simulated = os.path.exists(os.path.join(sysfs_root, SIM_MARKER))
     modules, open_driver = gpu_rdma(sysfs_root, os.path.join(sysfs_root, "nvidia-version") if simulated
                                     else "/proc/driver/nvidia/version")
+    switches = nvswitch_count(sysfs_root)
+    # Every process' comm is read only where a fabric manager is wanted (or the bus could not be
+    # read): on a node without NVSwitches that is thousands of reads a heartbeat for nothing.
+    manager = None if switches == 0 else fabric_manager_running(
+        os.path.join(sysfs_root, SIM_PROC) if simulated else "/proc")
     return HostFacts(
         gpu_rdma_modules=modules,
         nvidia_open=open_driver,
-        nvswitches=nvswitch_count(sysfs_root),
-        fabric_manager=fabric_manager_running(os.path.join(sysfs_root, SIM_PROC) if simulated else "/proc"),
+        nvswitches=switches,
+        fabric_manager=manager,
         memlock_bytes=memlock_bytes(),
         rdma_simulated=simulated,
         model_cache=str(cache.absolute()),
